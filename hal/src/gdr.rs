@@ -1,0 +1,1 @@
+//! GDRCopy loaded at run time (placeholder).

@@ -1,0 +1,1 @@
+//! libibverbs loaded at run time (placeholder).
