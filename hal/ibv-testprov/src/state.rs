@@ -1,0 +1,964 @@
+//! The provider's objects behind the C structs: contexts (with their TCP listener), memory
+//! regions, completion queues and RC queue pairs with their state machine and transport.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::net::{Ipv4Addr, Shutdown, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ibverbs_sys::{ibv_qp_state as qps, ibv_wc_opcode as wco, ibv_wc_status as wcs};
+
+use crate::wire::{self, Hello, Request, Response};
+
+pub const EINVAL: i32 = 22;
+pub const ENOMEM: i32 = 12;
+pub const EBUSY: i32 = 16;
+pub const EOPNOTSUPP: i32 = 95;
+
+/// Access bits (`ibv_access_flags`).
+pub const ACCESS_LOCAL_WRITE: u32 = 1;
+pub const ACCESS_REMOTE_WRITE: u32 = 2;
+pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
+
+/// How long a connect / hello exchange may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A send that cannot make progress for this long fails the connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Payload chunk copied under one lock of the MR table.
+const CHUNK: usize = 1 << 20;
+
+/// Locks a mutex, ignoring poisoning (a panicking thread cannot leave our data half-updated in a
+/// way that matters more than aborting would; and we must never panic across the C ABI).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Mirror of `struct ibv_wc` (the ibverbs-sys type keeps its fields private); the layout is
+/// checked against it at compile time in `lib.rs`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawWc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// Configuration read from the environment when a device is opened.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub addr: Ipv4Addr,
+    pub no_atomics: bool,
+    pub rnr_timeout: Duration,
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config, String> {
+        let addr = match std::env::var("IBV_TESTPROV_ADDR") {
+            Ok(s) => s.trim().parse::<Ipv4Addr>().map_err(|e| {
+                format!("IBV_TESTPROV_ADDR: expected an IPv4 address, got `{s}` ({e})")
+            })?,
+            Err(_) => Ipv4Addr::LOCALHOST,
+        };
+        let no_atomics = matches!(
+            std::env::var("IBV_TESTPROV_NO_ATOMICS").as_deref(),
+            Ok("1") | Ok("true") | Ok("yes")
+        );
+        let rnr_ms = match std::env::var("IBV_TESTPROV_RNR_TIMEOUT_MS") {
+            Ok(s) => s.trim().parse::<u64>().map_err(|e| {
+                format!("IBV_TESTPROV_RNR_TIMEOUT_MS: expected milliseconds, got `{s}` ({e})")
+            })?,
+            Err(_) => 10_000,
+        };
+        Ok(Config {
+            addr,
+            no_atomics,
+            rnr_timeout: Duration::from_millis(rnr_ms),
+        })
+    }
+}
+
+/// A registered region as the context's table sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct MrInfo {
+    pub addr: usize,
+    pub len: usize,
+    pub access: u32,
+    pub pd: u32,
+}
+
+impl MrInfo {
+    fn contains(&self, addr: u64, len: u64) -> bool {
+        let start = self.addr as u64;
+        let end = start + self.len as u64;
+        addr >= start && addr.checked_add(len).is_some_and(|e| e <= end)
+    }
+}
+
+/// Max QPs per context: the QP index is the low 8 bits of the QP number.
+pub const MAX_QP: usize = 256;
+
+/// One open device.
+pub struct CtxShared {
+    pub name: String,
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub config: Config,
+    /// Keyed by the key (lkey == rkey).
+    pub mrs: RwLock<HashMap<u32, MrInfo>>,
+    pub qps: Mutex<Vec<Option<Arc<QpShared>>>>,
+    pub shutdown: AtomicBool,
+    pub accept_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+static NEXT_KEY: AtomicU32 = AtomicU32::new(0);
+static NEXT_HANDLE: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh object handle (PDs, MRs, CQs, QPs).
+pub fn next_handle() -> u32 {
+    NEXT_HANDLE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A fresh memory key: a counter in the high bits and a per-process salt in the low byte, so
+/// stale or foreign keys rarely collide.
+pub fn next_key() -> u32 {
+    let n = NEXT_KEY.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+    let salt = (std::process::id() as u32).wrapping_mul(2_654_435_761) >> 24;
+    (n << 8) | (salt & 0xff)
+}
+
+impl CtxShared {
+    /// Binds the listener and starts the accept thread.
+    pub fn open(name: String, config: Config) -> Result<Arc<CtxShared>, String> {
+        let listener = TcpListener::bind(SocketAddrV4::new(config.addr, 0))
+            .map_err(|e| format!("binding a TCP listener on {}: {e}", config.addr))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("local address of the listener: {e}"))?
+            .port();
+        let ctx = Arc::new(CtxShared {
+            name,
+            addr: config.addr,
+            port,
+            config,
+            mrs: RwLock::new(HashMap::new()),
+            qps: Mutex::new(vec![None; MAX_QP]),
+            shutdown: AtomicBool::new(false),
+            accept_thread: Mutex::new(None),
+        });
+        let c2 = ctx.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("testprov-accept-{port}"))
+            .spawn(move || accept_loop(c2, listener))
+            .map_err(|e| format!("spawning the accept thread: {e}"))?;
+        *lock(&ctx.accept_thread) = Some(handle);
+        Ok(ctx)
+    }
+
+    /// Stops the accept thread (wakes it with a connection to itself) and joins it.
+    pub fn close(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(
+            &SocketAddrV4::new(self.addr, self.port).into(),
+            CONNECT_TIMEOUT,
+        );
+        if let Some(h) = lock(&self.accept_thread).take() {
+            let _ = h.join();
+        }
+    }
+
+    pub fn mr_lookup(&self, key: u32) -> Option<MrInfo> {
+        self.mrs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+    }
+}
+
+fn accept_loop(ctx: Arc<CtxShared>, listener: TcpListener) {
+    loop {
+        let conn = listener.accept();
+        if ctx.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok((stream, _)) = conn else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if let Err(e) = accept_one(&ctx, stream) {
+            eprintln!("ibv-testprov {}: rejected a connection: {e}", ctx.name);
+        }
+    }
+}
+
+/// Reads the hello, finds the target QP and starts a responder thread for the connection.
+fn accept_one(ctx: &Arc<CtxShared>, mut stream: TcpStream) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_read_timeout(Some(CONNECT_TIMEOUT))
+        .map_err(|e| format!("set_read_timeout: {e}"))?;
+    let hello = wire::read_hello(&mut stream).map_err(|e| format!("reading hello: {e}"))?;
+    let idx = (hello.dst_qpn & 0xff) as usize;
+    let qp = lock(&ctx.qps)[idx]
+        .clone()
+        .filter(|q| q.qpn == hello.dst_qpn);
+    let Some(qp) = qp else {
+        let _ = wire::write_hello_ack(&mut stream, 2);
+        return Err(format!("no QP {:#x} here", hello.dst_qpn));
+    };
+    wire::write_hello_ack(&mut stream, 0).map_err(|e| format!("writing hello ack: {e}"))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| format!("set_read_timeout: {e}"))?;
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let keep = stream
+        .try_clone()
+        .map_err(|e| format!("cloning the stream: {e}"))?;
+    lock(&qp.responder_streams).push(keep);
+    let q2 = qp.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("testprov-resp-{:#x}", qp.qpn))
+        .spawn(move || responder_loop(q2, stream, hello))
+        .map_err(|e| format!("spawning a responder thread: {e}"))?;
+    lock(&qp.threads).push(handle);
+    Ok(())
+}
+
+/// A completion queue.
+pub struct CqShared {
+    pub entries: Mutex<VecDeque<RawWc>>,
+    pub users: AtomicUsize,
+}
+
+impl CqShared {
+    pub fn push(&self, wc: RawWc) {
+        lock(&self.entries).push_back(wc);
+    }
+}
+
+/// A send work request waiting for its response.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    wr_id: u64,
+    signaled: bool,
+    opcode: u32,
+    byte_len: u32,
+    /// Where a fetch-and-add's old value goes: (address, lkey).
+    result_at: Option<(u64, u32)>,
+}
+
+/// A posted receive.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvEntry {
+    pub wr_id: u64,
+}
+
+/// QP attributes and the receive queue, under one lock.
+pub struct QpInner {
+    pub state: u32,
+    pub port: u8,
+    pub access: u32,
+    pub path_mtu: u32,
+    pub dest_qpn: u32,
+    pub remote: Option<SocketAddrV4>,
+    pub dgid: [u8; 16],
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub recvs: VecDeque<RecvEntry>,
+}
+
+/// The send side: the connection to the peer's responder and the in-flight requests.
+struct SendSide {
+    stream: Option<TcpStream>,
+    generation: u64,
+    pending: VecDeque<Pending>,
+    /// Why there is no usable connection (connect failed, peer said bye).
+    broken: Option<String>,
+}
+
+/// Capacities fixed at creation.
+#[derive(Debug, Clone, Copy)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+}
+
+/// An RC queue pair.
+pub struct QpShared {
+    pub ctx: Arc<CtxShared>,
+    pub qpn: u32,
+    pub index: usize,
+    pub pd: u32,
+    pub caps: QpCaps,
+    pub sq_sig_all: bool,
+    pub send_cq: Arc<CqShared>,
+    pub recv_cq: Arc<CqShared>,
+    pub inner: Mutex<QpInner>,
+    pub cond: Condvar,
+    send: Mutex<SendSide>,
+    pub destroyed: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    responder_streams: Mutex<Vec<TcpStream>>,
+}
+
+/// A send work request as the C layer decoded it.
+#[derive(Debug, Clone)]
+pub enum SendKind {
+    Write {
+        rkey: u32,
+        addr: u64,
+        imm: Option<u32>,
+    },
+    FetchAdd {
+        rkey: u32,
+        addr: u64,
+        add: u64,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct SendReq {
+    pub wr_id: u64,
+    pub signaled: bool,
+    pub kind: SendKind,
+    /// (addr, length, lkey) of each SGE.
+    pub sges: Vec<(u64, u32, u32)>,
+}
+
+fn wc(wr_id: u64, status: u32, opcode: u32, byte_len: u32, qpn: u32) -> RawWc {
+    RawWc {
+        wr_id,
+        status,
+        opcode,
+        byte_len,
+        qp_num: qpn,
+        ..RawWc::default()
+    }
+}
+
+impl QpShared {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: Arc<CtxShared>,
+        index: usize,
+        pd: u32,
+        caps: QpCaps,
+        sq_sig_all: bool,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+    ) -> QpShared {
+        let qpn = ((ctx.port as u32) << 8) | index as u32;
+        QpShared {
+            ctx,
+            qpn,
+            index,
+            pd,
+            caps,
+            sq_sig_all,
+            send_cq,
+            recv_cq,
+            inner: Mutex::new(QpInner {
+                state: qps::IBV_QPS_RESET,
+                port: 1,
+                access: 0,
+                path_mtu: 5,
+                dest_qpn: 0,
+                remote: None,
+                dgid: [0; 16],
+                timeout: 0,
+                retry_cnt: 0,
+                rnr_retry: 0,
+                recvs: VecDeque::new(),
+            }),
+            cond: Condvar::new(),
+            send: Mutex::new(SendSide {
+                stream: None,
+                generation: 0,
+                pending: VecDeque::new(),
+                broken: None,
+            }),
+            destroyed: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            responder_streams: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn state(&self) -> u32 {
+        lock(&self.inner).state
+    }
+
+    /// Moves to ERR: the failing request (if any) completes with `first`, every other pending
+    /// send and every posted receive is flushed, the connection is closed. Caller holds `send`.
+    fn enter_error(&self, send: &mut SendSide, first: Option<u32>) {
+        // The state changes before any completion is visible, so a caller that polled an error
+        // completion always finds the QP in ERR.
+        let flushed_recvs: Vec<RecvEntry> = {
+            let mut inner = lock(&self.inner);
+            inner.state = qps::IBV_QPS_ERR;
+            inner.recvs.drain(..).collect()
+        };
+        self.cond.notify_all();
+        if let Some(s) = send.stream.take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        send.generation += 1;
+        if let Some(status) = first {
+            if let Some(p) = send.pending.pop_front() {
+                self.send_cq
+                    .push(wc(p.wr_id, status, p.opcode, 0, self.qpn));
+            }
+        }
+        while let Some(p) = send.pending.pop_front() {
+            self.send_cq
+                .push(wc(p.wr_id, wcs::IBV_WC_WR_FLUSH_ERR, p.opcode, 0, self.qpn));
+        }
+        for r in flushed_recvs {
+            self.recv_cq.push(wc(
+                r.wr_id,
+                wcs::IBV_WC_WR_FLUSH_ERR,
+                wco::IBV_WC_RECV,
+                0,
+                self.qpn,
+            ));
+        }
+    }
+
+    /// Public entry to the ERR transition (modify_qp to ERR, responder saw the peer vanish).
+    pub fn to_error(&self) {
+        let mut send = lock(&self.send);
+        self.enter_error(&mut send, None);
+    }
+
+    /// Closes connections cleanly (bye to the peer) and forgets all work (RESET / destroy).
+    pub fn reset(&self) {
+        let mut send = lock(&self.send);
+        if let Some(mut s) = send.stream.take() {
+            let _ = s.write_all(&wire::encode_request(&Request::Bye));
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        send.generation += 1;
+        send.pending.clear();
+        send.broken = None;
+        drop(send);
+        for mut s in lock(&self.responder_streams).drain(..) {
+            let _ = s.write_all(&wire::encode_response(&Response::Bye));
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        let mut inner = lock(&self.inner);
+        inner.state = qps::IBV_QPS_RESET;
+        inner.recvs.clear();
+        inner.remote = None;
+        drop(inner);
+        self.cond.notify_all();
+    }
+
+    /// Destroys: closes everything and joins the service threads of this QP.
+    pub fn destroy(&self) {
+        self.destroyed.store(true, Ordering::SeqCst);
+        self.reset();
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Connects to the peer's responder (INIT -> RTR). A failure is remembered; sends then
+    /// complete with RETRY_EXC_ERR, like a real RC QP whose peer never answers.
+    pub fn connect(self: &Arc<Self>, remote: SocketAddrV4, dest_qpn: u32) {
+        let result = (|| -> Result<TcpStream, String> {
+            let mut s = TcpStream::connect_timeout(&remote.into(), CONNECT_TIMEOUT)
+                .map_err(|e| format!("connecting to {remote}: {e}"))?;
+            let _ = s.set_nodelay(true);
+            s.set_read_timeout(Some(CONNECT_TIMEOUT))
+                .map_err(|e| format!("set_read_timeout: {e}"))?;
+            wire::write_hello(
+                &mut s,
+                Hello {
+                    dst_qpn: dest_qpn,
+                    src_qpn: self.qpn,
+                },
+            )
+            .map_err(|e| format!("sending hello to {remote}: {e}"))?;
+            let st = wire::read_hello_ack(&mut s)
+                .map_err(|e| format!("reading hello ack from {remote}: {e}"))?;
+            if st != 0 {
+                return Err(format!("{remote} has no QP {dest_qpn:#x} (status {st})"));
+            }
+            s.set_read_timeout(None)
+                .map_err(|e| format!("set_read_timeout: {e}"))?;
+            let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+            Ok(s)
+        })();
+        let mut send = lock(&self.send);
+        send.generation += 1;
+        if let Some(old) = send.stream.take() {
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        match result.and_then(|s| {
+            s.try_clone()
+                .map(|r| (s, r))
+                .map_err(|e| format!("cloning stream: {e}"))
+        }) {
+            Ok((s, reader)) => {
+                send.stream = Some(s);
+                send.broken = None;
+                let gen = send.generation;
+                let me = self.clone();
+                match std::thread::Builder::new()
+                    .name(format!("testprov-req-{:#x}", self.qpn))
+                    .spawn(move || me.response_loop(reader, gen))
+                {
+                    Ok(h) => lock(&self.threads).push(h),
+                    Err(e) => {
+                        send.stream = None;
+                        send.broken = Some(format!("spawning the response thread: {e}"));
+                    }
+                }
+            }
+            Err(msg) => send.broken = Some(msg),
+        }
+    }
+
+    /// Reads responses of the peer's responder and completes pending sends in order.
+    fn response_loop(self: Arc<Self>, mut reader: TcpStream, gen: u64) {
+        loop {
+            let msg = wire::read_response(&mut reader);
+            let mut send = lock(&self.send);
+            if send.generation != gen || self.destroyed.load(Ordering::SeqCst) {
+                return;
+            }
+            match msg {
+                Ok(Response::Ack { status, value }) => {
+                    let Some(p) = send.pending.pop_front() else {
+                        send.broken = Some("response without a pending request".into());
+                        self.enter_error(&mut send, None);
+                        return;
+                    };
+                    let mut status = status;
+                    if status == wcs::IBV_WC_SUCCESS {
+                        if let Some((addr, lkey)) = p.result_at {
+                            status = self.store_atomic_result(addr, lkey, value);
+                        }
+                    }
+                    if status == wcs::IBV_WC_SUCCESS {
+                        if p.signaled {
+                            self.send_cq
+                                .push(wc(p.wr_id, status, p.opcode, p.byte_len, self.qpn));
+                        }
+                    } else {
+                        send.pending.push_front(p);
+                        self.enter_error(&mut send, Some(status));
+                        return;
+                    }
+                }
+                Ok(Response::Bye) => {
+                    send.broken = Some("the remote QP was destroyed".into());
+                    if !send.pending.is_empty() {
+                        self.enter_error(&mut send, Some(wcs::IBV_WC_RETRY_EXC_ERR));
+                    }
+                    return;
+                }
+                Err(e) => {
+                    // The peer vanished (process died, connection reset): like a real RC QP
+                    // whose retries run out.
+                    send.broken = Some(format!("connection to the peer lost: {e}"));
+                    self.enter_error(&mut send, Some(wcs::IBV_WC_RETRY_EXC_ERR));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn store_atomic_result(&self, addr: u64, lkey: u32, value: u64) -> u32 {
+        let mrs = self.ctx.mrs.read().unwrap_or_else(|e| e.into_inner());
+        match mrs.get(&lkey) {
+            Some(mr)
+                if mr.pd == self.pd
+                    && mr.contains(addr, 8)
+                    && mr.access & ACCESS_LOCAL_WRITE != 0 =>
+            {
+                // SAFETY: the range lies inside a registered region (whose owner keeps it alive
+                // while registered, and dereg waits for this read lock).
+                unsafe { std::ptr::write_unaligned(addr as *mut u64, value) };
+                wcs::IBV_WC_SUCCESS
+            }
+            _ => wcs::IBV_WC_LOC_PROT_ERR,
+        }
+    }
+
+    /// Validates and copies the local SGEs (at post time, as the data is "on the wire" from
+    /// now on). Returns the payload or a local error status.
+    fn gather(&self, sges: &[(u64, u32, u32)]) -> Result<Vec<u8>, u32> {
+        let total: u64 = sges.iter().map(|s| s.1 as u64).sum();
+        if total > wire::MAX_MSG as u64 {
+            return Err(wcs::IBV_WC_LOC_LEN_ERR);
+        }
+        let mut out = Vec::with_capacity(total as usize);
+        let mrs = self.ctx.mrs.read().unwrap_or_else(|e| e.into_inner());
+        for &(addr, len, lkey) in sges {
+            if len == 0 {
+                continue;
+            }
+            match mrs.get(&lkey) {
+                Some(mr) if mr.pd == self.pd && mr.contains(addr, len as u64) => {
+                    // SAFETY: the range lies inside a registered region, alive while registered
+                    // (dereg waits for our read lock).
+                    let src =
+                        unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+                    out.extend_from_slice(src);
+                }
+                _ => return Err(wcs::IBV_WC_LOC_PROT_ERR),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Posts one send request. `Err(errno)` rejects it (nothing posted).
+    pub fn post_send(&self, req: SendReq) -> Result<(), i32> {
+        let mut send = lock(&self.send);
+        let state = self.state();
+        let opcode = match req.kind {
+            SendKind::Write { imm: None, .. } => wco::IBV_WC_RDMA_WRITE,
+            SendKind::Write { imm: Some(_), .. } => wco::IBV_WC_RDMA_WRITE,
+            SendKind::FetchAdd { .. } => wco::IBV_WC_FETCH_ADD,
+        };
+        if state == qps::IBV_QPS_ERR {
+            self.send_cq
+                .push(wc(req.wr_id, wcs::IBV_WC_WR_FLUSH_ERR, opcode, 0, self.qpn));
+            return Ok(());
+        }
+        if state != qps::IBV_QPS_RTS {
+            return Err(EINVAL);
+        }
+        if req.sges.len() > self.caps.max_send_sge as usize {
+            return Err(EINVAL);
+        }
+        if send.pending.len() >= self.caps.max_send_wr as usize {
+            return Err(ENOMEM);
+        }
+        let signaled = req.signaled || self.sq_sig_all;
+        let mut pending = Pending {
+            wr_id: req.wr_id,
+            signaled,
+            opcode,
+            byte_len: 0,
+            result_at: None,
+        };
+        let (header, payload) = match req.kind {
+            SendKind::Write { rkey, addr, imm } => match self.gather(&req.sges) {
+                Ok(data) => {
+                    pending.byte_len = data.len() as u32;
+                    let h = Request::Write {
+                        rkey,
+                        addr,
+                        len: data.len() as u32,
+                        imm,
+                    };
+                    (h, data)
+                }
+                Err(status) => {
+                    send.pending.push_back(pending);
+                    self.enter_error(&mut send, Some(status));
+                    return Ok(());
+                }
+            },
+            SendKind::FetchAdd { rkey, addr, add } => {
+                if self.ctx.config.no_atomics {
+                    return Err(EOPNOTSUPP);
+                }
+                let ok = req.sges.len() == 1 && req.sges[0].1 == 8;
+                if !ok {
+                    send.pending.push_back(pending);
+                    self.enter_error(&mut send, Some(wcs::IBV_WC_LOC_LEN_ERR));
+                    return Ok(());
+                }
+                pending.byte_len = 8;
+                pending.result_at = Some((req.sges[0].0, req.sges[0].2));
+                (Request::FetchAdd { rkey, addr, add }, Vec::new())
+            }
+        };
+        send.pending.push_back(pending);
+        if send.stream.is_none() {
+            self.enter_error(&mut send, Some(wcs::IBV_WC_RETRY_EXC_ERR));
+            return Ok(());
+        }
+        let written = match send.stream.as_mut() {
+            Some(s) => s
+                .write_all(&wire::encode_request(&header))
+                .and_then(|_| s.write_all(&payload)),
+            None => Ok(()),
+        };
+        if let Err(e) = written {
+            send.broken = Some(format!("sending to the peer: {e}"));
+            self.enter_error(&mut send, Some(wcs::IBV_WC_RETRY_EXC_ERR));
+        }
+        Ok(())
+    }
+
+    /// Posts one receive. `Err(errno)` rejects it.
+    pub fn post_recv(&self, wr_id: u64, nsge: usize) -> Result<(), i32> {
+        let mut inner = lock(&self.inner);
+        match inner.state {
+            qps::IBV_QPS_RESET => Err(EINVAL),
+            qps::IBV_QPS_ERR => {
+                self.recv_cq.push(wc(
+                    wr_id,
+                    wcs::IBV_WC_WR_FLUSH_ERR,
+                    wco::IBV_WC_RECV,
+                    0,
+                    self.qpn,
+                ));
+                Ok(())
+            }
+            _ if nsge > self.caps.max_recv_sge as usize => Err(EINVAL),
+            _ if inner.recvs.len() >= self.caps.max_recv_wr as usize => Err(ENOMEM),
+            _ => {
+                inner.recvs.push_back(RecvEntry { wr_id });
+                drop(inner);
+                self.cond.notify_all();
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits (bounded) until the QP can receive (RTR or RTS). Returns the status to answer
+    /// with when it cannot.
+    fn wait_receivable(&self, src_qpn: u32) -> Result<u32, u32> {
+        let deadline = Instant::now() + self.ctx.config.rnr_timeout;
+        let mut inner = lock(&self.inner);
+        loop {
+            if self.destroyed.load(Ordering::SeqCst) {
+                return Err(wcs::IBV_WC_RETRY_EXC_ERR);
+            }
+            match inner.state {
+                qps::IBV_QPS_RTR | qps::IBV_QPS_RTS => {
+                    if inner.dest_qpn != src_qpn {
+                        return Err(wcs::IBV_WC_REM_INV_REQ_ERR);
+                    }
+                    return Ok(inner.access);
+                }
+                qps::IBV_QPS_RESET | qps::IBV_QPS_INIT => {}
+                _ => return Err(wcs::IBV_WC_RETRY_EXC_ERR),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(wcs::IBV_WC_RETRY_EXC_ERR);
+            }
+            inner = self
+                .cond
+                .wait_timeout(inner, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits (bounded, the RNR timeout) for a posted receive; does not take it.
+    fn wait_recv_posted(&self) -> Result<(), u32> {
+        let deadline = Instant::now() + self.ctx.config.rnr_timeout;
+        let mut inner = lock(&self.inner);
+        loop {
+            if self.destroyed.load(Ordering::SeqCst) || inner.state == qps::IBV_QPS_ERR {
+                return Err(wcs::IBV_WC_RETRY_EXC_ERR);
+            }
+            if !inner.recvs.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(wcs::IBV_WC_RNR_RETRY_EXC_ERR);
+            }
+            inner = self
+                .cond
+                .wait_timeout(inner, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Checks a remote write against the MR table: key, PD, access, bounds.
+    fn check_remote(&self, rkey: u32, addr: u64, len: u64, need: u32) -> Result<(), u32> {
+        match self.ctx.mr_lookup(rkey) {
+            Some(mr) if mr.pd == self.pd && mr.access & need == need && mr.contains(addr, len) => {
+                Ok(())
+            }
+            _ => Err(wcs::IBV_WC_REM_ACCESS_ERR),
+        }
+    }
+
+    /// Copies `len` bytes from the connection into `[addr, addr + len)` in chunks, re-checking
+    /// the region under the table's read lock for each chunk (a concurrent dereg waits).
+    fn receive_into(
+        &self,
+        stream: &mut TcpStream,
+        rkey: u32,
+        addr: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<u32> {
+        use std::io::Read;
+        let mut done = 0usize;
+        let mut status = wcs::IBV_WC_SUCCESS;
+        while done < len {
+            let n = (len - done).min(CHUNK);
+            buf.resize(n, 0);
+            stream.read_exact(&mut buf[..n])?;
+            if status == wcs::IBV_WC_SUCCESS {
+                let mrs = self.ctx.mrs.read().unwrap_or_else(|e| e.into_inner());
+                let dst = addr + done as u64;
+                match mrs.get(&rkey) {
+                    Some(mr) if mr.pd == self.pd && mr.contains(dst, n as u64) => {
+                        // SAFETY: the destination lies inside a registered region that cannot be
+                        // deregistered while we hold the read lock.
+                        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst as *mut u8, n) };
+                    }
+                    _ => status = wcs::IBV_WC_REM_ACCESS_ERR,
+                }
+            }
+            done += n;
+        }
+        Ok(status)
+    }
+
+    fn drain(stream: &mut TcpStream, len: usize, buf: &mut Vec<u8>) -> std::io::Result<()> {
+        use std::io::Read;
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(CHUNK);
+            buf.resize(n, 0);
+            stream.read_exact(&mut buf[..n])?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// Serves one connection from a peer's requester: executes its requests in order.
+    fn handle_request(
+        &self,
+        stream: &mut TcpStream,
+        src_qpn: u32,
+        req: Request,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<Option<Response>> {
+        match req {
+            Request::Bye => Ok(None),
+            Request::Write {
+                rkey,
+                addr,
+                len,
+                imm,
+            } => {
+                let len_us = len as usize;
+                let mut status = match self.wait_receivable(src_qpn) {
+                    Ok(access) if access & ACCESS_REMOTE_WRITE == 0 => wcs::IBV_WC_REM_INV_REQ_ERR,
+                    // A zero-length RDMA write does not validate the rkey (IB spec).
+                    Ok(_) if len == 0 => wcs::IBV_WC_SUCCESS,
+                    Ok(_) => match self.check_remote(rkey, addr, len as u64, ACCESS_REMOTE_WRITE) {
+                        Ok(()) => wcs::IBV_WC_SUCCESS,
+                        Err(s) => s,
+                    },
+                    Err(s) => s,
+                };
+                if status == wcs::IBV_WC_SUCCESS && imm.is_some() {
+                    if let Err(s) = self.wait_recv_posted() {
+                        status = s;
+                    }
+                }
+                if status == wcs::IBV_WC_SUCCESS && len_us > 0 {
+                    status = self.receive_into(stream, rkey, addr, len_us, buf)?;
+                } else if len_us > 0 {
+                    Self::drain(stream, len_us, buf)?;
+                }
+                if status == wcs::IBV_WC_SUCCESS {
+                    if let Some(imm) = imm {
+                        let mut inner = lock(&self.inner);
+                        match inner.recvs.pop_front() {
+                            Some(r) => {
+                                let mut c = wc(
+                                    r.wr_id,
+                                    wcs::IBV_WC_SUCCESS,
+                                    wco::IBV_WC_RECV_RDMA_WITH_IMM,
+                                    len,
+                                    self.qpn,
+                                );
+                                c.imm_data = imm;
+                                c.wc_flags = ibverbs_sys::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+                                c.src_qp = src_qpn;
+                                self.recv_cq.push(c);
+                            }
+                            None => status = wcs::IBV_WC_RNR_RETRY_EXC_ERR,
+                        }
+                    }
+                }
+                Ok(Some(Response::Ack { status, value: 0 }))
+            }
+            Request::FetchAdd { rkey, addr, add } => {
+                let mut value = 0;
+                let status = match self.wait_receivable(src_qpn) {
+                    Ok(access) if access & ACCESS_REMOTE_ATOMIC == 0 => wcs::IBV_WC_REM_INV_REQ_ERR,
+                    Ok(_) if addr % 8 != 0 => wcs::IBV_WC_REM_INV_REQ_ERR,
+                    Ok(_) => {
+                        let mrs = self.ctx.mrs.read().unwrap_or_else(|e| e.into_inner());
+                        match mrs.get(&rkey) {
+                            Some(mr)
+                                if mr.pd == self.pd
+                                    && mr.access & ACCESS_REMOTE_ATOMIC != 0
+                                    && mr.contains(addr, 8) =>
+                            {
+                                // SAFETY: 8-byte aligned, inside a registered region that stays
+                                // registered while we hold the read lock; all accesses through
+                                // the provider to it are atomic.
+                                let a = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+                                value = a.fetch_add(add, Ordering::SeqCst);
+                                wcs::IBV_WC_SUCCESS
+                            }
+                            _ => wcs::IBV_WC_REM_ACCESS_ERR,
+                        }
+                    }
+                    Err(s) => s,
+                };
+                Ok(Some(Response::Ack { status, value }))
+            }
+        }
+    }
+}
+
+fn responder_loop(qp: Arc<QpShared>, mut stream: TcpStream, hello: Hello) {
+    let mut buf = Vec::new();
+    loop {
+        let req = wire::read_request(&mut stream);
+        let result = match req {
+            Ok(r) => qp.handle_request(&mut stream, hello.src_qpn, r, &mut buf),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(Some(resp)) => {
+                if stream.write_all(&wire::encode_response(&resp)).is_err() {
+                    break;
+                }
+            }
+            Ok(None) => return, // clean bye
+            Err(_) => break,
+        }
+    }
+    // The requester vanished without a bye (its process died, or it hit an error): like the
+    // responder of a real RC connection, this QP goes to ERR so its receives are flushed.
+    if !qp.destroyed.load(Ordering::SeqCst) && qp.state() != qps::IBV_QPS_RESET {
+        qp.to_error();
+    }
+}

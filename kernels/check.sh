@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Compile checks for the device code (no GPU needed):
+#   1. every kernels/cuda/src/*.cu and tests/api_compile.cu with nvcc for sm_80, sm_90, sm_100 (+PTX)
+#   2. the signal path: exactly one red.release.sys.global.add.u64 in the PTX of semaphore_signal
+#      (and in SASS, when cuobjdump is available: REDG/RED .ADD.64.STRONG.SYS after MEMBAR.SYS)
+#   3. the FIFO push publishes with one 128-bit release store (PTX st.release.sys.global.b128)
+#   4. every .cu with hipcc for gfx90a (if hipcc is installed)
+#   5. layout_dump.cpp with the host C++ compiler, run, and checked against the expected layout
+# Env: NVCC (default /opt/nvcc13/nvidia/cu13/bin/nvcc, then nvcc on PATH), HIPCC (default hipcc),
+#      CXX (default g++), CUOBJDUMP (default cuobjdump on PATH), KEEP=dir to keep the outputs.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here/.."   # repository root
+out="${KEEP:-$(mktemp -d)}"
+mkdir -p "$out"
+fail=0
+note() { printf '%s\n' "$*"; }
+bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
+
+nvcc="${NVCC:-/opt/nvcc13/nvidia/cu13/bin/nvcc}"
+[ -x "$nvcc" ] || nvcc="$(command -v nvcc || true)"
+sources=(kernels/cuda/src/*.cu kernels/cuda/tests/api_compile.cu)
+
+if [ -n "$nvcc" ]; then
+  for f in "${sources[@]}"; do
+    stem="$(basename "$f" .cu)"
+    if "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -fatbin \
+        -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+        -gencode arch=compute_100,code=sm_100 -gencode arch=compute_90,code=compute_90 \
+        "$f" -o "$out/$stem.fatbin" 2>"$out/$stem.nvcc.log"; then
+      note "ok   nvcc $f"
+    else
+      bad "nvcc $f"; cat "$out/$stem.nvcc.log"
+    fi
+  done
+
+  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/src/semaphore_tests.cu -o "$out/semaphore_tests.ptx"
+  # PTX of semaphore_signal only: one thread, one signal().
+  n_red="$(awk '/\.entry semaphore_signal\(/,/^}/' "$out/semaphore_tests.ptx" | grep -c 'red.release.sys.global.add.u64' || true)"
+  if [ "$n_red" = "1" ]; then note "ok   signal(): one red.release.sys.global.add.u64 in semaphore_signal"; else bad "signal(): expected 1 red.release in semaphore_signal, found $n_red"; fi
+  n_other="$(awk '/\.entry semaphore_signal\(/,/^}/' "$out/semaphore_tests.ptx" | grep -cE 'atom\.|st\.release|membar|fence' || true)"
+  if [ "$n_other" = "0" ]; then note "ok   signal(): no other atomic, store or fence"; else bad "signal(): found $n_other extra atomics/fences"; fi
+
+  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/src/fifo_tests.cu -o "$out/fifo_tests.ptx"
+  n_st="$(awk '/\.entry fifo_push_perf/,/^}/' "$out/fifo_tests.ptx" | grep -c 'st.release.sys.global.b128' || true)"
+  if [ "$n_st" -ge 1 ]; then note "ok   fifo push: st.release.sys.global.b128"; else bad "fifo push: no st.release.sys.global.b128"; fi
+
+  cuobjdump="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
+  if [ -n "$cuobjdump" ] && "$cuobjdump" --dump-sass "$out/semaphore_tests.fatbin" >"$out/semaphore_tests.sass" 2>/dev/null; then
+    n_sass="$(awk '/Function : semaphore_signal$/{p=1;next} /Function :/{p=0} p' "$out/semaphore_tests.sass" | grep -cE 'RED(G)?\.E\.ADD\.64\.STRONG\.SYS' || true)"
+    n_atom="$(awk '/Function : semaphore_signal$/{p=1;next} /Function :/{p=0} p' "$out/semaphore_tests.sass" | grep -cE 'ATOM' || true)"
+    n_arch="$(grep -c 'Function : semaphore_signal$' "$out/semaphore_tests.sass" || true)"
+    if [ "$n_sass" = "$n_arch" ] && [ "$n_atom" = "0" ]; then note "ok   SASS: signal is one RED.ADD.64.STRONG.SYS per arch ($n_arch archs), no returning ATOM"; else bad "SASS: RED count $n_sass over $n_arch archs, ATOM count $n_atom"; fi
+  else
+    note "skip SASS check (cuobjdump with nvdisasm not found)"
+  fi
+else
+  note "skip nvcc checks (nvcc not found)"
+fi
+
+hipcc="${HIPCC:-$(command -v hipcc || true)}"
+if [ -n "$hipcc" ]; then
+  for f in "${sources[@]}"; do
+    stem="$(basename "$f" .cu)"
+    if "$hipcc" -x hip --offload-arch=gfx90a --genco -I kernels/hip/include -I kernels/cuda/include \
+        "$f" -o "$out/$stem.hsaco" >"$out/$stem.hipcc.log" 2>&1; then
+      note "ok   hipcc $f"
+    else
+      bad "hipcc $f"; grep -v rocm_agent_enumerator "$out/$stem.hipcc.log" | grep -E 'error|warning' | head -20
+    fi
+  done
+else
+  note "skip hipcc checks (hipcc not found)"
+fi
+
+cxx="${CXX:-g++}"
+"$cxx" -std=c++17 -Wall -Wextra -Werror -I kernels/cuda/include kernels/cuda/tests/layout_dump.cpp -o "$out/layout_dump"
+"$out/layout_dump" >"$out/layout.txt"
+expect=(
+  "ProxyTrigger size 16" "ProxyTrigger align 16" "ProxyTrigger.snd offset 8"
+  "FifoDeviceHandle size 40" "FifoDeviceHandle.tailCache offset 24" "FifoDeviceHandle.size offset 32"
+  "Host2DeviceSemaphoreDeviceHandle size 16" "MemoryDevice2DeviceSemaphoreDeviceHandle size 24"
+  "MemoryChannelDeviceHandle size 48" "MemoryChannelDeviceHandle.dst offset 24"
+  "MemoryChannelDeviceHandle.src offset 32" "MemoryChannelDeviceHandle.packetBuffer offset 40"
+  "BasePortChannelDeviceHandle size 64" "BasePortChannelDeviceHandle.semaphore offset 8"
+  "BasePortChannelDeviceHandle.fifo offset 24" "PortChannelDeviceHandle size 72"
+  "PortChannelDeviceHandle.dst offset 64" "PortChannelDeviceHandle.src offset 68"
+  "LL16Packet size 16" "LL8Packet size 8"
+  "trigger_example data_flag fst 0x0000200000000400 snd 0x00ec0a0300001000"
+)
+for line in "${expect[@]}"; do
+  grep -qxF "$line" "$out/layout.txt" || bad "layout: missing '$line'"
+done
+[ "$fail" = 0 ] && note "ok   layout_dump ($(wc -l <"$out/layout.txt") lines)"
+
+if [ "$fail" = 0 ]; then note "all device-code checks passed (outputs in $out)"; else note "device-code checks FAILED (outputs in $out)"; exit 1; fi

@@ -1,0 +1,94 @@
+// Vendor selection for mscclpp device code: one source compiles with nvcc (CUDA), hipcc (HIP) and,
+// for the struct definitions only, a plain host C++17 compiler.
+//
+// Macros defined here:
+//   MSCCLPP_DEVICE_COMPILE      defined under nvcc or hipcc; device functions exist only then
+//   MSCCLPP_DEVICE_CUDA         nvcc (NVIDIA); inline PTX is used
+//   MSCCLPP_DEVICE_HIP          hipcc / clang -x hip (AMD); __hip_atomic_* builtins are used
+//   MSCCLPP_DEVICE_INLINE       force-inlined device function
+//   MSCCLPP_HOST_DEVICE_INLINE  force-inlined host+device function (plain `inline` on host compilers)
+//   MSCCLPP_DEVICE_CHECKS       1 = spin bounds and argument checks are compiled in (default unless
+//                               NDEBUG or MSCCLPP_NO_DEVICE_CHECKS is defined), 0 = compiled out
+//   MSCCLPP_DEFAULT_MAX_SPIN    spin bound used when a wait is given a negative maxSpin
+//                               (default 100'000'000 polls: tens of seconds on H100/H200)
+//   MSCCLPP_SPIN_UNTIL(cond, maxSpin, what)  poll until `cond` holds; with checks on, print a message
+//                               naming `what`, file, line, block and thread, then trap, once
+//                               `maxSpin` polls (or the default bound if negative) went by
+#ifndef MSCCLPP_DEVICE_HPP_
+#define MSCCLPP_DEVICE_HPP_
+
+#include <stdint.h>
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#define MSCCLPP_DEVICE_COMPILE 1
+#define MSCCLPP_DEVICE_HIP 1
+#include <hip/hip_runtime.h>
+#elif defined(__CUDACC__)
+#define MSCCLPP_DEVICE_COMPILE 1
+#define MSCCLPP_DEVICE_CUDA 1
+#endif
+
+#if defined(MSCCLPP_DEVICE_COMPILE)
+#include <stdio.h>
+#define MSCCLPP_DEVICE_INLINE __forceinline__ __device__
+#define MSCCLPP_HOST_DEVICE_INLINE __forceinline__ __host__ __device__
+#else
+#define MSCCLPP_DEVICE_INLINE inline
+#define MSCCLPP_HOST_DEVICE_INLINE inline
+#endif
+
+#if !defined(MSCCLPP_DEVICE_CHECKS)
+#if defined(NDEBUG) || defined(MSCCLPP_NO_DEVICE_CHECKS)
+#define MSCCLPP_DEVICE_CHECKS 0
+#else
+#define MSCCLPP_DEVICE_CHECKS 1
+#endif
+#endif
+
+#if !defined(MSCCLPP_DEFAULT_MAX_SPIN)
+#define MSCCLPP_DEFAULT_MAX_SPIN 100000000LL
+#endif
+
+#if defined(MSCCLPP_DEVICE_COMPILE)
+namespace mscclpp {
+namespace detail {
+
+/// Ends the kernel after a failed device check. Kept out of line so the polling loops stay small.
+__device__ __noinline__ inline void deviceCheckFailed(const char* what, const char* file, int line) {
+  printf("mscclpp device check failed: %s at %s:%d (block %d,%d,%d thread %d,%d,%d)\n", what, file, line,
+         (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)threadIdx.x, (int)threadIdx.y, (int)threadIdx.z);
+#if defined(MSCCLPP_DEVICE_CUDA)
+  __trap();
+#else
+  __builtin_trap();
+#endif
+}
+
+}  // namespace detail
+}  // namespace mscclpp
+
+/// Poll until `cond` is true. See the file comment for the bound.
+#define MSCCLPP_SPIN_UNTIL(cond, maxSpin, what)                                                    \
+  do {                                                                                             \
+    const int64_t mscclppSpinLimit_ = ((maxSpin) < 0) ? (int64_t)MSCCLPP_DEFAULT_MAX_SPIN : (maxSpin); \
+    int64_t mscclppSpins_ = 0;                                                                     \
+    (void)mscclppSpinLimit_;                                                                       \
+    (void)mscclppSpins_;                                                                           \
+    while (!(cond)) {                                                                              \
+      if (MSCCLPP_DEVICE_CHECKS && mscclppSpins_++ >= mscclppSpinLimit_) {                          \
+        ::mscclpp::detail::deviceCheckFailed("spin bound exceeded waiting for " what, __FILE__, __LINE__); \
+      }                                                                                            \
+    }                                                                                              \
+  } while (0)
+
+/// Check a precondition of a device API call when checks are compiled in.
+#define MSCCLPP_DEVICE_CHECK(cond, what)                                         \
+  do {                                                                           \
+    if (MSCCLPP_DEVICE_CHECKS && !(cond)) {                                      \
+      ::mscclpp::detail::deviceCheckFailed(what, __FILE__, __LINE__);            \
+    }                                                                            \
+  } while (0)
+
+#endif  // defined(MSCCLPP_DEVICE_COMPILE)
+
+#endif  // MSCCLPP_DEVICE_HPP_

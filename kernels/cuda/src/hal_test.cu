@@ -1,0 +1,27 @@
+// HAL self-test kernels: fill and check a u32 pattern through any device pointer
+// (used by hal/tests and the hal_ipc_check example to write through imported IPC memory).
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#include <hip/hip_runtime.h>
+#endif
+#include <stdint.h>
+
+__device__ __forceinline__ uint32_t hal_pattern(uint64_t i, uint32_t seed) {
+  return seed ^ (uint32_t)(i * 2654435761ull);
+}
+
+// dst[i] = seed ^ (i * 2654435761) for every i < n.
+extern "C" __global__ void hal_fill_u32(uint32_t* dst, uint64_t n, uint32_t seed) {
+  uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = hal_pattern(i, seed);
+  }
+}
+
+// Counts elements of src that differ from the fill pattern into *mismatches.
+extern "C" __global__ void hal_check_u32(const uint32_t* src, uint64_t n, uint32_t seed,
+                                         unsigned long long* mismatches) {
+  uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if (src[i] != hal_pattern(i, seed)) atomicAdd(mismatches, 1ull);
+  }
+}
