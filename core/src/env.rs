@@ -1,1 +1,397 @@
-//! Environment (placeholder).
+//! The `MSCCLPP_*` environment, read once per process into one typed [`Env`], and a tiny logger.
+//!
+//! Reading never fails: a malformed value is kept as its parse error and returned, naming the
+//! variable, what came and what was expected, by the typed accessor (`env().ibv_mode()?`).
+//! Tests build an `Env` from any lookup function with [`Env::from_lookup`].
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// Log verbosity (`MSCCLPP_LOG_LEVEL`, or `MSCCLPP_DEBUG`), in increasing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    /// Nothing.
+    None,
+    /// The version banner only.
+    Version,
+    /// Warnings (the default).
+    Warn,
+    /// Informational messages.
+    Info,
+    /// Messages printed before aborting.
+    Abort,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    fn parse(s: &str) -> Option<LogLevel> {
+        Some(match s.trim().to_ascii_uppercase().as_str() {
+            "NONE" => LogLevel::None,
+            "VERSION" => LogLevel::Version,
+            "WARN" => LogLevel::Warn,
+            "INFO" => LogLevel::Info,
+            "ABORT" => LogLevel::Abort,
+            "TRACE" => LogLevel::Trace,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            LogLevel::None => "NONE",
+            LogLevel::Version => "VERSION",
+            LogLevel::Warn => "WARN",
+            LogLevel::Info => "INFO",
+            LogLevel::Abort => "ABORT",
+            LogLevel::Trace => "TRACE",
+        }
+    }
+}
+
+/// How IB connections signal semaphores (`MSCCLPP_IBV_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IbvMode {
+    /// `host`: RDMA atomics (the default).
+    Host,
+    /// `host-no-atomic`: RDMA write-with-immediate and a receive thread.
+    HostNoAtomic,
+}
+
+/// Address family for bootstrap sockets (`MSCCLPP_SOCKET_FAMILY`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SocketFamily {
+    /// `AF_INET`: IPv4.
+    Inet,
+    /// `AF_INET6`: IPv6.
+    Inet6,
+}
+
+type Parsed<T> = std::result::Result<T, String>;
+
+/// Every `MSCCLPP_*` variable this crate reads, parsed once.
+#[derive(Debug, Clone)]
+pub struct Env {
+    log_level: Parsed<LogLevel>,
+    log_subsys: Option<String>,
+    log_file: Option<PathBuf>,
+    hca_devices: Vec<String>,
+    ibv_so: Option<PathBuf>,
+    ibv_mode: Parsed<IbvMode>,
+    ib_gid_index: Parsed<u32>,
+    hostid: Option<String>,
+    socket_ifname: Option<String>,
+    socket_family: Parsed<Option<SocketFamily>>,
+    force_disable_nvls: Parsed<bool>,
+    force_disable_gdr: Parsed<bool>,
+    cudaipc_use_default_stream: Parsed<bool>,
+    nccl_lib_path: Option<PathBuf>,
+    cache_dir: Parsed<PathBuf>,
+}
+
+/// The process environment, read on first use and never again.
+pub fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| Env::from_lookup(|name| std::env::var(name).ok()))
+}
+
+fn parse_bool(name: &str, value: Option<String>) -> Parsed<bool> {
+    let Some(v) = value else { return Ok(false) };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        "1" | "true" | "yes" | "on" => Ok(true),
+        _ => Err(format!(
+            "{name}={v}: expected a boolean (1, 0, true, false, yes, no, on, off)"
+        )),
+    }
+}
+
+fn non_empty(value: Option<String>) -> Option<String> {
+    value.and_then(|v| {
+        let t = v.trim();
+        (!t.is_empty()).then(|| t.to_string())
+    })
+}
+
+impl Env {
+    /// Builds an `Env` from `lookup(name)`, which returns the value of variable `name` if set.
+    /// [`env()`] uses `std::env::var`; tests pass a map.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Env {
+        let log_level = match (
+            non_empty(lookup("MSCCLPP_LOG_LEVEL")).map(|v| ("MSCCLPP_LOG_LEVEL", v)),
+            non_empty(lookup("MSCCLPP_DEBUG")).map(|v| ("MSCCLPP_DEBUG", v)),
+        ) {
+            (Some((name, v)), _) | (None, Some((name, v))) => {
+                LogLevel::parse(&v).ok_or_else(|| {
+                    format!("{name}={v}: expected one of NONE, VERSION, WARN, INFO, ABORT, TRACE")
+                })
+            }
+            (None, None) => Ok(LogLevel::Warn),
+        };
+
+        let ibv_mode = match non_empty(lookup("MSCCLPP_IBV_MODE")) {
+            None => Ok(IbvMode::Host),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "host" => Ok(IbvMode::Host),
+                "host-no-atomic" => Ok(IbvMode::HostNoAtomic),
+                _ => Err(format!(
+                    "MSCCLPP_IBV_MODE={v}: expected one of host, host-no-atomic"
+                )),
+            },
+        };
+
+        let ib_gid_index = match non_empty(lookup("MSCCLPP_IB_GID_INDEX")) {
+            None => Ok(0),
+            Some(v) => v.parse::<u32>().map_err(|_| {
+                format!("MSCCLPP_IB_GID_INDEX={v}: expected an integer >= 0 (a GID table index)")
+            }),
+        };
+
+        let socket_family = match non_empty(lookup("MSCCLPP_SOCKET_FAMILY")) {
+            None => Ok(None),
+            Some(v) => match v.to_ascii_uppercase().as_str() {
+                "AF_INET" => Ok(Some(SocketFamily::Inet)),
+                "AF_INET6" => Ok(Some(SocketFamily::Inet6)),
+                _ => Err(format!(
+                    "MSCCLPP_SOCKET_FAMILY={v}: expected one of AF_INET, AF_INET6"
+                )),
+            },
+        };
+
+        let nccl_nvls_off = matches!(non_empty(lookup("NCCL_NVLS_ENABLE")).as_deref(), Some("0"));
+        let force_disable_nvls = parse_bool(
+            "MSCCLPP_FORCE_DISABLE_NVLS",
+            lookup("MSCCLPP_FORCE_DISABLE_NVLS"),
+        )
+        .map(|b| b || nccl_nvls_off);
+
+        let cache_dir = match non_empty(lookup("MSCCLPP_CACHE_DIR")) {
+            Some(v) => Ok(PathBuf::from(v)),
+            None => match non_empty(lookup("HOME")) {
+                Some(home) => Ok(Path::new(&home).join(".cache").join("mscclpp")),
+                None => Err(
+                    "MSCCLPP_CACHE_DIR and HOME are both unset: expected one of them to name \
+                     a directory for the cache (default ~/.cache/mscclpp)"
+                        .to_string(),
+                ),
+            },
+        };
+
+        Env {
+            log_level,
+            log_subsys: non_empty(lookup("MSCCLPP_LOG_SUBSYS")),
+            log_file: non_empty(lookup("MSCCLPP_LOG_FILE")).map(PathBuf::from),
+            hca_devices: lookup("MSCCLPP_HCA_DEVICES")
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            ibv_so: non_empty(lookup("MSCCLPP_IBV_SO")).map(PathBuf::from),
+            ibv_mode,
+            ib_gid_index,
+            hostid: non_empty(lookup("MSCCLPP_HOSTID")),
+            socket_ifname: non_empty(lookup("MSCCLPP_SOCKET_IFNAME")),
+            socket_family,
+            force_disable_nvls,
+            force_disable_gdr: parse_bool(
+                "MSCCLPP_FORCE_DISABLE_GDR",
+                lookup("MSCCLPP_FORCE_DISABLE_GDR"),
+            ),
+            cudaipc_use_default_stream: parse_bool(
+                "MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM",
+                lookup("MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM"),
+            ),
+            nccl_lib_path: non_empty(lookup("MSCCLPP_NCCL_LIB_PATH")).map(PathBuf::from),
+            cache_dir,
+        }
+    }
+
+    fn typed<T: Clone>(p: &Parsed<T>) -> Result<T> {
+        p.clone().map_err(Error::InvalidUsage)
+    }
+
+    /// `MSCCLPP_LOG_LEVEL`, else `MSCCLPP_DEBUG` (NONE|VERSION|WARN|INFO|ABORT|TRACE, any
+    /// case); WARN when both are unset.
+    pub fn log_level(&self) -> Result<LogLevel> {
+        Self::typed(&self.log_level)
+    }
+    /// `MSCCLPP_LOG_SUBSYS`: comma list of subsystems to log (unset or `ALL` = all).
+    pub fn log_subsys(&self) -> Option<&str> {
+        self.log_subsys.as_deref()
+    }
+    /// `MSCCLPP_LOG_FILE`: log to this file instead of stderr (`%h` = host, `%p` = pid).
+    pub fn log_file(&self) -> Option<&Path> {
+        self.log_file.as_deref()
+    }
+    /// `MSCCLPP_HCA_DEVICES`: comma list of IB device names (empty when unset).
+    pub fn hca_devices(&self) -> &[String] {
+        &self.hca_devices
+    }
+    /// `MSCCLPP_IBV_SO`: the libibverbs to load instead of the system one.
+    pub fn ibv_so(&self) -> Option<&Path> {
+        self.ibv_so.as_deref()
+    }
+    /// `MSCCLPP_IBV_MODE`: `host` or `host-no-atomic`; unset = `host`.
+    pub fn ibv_mode(&self) -> Result<IbvMode> {
+        Self::typed(&self.ibv_mode)
+    }
+    /// `MSCCLPP_IB_GID_INDEX`: integer >= 0, default 0.
+    pub fn ib_gid_index(&self) -> Result<u32> {
+        Self::typed(&self.ib_gid_index)
+    }
+    /// `MSCCLPP_HOSTID`: mixed into the host hash, to tell apart hosts with one hostname.
+    pub fn hostid(&self) -> Option<&str> {
+        self.hostid.as_deref()
+    }
+    /// `MSCCLPP_SOCKET_IFNAME`: interface selection for bootstrap sockets (NCCL syntax:
+    /// comma list of prefixes, `^` excludes, `=` matches exactly).
+    pub fn socket_ifname(&self) -> Option<&str> {
+        self.socket_ifname.as_deref()
+    }
+    /// `MSCCLPP_SOCKET_FAMILY`: `AF_INET` or `AF_INET6`; unset = either (IPv4 preferred).
+    pub fn socket_family(&self) -> Result<Option<SocketFamily>> {
+        Self::typed(&self.socket_family)
+    }
+    /// `MSCCLPP_FORCE_DISABLE_NVLS`, also true when `NCCL_NVLS_ENABLE=0`.
+    pub fn force_disable_nvls(&self) -> Result<bool> {
+        Self::typed(&self.force_disable_nvls)
+    }
+    /// `MSCCLPP_FORCE_DISABLE_GDR`.
+    pub fn force_disable_gdr(&self) -> Result<bool> {
+        Self::typed(&self.force_disable_gdr)
+    }
+    /// `MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM`.
+    pub fn cudaipc_use_default_stream(&self) -> Result<bool> {
+        Self::typed(&self.cudaipc_use_default_stream)
+    }
+    /// `MSCCLPP_NCCL_LIB_PATH`: the NCCL library to fall back to.
+    pub fn nccl_lib_path(&self) -> Option<&Path> {
+        self.nccl_lib_path.as_deref()
+    }
+    /// `MSCCLPP_CACHE_DIR`, default `$HOME/.cache/mscclpp`.
+    pub fn cache_dir(&self) -> Result<PathBuf> {
+        Self::typed(&self.cache_dir)
+    }
+
+    /// Whether a message of `level` in subsystem `subsys` is logged under this environment.
+    /// A malformed log level logs warnings (and the first warning says why).
+    pub fn log_enabled(&self, level: LogLevel, subsys: &str) -> bool {
+        let max = self.log_level.clone().unwrap_or(LogLevel::Warn);
+        if level == LogLevel::None || level > max {
+            return false;
+        }
+        match &self.log_subsys {
+            None => true,
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .any(|s| s.eq_ignore_ascii_case("ALL") || s.eq_ignore_ascii_case(subsys)),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".to_string())
+}
+
+enum LogSink {
+    Stderr,
+    File(std::fs::File),
+}
+
+/// Writes one log line if `level`/`subsys` are enabled by [`env()`]. Use the `log_warn!`,
+/// `log_info!` and `log_trace!` macros instead of calling this directly.
+pub fn log(level: LogLevel, subsys: &str, args: fmt::Arguments<'_>) {
+    let e = env();
+    if !e.log_enabled(level, subsys) {
+        return;
+    }
+    static SINK: OnceLock<Mutex<LogSink>> = OnceLock::new();
+    let sink = SINK.get_or_init(|| {
+        let mut sink = LogSink::Stderr;
+        let mut note = None;
+        if let Some(path) = e.log_file() {
+            let p = path
+                .to_string_lossy()
+                .replace("%h", &hostname())
+                .replace("%p", &std::process::id().to_string());
+            match std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+            {
+                Ok(f) => sink = LogSink::File(f),
+                Err(err) => {
+                    note = Some(format!(
+                        "MSCCLPP_LOG_FILE={p}: cannot open ({err}); logging to stderr"
+                    ))
+                }
+            }
+        }
+        if let Err(msg) = &e.log_level {
+            let prev = note.take();
+            note = Some(match prev {
+                Some(p) => format!("{p}; {msg}; using WARN"),
+                None => format!("{msg}; using WARN"),
+            });
+        }
+        if let Some(n) = note {
+            eprintln!(
+                "{}:{} MSCCLPP WARN [ENV] {n}",
+                hostname(),
+                std::process::id()
+            );
+        }
+        Mutex::new(sink)
+    });
+    let line = format!(
+        "{}:{} MSCCLPP {} [{}] {}\n",
+        hostname(),
+        std::process::id(),
+        level.name(),
+        subsys,
+        args
+    );
+    let mut guard = match sink.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    // Logging is best effort: a failed write must not fail the operation being logged.
+    let _ = match &mut *guard {
+        LogSink::Stderr => std::io::stderr().write_all(line.as_bytes()),
+        LogSink::File(f) => f.write_all(line.as_bytes()),
+    };
+}
+
+/// Logs a warning: `log_warn!("NET", "retrying {addr}")`.
+#[macro_export]
+macro_rules! log_warn {
+    ($subsys:expr, $($arg:tt)*) => {
+        $crate::env::log($crate::env::LogLevel::Warn, $subsys, format_args!($($arg)*))
+    };
+}
+
+/// Logs an informational message: `log_info!("INIT", "rank {r} ready")`.
+#[macro_export]
+macro_rules! log_info {
+    ($subsys:expr, $($arg:tt)*) => {
+        $crate::env::log($crate::env::LogLevel::Info, $subsys, format_args!($($arg)*))
+    };
+}
+
+/// Logs a trace message.
+#[macro_export]
+macro_rules! log_trace {
+    ($subsys:expr, $($arg:tt)*) => {
+        $crate::env::log($crate::env::LogLevel::Trace, $subsys, format_args!($($arg)*))
+    };
+}

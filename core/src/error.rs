@@ -1,6 +1,174 @@
-//! Errors (placeholder).
-#[derive(Debug)]
-pub enum ErrorCode { InternalError }
-#[derive(Debug)]
-pub struct Error;
+//! The one error type of the `mscclpp` crate, with upstream MSCCL++'s error codes.
+//!
+//! Every variant names the operation that failed and carries enough context (peer rank,
+//! address, the value that came and what was expected) to act on the message without a
+//! debugger. Callers that need to branch use [`Error::code`].
+
+use std::time::Duration;
+
+/// Upstream MSCCL++'s error codes (`mscclpp::ErrorCode`): the coarse class of an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The operating system refused something (socket, file, memory map).
+    SystemError,
+    /// A bug or a broken invariant inside this library.
+    InternalError,
+    /// A peer failed, closed its connection or sent something malformed.
+    RemoteError,
+    /// The caller passed an invalid argument or configuration, or called out of order.
+    InvalidUsage,
+    /// A blocking operation did not complete within its timeout.
+    Timeout,
+    /// The operation was aborted (by the caller, or because the communicator shut down).
+    Aborted,
+    /// The executor (execution plans) failed.
+    ExecutorError,
+}
+
+/// Errors of the `mscclpp` crate.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller passed an invalid argument, a malformed value or called out of order. The
+    /// message says what came and what was expected.
+    #[error("invalid usage: {0}")]
+    InvalidUsage(String),
+
+    /// `what` did not complete within `after`.
+    #[error("timed out after {after:?}: {what}")]
+    Timeout {
+        /// The operation that timed out, naming the peer and address where there is one.
+        what: String,
+        /// The timeout that expired.
+        after: Duration,
+    },
+
+    /// Rank `peer` failed, closed its connection or sent something malformed.
+    #[error("remote rank {peer}: {what}")]
+    Remote {
+        /// The rank of the peer at fault.
+        peer: usize,
+        /// What happened, and what was expected instead.
+        what: String,
+    },
+
+    /// An operating-system call failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// The operation, with its arguments (e.g. `bind 10.0.0.1:50000`).
+        op: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A broken invariant inside this library.
+    #[error("internal error: {0}")]
+    Internal(String),
+
+    /// The operation was aborted.
+    #[error("aborted: {0}")]
+    Aborted(String),
+
+    /// The executor failed.
+    #[error("executor error: {0}")]
+    Executor(String),
+
+    /// The hardware abstraction layer (GPU driver, IPC, verbs library) failed.
+    #[error(transparent)]
+    Hal(#[from] mscclpp_hal::Error),
+}
+
+impl Error {
+    /// The upstream error code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::InvalidUsage(_) => ErrorCode::InvalidUsage,
+            Error::Timeout { .. } => ErrorCode::Timeout,
+            Error::Remote { .. } => ErrorCode::RemoteError,
+            Error::Io { .. } => ErrorCode::SystemError,
+            Error::Internal(_) => ErrorCode::InternalError,
+            Error::Aborted(_) => ErrorCode::Aborted,
+            Error::Executor(_) => ErrorCode::ExecutorError,
+            Error::Hal(e) => match e {
+                mscclpp_hal::Error::Timeout { .. } => ErrorCode::Timeout,
+                mscclpp_hal::Error::InvalidArgument { .. }
+                | mscclpp_hal::Error::BadDescriptor(_) => ErrorCode::InvalidUsage,
+                mscclpp_hal::Error::PeerGone { .. } => ErrorCode::RemoteError,
+                _ => ErrorCode::SystemError,
+            },
+        }
+    }
+
+    /// An [`Error::Io`] for the operation `op`.
+    pub fn io(op: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            op: op.into(),
+            source,
+        }
+    }
+
+    /// An [`Error::InvalidUsage`].
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidUsage(msg.into())
+    }
+
+    /// An [`Error::Timeout`].
+    pub fn timeout(what: impl Into<String>, after: Duration) -> Self {
+        Error::Timeout {
+            what: what.into(),
+            after,
+        }
+    }
+
+    /// An [`Error::Remote`].
+    pub fn remote(peer: usize, what: impl Into<String>) -> Self {
+        Error::Remote {
+            peer,
+            what: what.into(),
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_messages() {
+        let e = Error::timeout(
+            "connecting to rank 0 at 10.0.0.1:5000",
+            Duration::from_secs(2),
+        );
+        assert_eq!(e.code(), ErrorCode::Timeout);
+        assert_eq!(
+            e.to_string(),
+            "timed out after 2s: connecting to rank 0 at 10.0.0.1:5000"
+        );
+        let e = Error::remote(3, "connection closed");
+        assert_eq!(e.code(), ErrorCode::RemoteError);
+        assert_eq!(e.to_string(), "remote rank 3: connection closed");
+        let e = Error::io(
+            "bind 127.0.0.1:1",
+            std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        );
+        assert_eq!(e.code(), ErrorCode::SystemError);
+        assert!(e.to_string().starts_with("bind 127.0.0.1:1: "));
+        assert_eq!(Error::invalid("x").code(), ErrorCode::InvalidUsage);
+        assert_eq!(Error::Internal("x".into()).code(), ErrorCode::InternalError);
+        assert_eq!(Error::Aborted("x".into()).code(), ErrorCode::Aborted);
+        assert_eq!(Error::Executor("x".into()).code(), ErrorCode::ExecutorError);
+        let hal = mscclpp_hal::Error::Timeout {
+            op: "stream sync",
+            waited: Duration::from_secs(1),
+        };
+        let e: Error = hal.into();
+        assert_eq!(e.code(), ErrorCode::Timeout);
+        assert_eq!(e.to_string(), "stream sync: timed out after 1s");
+        let e: Error = mscclpp_hal::Error::BadDescriptor("short".into()).into();
+        assert_eq!(e.code(), ErrorCode::InvalidUsage);
+    }
+}

@@ -1,1 +1,117 @@
-fn main() {}
+//! `mp_unit_tests`: the multi-process test binary. Run it under mpirun, srun or torchrun,
+//! or let it start its own ranks with `--np N`.
+
+mod launcher;
+mod suites;
+mod world;
+
+use std::sync::Arc;
+
+use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
+
+const USAGE: &str = "mp_unit_tests options (besides the framework's):
+  --ip_port=IP:PORT     rendezvous address of rank 0 (default 127.0.0.1:50053);
+                        IFNAME:IP:PORT picks the interface
+  --np=N                start N local ranks of this binary (no mpirun needed)
+  --ib_gid_index=N      GID index for the IB tests
+  --timeout=SECONDS     timeout of setup and of each blocking test step (default 60)
+Ranks come from Open MPI, MPICH/Hydra (PMI_*), Slurm or torchrun variables.";
+
+fn real_main() -> i32 {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let opts = match launcher::parse_options(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("mp_unit_tests: {e}\n{USAGE}");
+            return 2;
+        }
+    };
+    let info_only = opts.rest.iter().any(|a| a == "--list" || a == "--help");
+    if opts.rest.iter().any(|a| a == "--help") {
+        println!("{USAGE}\n");
+    }
+    let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("mp_unit_tests: {e}");
+            return 2;
+        }
+    };
+    if info_only {
+        return mscclpp_framework::run(&opts.rest, &mscclpp_framework::SingleProcessWorld, vec![]);
+    }
+    let placement = match (placement, opts.np) {
+        (None, Some(np)) => {
+            let grace = std::time::Duration::from_secs(10);
+            return match launcher::self_launch(np, &opts, grace) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("mp_unit_tests: {e}");
+                    1
+                }
+            };
+        }
+        (Some(p), Some(np)) if p.size != np => {
+            eprintln!(
+                "mp_unit_tests: --np={np} disagrees with the {} world size {}",
+                p.source, p.size
+            );
+            return 2;
+        }
+        (Some(p), _) => p,
+        (None, None) => launcher::Placement {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+            source: "single process",
+        },
+    };
+    let ip_port = if placement.size == 1 && opts.ip_port == launcher::DEFAULT_IP_PORT {
+        // A lone rank needs no well-known port; don't collide with a concurrent run.
+        match launcher::free_loopback_port() {
+            Ok(p) => format!("127.0.0.1:{p}"),
+            Err(e) => {
+                eprintln!("mp_unit_tests: {e}");
+                return 1;
+            }
+        }
+    } else {
+        opts.ip_port.clone()
+    };
+    let bootstrap = match TcpBootstrap::new(placement.rank, placement.size).and_then(|mut b| {
+        b.initialize_with_addr(&ip_port, opts.timeout)?;
+        Ok(b)
+    }) {
+        Ok(b) => Arc::new(b),
+        Err(e) => {
+            eprintln!(
+                "mp_unit_tests: rank {} of {}: bootstrap at {} failed: {e}",
+                placement.rank, placement.size, ip_port
+            );
+            return 1;
+        }
+    };
+    let env = world::MpEnv {
+        placement,
+        bootstrap: bootstrap.clone() as Arc<dyn Bootstrap>,
+        ip_port,
+        ib_gid_index: opts.ib_gid_index,
+        timeout: opts.timeout,
+    };
+    if let Err(e) = world::install(env) {
+        eprintln!("mp_unit_tests: {e}");
+        return 1;
+    }
+    let code = mscclpp_framework::run(&opts.rest, &world::BootstrapWorld, vec![]);
+    // Leave together so no rank tears its sockets down under a peer still finishing.
+    if let Err(e) = bootstrap.barrier() {
+        eprintln!("mp_unit_tests: final barrier: {e}");
+        return code.max(1);
+    }
+    code
+}
+
+fn main() {
+    std::process::exit(real_main());
+}

@@ -1,1 +1,156 @@
-//! Bootstrap (placeholder).
+//! Bootstrap: how ranks find each other and exchange small control messages before any
+//! GPU connection exists.
+//!
+//! [`Bootstrap`] is the contract: rank, size, ranks per node, tagged point-to-point bytes and
+//! a few collectives. Everything above it (communicator, endpoints, memory exchange) uses only
+//! this trait, so a third-party bootstrapper (MPI, a torch store) plugs in by implementing
+//! `rank`, `nranks`, `nranks_per_node`, `send` and `recv`; the collectives have default
+//! implementations on top of those.
+//!
+//! [`TcpBootstrap`] is the built-in implementation: rank 0 runs a root that collects every
+//! rank's listen address and host hash and hands out the table; ranks then connect in a full
+//! mesh and a receive thread per connection demultiplexes `(tag, len, payload)` frames by
+//! `(peer, tag)`. Every blocking operation honours the timeout given to `initialize`; a peer
+//! that never comes or dies gives an error naming it instead of a hang.
+
+mod netif;
+mod socket;
+mod tcp;
+mod unique_id;
+
+pub use netif::{select_interface, Interface};
+pub use tcp::{InitAddr, TcpBootstrap};
+pub use unique_id::{UniqueId, UNIQUE_ID_BYTES};
+
+use crate::error::{Error, Result};
+
+/// Tags at or above this value are reserved for the default collective implementations of
+/// [`Bootstrap`]; user code must send with smaller tags.
+pub const RESERVED_TAG_BASE: u64 = 0xFFFF_FFFF_0000_0000;
+
+const TAG_ALL_GATHER: u64 = RESERVED_TAG_BASE + 1;
+const TAG_BROADCAST: u64 = RESERVED_TAG_BASE + 2;
+const TAG_GROUP_BARRIER: u64 = RESERVED_TAG_BASE + 3;
+
+/// How ranks exchange control messages. Implementations must be usable from several threads;
+/// for one `(peer, tag)` messages arrive in the order they were sent, and receives for
+/// different peers or tags may be issued in any order.
+///
+/// Collectives must be called by every participating rank in the same order.
+pub trait Bootstrap: Send + Sync {
+    /// This process's rank, `0..nranks()`.
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn nranks(&self) -> usize;
+    /// The number of ranks on this rank's host (same host hash).
+    fn nranks_per_node(&self) -> usize;
+    /// Sends `data` to `peer` under `tag`. May return before the peer received it.
+    fn send(&self, data: &[u8], peer: usize, tag: u64) -> Result<()>;
+    /// Receives the next message `peer` sent under `tag`.
+    fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
+
+    /// Every rank's `data`, indexed by rank (this rank's own data included).
+    fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let (rank, n) = (self.rank(), self.nranks());
+        for peer in (0..n).filter(|&p| p != rank) {
+            self.send(data, peer, TAG_ALL_GATHER)?;
+        }
+        let mut out = Vec::with_capacity(n);
+        for peer in 0..n {
+            if peer == rank {
+                out.push(data.to_vec());
+            } else {
+                out.push(self.recv(peer, TAG_ALL_GATHER)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Returns once every rank has entered the barrier.
+    fn barrier(&self) -> Result<()> {
+        self.all_gather(&[]).map(|_| ())
+    }
+
+    /// `root`'s `data` on every rank (`data` is ignored on the others).
+    fn broadcast(&self, data: &[u8], root: usize) -> Result<Vec<u8>> {
+        let (rank, n) = (self.rank(), self.nranks());
+        if root >= n {
+            return Err(Error::invalid(format!(
+                "broadcast root {root}: expected a rank below nranks {n}"
+            )));
+        }
+        if rank == root {
+            for peer in (0..n).filter(|&p| p != rank) {
+                self.send(data, peer, TAG_BROADCAST)?;
+            }
+            Ok(data.to_vec())
+        } else {
+            self.recv(root, TAG_BROADCAST)
+        }
+    }
+
+    /// A barrier among `ranks` only; every listed rank must call it with the same list, which
+    /// must contain the caller.
+    fn group_barrier(&self, ranks: &[usize]) -> Result<()> {
+        let me = self.rank();
+        check_group(ranks, me, self.nranks())?;
+        for &peer in ranks.iter().filter(|&&p| p != me) {
+            self.send(&[], peer, TAG_GROUP_BARRIER)?;
+        }
+        for &peer in ranks.iter().filter(|&&p| p != me) {
+            self.recv(peer, TAG_GROUP_BARRIER)?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) fn check_group(ranks: &[usize], me: usize, n: usize) -> Result<()> {
+    if let Some(bad) = ranks.iter().find(|&&r| r >= n) {
+        return Err(Error::invalid(format!(
+            "group_barrier: rank {bad} in {ranks:?}: expected ranks below nranks {n}"
+        )));
+    }
+    if !ranks.contains(&me) {
+        return Err(Error::invalid(format!(
+            "group_barrier: {ranks:?} does not contain the calling rank {me}"
+        )));
+    }
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::invalid(format!(
+            "group_barrier: {ranks:?}: expected each rank at most once"
+        )));
+    }
+    Ok(())
+}
+
+/// 64-bit FNV-1a: a hash that is the same in every process (unlike `std`'s `RandomState`).
+pub(crate) fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// This process's host hash: the same for every process on one host and network namespace.
+/// Mixes the hostname, `MSCCLPP_HOSTID` (if set) and the inode of `/proc/self/ns/net`, so
+/// ranks in different network namespaces count as different hosts.
+pub fn host_hash() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let mut key = hostname.into_bytes();
+    key.push(0);
+    if let Some(id) = crate::env::env().hostid() {
+        key.extend_from_slice(id.as_bytes());
+    }
+    key.push(0);
+    if let Ok(meta) = std::fs::metadata("/proc/self/ns/net") {
+        key.extend_from_slice(&meta.ino().to_le_bytes());
+    }
+    fnv1a(&key, 0)
+}

@@ -1,0 +1,522 @@
+//! TcpBootstrap with every rank a thread of this process: setup by id and by address, resume,
+//! timeouts, collectives with random payloads, tag demultiplexing, port in use.
+
+use mscclpp::bootstrap::{Bootstrap, InitAddr, TcpBootstrap};
+use mscclpp::{Error, ErrorCode};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// xorshift64*: deterministic random bytes without the rand crate.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Runs `body(bootstrap)` on `n` threads after initializing each with `addr`.
+fn run_group<T: Send + 'static>(
+    n: usize,
+    addr: InitAddr,
+    body: impl Fn(TcpBootstrap) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let body = Arc::new(body);
+    let handles: Vec<_> = (0..n)
+        .map(|rank| {
+            let addr = addr.clone();
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut b = TcpBootstrap::new(rank, n).expect("new");
+                b.initialize(addr, TIMEOUT)
+                    .unwrap_or_else(|e| panic!("rank {rank}: initialize failed: {e}"));
+                body(b)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
+}
+
+#[test]
+fn with_id() {
+    for n in [1, 2, 4] {
+        let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+        let out = run_group(n, id.into(), |b| {
+            b.barrier().expect("barrier");
+            (b.rank(), b.nranks(), b.nranks_per_node())
+        });
+        for (r, (rank, nranks, per_node)) in out.into_iter().enumerate() {
+            assert_eq!((rank, nranks, per_node), (r, n, n));
+        }
+    }
+}
+
+#[test]
+fn with_ip_port_pair() {
+    for n in [2, 4] {
+        let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+        let out = run_group(n, addr, |b| {
+            b.all_gather(&[b.rank() as u8]).expect("all_gather")
+        });
+        let expect: Vec<Vec<u8>> = (0..n).map(|r| vec![r as u8]).collect();
+        for got in out {
+            assert_eq!(got, expect);
+        }
+    }
+}
+
+#[test]
+fn with_ifname_ip_port() {
+    let addr = InitAddr::parse(&format!("lo:127.0.0.1:{}", free_port())).expect("addr");
+    let out = run_group(3, addr, |b| {
+        b.barrier().expect("barrier");
+        b.broadcast(b"from-one", 1).expect("broadcast")
+    });
+    assert!(out.iter().all(|v| v == b"from-one"));
+}
+
+#[test]
+fn resume_with_id() {
+    for round in 0..15 {
+        let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+        let out = run_group(2, id.into(), move |b| {
+            let v = b
+                .all_gather(&[round as u8, b.rank() as u8])
+                .expect("all_gather");
+            drop(b);
+            v
+        });
+        assert_eq!(out[0], vec![vec![round as u8, 0], vec![round as u8, 1]]);
+    }
+}
+
+#[test]
+fn resume_with_ip_port_pair() {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    for round in 0..15u8 {
+        let out = run_group(3, addr.clone(), move |b| {
+            b.barrier().expect("barrier");
+            b.broadcast(&[round], 0).expect("broadcast")
+        });
+        assert!(out.iter().all(|v| v == &[round]), "round {round}: {out:?}");
+    }
+}
+
+#[test]
+fn timeout_with_id_root_alone() {
+    // Rank 0 of 2 runs the root; rank 1 never comes.
+    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+    let mut b = TcpBootstrap::new(0, 2).expect("new");
+    let t0 = Instant::now();
+    let err = b
+        .initialize_with_id(&id, Duration::from_secs(1))
+        .expect_err("must time out");
+    let took = t0.elapsed();
+    assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
+    assert!(err.to_string().contains("ranks [1]"), "{err}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1600),
+        "{took:?}"
+    );
+    assert!(!b.is_initialized());
+}
+
+#[test]
+fn timeout_with_id_root_never_comes() {
+    // The id's port is reserved in this process but nobody serves it: the connection sits in
+    // the backlog and rank 1 times out waiting for the table.
+    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+    let mut b = TcpBootstrap::new(1, 2).expect("new");
+    let t0 = Instant::now();
+    let err = b
+        .initialize_with_id(&id, Duration::from_secs(1))
+        .expect_err("must time out");
+    let took = t0.elapsed();
+    assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
+    assert!(err.to_string().contains("rank 0"), "{err}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1600),
+        "{took:?}"
+    );
+    assert!(TcpBootstrap::release_unique_id(&id));
+    assert!(!TcpBootstrap::release_unique_id(&id));
+
+    // Now nothing listens at all: connection refused until the timeout, naming the address.
+    let mut b = TcpBootstrap::new(1, 2).expect("new");
+    let t0 = Instant::now();
+    let err = b
+        .initialize_with_id(&id, Duration::from_millis(700))
+        .expect_err("refused");
+    assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&id.root_addr().to_string()) && msg.contains("rank 0"),
+        "{msg}"
+    );
+    assert!(t0.elapsed() < Duration::from_millis(1300));
+}
+
+#[test]
+fn mismatched_nranks_is_rejected() {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    let a2 = addr.clone();
+    let root = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::new(0, 2).expect("new");
+        b.initialize(a2, Duration::from_secs(5))
+    });
+    let mut b = TcpBootstrap::new(1, 3).expect("new");
+    let err = b
+        .initialize(addr, Duration::from_secs(5))
+        .expect_err("nranks differ");
+    assert_eq!(err.code(), ErrorCode::InvalidUsage, "{err}");
+    assert!(err.to_string().contains("nranks"), "{err}");
+    let root_err = root.join().expect("join").expect_err("root must fail too");
+    assert_eq!(root_err.code(), ErrorCode::InvalidUsage, "{root_err}");
+}
+
+fn collectives(n: usize) {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    let out = run_group(n, addr, move |b| {
+        let me = b.rank();
+        for iter in 0..20u64 {
+            // Every rank can compute every rank's payload from (iter, rank).
+            let payload = |r: usize| {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (iter << 8) ^ r as u64 | 1);
+                let len = (rng.next() % 3000) as usize;
+                rng.bytes(len)
+            };
+            let all = b.all_gather(&payload(me)).expect("all_gather");
+            for (r, got) in all.iter().enumerate() {
+                assert_eq!(
+                    got,
+                    &payload(r),
+                    "rank {me} iter {iter}: all_gather slot {r}"
+                );
+            }
+            let root = (iter as usize) % n;
+            let got = b.broadcast(&payload(root), root).expect("broadcast");
+            assert_eq!(
+                got,
+                payload(root),
+                "rank {me} iter {iter}: broadcast from {root}"
+            );
+            b.barrier().expect("barrier");
+            // Ring send/recv with a user tag.
+            let next = (me + 1) % n;
+            let prev = (me + n - 1) % n;
+            b.send(&payload(me), next, iter).expect("send");
+            assert_eq!(b.recv(prev, iter).expect("recv"), payload(prev));
+        }
+        // A large message crosses socket buffers.
+        let big: Vec<u8> = Rng(7 + me as u64).bytes(3 << 20);
+        let next = (me + 1) % n;
+        let prev = (me + n - 1) % n;
+        b.send(&big, next, 999).expect("send big");
+        assert_eq!(
+            b.recv(prev, 999).expect("recv big"),
+            Rng(7 + prev as u64).bytes(3 << 20)
+        );
+        // Self send.
+        b.send(b"me", me, 5).expect("self send");
+        assert_eq!(b.recv(me, 5).expect("self recv"), b"me");
+        b.barrier().expect("final barrier");
+        true
+    });
+    assert!(out.into_iter().all(|ok| ok));
+}
+
+#[test]
+fn collectives_2_ranks() {
+    collectives(2);
+}
+
+#[test]
+fn collectives_4_ranks() {
+    collectives(4);
+}
+
+#[test]
+fn group_barrier_subset() {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    let out = run_group(4, addr, |b| {
+        let group = [0, 2];
+        if group.contains(&b.rank()) {
+            b.group_barrier(&group).expect("group_barrier");
+            assert_eq!(
+                b.group_barrier(&[1, 3])
+                    .expect_err("caller not in group")
+                    .code(),
+                ErrorCode::InvalidUsage
+            );
+        }
+        assert_eq!(
+            b.group_barrier(&[b.rank(), 9])
+                .expect_err("rank out of range")
+                .code(),
+            ErrorCode::InvalidUsage
+        );
+        b.barrier().expect("barrier");
+        true
+    });
+    assert!(out.into_iter().all(|ok| ok));
+}
+
+#[test]
+fn tags_demultiplex_out_of_order() {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    let out = run_group(2, addr, |b| {
+        if b.rank() == 0 {
+            // Interleave 3 messages for each of tags 0..10.
+            for i in 0..3u8 {
+                for tag in 0..10u64 {
+                    b.send(&[tag as u8, i], 1, tag).expect("send");
+                }
+            }
+        } else {
+            // Receive tags in reverse order; within a tag, in send order.
+            for tag in (0..10u64).rev() {
+                for i in 0..3u8 {
+                    assert_eq!(b.recv(0, tag).expect("recv"), vec![tag as u8, i]);
+                }
+            }
+            // Nothing more is pending: a short receive times out and names the peer and tag.
+            let e = b
+                .recv_timeout(0, 3, Duration::from_millis(100))
+                .expect_err("nothing left");
+            assert_eq!(e.code(), ErrorCode::Timeout);
+            assert!(e.to_string().contains("tag 3 from rank 0"), "{e}");
+        }
+        b.barrier().expect("barrier");
+        true
+    });
+    assert!(out.into_iter().all(|ok| ok));
+}
+
+#[test]
+fn user_tags_do_not_collide_with_collectives() {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    let out = run_group(2, addr, |b| {
+        let peer = 1 - b.rank();
+        // Tags equal to the internal collective tags and the reserved range.
+        for tag in [1u64, 2, 3, u64::MAX] {
+            b.send(&[7], peer, tag).expect("send");
+        }
+        let all = b.all_gather(&[b.rank() as u8]).expect("all_gather");
+        assert_eq!(all, vec![vec![0], vec![1]]);
+        for tag in [1u64, 2, 3, u64::MAX] {
+            assert_eq!(b.recv(peer, tag).expect("recv"), vec![7]);
+        }
+        true
+    });
+    assert!(out.into_iter().all(|ok| ok));
+}
+
+#[test]
+fn dropped_peer_fails_recv_promptly() {
+    let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+    let out = run_group(2, addr, |b| {
+        b.barrier().expect("barrier");
+        if b.rank() == 1 {
+            drop(b);
+            return None;
+        }
+        let t0 = Instant::now();
+        let e = b.recv(1, 42).expect_err("peer dropped");
+        Some((e, t0.elapsed()))
+    });
+    let (e, took) = out.into_iter().flatten().next().expect("rank 0 result");
+    assert!(matches!(e, Error::Remote { peer: 1, .. }), "{e}");
+    assert!(e.to_string().contains("closed"), "{e}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn port_in_use_is_retried_then_reported() {
+    // Held for the whole bind retry window: a clear error naming the address.
+    let holder = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = holder.local_addr().expect("addr").port();
+    let mut b = TcpBootstrap::new(0, 1).expect("new");
+    let err = b
+        .initialize_with_addr(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
+        .expect_err("port held");
+    assert_eq!(err.code(), ErrorCode::SystemError, "{err}");
+    assert!(
+        err.to_string().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("in use"), "{err}");
+
+    // Released while rank 0 retries: the retry succeeds, and rank 1 (which may first have
+    // connected to the holder) retries its join too.
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(holder);
+    });
+    let addr = InitAddr::parse(&format!("127.0.0.1:{port}")).expect("addr");
+    let out = run_group(2, addr, |b| {
+        b.all_gather(&[b.rank() as u8 + 1]).expect("all_gather")
+    });
+    releaser.join().expect("releaser");
+    assert_eq!(out[1], vec![vec![1], vec![2]]);
+}
+
+#[test]
+fn usage_errors() {
+    let mut b = TcpBootstrap::new(0, 1).expect("new");
+    assert_eq!(
+        b.initialize_with_addr("nonsense", TIMEOUT)
+            .expect_err("bad addr")
+            .code(),
+        ErrorCode::InvalidUsage
+    );
+    assert_eq!(
+        b.initialize_with_addr("127.0.0.1:1", Duration::ZERO)
+            .expect_err("zero timeout")
+            .code(),
+        ErrorCode::InvalidUsage
+    );
+    assert_eq!(
+        b.recv(0, 0).expect_err("not initialized").code(),
+        ErrorCode::InvalidUsage
+    );
+    b.initialize_with_addr(&format!("127.0.0.1:{}", free_port()), TIMEOUT)
+        .expect("single rank");
+    assert_eq!(b.nranks_per_node(), 1);
+    assert_eq!(b.all_gather(b"x").expect("all_gather"), vec![b"x".to_vec()]);
+    assert_eq!(
+        b.send(b"", 1, 0).expect_err("peer out of range").code(),
+        ErrorCode::InvalidUsage
+    );
+    assert_eq!(
+        b.broadcast(b"", 3).expect_err("bad root").code(),
+        ErrorCode::InvalidUsage
+    );
+    assert_eq!(
+        b.initialize_with_addr("127.0.0.1:1", TIMEOUT)
+            .expect_err("twice")
+            .code(),
+        ErrorCode::InvalidUsage
+    );
+}
+
+/// The trait's default collectives, over an in-memory transport: what a third-party
+/// bootstrapper gets for free by implementing send/recv.
+mod third_party {
+    use super::*;
+    use std::collections::{HashMap, VecDeque};
+    use std::sync::{Condvar, Mutex};
+
+    /// Messages by (from, to, tag).
+    type Queues = HashMap<(usize, usize, u64), VecDeque<Vec<u8>>>;
+
+    #[derive(Default)]
+    struct Hub {
+        q: Mutex<Queues>,
+        cv: Condvar,
+    }
+
+    struct Mem {
+        rank: usize,
+        n: usize,
+        hub: Arc<Hub>,
+    }
+
+    impl Bootstrap for Mem {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn nranks(&self) -> usize {
+            self.n
+        }
+        fn nranks_per_node(&self) -> usize {
+            self.n
+        }
+        fn send(&self, data: &[u8], peer: usize, tag: u64) -> mscclpp::Result<()> {
+            let mut q = self.hub.q.lock().expect("lock");
+            q.entry((self.rank, peer, tag))
+                .or_default()
+                .push_back(data.to_vec());
+            self.hub.cv.notify_all();
+            Ok(())
+        }
+        fn recv(&self, peer: usize, tag: u64) -> mscclpp::Result<Vec<u8>> {
+            let mut q = self.hub.q.lock().expect("lock");
+            loop {
+                if let Some(m) = q
+                    .get_mut(&(peer, self.rank, tag))
+                    .and_then(VecDeque::pop_front)
+                {
+                    return Ok(m);
+                }
+                let (g, to) = self.hub.cv.wait_timeout(q, TIMEOUT).expect("wait");
+                if to.timed_out() {
+                    return Err(Error::timeout("mem recv", TIMEOUT));
+                }
+                q = g;
+            }
+        }
+    }
+
+    #[test]
+    fn default_collectives() {
+        let hub = Arc::new(Hub::default());
+        let n = 3;
+        let hs: Vec<_> = (0..n)
+            .map(|rank| {
+                let hub = hub.clone();
+                std::thread::spawn(move || {
+                    let b: Box<dyn Bootstrap> = Box::new(Mem { rank, n, hub });
+                    let all = b.all_gather(&[rank as u8 * 3]).expect("all_gather");
+                    b.barrier().expect("barrier");
+                    let bc = b.broadcast(&[rank as u8 + 10], 2).expect("broadcast");
+                    b.group_barrier(&[0, 1, 2]).expect("group barrier");
+                    (all, bc)
+                })
+            })
+            .collect();
+        for h in hs {
+            let (all, bc) = h.join().expect("join");
+            assert_eq!(all, vec![vec![0], vec![3], vec![6]]);
+            assert_eq!(bc, vec![12]);
+        }
+    }
+}
+
+#[test]
+fn root_failure_is_reported_fast() {
+    // Rank 1 joins with the wrong nranks, whatever the order of arrival: both ranks fail with
+    // InvalidUsage well before the 10 s timeout.
+    for _ in 0..5 {
+        let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
+        let a2 = addr.clone();
+        let t0 = Instant::now();
+        let other = std::thread::spawn(move || {
+            let mut b = TcpBootstrap::new(1, 3).expect("new");
+            b.initialize(a2, Duration::from_secs(10))
+        });
+        let mut b = TcpBootstrap::new(0, 2).expect("new");
+        let e0 = b
+            .initialize(addr, Duration::from_secs(10))
+            .expect_err("root fails");
+        let e1 = other.join().expect("join").expect_err("rank 1 fails");
+        assert_eq!(e0.code(), ErrorCode::InvalidUsage, "{e0}");
+        assert_eq!(e1.code(), ErrorCode::InvalidUsage, "{e1}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    }
+}

@@ -1,0 +1,374 @@
+//! Where a rank comes from: the launcher's environment (Open MPI, MPICH/Hydra, Slurm,
+//! torchrun) or our own `--np N` self-launch, and the command-line options that
+//! `mp_unit_tests` adds to the framework's.
+
+use std::collections::HashMap;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Rank placement as the launcher describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub rank: usize,
+    pub size: usize,
+    pub local_rank: usize,
+    pub local_size: usize,
+    /// Which launcher's variables were read (for messages).
+    pub source: &'static str,
+}
+
+/// The variables of each launcher, in the order they are tried:
+/// (name, rank, size, local rank, local size).
+const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "Open MPI",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
+    (
+        "MPICH/Hydra",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "MPI_LOCALRANKID",
+        "MPI_LOCALNRANKS",
+    ),
+    (
+        "Slurm",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "SLURM_NTASKS_PER_NODE",
+    ),
+    (
+        "torchrun",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    ),
+];
+
+fn parse_var(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    launcher: &str,
+) -> Result<Option<usize>, String> {
+    match lookup(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse::<usize>()
+            .map(Some)
+            .map_err(|_| format!("{launcher}: {name}={v:?} is not a non-negative integer")),
+    }
+}
+
+/// Reads the placement from a variable lookup. `Ok(None)` when no launcher is detected.
+pub fn detect_placement(
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Placement>, String> {
+    for &(source, r, s, lr, ls) in LAUNCHERS {
+        let (Some(rank), Some(size)) =
+            (parse_var(lookup, r, source)?, parse_var(lookup, s, source)?)
+        else {
+            continue;
+        };
+        if size == 0 || rank >= size {
+            return Err(format!(
+                "{source}: rank {rank} ({r}) must be below the world size {size} ({s})"
+            ));
+        }
+        // Slurm gives tasks-per-node as e.g. "4(x2)"; take the leading number.
+        let local_size = match lookup(ls) {
+            Some(v) => {
+                let digits: String = v
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit())
+                    .collect();
+                digits.parse::<usize>().ok()
+            }
+            None => None,
+        };
+        let local_rank = parse_var(lookup, lr, source)?;
+        let (local_rank, local_size) = match (local_rank, local_size) {
+            (Some(a), Some(b)) if a < b => (a, b),
+            (Some(a), None) => (a, size),
+            _ => (rank, size),
+        };
+        return Ok(Some(Placement {
+            rank,
+            size,
+            local_rank,
+            local_size,
+            source,
+        }));
+    }
+    Ok(None)
+}
+
+/// Options `mp_unit_tests` handles itself; the rest go to the framework.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MpOptions {
+    pub ip_port: String,
+    pub np: Option<usize>,
+    pub ib_gid_index: Option<u32>,
+    pub timeout: Duration,
+    /// Arguments left for the test framework.
+    pub rest: Vec<String>,
+}
+
+pub const DEFAULT_IP_PORT: &str = "127.0.0.1:50053";
+
+/// Splits our own options from the framework's. Both `--opt=value` and `--opt value`.
+pub fn parse_options(args: &[String]) -> Result<MpOptions, String> {
+    let mut out = MpOptions {
+        ip_port: DEFAULT_IP_PORT.to_string(),
+        np: None,
+        ib_gid_index: None,
+        timeout: Duration::from_secs(60),
+        rest: Vec::new(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        let (key, inline) = match arg.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (arg.clone(), None),
+        };
+        let ours = matches!(
+            key.as_str(),
+            "--ip_port" | "--np" | "--ib_gid_index" | "--timeout"
+        );
+        if !ours {
+            out.rest.push(arg.clone());
+            i += 1;
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => {
+                i += 1;
+                args.get(i)
+                    .cloned()
+                    .ok_or_else(|| format!("{key} needs a value"))?
+            }
+        };
+        match key.as_str() {
+            "--ip_port" => {
+                if !value.contains(':') {
+                    return Err(format!(
+                        "--ip_port={value}: expected ip:port or ifname:ip:port"
+                    ));
+                }
+                out.ip_port = value;
+            }
+            "--np" => {
+                let n: usize = value
+                    .parse()
+                    .map_err(|_| format!("--np={value}: expected a positive integer"))?;
+                if n == 0 {
+                    return Err("--np=0: expected a positive integer".into());
+                }
+                out.np = Some(n);
+            }
+            "--ib_gid_index" => {
+                out.ib_gid_index = Some(value.parse().map_err(|_| {
+                    format!("--ib_gid_index={value}: expected a non-negative integer")
+                })?);
+            }
+            "--timeout" => {
+                let secs: u64 = value
+                    .parse()
+                    .map_err(|_| format!("--timeout={value}: expected seconds"))?;
+                out.timeout = Duration::from_secs(secs.max(1));
+            }
+            _ => unreachable!("matched above"),
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// A free loopback port, for self-launch when the user did not choose one.
+pub fn free_loopback_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("could not reserve a loopback port: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("could not read the reserved port: {e}"))
+}
+
+/// `--np N`: starts N copies of this binary as ranks 0..N (torchrun-style variables),
+/// waits for all of them and returns the worst exit status. A rank that fails makes the
+/// others get a grace period and then be killed, so a broken run never hangs.
+pub fn self_launch(np: usize, opts: &MpOptions, grace: Duration) -> Result<i32, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
+    let ip_port = if opts.ip_port == DEFAULT_IP_PORT {
+        format!("127.0.0.1:{}", free_loopback_port()?)
+    } else {
+        opts.ip_port.clone()
+    };
+    let mut children: Vec<Child> = Vec::with_capacity(np);
+    let mut extra_env: HashMap<&str, String> = HashMap::new();
+    extra_env.insert("WORLD_SIZE", np.to_string());
+    extra_env.insert("LOCAL_WORLD_SIZE", np.to_string());
+    for rank in 0..np {
+        let mut cmd = Command::new(&exe);
+        cmd.arg(format!("--ip_port={ip_port}"));
+        cmd.arg(format!("--timeout={}", opts.timeout.as_secs()));
+        if let Some(g) = opts.ib_gid_index {
+            cmd.arg(format!("--ib_gid_index={g}"));
+        }
+        cmd.args(&opts.rest);
+        // Remove any launcher variables we inherited so the child sees only ours.
+        for &(_, r, s, lr, ls) in LAUNCHERS {
+            for v in [r, s, lr, ls] {
+                cmd.env_remove(v);
+            }
+        }
+        cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
+        cmd.env("RANK", rank.to_string());
+        cmd.env("LOCAL_RANK", rank.to_string());
+        match cmd.spawn() {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in children.iter_mut() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(format!(
+                    "could not start rank {rank} ({}): {e}",
+                    exe.display()
+                ));
+            }
+        }
+    }
+    let mut status: Vec<Option<i32>> = vec![None; np];
+    let mut first_failure: Option<Instant> = None;
+    loop {
+        for (i, c) in children.iter_mut().enumerate() {
+            if status[i].is_none() {
+                match c.try_wait() {
+                    Ok(Some(st)) => {
+                        let code = st.code().unwrap_or(128 + 9);
+                        if code != 0 && first_failure.is_none() {
+                            first_failure = Some(Instant::now());
+                        }
+                        status[i] = Some(code);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("mp_unit_tests: waiting for rank {i}: {e}");
+                        status[i] = Some(1);
+                    }
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some(t) = first_failure {
+            if t.elapsed() > grace {
+                for (i, c) in children.iter_mut().enumerate() {
+                    if status[i].is_none() {
+                        eprintln!(
+                            "mp_unit_tests: rank {i} still running {grace:?} after another rank failed; killing it"
+                        );
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        status[i] = Some(1);
+                    }
+                }
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(status.into_iter().flatten().max().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
+    }
+
+    #[test]
+    fn detects_each_launcher() {
+        let ompi = env_of(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]);
+        let p = detect_placement(&ompi).unwrap().unwrap();
+        assert_eq!((p.rank, p.size, p.local_rank, p.local_size), (2, 4, 0, 2));
+        assert_eq!(p.source, "Open MPI");
+
+        let slurm = env_of(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "4(x2)"),
+        ]);
+        let p = detect_placement(&slurm).unwrap().unwrap();
+        assert_eq!((p.rank, p.size, p.local_rank, p.local_size), (5, 8, 1, 4));
+
+        let torch = env_of(&[("RANK", "1"), ("WORLD_SIZE", "2")]);
+        let p = detect_placement(&torch).unwrap().unwrap();
+        assert_eq!((p.rank, p.size, p.local_rank, p.local_size), (1, 2, 1, 2));
+        assert_eq!(p.source, "torchrun");
+
+        let pmi = env_of(&[("PMI_RANK", "0"), ("PMI_SIZE", "3")]);
+        assert_eq!(
+            detect_placement(&pmi).unwrap().unwrap().source,
+            "MPICH/Hydra"
+        );
+
+        assert_eq!(detect_placement(&env_of(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn rejects_bad_launcher_values() {
+        let bad = env_of(&[("OMPI_COMM_WORLD_RANK", "x"), ("OMPI_COMM_WORLD_SIZE", "4")]);
+        let e = detect_placement(&bad).unwrap_err();
+        assert!(e.contains("OMPI_COMM_WORLD_RANK"), "{e}");
+        let out_of_range = env_of(&[("RANK", "4"), ("WORLD_SIZE", "4")]);
+        assert!(detect_placement(&out_of_range)
+            .unwrap_err()
+            .contains("below"));
+    }
+
+    #[test]
+    fn splits_options() {
+        let args: Vec<String> = [
+            "--filter=Bootstrap",
+            "--ip_port",
+            "10.0.0.1:1234",
+            "--np=3",
+            "--ib_gid_index=3",
+            "--exclude-perf-tests",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let o = parse_options(&args).unwrap();
+        assert_eq!(o.ip_port, "10.0.0.1:1234");
+        assert_eq!(o.np, Some(3));
+        assert_eq!(o.ib_gid_index, Some(3));
+        assert_eq!(o.rest, vec!["--filter=Bootstrap", "--exclude-perf-tests"]);
+        assert!(parse_options(&["--np=0".to_string()]).is_err());
+        assert!(parse_options(&["--np".to_string()]).is_err());
+        assert!(parse_options(&["--ip_port=nocolon".to_string()]).is_err());
+        assert!(parse_options(&["--ib_gid_index=-1".to_string()]).is_err());
+    }
+}

@@ -1,0 +1,365 @@
+//! CommunicatorTest: ranks exchange registered memory, connect over CudaIpc or Ethernet,
+//! write random data into each other's buffers and signal with semaphores.
+
+use std::time::Duration;
+
+use mscclpp::{
+    Communicator, Connection, Context, Device, Host2DeviceSemaphore, Host2HostSemaphore,
+    LocalMemory, MemoryDevice2DeviceSemaphore, RegisteredMemory, Transport,
+};
+use mscclpp_framework::*;
+use mscclpp_hal::{Api, Gpu};
+
+use super::bootstrap::{random_bytes, shared_seed};
+use crate::world::mp_env;
+
+macro_rules! ok {
+    ($e:expr, $($what:tt)+) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => FAIL!("{}: {}", format!($($what)+), e),
+        }
+    };
+}
+
+const CHUNK: usize = 256 * 1024 + 8;
+
+/// Everything one test needs: a communicator, a local buffer of one chunk per rank, the
+/// peers' buffers and a connection to each peer.
+struct Mesh {
+    comm: Communicator,
+    buffer: LocalMemory,
+    local: RegisteredMemory,
+    remote: Vec<Option<RegisteredMemory>>,
+    conns: Vec<Option<Connection>>,
+}
+
+fn peers() -> impl Iterator<Item = usize> {
+    let b = &mp_env().bootstrap;
+    let (rank, n) = (b.rank(), b.nranks());
+    (0..n).filter(move |&p| p != rank)
+}
+
+fn build_mesh(transport: Transport, device: Device, tag: u64) -> Mesh {
+    let env = mp_env();
+    let n = env.bootstrap.nranks();
+    let ctx = ok!(Context::new(), "Context::new");
+    let comm = Communicator::new(env.bootstrap.clone(), ctx);
+    let buffer = ok!(LocalMemory::alloc(device, CHUNK * n), "alloc");
+    let local = ok!(
+        comm.register_memory(buffer.ptr(), buffer.size(), transport.into()),
+        "register_memory"
+    );
+    let mut conn_futures = Vec::new();
+    let mut mem_futures = Vec::new();
+    for p in peers() {
+        let cfg = mscclpp::EndpointConfig::new(transport, device);
+        conn_futures.push((p, comm.connect(cfg, p, tag)));
+        ok!(comm.send_memory(&local, p, tag), "send_memory to {}", p);
+        mem_futures.push((p, comm.recv_memory(p, tag)));
+    }
+    let mut conns = vec![None; n];
+    let mut remote = vec![None; n];
+    for (p, f) in conn_futures {
+        let c = ok!(f.get(), "connect to rank {} over {}", p, transport);
+        EXPECT_EQ!(ok!(comm.remote_rank_of(&c), "remote_rank_of"), p);
+        EXPECT_EQ!(ok!(comm.tag_of(&c), "tag_of"), tag);
+        EXPECT_EQ!(c.transport(), transport);
+        conns[p] = Some(c);
+    }
+    for (p, f) in mem_futures {
+        let m = ok!(f.get(), "recv_memory from rank {}", p);
+        EXPECT_EQ!(m.size(), CHUNK * n);
+        remote[p] = Some(m);
+    }
+    Mesh {
+        comm,
+        buffer,
+        local,
+        remote,
+        conns,
+    }
+}
+
+fn payload(seed: u64, from: usize, to: usize, round: u64) -> Vec<u8> {
+    random_bytes(
+        CHUNK,
+        seed ^ ((from as u64) << 40) ^ ((to as u64) << 20) ^ round,
+    )
+}
+
+/// Writes this rank's payload for each peer into the peer's slot `rank` (from a staging
+/// buffer), then each rank verifies the slots of every peer byte by byte.
+fn write_round(
+    m: &Mesh,
+    staging: &LocalMemory,
+    staging_reg: &RegisteredMemory,
+    seed: u64,
+    round: u64,
+) {
+    let rank = mp_env().bootstrap.rank();
+    for p in peers() {
+        let (Some(c), Some(dst)) = (&m.conns[p], &m.remote[p]) else {
+            FAIL!("no connection to {}", p)
+        };
+        ok!(
+            staging.write(p * CHUNK, &payload(seed, rank, p, round)),
+            "fill staging"
+        );
+        ok!(
+            c.write(
+                dst,
+                (rank * CHUNK) as u64,
+                staging_reg,
+                (p * CHUNK) as u64,
+                CHUNK as u64
+            ),
+            "write to rank {}",
+            p
+        );
+    }
+    for p in peers() {
+        if let Some(c) = &m.conns[p] {
+            ok!(c.flush(Duration::from_secs(30)), "flush to rank {}", p);
+        }
+    }
+}
+
+fn verify_round(m: &Mesh, seed: u64, round: u64) {
+    let rank = mp_env().bootstrap.rank();
+    for p in peers() {
+        let mut got = vec![0u8; CHUNK];
+        ok!(m.buffer.read(p * CHUNK, &mut got), "read slot {}", p);
+        let want = payload(seed, p, rank, round);
+        let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+        EXPECT_EQ!(
+            bad,
+            None,
+            "round {}: first wrong byte in the slot of rank {}",
+            round,
+            p
+        );
+    }
+}
+
+/// The device for IPC data tests: this rank's GPU on a GPU build with one per local rank,
+/// else the CPU (host backend).
+fn data_device() -> Device {
+    let local = mp_env().placement.local_rank;
+    if Gpu::NAME != "host" && Gpu::device_count().unwrap_or(0) > local {
+        Device::gpu(local as i32)
+    } else {
+        Device::CPU
+    }
+}
+
+TEST!(CommunicatorTest, BasicWrite, |_ctx| {
+    let env = mp_env();
+    let seed = shared_seed();
+    let device = data_device();
+    let m = build_mesh(Transport::CudaIpc, device, 100);
+    let staging = ok!(LocalMemory::alloc(device, m.buffer.size()), "alloc staging");
+    let staging_reg = ok!(
+        m.comm
+            .register_memory(staging.ptr(), staging.size(), Transport::CudaIpc.into()),
+        "register staging"
+    );
+    for round in 0..3 {
+        write_round(&m, &staging, &staging_reg, seed, round);
+        ok!(env.bootstrap.barrier(), "barrier");
+        verify_round(&m, seed, round);
+        ok!(env.bootstrap.barrier(), "barrier");
+    }
+    EXPECT_EQ!(m.local.data(), m.buffer.ptr());
+});
+
+fn write_with_host_semaphores(transport: Transport, tag: u64) {
+    let env = mp_env();
+    let seed = shared_seed();
+    let m = build_mesh(transport, Device::CPU, tag);
+    let staging = ok!(
+        LocalMemory::alloc(Device::CPU, m.buffer.size()),
+        "alloc staging"
+    );
+    let staging_reg = ok!(
+        m.comm
+            .register_memory(staging.ptr(), staging.size(), transport.into()),
+        "register staging"
+    );
+    let n = env.bootstrap.nranks();
+    let mut futures = Vec::new();
+    for p in peers() {
+        let Some(c) = &m.conns[p] else {
+            FAIL!("no connection to {}", p)
+        };
+        futures.push((p, m.comm.build_semaphore(c, p, tag)));
+    }
+    let mut sems: Vec<Option<Host2HostSemaphore>> = (0..n).map(|_| None).collect();
+    for (p, f) in futures {
+        let s = ok!(f.get(), "build_semaphore with rank {}", p);
+        sems[p] = Some(ok!(Host2HostSemaphore::new(s), "Host2HostSemaphore"));
+    }
+    let rank = env.bootstrap.rank();
+    for round in 0..5 {
+        for p in peers() {
+            let (Some(c), Some(dst), Some(s)) = (&m.conns[p], &m.remote[p], &sems[p]) else {
+                FAIL!("missing state for rank {}", p)
+            };
+            ok!(
+                staging.write(p * CHUNK, &payload(seed, rank, p, round)),
+                "fill staging"
+            );
+            ok!(
+                c.write(
+                    dst,
+                    (rank * CHUNK) as u64,
+                    &staging_reg,
+                    (p * CHUNK) as u64,
+                    CHUNK as u64
+                ),
+                "write to rank {}",
+                p
+            );
+            ok!(s.signal(), "signal rank {}", p);
+        }
+        for p in peers() {
+            let Some(s) = &sems[p] else {
+                FAIL!("no semaphore for {}", p)
+            };
+            ok!(s.wait(env.timeout), "round {}: wait for rank {}", round, p);
+        }
+        verify_round(&m, seed, round);
+        // Nobody overwrites a slot before its owner checked it.
+        ok!(env.bootstrap.barrier(), "barrier");
+    }
+    for p in peers() {
+        if let Some(c) = &m.conns[p] {
+            ok!(
+                c.flush(Duration::from_secs(30)),
+                "final flush to rank {}",
+                p
+            );
+        }
+    }
+    ok!(env.bootstrap.barrier(), "barrier");
+}
+
+TEST!(CommunicatorTest, WriteWithHostSemaphoresIpc, |_ctx| {
+    write_with_host_semaphores(Transport::CudaIpc, 200);
+});
+
+TEST!(CommunicatorTest, WriteWithHostSemaphoresEthernet, |_ctx| {
+    write_with_host_semaphores(Transport::Ethernet, 300);
+});
+
+TEST!(CommunicatorTest, FutureOrdering, |_ctx| {
+    let env = mp_env();
+    let (rank, n) = (env.bootstrap.rank(), env.bootstrap.nranks());
+    let comm = Communicator::new(env.bootstrap.clone(), ok!(Context::new(), "Context::new"));
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let first = ok!(LocalMemory::alloc(Device::CPU, 4096), "alloc");
+    let second = ok!(LocalMemory::alloc(Device::CPU, 8192), "alloc");
+    let r1 = ok!(
+        comm.register_memory(first.ptr(), 1000, Transport::Ethernet.into()),
+        "register"
+    );
+    let r2 = ok!(
+        comm.register_memory(second.ptr(), 2000, Transport::Ethernet.into()),
+        "register"
+    );
+    let f1 = comm.recv_memory(prev, 400);
+    let f2 = comm.recv_memory(prev, 400);
+    let f3 = comm.recv_memory(prev, 401);
+    ok!(comm.send_memory(&r1, next, 400), "send first");
+    ok!(comm.send_memory(&r2, next, 400), "send second");
+    ok!(comm.send_memory(&r1, next, 401), "send other tag");
+    // Waited in reverse order: each still gets what was sent in its call order.
+    let m3 = ok!(f3.get(), "third");
+    let m2 = ok!(f2.get(), "second");
+    let m1 = ok!(f1.get(), "first");
+    EXPECT_EQ!(m1.size(), 1000);
+    EXPECT_EQ!(m2.size(), 2000);
+    EXPECT_EQ!(m3.size(), 1000);
+    ok!(env.bootstrap.barrier(), "barrier");
+});
+
+TEST!(CommunicatorTest, WriteWithDeviceSemaphores, |_ctx| {
+    let env = mp_env();
+    if Gpu::NAME == "host" {
+        SKIP!("host backend: device semaphores are waited by kernels (build with --features cuda or rocm on a machine with one GPU per rank)");
+    }
+    let gpus = Gpu::device_count().unwrap_or(0);
+    let local = env.placement.local_rank;
+    // Every rank decides the same way.
+    let enough = ok!(
+        env.bootstrap.all_gather(&[u8::from(
+            gpus > local && env.bootstrap.nranks_per_node() == env.bootstrap.nranks()
+        )]),
+        "all_gather"
+    );
+    if enough.iter().any(|b| b.first() != Some(&1)) {
+        SKIP!("needs one GPU per rank on one host");
+    }
+    let seed = shared_seed();
+    let device = Device::gpu(local as i32);
+    let m = build_mesh(Transport::CudaIpc, device, 500);
+    let staging = ok!(LocalMemory::alloc(device, m.buffer.size()), "alloc staging");
+    let staging_reg = ok!(
+        m.comm
+            .register_memory(staging.ptr(), staging.size(), Transport::CudaIpc.into()),
+        "register staging"
+    );
+    let n = env.bootstrap.nranks();
+    let mut futures = Vec::new();
+    for p in peers() {
+        let Some(c) = &m.conns[p] else {
+            FAIL!("no connection to {}", p)
+        };
+        futures.push((
+            p,
+            m.comm.build_semaphore(c, p, 500),
+            m.comm.build_semaphore(c, p, 501),
+        ));
+    }
+    let mut h2d: Vec<Option<Host2DeviceSemaphore>> = (0..n).map(|_| None).collect();
+    for (p, f, g) in futures {
+        let s = ok!(f.get(), "build_semaphore with rank {}", p);
+        h2d[p] = Some(ok!(Host2DeviceSemaphore::new(s), "Host2DeviceSemaphore"));
+        let d2d = ok!(
+            MemoryDevice2DeviceSemaphore::new(ok!(g.get(), "second semaphore")),
+            "MemoryDevice2DeviceSemaphore"
+        );
+        let h = d2d.device_handle();
+        EXPECT_FALSE!(
+            h.inbound_token.is_null()
+                || h.remote_inbound_token.is_null()
+                || h.expected_inbound_token.is_null()
+        );
+    }
+    let rank = env.bootstrap.rank();
+    for round in 0..3u64 {
+        write_round(&m, &staging, &staging_reg, seed, round);
+        for p in peers() {
+            let Some(s) = &h2d[p] else {
+                FAIL!("no semaphore for {}", p)
+            };
+            ok!(s.signal(), "signal rank {}", p);
+        }
+        ok!(env.bootstrap.barrier(), "barrier");
+        // The host checks what a kernel would wait for: every inbound token reached round+1.
+        for p in peers() {
+            let Some(s) = &h2d[p] else {
+                FAIL!("no semaphore for {}", p)
+            };
+            EXPECT_EQ!(
+                ok!(s.semaphore().read_inbound(), "read token"),
+                round + 1,
+                "token from rank {}",
+                p
+            );
+        }
+        verify_round(&m, seed, round);
+        ok!(env.bootstrap.barrier(), "barrier");
+    }
+    let _ = rank;
+});

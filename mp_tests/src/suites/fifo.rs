@@ -1,0 +1,168 @@
+//! FifoTest and FifoPerfTest: the proxy FIFO on every rank independently. Device pushers are
+//! kernels/cuda/src/fifo_tests.cu on GPU builds, CPU threads (`mscclpp::device`) on the host
+//! backend; the test thread is the host side (poll, check, pop).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use mscclpp::fifo::{Fifo, FifoDeviceHandle, ProxyTrigger, TRIGGER_COMMIT_BIT};
+use mscclpp::{Device, GpuBuffer};
+use mscclpp_framework::*;
+use mscclpp_hal::{Api, Gpu};
+
+use super::memory_channel::common::*;
+use crate::world::mp_env;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PushArgs {
+    fifo: FifoDeviceHandle,
+    n: u64,
+    sync_every: i32,
+    out: *mut u64,
+}
+
+/// Test trigger k of fifo_tests.cu.
+fn test_trigger(k: u64) -> ProxyTrigger {
+    ProxyTrigger { fst: k, snd: k.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !TRIGGER_COMMIT_BIT }
+}
+
+fn gpu_device() -> Device {
+    let n = ok!(Gpu::device_count(), "counting GPUs");
+    if n == 0 {
+        SKIP!("no GPU visible");
+    }
+    Device::gpu((mp_env().placement.local_rank % n) as i32)
+}
+
+fn new_fifo(size: u32, k: Option<&GpuKernel>) -> Fifo {
+    match k {
+        Some(k) => ok!(Fifo::new_on::<Gpu>(&k.dev, size), "creating a GPU FIFO of {size}"),
+        None => ok!(Fifo::new_host(size), "creating a host FIFO of {size}"),
+    }
+}
+
+/// Pops `total` triggers from pushers of `per` triggers each; checks each appears once and
+/// each pusher's in order. Returns the number of problems.
+fn drain_and_check(fifo: &Fifo, pushers: u64, per: u64, timeout: Duration) -> u64 {
+    let mut last: HashMap<u64, u64> = HashMap::new();
+    let mut problems = 0;
+    for _ in 0..pushers * per {
+        let start = Instant::now();
+        let t = loop {
+            if let Some(t) = fifo.poll() {
+                break t;
+            }
+            ASSERT_TRUE!(start.elapsed() < timeout, "no trigger at tail {} within {:?}", fifo.tail(), timeout);
+            std::thread::yield_now();
+        };
+        let k = t.fst;
+        if t.snd & !TRIGGER_COMMIT_BIT != test_trigger(k).snd || k / per >= pushers {
+            problems += 1;
+        } else {
+            let g = k / per;
+            let expected_next = last.get(&g).map(|p| p + 1).unwrap_or(g * per);
+            if k != expected_next {
+                problems += 1;
+            }
+            last.insert(g, k);
+        }
+        fifo.pop();
+    }
+    EXPECT_TRUE!(fifo.poll().is_none(), "an extra trigger appeared");
+    problems
+}
+
+TEST!(FifoTest, PushPollPop, |_ctx| {
+    let timeout = mp_env().timeout;
+    // (FIFO size, pushers, triggers per pusher, sync every): lap wrap-around over many laps
+    // with one pusher, concurrent pushers with and without syncs.
+    for (size, pushers, per, sync_every) in [(4u32, 1u64, 4000u64, 0i32), (16, 4, 1000, 0), (8, 8, 200, 7)] {
+        let k = if is_gpu_build() {
+            Some(ok!(GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push"), "loading fifo_push"))
+        } else {
+            None
+        };
+        let fifo = new_fifo(size, k.as_ref());
+        let h = fifo.device_handle();
+        let problems = if let Some(k) = &k {
+            let a = PushArgs { fifo: h, n: per, sync_every, out: std::ptr::null_mut() };
+            // SAFETY: PushArgs mirrors fifo_push's parameters; the FIFO outlives the kernel.
+            ok!(unsafe { k.launch(1, pushers as u32, &a) }, "launching fifo_push");
+            let p = drain_and_check(&fifo, pushers, per, timeout);
+            ok!(k.wait(timeout), "fifo_push");
+            p
+        } else {
+            std::thread::scope(|s| {
+                for g in 0..pushers {
+                    s.spawn(move || -> mscclpp::Result<()> {
+                        for j in 0..per {
+                            // SAFETY: the FIFO outlives the scope; host backend memory.
+                            let pos = unsafe { h.push(test_trigger(g * per + j), timeout) }?;
+                            if sync_every > 0 && ((j + 1) % sync_every as u64 == 0 || j + 1 == per) {
+                                // SAFETY: as above.
+                                unsafe { h.sync(pos, timeout) }?;
+                            }
+                        }
+                        Ok(())
+                    });
+                }
+                drain_and_check(&fifo, pushers, per, timeout)
+            })
+        };
+        EXPECT_EQ!(problems, 0, "FIFO of {}, {} pushers x {}", size, pushers, per);
+        EXPECT_EQ!(fifo.tail(), pushers * per);
+    }
+});
+
+PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
+    let timeout = mp_env().timeout;
+    let n: u64 = if is_gpu_build() { 100_000 } else { 20_000 };
+    // sync_every 1: push then wait for the pop (round trip); 0: throughput.
+    for (sync_every, label) in [(1i32, "FIFO push/poll/pop round trip"), (0, "FIFO push throughput (per trigger)")] {
+        let k = if is_gpu_build() {
+            Some(ok!(GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push_perf"), "loading fifo_push_perf"))
+        } else {
+            None
+        };
+        let fifo = new_fifo(mscclpp::fifo::DEFAULT_FIFO_SIZE, k.as_ref());
+        let h = fifo.device_handle();
+        let us = if let Some(k) = &k {
+            let elapsed: GpuBuffer<u64> = ok!(GpuBuffer::new(gpu_device(), 1), "allocating");
+            let a = PushArgs { fifo: h, n, sync_every, out: elapsed.data() as usize as *mut u64 };
+            // SAFETY: PushArgs mirrors fifo_push_perf's parameters.
+            ok!(unsafe { k.launch(1, 1, &a) }, "launching fifo_push_perf");
+            let problems = drain_and_check(&fifo, 1, n, timeout);
+            ok!(k.wait(timeout), "fifo_push_perf");
+            EXPECT_EQ!(problems, 0);
+            let ns = ok!(elapsed.to_vec(), "reading the time")[0];
+            ns as f64 / 1e3 / n as f64
+        } else {
+            std::thread::scope(|s| {
+                let pusher = s.spawn(move || -> mscclpp::Result<f64> {
+                    let start = Instant::now();
+                    let mut pos = 0;
+                    for j in 0..n {
+                        // SAFETY: the FIFO outlives the scope.
+                        pos = unsafe { h.push(test_trigger(j), timeout) }?;
+                        if sync_every == 1 {
+                            // SAFETY: as above.
+                            unsafe { h.sync(pos, timeout) }?;
+                        }
+                    }
+                    // SAFETY: as above.
+                    unsafe { h.sync(pos, timeout) }?;
+                    Ok(start.elapsed().as_secs_f64())
+                });
+                let problems = drain_and_check(&fifo, 1, n, timeout);
+                EXPECT_EQ!(problems, 0);
+                let secs = ok!(pusher.join().unwrap_or_else(|_| Err(mscclpp::Error::Internal("pusher panicked".into()))), "pusher");
+                secs * 1e6 / n as f64
+            })
+        };
+        if ctx.rank() == 0 {
+            ctx.report_perf(label, us, "us/iter");
+        }
+        EXPECT_GT!(us, 0.0);
+    }
+});

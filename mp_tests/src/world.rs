@@ -1,0 +1,61 @@
+//! The multi-rank world of `mp_unit_tests`: the bootstrap every test shares, and the
+//! framework's `World` seam implemented over it (verdicts are all-gathered after each test).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use mscclpp::bootstrap::Bootstrap;
+use mscclpp_framework::{combine_verdicts, Verdict, World};
+
+use crate::launcher::Placement;
+
+/// What every test of this binary can reach.
+pub struct MpEnv {
+    pub placement: Placement,
+    pub bootstrap: Arc<dyn Bootstrap>,
+    /// The rendezvous address the ranks met at (`--ip_port`).
+    pub ip_port: String,
+    pub ib_gid_index: Option<u32>,
+    /// Default timeout for blocking operations in tests.
+    pub timeout: Duration,
+}
+
+static MP_ENV: OnceLock<MpEnv> = OnceLock::new();
+
+/// Installs the environment; called once by `main` before the tests run.
+pub fn install(env: MpEnv) -> Result<(), String> {
+    MP_ENV
+        .set(env)
+        .map_err(|_| "the multi-process environment was installed twice".to_string())
+}
+
+/// The environment of this rank. Tests run only after `install`.
+pub fn mp_env() -> &'static MpEnv {
+    MP_ENV
+        .get()
+        .expect("mp_env() called before main installed the environment")
+}
+
+/// The framework's world: verdicts travel through the shared bootstrap.
+pub struct BootstrapWorld;
+
+impl World for BootstrapWorld {
+    fn rank(&self) -> usize {
+        mp_env().placement.rank
+    }
+    fn size(&self) -> usize {
+        mp_env().placement.size
+    }
+    fn combine(&self, local: &Verdict) -> Result<Verdict, String> {
+        let all = mp_env()
+            .bootstrap
+            .all_gather(&local.to_bytes())
+            .map_err(|e| format!("exchanging test verdicts: {e}"))?;
+        let verdicts = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| Verdict::from_bytes(b).map_err(|e| format!("verdict from rank {r}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(combine_verdicts(&verdicts))
+    }
+}

@@ -1,0 +1,123 @@
+//! Self-tests of the multi-rank verdicts: a failure on one rank fails the test on all of
+//! them, only rank 0 prints the summary, and the self-launcher and mpirun both work.
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mp_unit_tests");
+
+fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).args(["--timeout=60"]);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    // The test harness itself may run under a launcher; children must not inherit it.
+    for v in [
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "RANK",
+        "WORLD_SIZE",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd.output().expect("spawning mp_unit_tests")
+}
+
+fn summary_lines(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.ends_with(" skipped") && l.contains(" passed, ") && l.contains(" failed, "))
+        .collect()
+}
+
+#[test]
+fn failure_on_rank_2_fails_everywhere() {
+    let out = run(
+        &["--np=4", "--filter=MultiProcessTest.InjectedFailure"],
+        &[("MSCCLPP_TEST_INJECT_FAILURE_RANK", "2")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("[  FAILED  ] MultiProcessTest.InjectedFailure"),
+        "rank 0 must report the failure of rank 2:\n{stdout}"
+    );
+    assert_eq!(
+        summary_lines(&stdout),
+        vec!["0 passed, 1 failed, 0 skipped"],
+        "{stdout}"
+    );
+    // The failing rank prints its own failure text, with the location of the check.
+    assert!(stderr.contains("[rank 2]"), "stderr:\n{stderr}");
+    assert!(stderr.contains("multi_process.rs:"), "stderr:\n{stderr}");
+    assert!(
+        !stderr.contains("[rank 1]") || !stderr.contains("failure injected on rank 2\n[rank 1]")
+    );
+}
+
+#[test]
+fn passing_run_prints_one_summary() {
+    let out = run(&["--np=4", "--filter=MultiProcessTest"], &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let lines = summary_lines(&stdout);
+    assert_eq!(lines.len(), 1, "only rank 0 prints the summary:\n{stdout}");
+    assert_eq!(lines[0], "3 passed, 0 failed, 1 skipped");
+    // Every rank says why the injected-failure test skipped (rank 0 on stdout).
+    assert!(
+        stdout.contains("MSCCLPP_TEST_INJECT_FAILURE_RANK is not set"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn under_mpirun_when_present() {
+    let Ok(which) = Command::new("sh")
+        .args(["-c", "command -v mpirun"])
+        .output()
+    else {
+        return;
+    };
+    if !which.status.success() {
+        eprintln!("SKIPPED: mpirun is not installed");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("reserving a port");
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4", BIN])
+        .arg("--filter=MultiProcessTest.InjectedFailure")
+        .arg(format!("--ip_port=127.0.0.1:{port}"))
+        .env("MSCCLPP_TEST_INJECT_FAILURE_RANK", "2")
+        .output()
+        .expect("spawning mpirun");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_ne!(out.status.code(), Some(0), "{stdout}");
+    assert_eq!(
+        summary_lines(&stdout),
+        vec!["0 passed, 1 failed, 0 skipped"],
+        "{stdout}"
+    );
+}
+
+#[test]
+fn bad_arguments_exit_2() {
+    assert_eq!(run(&["--np=zero"], &[]).status.code(), Some(2));
+    assert_eq!(run(&["--no-such-flag"], &[]).status.code(), Some(2));
+}
