@@ -1,1 +1,353 @@
-//! GDRCopy loaded at run time (placeholder).
+//! GDRCopy (`libgdrapi.so`) loaded at run time: CPU mappings of GPU memory, used to forward
+//! semaphore values into GPU memory from a host thread.
+//!
+//! [`Gdr::open`] returns `Ok(None)` when `MSCCLPP_FORCE_DISABLE_GDR=1` or when the library is
+//! absent, so callers fall back without treating it as an error; a present library whose
+//! `gdr_open` fails (no `gdrdrv` module) is an error naming that cause.
+
+use std::ffi::{c_int, c_ulong, c_void};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Set to `1` to turn GDRCopy off even when the library is present.
+pub const GDR_DISABLE_ENV: &str = "MSCCLPP_FORCE_DISABLE_GDR";
+/// Library names tried, in order.
+pub const GDR_CANDIDATES: [&str; 2] = ["libgdrapi.so", "libgdrapi.so.2"];
+/// GPU pages pinned by GDRCopy are 64 KiB.
+pub const GPU_PAGE_SIZE: u64 = 1 << 16;
+
+/// Errors of the GDRCopy layer.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum GdrError {
+    /// The library was opened but lacks a required symbol.
+    #[error("{path} does not export required symbol `{symbol}`: {message}")]
+    MissingSymbol {
+        path: String,
+        symbol: &'static str,
+        message: String,
+    },
+    /// A GDRCopy call returned an error code.
+    #[error("{op} failed with {code} (for GPU address {addr:#x}, {size} bytes)")]
+    Call {
+        op: &'static str,
+        code: i32,
+        addr: u64,
+        size: usize,
+    },
+    /// `gdr_open` returned NULL (usually: the gdrdrv kernel module is not loaded).
+    #[error("gdr_open failed (is the gdrdrv kernel module loaded?) using {path}")]
+    OpenFailed { path: String },
+    /// An argument was out of range.
+    #[error("invalid argument to {op}: {reason}")]
+    InvalidArgument { op: &'static str, reason: String },
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct GdrMh {
+    h: c_ulong,
+}
+
+/// `gdr_info_t` (identical prefix in GDRCopy 2.x; the last field was `wc_mapping` in 1.x).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct GdrInfo {
+    va: u64,
+    mapped_size: u64,
+    page_size: u32,
+    tm_cycles: u64,
+    cycles_per_ms: u32,
+    mapped: u32,
+    mapping_type: c_int,
+}
+
+type GdrOpen = unsafe extern "C" fn() -> *mut c_void;
+type GdrClose = unsafe extern "C" fn(*mut c_void) -> c_int;
+type GdrPin = unsafe extern "C" fn(*mut c_void, c_ulong, usize, u64, u32, *mut GdrMh) -> c_int;
+type GdrUnpin = unsafe extern "C" fn(*mut c_void, GdrMh) -> c_int;
+type GdrMap = unsafe extern "C" fn(*mut c_void, GdrMh, *mut *mut c_void, usize) -> c_int;
+type GdrUnmap = unsafe extern "C" fn(*mut c_void, GdrMh, *mut c_void, usize) -> c_int;
+type GdrGetInfo = unsafe extern "C" fn(*mut c_void, GdrMh, *mut GdrInfo) -> c_int;
+
+struct GdrInner {
+    handle: *mut c_void,
+    close: GdrClose,
+    pin: GdrPin,
+    unpin: GdrUnpin,
+    map: GdrMap,
+    unmap: GdrUnmap,
+    get_info: GdrGetInfo,
+    /// GDRCopy handles are not documented as thread-safe: serialise calls.
+    lock: Mutex<()>,
+    path: String,
+    _lib: libloading::Library,
+}
+
+// SAFETY: the handle is only used under `lock`; function pointers are plain code addresses.
+unsafe impl Send for GdrInner {}
+// SAFETY: as above.
+unsafe impl Sync for GdrInner {}
+
+impl Drop for GdrInner {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from gdr_open and every mapping holding an Arc is gone.
+        let ret = unsafe { (self.close)(self.handle) };
+        if ret != 0 {
+            eprintln!("mscclpp-hal: gdr_close failed with {ret}");
+        }
+    }
+}
+
+/// An open GDRCopy handle (cheap to clone).
+#[derive(Clone)]
+pub struct Gdr {
+    inner: Arc<GdrInner>,
+}
+
+impl std::fmt::Debug for Gdr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gdr")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+/// Whether a value of `MSCCLPP_FORCE_DISABLE_GDR` turns GDRCopy off.
+pub fn disabled_by(value: Option<&str>) -> bool {
+    matches!(
+        value.map(str::trim),
+        Some("1") | Some("true") | Some("TRUE") | Some("yes")
+    )
+}
+
+impl Gdr {
+    /// Opens GDRCopy: `None` when disabled by `MSCCLPP_FORCE_DISABLE_GDR=1` or when no
+    /// candidate library loads.
+    pub fn open() -> Result<Option<Gdr>, GdrError> {
+        let disable = std::env::var(GDR_DISABLE_ENV).ok();
+        let cands: Vec<PathBuf> = GDR_CANDIDATES.iter().map(PathBuf::from).collect();
+        Self::open_with(disable.as_deref(), &cands)
+    }
+
+    /// [`Gdr::open`] with the variable's value and the candidate paths given explicitly.
+    pub fn open_with(
+        disable: Option<&str>,
+        candidates: &[PathBuf],
+    ) -> Result<Option<Gdr>, GdrError> {
+        if disabled_by(disable) {
+            return Ok(None);
+        }
+        for path in candidates {
+            // SAFETY: loading GDRCopy runs its initialisers; it is trusted native code.
+            if let Ok(lib) = unsafe { libloading::Library::new(path) } {
+                return Self::resolve(lib, path.display().to_string()).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    fn resolve(lib: libloading::Library, path: String) -> Result<Gdr, GdrError> {
+        macro_rules! sym {
+            ($name:literal) => {{
+                // SAFETY: the type alias matches the prototype in gdrapi.h.
+                match unsafe { lib.get(concat!($name, "\0").as_bytes()) } {
+                    Ok(s) => *s,
+                    Err(e) => {
+                        return Err(GdrError::MissingSymbol {
+                            path: path.clone(),
+                            symbol: $name,
+                            message: e.to_string(),
+                        })
+                    }
+                }
+            }};
+        }
+        let open: GdrOpen = sym!("gdr_open");
+        let close: GdrClose = sym!("gdr_close");
+        let pin: GdrPin = sym!("gdr_pin_buffer");
+        let unpin: GdrUnpin = sym!("gdr_unpin_buffer");
+        let map: GdrMap = sym!("gdr_map");
+        let unmap: GdrUnmap = sym!("gdr_unmap");
+        let get_info: GdrGetInfo = sym!("gdr_get_info");
+        // SAFETY: gdr_open takes no arguments and returns a handle or NULL.
+        let handle = unsafe { open() };
+        if handle.is_null() {
+            return Err(GdrError::OpenFailed { path });
+        }
+        Ok(Gdr {
+            inner: Arc::new(GdrInner {
+                handle,
+                close,
+                pin,
+                unpin,
+                map,
+                unmap,
+                get_info,
+                lock: Mutex::new(()),
+                path,
+                _lib: lib,
+            }),
+        })
+    }
+
+    /// Pins and maps `size` bytes of GPU memory at `gpu_addr` into this process.
+    ///
+    /// # Safety
+    /// `gpu_addr..gpu_addr+size` must be a live device allocation that outlives the mapping.
+    pub unsafe fn map(&self, gpu_addr: u64, size: usize) -> Result<GdrMapping, GdrError> {
+        if size == 0 {
+            return Err(GdrError::InvalidArgument {
+                op: "gdr_map",
+                reason: "size 0".into(),
+            });
+        }
+        let base = gpu_addr & !(GPU_PAGE_SIZE - 1);
+        let end = (gpu_addr + size as u64).div_ceil(GPU_PAGE_SIZE) * GPU_PAGE_SIZE;
+        let pin_size = (end - base) as usize;
+        let g = &self.inner;
+        let _guard = g.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let call = |op, code: c_int| GdrError::Call {
+            op,
+            code,
+            addr: gpu_addr,
+            size,
+        };
+        let mut mh = GdrMh::default();
+        // SAFETY: open handle; the caller guarantees the range is a live allocation.
+        let ret = unsafe { (g.pin)(g.handle, base as c_ulong, pin_size, 0, 0, &mut mh) };
+        if ret != 0 {
+            return Err(call("gdr_pin_buffer", ret));
+        }
+        let mut va: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `mh` was just pinned.
+        let ret = unsafe { (g.map)(g.handle, mh, &mut va, pin_size) };
+        if ret != 0 {
+            // SAFETY: undo the pin.
+            unsafe { (g.unpin)(g.handle, mh) };
+            return Err(call("gdr_map", ret));
+        }
+        let mut info = GdrInfo::default();
+        // SAFETY: `mh` is pinned and mapped.
+        let ret = unsafe { (g.get_info)(g.handle, mh, &mut info) };
+        if ret != 0 {
+            // SAFETY: undo map and pin.
+            unsafe {
+                (g.unmap)(g.handle, mh, va, pin_size);
+                (g.unpin)(g.handle, mh);
+            }
+            return Err(call("gdr_get_info", ret));
+        }
+        let offset = gpu_addr.wrapping_sub(info.va) as usize;
+        Ok(GdrMapping {
+            gdr: self.inner.clone(),
+            mh,
+            va,
+            pin_size,
+            ptr: va.cast::<u8>().wrapping_add(offset),
+            size,
+        })
+    }
+}
+
+/// A CPU mapping of pinned GPU memory; unmapped and unpinned on drop.
+pub struct GdrMapping {
+    gdr: Arc<GdrInner>,
+    mh: GdrMh,
+    va: *mut c_void,
+    pin_size: usize,
+    ptr: *mut u8,
+    size: usize,
+}
+
+// SAFETY: the mapping is plain memory; GDRCopy calls are serialised by the handle's lock.
+unsafe impl Send for GdrMapping {}
+// SAFETY: as above; writes go through volatile stores.
+unsafe impl Sync for GdrMapping {}
+
+impl GdrMapping {
+    /// The CPU address of the GPU address that was mapped.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Bytes requested.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// Whether the mapping is empty (never: `map` rejects size 0).
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// Stores a u64 at `offset` (8-byte aligned) with release ordering towards the GPU.
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<(), GdrError> {
+        if !offset.is_multiple_of(8) || offset.checked_add(8).is_none_or(|e| e > self.size) {
+            return Err(GdrError::InvalidArgument {
+                op: "GdrMapping::store_u64",
+                reason: format!(
+                    "expected an aligned offset with 8 bytes inside {}, got {offset}",
+                    self.size
+                ),
+            });
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        // SAFETY: in bounds and aligned (checked above); the mapping lives as long as self.
+        unsafe { std::ptr::write_volatile(self.ptr.add(offset).cast::<u64>(), value) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Drop for GdrMapping {
+    fn drop(&mut self) {
+        let g = &self.gdr;
+        let _guard = g.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: mapped and pinned by `Gdr::map`, released exactly once.
+        let (a, b) = unsafe {
+            (
+                (g.unmap)(g.handle, self.mh, self.va, self.pin_size),
+                (g.unpin)(g.handle, self.mh),
+            )
+        };
+        if a != 0 || b != 0 {
+            eprintln!("mscclpp-hal: gdr_unmap/gdr_unpin_buffer failed ({a}, {b})");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disabled_by_env_value() {
+        assert!(disabled_by(Some("1")));
+        assert!(!disabled_by(Some("0")));
+        assert!(!disabled_by(None));
+        let cands = vec![PathBuf::from("libgdrapi.so")];
+        assert!(Gdr::open_with(Some("1"), &cands)
+            .expect("disabled is not an error")
+            .is_none());
+    }
+
+    #[test]
+    fn absent_library_is_none() {
+        let cands = vec![
+            PathBuf::from("/nonexistent/libgdrapi.so"),
+            PathBuf::from("/nonexistent/libgdrapi.so.2"),
+        ];
+        assert!(Gdr::open_with(None, &cands)
+            .expect("absent is not an error")
+            .is_none());
+    }
+
+    #[test]
+    fn library_without_symbols_is_an_error_naming_the_symbol() {
+        // libc loads but has no gdr_open.
+        let cands = vec![PathBuf::from("libc.so.6")];
+        let err = Gdr::open_with(None, &cands).expect_err("missing symbols");
+        assert!(err.to_string().contains("gdr_open"), "{err}");
+    }
+}

@@ -1,5 +1,319 @@
-//! Hardware abstraction for mscclpp-rs: host, CUDA and ROCm backends, GPU IPC,
-//! run-time libibverbs and GDRCopy.
+//! Hardware abstraction for mscclpp-rs: host, CUDA and ROCm backends, GPU IPC, run-time
+//! libibverbs and GDRCopy.
+//!
+//! # What this layer promises
+//!
+//! The crate root holds only the contract. [`Api`] is a trait with associated types (device,
+//! memory, imported memory, stream, event, module, kernel) and associated functions for every
+//! operation the core library needs: devices and their properties, memory of four kinds,
+//! memset/memcpy (synchronous and on a stream), streams, events, loading an embedded code
+//! object and launching a kernel with a `#[repr(C)]` argument struct, and IPC (export an
+//! allocation as an [`IpcDescriptor`], import it in another process).
+//!
+//! Backends live in one folder each with the same file names (`mod.rs`, `device.rs`,
+//! `memory.rs`, `ipc.rs`, `stream.rs`, `module.rs`): [`api::Host`] (always built; memory is a
+//! memfd mapping and the "device pointer" is its host address), [`api::Cuda`] (feature `cuda`,
+//! cudarc with dynamic loading) and [`api::Rocm`] (feature `rocm`, HIP resolved at run time).
+//! The vendor is fixed per build: [`Gpu`] names the GPU backend, and core code writes
+//! `A: Api` or `Gpu`/`Host`, never `cfg(feature = ...)`.
+//!
+//! # What it leaves to the caller
+//!
+//! Ordering between host and device work beyond what a stream gives, lifetimes of memory used
+//! by in-flight asynchronous work (those calls are `unsafe`), and choosing which IPC kind to use
+//! when an allocation offers several ([`Api::ipc_kinds`] lists them, preferred first).
+//!
+//! Failures inside `Drop` (a free, an unmap) cannot be returned; they are recorded and
+//! surfaced as [`Error::Deferred`] by the next fallible call of any backend.
 
+mod deferred;
+mod error;
+mod os;
+
+pub mod fdpass;
 pub mod gdr;
 pub mod ibv;
+pub mod ipc;
+pub mod ipc_cache;
+pub mod kernels;
+mod nvls;
+
+#[cfg(hal_cuda)]
+pub mod cuda;
+pub mod host;
+#[cfg(hal_rocm)]
+pub mod rocm;
+
+pub use deferred::take_deferred_errors;
+pub use error::{Error, Result};
+pub use ipc::{IpcDescriptor, IpcKind};
+pub use nvls::{nvls_disabled_by_env, nvls_supported};
+
+use std::time::Duration;
+
+/// The backend types under plain names.
+pub mod api {
+    #[cfg(hal_cuda)]
+    pub use crate::cuda::Cuda;
+    pub use crate::host::Host;
+    #[cfg(hal_rocm)]
+    pub use crate::rocm::Rocm;
+}
+
+/// The GPU backend of this build: `Cuda` with feature `cuda`, `Rocm` with `rocm`, else `Host`.
+#[cfg(hal_gpu_cuda)]
+pub type Gpu = api::Cuda;
+/// The GPU backend of this build: `Cuda` with feature `cuda`, `Rocm` with `rocm`, else `Host`.
+#[cfg(hal_gpu_rocm)]
+pub type Gpu = api::Rocm;
+/// The GPU backend of this build: `Cuda` with feature `cuda`, `Rocm` with `rocm`, else `Host`.
+#[cfg(hal_gpu_host)]
+pub type Gpu = api::Host;
+
+/// What a device reports about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Streaming multiprocessors (compute units on AMD; logical CPUs on the host backend).
+    pub sm_count: u32,
+    /// (major, minor); `(0, 0)` on the host backend. On AMD: gfx major/minor.
+    pub compute_capability: (u32, u32),
+    /// PCI bus id `dddd:bb:dd.f`, empty where there is none (host backend).
+    pub pci_bus_id: String,
+    /// NUMA node of the device; -1 when unknown (never an error).
+    pub numa_node: i32,
+}
+
+/// Which memory an allocation is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Plain device memory (`cuMemAlloc`, `hipMalloc`); exports as [`IpcKind::Legacy`].
+    Device,
+    /// Pinned host memory mapped for the device; `host_ptr()` is `Some`.
+    HostMapped,
+    /// AMD fine-grained (uncached) device memory; elsewhere the same as `Device`.
+    Uncached,
+    /// Physical allocation mapped into a reserved range (cuMem/VMM); the size is rounded up to
+    /// a multiple of `granularity` (0 = the device's minimum). Exports as
+    /// [`IpcKind::PosixFd`] (and [`IpcKind::Fabric`] where supported).
+    Physical {
+        /// Allocation granularity in bytes; 0 = the device's minimum.
+        granularity: usize,
+    },
+}
+
+/// Memory visible to a device: an allocation or an imported mapping.
+pub trait Buffer: Send + Sync {
+    /// The address kernels use (on the host backend: the host address).
+    fn device_ptr(&self) -> u64;
+    /// Usable bytes (what was asked for, or what the exporter exported).
+    fn size(&self) -> usize;
+    /// The host address when the host can touch the memory directly.
+    fn host_ptr(&self) -> Option<*mut u8>;
+}
+
+/// Grid, block and dynamic shared memory of a kernel launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D launch.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        LaunchConfig {
+            grid: (blocks, 1, 1),
+            block: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+}
+
+/// A backend: the associated types and every operation the core needs.
+///
+/// All functions are associated functions (`A::alloc(&dev, ..)`), dispatched statically.
+pub trait Api: Sized + Send + Sync + 'static {
+    /// Backend name (`host`, `cuda`, `rocm`).
+    const NAME: &'static str;
+    /// An opened device (on CUDA: holds the primary context). Cheap to clone.
+    type Device: Clone + Send + Sync + std::fmt::Debug;
+    /// An allocation that owns its memory; dropping it frees the memory.
+    type Memory: Buffer + std::fmt::Debug;
+    /// Memory imported from another process; dropping it unmaps it and closes its fd.
+    type Imported: Buffer + std::fmt::Debug;
+    /// An ordered queue of device work.
+    type Stream: Send + Sync + std::fmt::Debug;
+    /// A marker recorded on a stream.
+    type Event: Send + Sync + std::fmt::Debug;
+    /// A loaded code object.
+    type Module: Send + Sync + std::fmt::Debug;
+    /// A kernel inside a module.
+    type Kernel: Clone + Send + Sync + std::fmt::Debug;
+
+    // ---- devices ----
+    /// Number of devices; `Err(NoDriver)` when the driver library is missing.
+    fn device_count() -> Result<usize>;
+    /// Opens device `ordinal` and makes it current on the calling thread.
+    fn open_device(ordinal: usize) -> Result<Self::Device>;
+    /// The ordinal `dev` was opened with.
+    fn device_ordinal(dev: &Self::Device) -> usize;
+    /// Makes `dev` current on the calling thread (CUDA: sets its context).
+    fn set_current(dev: &Self::Device) -> Result<()>;
+    /// Name, SM count, compute capability, PCI bus id, NUMA node.
+    fn properties(dev: &Self::Device) -> Result<DeviceProperties>;
+    /// Whether `dev` can map memory of `peer` directly.
+    fn can_access_peer(dev: &Self::Device, peer: &Self::Device) -> Result<bool>;
+    /// Lets `dev` access memory of `peer` (idempotent: "already enabled" is success).
+    fn enable_peer_access(dev: &Self::Device, peer: &Self::Device) -> Result<()>;
+    /// Whether the device supports multicast objects (NVLS). Prefer [`nvls_supported`].
+    fn multicast_supported(dev: &Self::Device) -> Result<bool>;
+    /// Waits for all work on the device, at most `timeout`.
+    fn synchronize(dev: &Self::Device, timeout: Duration) -> Result<()>;
+
+    // ---- memory ----
+    /// Allocates `size` bytes of `kind` on `dev`.
+    fn alloc(dev: &Self::Device, size: usize, kind: MemoryKind) -> Result<Self::Memory>;
+    /// Sets `len` bytes at `offset` of `dst` to `value`; returns when done.
+    fn memset(
+        dev: &Self::Device,
+        dst: &impl Buffer,
+        offset: usize,
+        value: u8,
+        len: usize,
+    ) -> Result<()>;
+    /// Copies host bytes into `dst` at `offset`; returns when done.
+    fn write(dev: &Self::Device, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies bytes at `offset` of `src` to the host; returns when done.
+    fn read(dev: &Self::Device, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// Copies `len` bytes between two buffers; returns when done.
+    fn copy(
+        dev: &Self::Device,
+        dst: &impl Buffer,
+        dst_offset: usize,
+        src: &impl Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+    /// Enqueues a memset of `len` bytes at device address `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be device-accessible memory that stays alive until the stream has
+    /// finished this work.
+    unsafe fn memset_async(stream: &Self::Stream, dst: u64, value: u8, len: usize) -> Result<()>;
+    /// Enqueues a copy of `len` bytes between device-visible addresses (unified addressing).
+    ///
+    /// # Safety
+    /// Both ranges must be valid, not overlapping, and alive until the stream has finished.
+    unsafe fn memcpy_async(stream: &Self::Stream, dst: u64, src: u64, len: usize) -> Result<()>;
+
+    // ---- streams and events ----
+    /// Creates a non-blocking stream on `dev`.
+    fn create_stream(dev: &Self::Device) -> Result<Self::Stream>;
+    /// Waits until all work on `stream` is done, at most `timeout`.
+    fn stream_synchronize(stream: &Self::Stream, timeout: Duration) -> Result<()>;
+    /// Creates an event with timing enabled.
+    fn create_event(dev: &Self::Device) -> Result<Self::Event>;
+    /// Records `event` on `stream`.
+    fn record_event(event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    /// Waits until the work before `event`'s last record is done, at most `timeout`.
+    fn event_synchronize(event: &Self::Event, timeout: Duration) -> Result<()>;
+    /// Milliseconds between two completed events.
+    fn event_elapsed_ms(start: &Self::Event, end: &Self::Event) -> Result<f32>;
+
+    // ---- code objects ----
+    /// Loads a code object (fatbin/cubin/hsaco bytes, e.g. from [`kernels::object`]).
+    fn load_module(dev: &Self::Device, code: &[u8]) -> Result<Self::Module>;
+    /// Looks up an `extern "C"` kernel by name.
+    fn get_kernel(module: &Self::Module, name: &str) -> Result<Self::Kernel>;
+    /// Launches `kernel` with its parameters packed as in the kernel's C signature.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list laid out as a `#[repr(C)]` struct, and
+    /// every pointer in it must stay valid until the kernel finishes.
+    unsafe fn launch_raw(
+        kernel: &Self::Kernel,
+        cfg: &LaunchConfig,
+        stream: &Self::Stream,
+        args: &[u8],
+    ) -> Result<()>;
+    /// Launches `kernel` with a `#[repr(C)]` argument struct whose fields are the kernel's
+    /// parameters in order.
+    ///
+    /// # Safety
+    /// As [`Api::launch_raw`]: `T` must be `#[repr(C)]` and match the kernel's parameters.
+    unsafe fn launch<T: Copy>(
+        kernel: &Self::Kernel,
+        cfg: &LaunchConfig,
+        stream: &Self::Stream,
+        args: &T,
+    ) -> Result<()> {
+        // SAFETY: T is a plain Copy struct; viewing it as bytes is fine (padding bytes are only
+        // copied, never interpreted as values by us).
+        let bytes = unsafe {
+            std::slice::from_raw_parts((args as *const T).cast::<u8>(), std::mem::size_of::<T>())
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::launch_raw(kernel, cfg, stream, bytes) }
+    }
+
+    // ---- IPC ----
+    /// The IPC kinds `mem` can be exported as, preferred first (may be empty).
+    fn ipc_kinds(mem: &Self::Memory) -> Vec<IpcKind>;
+    /// Exports `mem` as `kind`. Fd kinds register the fd with this process's fd server
+    /// ([`fdpass`]) for as long as `mem` lives.
+    fn export(mem: &Self::Memory, kind: IpcKind) -> Result<IpcDescriptor>;
+    /// Maps memory exported by another process (or this one) on `dev`.
+    fn import(dev: &Self::Device, desc: &IpcDescriptor) -> Result<Self::Imported>;
+}
+
+/// Checks that `offset..offset+len` lies inside a buffer of `size` bytes.
+pub(crate) fn check_range(op: &'static str, size: usize, offset: usize, len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::invalid(
+            op,
+            format!("a range inside {size} bytes"),
+            format!("offset {offset} + len {len}"),
+        )),
+    }
+}
+
+/// How long imports wait for the exporter's fd server.
+pub(crate) const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Polls `done` until it returns `Ok(true)`, spinning briefly, then yielding, then sleeping
+/// (CI runs several ranks on two cores); `Error::Timeout` after `timeout`.
+#[allow(dead_code)] // used by the GPU backends only
+pub(crate) fn poll_until(
+    op: &'static str,
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let start = std::time::Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if done()? {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            return Err(Error::Timeout {
+                op,
+                waited: timeout,
+            });
+        }
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else if spins < 1024 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}

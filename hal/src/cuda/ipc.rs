@@ -1,0 +1,310 @@
+//! CUDA IPC: legacy cuIpc handles for cuMemAlloc memory; POSIX-fd (over the fd server) and
+//! fabric exports of cuMem allocations.
+//!
+//! Handle bytes in the descriptor: Legacy = the 64-byte `CUipcMemHandle`; PosixFd = the mapped
+//! length (u64 LE); Fabric = the 64-byte `CUmemFabricHandle` then the mapped length (u64 LE).
+//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html> (cuIpc*),
+//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html> (cuMemExport/Import).
+
+use super::conv::check;
+use super::device::CudaDevice;
+use super::memory::{
+    map_handle, min_granularity, physical_prop, unmap_release, Backing, CudaMemory,
+};
+use crate::fdpass::{self, host_id};
+use crate::{deferred, Buffer, Error, IpcDescriptor, IpcKind, Result, FD_FETCH_TIMEOUT};
+use cudarc::driver::sys;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+
+/// Memory of another process mapped into this one. Unmapped (and its fd closed) on drop.
+#[derive(Debug)]
+pub struct CudaImported {
+    dev: CudaDevice,
+    base: u64,
+    offset: u64,
+    size: usize,
+    how: ImportKind,
+}
+
+#[derive(Debug)]
+enum ImportKind {
+    Legacy,
+    Mapped {
+        handle: sys::CUmemGenericAllocationHandle,
+        len: usize,
+        _fd: Option<OwnedFd>,
+    },
+}
+
+// SAFETY: device addresses and handles may be used from any thread.
+unsafe impl Send for CudaImported {}
+// SAFETY: as above; no interior mutation.
+unsafe impl Sync for CudaImported {}
+
+impl Buffer for CudaImported {
+    fn device_ptr(&self) -> u64 {
+        self.base + self.offset
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        None
+    }
+}
+
+impl Drop for CudaImported {
+    fn drop(&mut self) {
+        if let Err(e) = self.dev.bind() {
+            deferred::record(e);
+            return;
+        }
+        let r = match &self.how {
+            // SAFETY: base came from cuIpcOpenMemHandle and is closed once.
+            ImportKind::Legacy => check("cuIpcCloseMemHandle", unsafe {
+                sys::cuIpcCloseMemHandle(self.base)
+            }),
+            ImportKind::Mapped { handle, len, .. } => unmap_release(self.base, *len, *handle),
+        };
+        if let Err(e) = r {
+            deferred::record(e);
+        }
+    }
+}
+
+pub(super) fn kinds(mem: &CudaMemory) -> Vec<IpcKind> {
+    match mem.backing {
+        Backing::Linear => vec![IpcKind::Legacy],
+        Backing::Host(_) => Vec::new(),
+        Backing::Physical { fabric: true, .. } => vec![IpcKind::Fabric, IpcKind::PosixFd],
+        Backing::Physical { fabric: false, .. } => vec![IpcKind::PosixFd],
+    }
+}
+
+fn descriptor(mem: &CudaMemory, kind: IpcKind, fd_id: u64, handle: Vec<u8>) -> IpcDescriptor {
+    IpcDescriptor {
+        kind,
+        size: mem.size() as u64,
+        offset: 0,
+        pid: std::process::id(),
+        host_id: host_id(),
+        fd_id,
+        handle,
+    }
+}
+
+pub(super) fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
+    mem.dev.bind()?;
+    let unsupported = || Error::Unsupported {
+        op: "export",
+        backend: "cuda",
+        reason: format!("{kind:?} for {:?} memory", mem.kind()),
+    };
+    match (kind, &mem.backing) {
+        (IpcKind::Legacy, Backing::Linear) => {
+            // SAFETY: plain C struct.
+            let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+            // SAFETY: valid out pointer; ptr is the base of a cuMemAlloc allocation.
+            check("cuIpcGetMemHandle", unsafe {
+                sys::cuIpcGetMemHandle(&mut h, mem.ptr)
+            })?;
+            Ok(descriptor(
+                mem,
+                kind,
+                0,
+                h.reserved.iter().map(|c| *c as u8).collect(),
+            ))
+        }
+        (
+            IpcKind::PosixFd,
+            Backing::Physical {
+                handle, mapped_len, ..
+            },
+        ) => {
+            let mut reg = mem.fd_export.lock().unwrap_or_else(|p| p.into_inner());
+            let id = match &*reg {
+                Some(r) => r.id(),
+                None => {
+                    let mut fd: i32 = -1;
+                    // SAFETY: for POSIX_FILE_DESCRIPTOR the out parameter is an int.
+                    check("cuMemExportToShareableHandle(POSIX_FD)", unsafe {
+                        sys::cuMemExportToShareableHandle(
+                            (&mut fd as *mut i32).cast(),
+                            *handle,
+                            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                            0,
+                        )
+                    })?;
+                    // SAFETY: the driver gave us a new fd that nobody else owns.
+                    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+                    let r = fdpass::register(owned)?;
+                    let id = r.id();
+                    *reg = Some(r);
+                    id
+                }
+            };
+            Ok(descriptor(
+                mem,
+                kind,
+                id,
+                (*mapped_len as u64).to_le_bytes().to_vec(),
+            ))
+        }
+        (
+            IpcKind::Fabric,
+            Backing::Physical {
+                handle,
+                mapped_len,
+                fabric: true,
+            },
+        ) => {
+            // SAFETY: plain C struct.
+            let mut fh: sys::CUmemFabricHandle = unsafe { std::mem::zeroed() };
+            // SAFETY: for FABRIC the out parameter is a CUmemFabricHandle.
+            check("cuMemExportToShareableHandle(FABRIC)", unsafe {
+                sys::cuMemExportToShareableHandle(
+                    (&mut fh as *mut sys::CUmemFabricHandle).cast(),
+                    *handle,
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+                    0,
+                )
+            })?;
+            let mut bytes = fh.data.to_vec();
+            bytes.extend_from_slice(&(*mapped_len as u64).to_le_bytes());
+            Ok(descriptor(mem, kind, 0, bytes))
+        }
+        _ => Err(unsupported()),
+    }
+}
+
+fn mapped_len_of(desc: &IpcDescriptor, at: usize) -> Result<usize> {
+    let b = desc.handle.get(at..at + 8).ok_or_else(|| {
+        Error::BadDescriptor(format!(
+            "{:?}: expected {} handle bytes, got {}",
+            desc.kind,
+            at + 8,
+            desc.handle.len()
+        ))
+    })?;
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    let len = usize::try_from(u64::from_le_bytes(a))
+        .map_err(|_| Error::BadDescriptor("mapped length does not fit usize".into()))?;
+    if (desc.offset.saturating_add(desc.size)) > len as u64 {
+        return Err(Error::BadDescriptor(format!(
+            "offset {} + size {} exceeds the mapped length {len}",
+            desc.offset, desc.size
+        )));
+    }
+    Ok(len)
+}
+
+pub(super) fn import(dev: &CudaDevice, desc: &IpcDescriptor) -> Result<CudaImported> {
+    dev.bind()?;
+    let size = usize::try_from(desc.size)
+        .map_err(|_| Error::BadDescriptor("size does not fit usize".into()))?;
+    match desc.kind {
+        IpcKind::Legacy => {
+            if desc.handle.len() != 64 {
+                return Err(Error::BadDescriptor(format!(
+                    "Legacy: expected a 64-byte handle, got {}",
+                    desc.handle.len()
+                )));
+            }
+            // SAFETY: plain C struct.
+            let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+            for (d, s) in h.reserved.iter_mut().zip(&desc.handle) {
+                *d = *s as std::ffi::c_char;
+            }
+            let mut base: sys::CUdeviceptr = 0;
+            // SAFETY: valid out pointer; the handle bytes came from cuIpcGetMemHandle.
+            check("cuIpcOpenMemHandle", unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut base,
+                    h,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            })?;
+            Ok(CudaImported {
+                dev: dev.clone(),
+                base,
+                offset: desc.offset,
+                size,
+                how: ImportKind::Legacy,
+            })
+        }
+        IpcKind::PosixFd => {
+            let len = mapped_len_of(desc, 0)?;
+            let fd = fdpass::fetch(desc.host_id, desc.pid, desc.fd_id, FD_FETCH_TIMEOUT)?;
+            let mut handle: sys::CUmemGenericAllocationHandle = 0;
+            // The driver takes the fd value itself as the "pointer"; it does not take ownership.
+            let raw = fd.into_raw_fd();
+            // SAFETY: raw is a live fd exported by cuMemExportToShareableHandle in the peer.
+            let r = check("cuMemImportFromShareableHandle(POSIX_FD)", unsafe {
+                sys::cuMemImportFromShareableHandle(
+                    &mut handle,
+                    raw as usize as *mut std::ffi::c_void,
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                )
+            });
+            // SAFETY: we own raw (taken from `fd` above).
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            r?;
+            map_import(dev, desc, size, handle, len, Some(fd))
+        }
+        IpcKind::Fabric => {
+            let len = mapped_len_of(desc, 64)?;
+            // SAFETY: plain C struct.
+            let mut fh: sys::CUmemFabricHandle = unsafe { std::mem::zeroed() };
+            fh.data.copy_from_slice(&desc.handle[..64]);
+            let mut handle: sys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: for FABRIC the os handle is a pointer to the fabric handle.
+            check("cuMemImportFromShareableHandle(FABRIC)", unsafe {
+                sys::cuMemImportFromShareableHandle(
+                    &mut handle,
+                    (&mut fh as *mut sys::CUmemFabricHandle).cast(),
+                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+                )
+            })?;
+            map_import(dev, desc, size, handle, len, None)
+        }
+        IpcKind::HostMemfd => Err(Error::Unsupported {
+            op: "import",
+            backend: "cuda",
+            reason: "HostMemfd descriptors are imported with the host backend".into(),
+        }),
+    }
+}
+
+fn map_import(
+    dev: &CudaDevice,
+    desc: &IpcDescriptor,
+    size: usize,
+    handle: sys::CUmemGenericAllocationHandle,
+    len: usize,
+    fd: Option<OwnedFd>,
+) -> Result<CudaImported> {
+    let prop = physical_prop(
+        dev,
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0,
+    );
+    let gran = min_granularity(dev, &prop)?;
+    match map_handle(handle, len, gran, &[dev.ordinal() as i32]) {
+        Ok(base) => Ok(CudaImported {
+            dev: dev.clone(),
+            base,
+            offset: desc.offset,
+            size,
+            how: ImportKind::Mapped {
+                handle,
+                len,
+                _fd: fd,
+            },
+        }),
+        Err(e) => {
+            // SAFETY: release the imported handle; nothing maps it.
+            unsafe { sys::cuMemRelease(handle) };
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! Failures recorded inside `Drop` (frees, unmaps) and surfaced by the next fallible call.
+
+use crate::{Error, Result};
+use std::sync::Mutex;
+
+static PENDING: Mutex<Vec<Error>> = Mutex::new(Vec::new());
+
+/// Records a failure that happened where it could not be returned (inside `Drop`).
+pub(crate) fn record(err: Error) {
+    // A poisoned lock only means another thread panicked while pushing; the Vec is still valid.
+    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    pending.push(err);
+}
+
+/// Returns the oldest recorded drop-time failure, if any, as [`Error::Deferred`].
+pub(crate) fn check() -> Result<()> {
+    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    if pending.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Deferred(Box::new(pending.remove(0))))
+    }
+}
+
+/// Takes every recorded drop-time failure (for callers that want to inspect them all).
+pub fn take_deferred_errors() -> Vec<Error> {
+    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    std::mem::take(&mut *pending)
+}

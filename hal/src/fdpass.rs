@@ -1,0 +1,284 @@
+//! Passing exported file descriptors between processes (SCM_RIGHTS over Unix sockets).
+//!
+//! Each process serves the fds it exported from ONE abstract Unix-domain socket, named from
+//! its host id and pid (`\0mscclpp-hal-fd.<hostid>.<pid>`). The server is a background thread
+//! started on the first [`register`]. An importer connects to the exporter's socket, sends a
+//! request naming the fd id, and receives the fd as SCM_RIGHTS ancillary data. A registered fd
+//! stays available until its [`FdRegistration`] is dropped (the exported allocation is freed).
+//!
+//! Wire format (little endian): request = magic `MFDQ`, version u16 (1), id u64 (14 bytes);
+//! reply = magic `MFDR`, version u16 (1), status u8 (0 = ok and one fd attached, 1 = unknown
+//! id) (7 bytes).
+
+use crate::{os, Error, Result};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+const REQ_MAGIC: &[u8; 4] = b"MFDQ";
+const REP_MAGIC: &[u8; 4] = b"MFDR";
+const VERSION: u16 = 1;
+const REQ_LEN: usize = 14;
+const REP_LEN: usize = 7;
+/// How long the server waits for a client's request, and a client for the reply.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// This host's id: FNV-1a of `MSCCLPP_HOSTID` if set, else of the hostname and boot id.
+pub fn host_id() -> u64 {
+    static ID: OnceLock<u64> = OnceLock::new();
+    *ID.get_or_init(|| {
+        let text = match std::env::var("MSCCLPP_HOSTID") {
+            Ok(v) if !v.is_empty() => v,
+            _ => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                let boot =
+                    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+                format!("{}|{}", host.trim(), boot.trim())
+            }
+        };
+        fnv1a(text.as_bytes())
+    })
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The abstract socket name of the fd server of process `pid` on host `host_id`.
+pub fn socket_name(host_id: u64, pid: u32) -> String {
+    format!("mscclpp-hal-fd.{host_id:016x}.{pid}")
+}
+
+type Table = Mutex<HashMap<u64, Arc<OwnedFd>>>;
+
+struct Server {
+    table: Arc<Table>,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static SERVER: OnceLock<std::result::Result<Server, String>> = OnceLock::new();
+
+fn server() -> Result<&'static Server> {
+    let s = SERVER.get_or_init(|| start_server().map_err(|e| e.to_string()));
+    s.as_ref().map_err(|reason| Error::Os {
+        op: "fd server start",
+        source: std::io::Error::other(reason.clone()),
+    })
+}
+
+fn start_server() -> Result<Server> {
+    let name = socket_name(host_id(), std::process::id());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|source| Error::Os {
+        op: "fd server address",
+        source,
+    })?;
+    let listener = UnixListener::bind_addr(&addr).map_err(|source| Error::Os {
+        op: "fd server bind",
+        source,
+    })?;
+    let table: Arc<Table> = Arc::new(Mutex::new(HashMap::new()));
+    let served = Arc::clone(&table);
+    std::thread::Builder::new()
+        .name("mscclpp-hal-fd".into())
+        .spawn(move || serve(listener, served))
+        .map_err(|source| Error::Os {
+            op: "fd server thread",
+            source,
+        })?;
+    Ok(Server { table })
+}
+
+fn serve(listener: UnixListener, table: Arc<Table>) {
+    for conn in listener.incoming() {
+        match conn {
+            // A misbehaving client must not stop the server; its error is its own problem.
+            Ok(stream) => {
+                let _ = answer(stream, &table);
+            }
+            // Accept failures (e.g. out of fds) are transient: back off instead of spinning.
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+fn answer(mut stream: UnixStream, table: &Table) -> Result<()> {
+    let io = |source| Error::Os {
+        op: "fd server io",
+        source,
+    };
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    let mut req = [0u8; REQ_LEN];
+    stream.read_exact(&mut req).map_err(io)?;
+    let mut reply = [0u8; REP_LEN];
+    reply[..4].copy_from_slice(REP_MAGIC);
+    reply[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    let valid = &req[..4] == REQ_MAGIC && req[4..6] == VERSION.to_le_bytes();
+    let id = u64::from_le_bytes([
+        req[6], req[7], req[8], req[9], req[10], req[11], req[12], req[13],
+    ]);
+    let fd = if valid {
+        table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    } else {
+        None
+    };
+    match fd {
+        Some(fd) => {
+            reply[6] = 0;
+            os::send_with_fd(&stream, &reply, Some(fd.as_raw_fd()))
+        }
+        None => {
+            reply[6] = 1;
+            stream.write_all(&reply).map_err(io)
+        }
+    }
+}
+
+/// Keeps an fd available to importers; dropping it withdraws the fd from the server.
+#[derive(Debug)]
+pub struct FdRegistration {
+    id: u64,
+}
+
+impl FdRegistration {
+    /// The id importers ask for.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for FdRegistration {
+    fn drop(&mut self) {
+        if let Some(Ok(server)) = SERVER.get() {
+            server
+                .table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&self.id);
+        }
+    }
+}
+
+/// Makes `fd` available to other processes on this host; starts the server on first use.
+pub fn register(fd: OwnedFd) -> Result<FdRegistration> {
+    let server = server()?;
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    server
+        .table
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id, Arc::new(fd));
+    Ok(FdRegistration { id })
+}
+
+/// Asks process `pid` on host `host_id` for its registered fd `id`, waiting at most `timeout`
+/// for the reply.
+pub fn fetch(host_id: u64, pid: u32, id: u64, timeout: Duration) -> Result<OwnedFd> {
+    const OP: &str = "fd fetch";
+    let gone = |reason: String| Error::PeerGone {
+        op: OP,
+        pid,
+        reason,
+    };
+    let name = socket_name(host_id, pid);
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(|source| Error::Os { op: OP, source })?;
+    let mut stream = UnixStream::connect_addr(&addr).map_err(|e| {
+        gone(format!(
+            "cannot connect to fd server @{name} (has the exporter exited?): {e}"
+        ))
+    })?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|source| Error::Os { op: OP, source })?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|source| Error::Os { op: OP, source })?;
+    let mut req = [0u8; REQ_LEN];
+    req[..4].copy_from_slice(REQ_MAGIC);
+    req[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    req[6..].copy_from_slice(&id.to_le_bytes());
+    stream
+        .write_all(&req)
+        .map_err(|e| gone(format!("sending the request: {e}")))?;
+    let mut reply = [0u8; REP_LEN];
+    let (n, fd) = os::recv_with_fd(&stream, &mut reply).map_err(|e| match e {
+        Error::Os { source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Error::Timeout {
+                op: OP,
+                waited: timeout,
+            }
+        }
+        other => other,
+    })?;
+    if n != REP_LEN || &reply[..4] != REP_MAGIC || reply[4..6] != VERSION.to_le_bytes() {
+        return Err(gone(format!(
+            "expected a {REP_LEN}-byte reply, got {n} bytes {:?}",
+            &reply[..n.min(REP_LEN)]
+        )));
+    }
+    match (reply[6], fd) {
+        (0, Some(fd)) => Ok(fd),
+        (0, None) => Err(gone("reply said ok but carried no fd".into())),
+        (1, _) => Err(Error::invalid(
+            OP,
+            format!("an fd registered under id {id}"),
+            "unknown id (memory freed?)",
+        )),
+        (s, _) => Err(gone(format!("unknown reply status {s}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Seek;
+
+    #[test]
+    fn fd_round_trip_in_process() {
+        let fd = os::memfd(c"fdpass-test", 16).unwrap();
+        let mut f = std::fs::File::from(fd.try_clone().unwrap());
+        f.write_all(b"hello fd server!").unwrap();
+        let reg = register(fd).unwrap();
+        let got = fetch(
+            host_id(),
+            std::process::id(),
+            reg.id(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let mut g = std::fs::File::from(got);
+        g.rewind().unwrap();
+        let mut s = String::new();
+        g.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hello fd server!");
+        let id = reg.id();
+        drop(reg);
+        assert!(fetch(host_id(), std::process::id(), id, Duration::from_secs(5)).is_err());
+    }
+
+    #[test]
+    fn missing_exporter_is_peer_gone() {
+        // pid 0 never runs a server.
+        match fetch(host_id(), 0, 1, Duration::from_secs(1)) {
+            Err(Error::PeerGone { .. }) => {}
+            other => panic!("expected PeerGone, got {other:?}"),
+        }
+    }
+}

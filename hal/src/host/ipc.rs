@@ -1,0 +1,127 @@
+//! Host IPC: the memfd of an allocation travels over the fd server and is mapped again.
+
+use super::memory::HostMemory;
+use crate::fdpass::{self, host_id};
+use crate::os::Mapping;
+use crate::{Buffer, Error, IpcDescriptor, IpcKind, Result, FD_FETCH_TIMEOUT};
+use std::os::fd::OwnedFd;
+
+/// Host memory mapped from another process's export. Unmapped and its fd closed on drop.
+#[derive(Debug)]
+pub struct HostImported {
+    map: Mapping,
+    // Field order: the mapping is dropped (unmapped) before the fd is closed.
+    _fd: OwnedFd,
+    offset: usize,
+    size: usize,
+}
+
+impl Buffer for HostImported {
+    fn device_ptr(&self) -> u64 {
+        self.map.ptr() as usize as u64 + self.offset as u64
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        // SAFETY: offset < mapped length was checked at import.
+        Some(unsafe { self.map.ptr().add(self.offset) })
+    }
+}
+
+pub(super) fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
+    if kind != IpcKind::HostMemfd {
+        return Err(Error::Unsupported {
+            op: "export",
+            backend: "host",
+            reason: format!("{kind:?} (host memory exports as HostMemfd)"),
+        });
+    }
+    let mut reg = mem.export.lock().unwrap_or_else(|p| p.into_inner());
+    let id = match &*reg {
+        Some(r) => r.id(),
+        None => {
+            let dup = mem.fd.try_clone().map_err(|source| Error::Os {
+                op: "dup(memfd)",
+                source,
+            })?;
+            let r = fdpass::register(dup)?;
+            let id = r.id();
+            *reg = Some(r);
+            id
+        }
+    };
+    Ok(IpcDescriptor {
+        kind: IpcKind::HostMemfd,
+        size: mem.size() as u64,
+        offset: 0,
+        pid: std::process::id(),
+        host_id: host_id(),
+        fd_id: id,
+        handle: Vec::new(),
+    })
+}
+
+pub(super) fn import(desc: &IpcDescriptor) -> Result<HostImported> {
+    if desc.kind != IpcKind::HostMemfd {
+        return Err(Error::Unsupported {
+            op: "import",
+            backend: "host",
+            reason: format!("{:?} (the host backend imports HostMemfd)", desc.kind),
+        });
+    }
+    if desc.host_id != host_id() {
+        return Err(Error::invalid(
+            "import(host)",
+            format!("a descriptor from this host ({:016x})", host_id()),
+            format!("host {:016x}", desc.host_id),
+        ));
+    }
+    let fd = fdpass::fetch(desc.host_id, desc.pid, desc.fd_id, FD_FETCH_TIMEOUT)?;
+    let file_len = std::fs::File::from(fd.try_clone().map_err(|source| Error::Os {
+        op: "dup(imported fd)",
+        source,
+    })?)
+    .metadata()
+    .map_err(|source| Error::Os {
+        op: "fstat(imported fd)",
+        source,
+    })?
+    .len();
+    let end = desc.offset.saturating_add(desc.size);
+    if end > file_len {
+        return Err(Error::invalid(
+            "import(host)",
+            format!("offset + size within the {file_len}-byte memfd"),
+            format!("{end}"),
+        ));
+    }
+    let offset = usize::try_from(desc.offset).map_err(|_| {
+        Error::invalid(
+            "import(host)",
+            "an offset that fits usize",
+            desc.offset.to_string(),
+        )
+    })?;
+    let size = usize::try_from(desc.size).map_err(|_| {
+        Error::invalid(
+            "import(host)",
+            "a size that fits usize",
+            desc.size.to_string(),
+        )
+    })?;
+    let map_len = usize::try_from(file_len).map_err(|_| {
+        Error::invalid(
+            "import(host)",
+            "a file length that fits usize",
+            file_len.to_string(),
+        )
+    })?;
+    let map = Mapping::shared(&fd, map_len)?;
+    Ok(HostImported {
+        map,
+        _fd: fd,
+        offset,
+        size,
+    })
+}

@@ -1,0 +1,134 @@
+//! Host memory: page-granular memfd mappings (MAP_SHARED), so they can be shared by fd.
+
+use crate::fdpass::FdRegistration;
+use crate::os::{self, Mapping};
+use crate::{check_range, Buffer, Error, MemoryKind, Result};
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+/// A host allocation: a memfd mapped shared. Every [`MemoryKind`] gives the same memory.
+#[derive(Debug)]
+pub struct HostMemory {
+    pub(super) map: Mapping,
+    pub(super) fd: OwnedFd,
+    pub(super) size: usize,
+    pub(super) mapped_len: usize,
+    pub(super) kind: MemoryKind,
+    /// The fd registration of the first export, kept while the memory lives.
+    pub(super) export: Mutex<Option<FdRegistration>>,
+}
+
+impl HostMemory {
+    /// The kind it was allocated as.
+    pub fn kind(&self) -> MemoryKind {
+        self.kind
+    }
+    /// Bytes actually mapped (size rounded up to the page or granularity).
+    pub fn mapped_len(&self) -> usize {
+        self.mapped_len
+    }
+}
+
+impl Buffer for HostMemory {
+    fn device_ptr(&self) -> u64 {
+        self.map.ptr() as usize as u64
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn host_ptr(&self) -> Option<*mut u8> {
+        Some(self.map.ptr())
+    }
+}
+
+pub(super) fn round_up(size: usize, to: usize) -> Result<usize> {
+    size.div_ceil(to).checked_mul(to).ok_or_else(|| {
+        Error::invalid(
+            "alloc",
+            "a size that fits in usize when rounded",
+            size.to_string(),
+        )
+    })
+}
+
+pub(super) fn alloc(size: usize, kind: MemoryKind) -> Result<HostMemory> {
+    if size == 0 {
+        return Err(Error::invalid("alloc(host)", "a non-zero size", "0"));
+    }
+    let page = os::page_size();
+    let gran = match kind {
+        MemoryKind::Physical { granularity } if granularity > 0 => {
+            if granularity % page != 0 {
+                return Err(Error::invalid(
+                    "alloc(host)",
+                    format!("a granularity that is a multiple of the page size {page}"),
+                    granularity.to_string(),
+                ));
+            }
+            granularity
+        }
+        _ => page,
+    };
+    let mapped_len = round_up(size, gran)?;
+    let fd = os::memfd(c"mscclpp-hal-host", mapped_len)?;
+    let map = Mapping::shared(&fd, mapped_len)?;
+    Ok(HostMemory {
+        map,
+        fd,
+        size,
+        mapped_len,
+        kind,
+        export: Mutex::new(None),
+    })
+}
+
+fn host_addr(op: &'static str, buf: &impl Buffer) -> Result<*mut u8> {
+    buf.host_ptr().ok_or_else(|| {
+        Error::invalid(
+            op,
+            "host-accessible memory",
+            format!("device pointer {:#x}", buf.device_ptr()),
+        )
+    })
+}
+
+pub(super) fn memset(dst: &impl Buffer, offset: usize, value: u8, len: usize) -> Result<()> {
+    check_range("memset(host)", dst.size(), offset, len)?;
+    let p = host_addr("memset(host)", dst)?;
+    // SAFETY: the range was checked against the buffer, which stays alive for the call.
+    unsafe { std::ptr::write_bytes(p.add(offset), value, len) };
+    Ok(())
+}
+
+pub(super) fn write(dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
+    check_range("write(host)", dst.size(), offset, src.len())?;
+    let p = host_addr("write(host)", dst)?;
+    // SAFETY: range checked; `src` is a distinct Rust slice, so no overlap with the mapping
+    // unless the caller built it from this same mapping, in which case `copy` semantics hold.
+    unsafe { std::ptr::copy(src.as_ptr(), p.add(offset), src.len()) };
+    Ok(())
+}
+
+pub(super) fn read(src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+    check_range("read(host)", src.size(), offset, dst.len())?;
+    let p = host_addr("read(host)", src)?;
+    // SAFETY: range checked; `copy` tolerates overlap.
+    unsafe { std::ptr::copy(p.add(offset), dst.as_mut_ptr(), dst.len()) };
+    Ok(())
+}
+
+pub(super) fn copy(
+    dst: &impl Buffer,
+    dst_offset: usize,
+    src: &impl Buffer,
+    src_offset: usize,
+    len: usize,
+) -> Result<()> {
+    check_range("copy(host) dst", dst.size(), dst_offset, len)?;
+    check_range("copy(host) src", src.size(), src_offset, len)?;
+    let d = host_addr("copy(host) dst", dst)?;
+    let s = host_addr("copy(host) src", src)?;
+    // SAFETY: both ranges checked against live buffers; `copy` tolerates overlap.
+    unsafe { std::ptr::copy(s.add(src_offset), d.add(dst_offset), len) };
+    Ok(())
+}
