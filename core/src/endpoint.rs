@@ -1,0 +1,300 @@
+//! Endpoints: one side of a future connection, created by a [`crate::Context`] and sent to the
+//! peer in an explicit, versioned, length-checked format.
+//!
+//! Wire format (little endian), version 1, inside the [`crate::serialize`] envelope (magic
+//! `MEPT`):
+//!
+//! | field | type |
+//! |---|---|
+//! | transport | u8 ([`Transport::to_u8`]) |
+//! | device kind | u8 (0 = CPU, 1 = GPU) |
+//! | device id | i32 (-1 for the CPU) |
+//! | host hash | u64 |
+//! | pid hash | u64 |
+//! | max write queue size | i32 |
+//! | endpoint id | u64 (random; pairs the TCP sockets of an Ethernet connection) |
+//! | transport payload | u32 length (at most 4096) + bytes |
+//!
+//! The transport payload is opaque to this layer: empty for CudaIpc; for Ethernet the
+//! listening address (`family u8 (4|6) | 16 address bytes | port u16`); reserved for the IB
+//! transport (queue pair number, GID, LID, ...), which decodes its own blob.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::serialize::{Reader, Writer};
+use crate::transport::{Device, DeviceType, EndpointConfig, Transport};
+
+const MAGIC: &[u8; 4] = b"MEPT";
+const VERSION: u16 = 1;
+/// The largest transport payload an endpoint may carry.
+pub const MAX_TRANSPORT_PAYLOAD: usize = 4096;
+
+/// A hash naming this process: its pid mixed with its start time and the host hash, so two
+/// processes (even with a reused pid, or in other namespaces) never share it.
+pub fn pid_hash() -> u64 {
+    static H: OnceLock<u64> = OnceLock::new();
+    *H.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut key = Vec::new();
+        key.extend_from_slice(&std::process::id().to_le_bytes());
+        key.extend_from_slice(&nanos.to_le_bytes());
+        key.extend_from_slice(&crate::bootstrap::host_hash().to_le_bytes());
+        crate::bootstrap::fnv1a(&key, 0x5eed)
+    })
+}
+
+/// This process's host hash (computed once; see [`crate::bootstrap::host_hash`]).
+pub(crate) fn local_host_hash() -> u64 {
+    static H: OnceLock<u64> = OnceLock::new();
+    *H.get_or_init(crate::bootstrap::host_hash)
+}
+
+/// A fresh endpoint id: unique within the process, unpredictable across processes.
+fn fresh_id() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(1);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    crate::bootstrap::fnv1a(&n.to_le_bytes(), pid_hash())
+}
+
+/// One side of a connection. Cheap to clone. Endpoints created by a local [`crate::Context`]
+/// own their transport resources (the Ethernet listening socket); deserialized ones only
+/// describe the peer.
+#[derive(Clone)]
+pub struct Endpoint {
+    inner: Arc<EndpointInner>,
+}
+
+struct EndpointInner {
+    transport: Transport,
+    device: Device,
+    host_hash: u64,
+    pid_hash: u64,
+    max_write_queue_size: i32,
+    id: u64,
+    payload: Vec<u8>,
+    config: Option<EndpointConfig>,
+    listener: Option<TcpListener>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("transport", &self.inner.transport)
+            .field("device", &self.inner.device)
+            .field("host_hash", &format_args!("{:#x}", self.inner.host_hash))
+            .field("pid_hash", &format_args!("{:#x}", self.inner.pid_hash))
+            .field("local", &self.is_local())
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// A local endpoint of `config` with its transport payload and resources.
+    pub(crate) fn new_local(
+        config: EndpointConfig,
+        payload: Vec<u8>,
+        listener: Option<TcpListener>,
+    ) -> Endpoint {
+        Endpoint {
+            inner: Arc::new(EndpointInner {
+                transport: config.transport,
+                device: config.device,
+                host_hash: local_host_hash(),
+                pid_hash: pid_hash(),
+                max_write_queue_size: config.max_write_queue_size,
+                id: fresh_id(),
+                payload,
+                config: Some(config),
+                listener,
+            }),
+        }
+    }
+
+    /// The transport this endpoint connects over.
+    pub fn transport(&self) -> Transport {
+        self.inner.transport
+    }
+    /// The device whose memory and work the endpoint serves.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+    /// The host hash of the process that created it.
+    pub fn host_hash(&self) -> u64 {
+        self.inner.host_hash
+    }
+    /// The pid hash of the process that created it.
+    pub fn pid_hash(&self) -> u64 {
+        self.inner.pid_hash
+    }
+    /// The configured write queue size (-1: the transport's default).
+    pub fn max_write_queue_size(&self) -> i32 {
+        self.inner.max_write_queue_size
+    }
+    /// The transport-specific payload (empty for CudaIpc; IB decodes its own).
+    pub fn transport_payload(&self) -> &[u8] {
+        &self.inner.payload
+    }
+    /// The configuration it was created from (local endpoints only).
+    pub fn config(&self) -> Option<&EndpointConfig> {
+        self.inner.config.as_ref()
+    }
+    /// Whether this process created it (and so owns its resources).
+    pub fn is_local(&self) -> bool {
+        self.inner.config.is_some()
+    }
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+    pub(crate) fn listener(&self) -> Option<&TcpListener> {
+        self.inner.listener.as_ref()
+    }
+
+    /// The listening address of an Ethernet endpoint.
+    pub fn ethernet_address(&self) -> Result<SocketAddr> {
+        if self.inner.transport != Transport::Ethernet {
+            return Err(Error::invalid(format!(
+                "ethernet_address: expected an Ethernet endpoint, got {}",
+                self.inner.transport
+            )));
+        }
+        decode_socket_addr(&self.inner.payload)
+    }
+
+    /// Encodes the endpoint (see the module docs for the format).
+    pub fn serialize(&self) -> Vec<u8> {
+        let i = &self.inner;
+        let mut w = Writer::new(MAGIC, VERSION);
+        w.u8(i.transport.to_u8())
+            .u8(match i.device.kind {
+                DeviceType::Cpu => 0,
+                DeviceType::Gpu => 1,
+            })
+            .i32(i.device.id)
+            .u64(i.host_hash)
+            .u64(i.pid_hash)
+            .i32(i.max_write_queue_size)
+            .u64(i.id)
+            .blob(&i.payload);
+        w.finish()
+    }
+
+    /// Decodes an endpoint; any malformed input is an error naming the field.
+    pub fn deserialize(bytes: &[u8]) -> Result<Endpoint> {
+        let mut r = Reader::new("endpoint", bytes, MAGIC, VERSION)?;
+        let transport = Transport::from_u8(r.u8("transport")?)?;
+        if transport == Transport::Unknown {
+            return Err(r.bad("transport", "a concrete transport", "Unknown"));
+        }
+        let kind = r.u8("device kind")?;
+        let id = r.i32("device id")?;
+        let device = decode_device(&r, kind, id)?;
+        let host_hash = r.u64("host hash")?;
+        let pid_hash = r.u64("pid hash")?;
+        let max_write_queue_size = r.i32("max write queue size")?;
+        if max_write_queue_size < -1 || max_write_queue_size == 0 {
+            return Err(r.bad(
+                "max write queue size",
+                "-1 or a positive size",
+                max_write_queue_size,
+            ));
+        }
+        let ep_id = r.u64("endpoint id")?;
+        let payload = r.blob("transport payload", MAX_TRANSPORT_PAYLOAD)?.to_vec();
+        r.finish()?;
+        match transport {
+            Transport::CudaIpc if !payload.is_empty() => {
+                return Err(Error::invalid(format!(
+                    "endpoint: CudaIpc carries no transport payload, got {} bytes",
+                    payload.len()
+                )))
+            }
+            Transport::Ethernet => {
+                decode_socket_addr(&payload)?;
+            }
+            _ => {}
+        }
+        Ok(Endpoint {
+            inner: Arc::new(EndpointInner {
+                transport,
+                device,
+                host_hash,
+                pid_hash,
+                max_write_queue_size,
+                id: ep_id,
+                payload,
+                config: None,
+                listener: None,
+            }),
+        })
+    }
+}
+
+/// Decodes a device kind and id as written in endpoints and memories.
+pub(crate) fn decode_device(r: &Reader<'_>, kind: u8, id: i32) -> Result<Device> {
+    match kind {
+        0 if id == -1 => Ok(Device::CPU),
+        0 => Err(r.bad("device id", "-1 for the CPU", id)),
+        1 if id >= 0 => Ok(Device::gpu(id)),
+        1 => Err(r.bad("device id", "a GPU ordinal >= 0", id)),
+        k => Err(r.bad("device kind", "0 (CPU) or 1 (GPU)", k)),
+    }
+}
+
+/// `family u8 (4|6) | 16 address bytes | port u16`.
+pub(crate) fn encode_socket_addr(addr: SocketAddr) -> Vec<u8> {
+    let mut out = Vec::with_capacity(19);
+    let mut ip = [0u8; 16];
+    match addr.ip() {
+        IpAddr::V4(v4) => {
+            out.push(4);
+            ip[..4].copy_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            out.push(6);
+            ip.copy_from_slice(&v6.octets());
+        }
+    }
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&addr.port().to_le_bytes());
+    out
+}
+
+pub(crate) fn decode_socket_addr(b: &[u8]) -> Result<SocketAddr> {
+    if b.len() != 19 {
+        return Err(Error::invalid(format!(
+            "Ethernet endpoint address: expected 19 bytes, got {}",
+            b.len()
+        )));
+    }
+    let port = u16::from_le_bytes([b[17], b[18]]);
+    if port == 0 {
+        return Err(Error::invalid(
+            "Ethernet endpoint address: expected a port above 0, got 0".to_string(),
+        ));
+    }
+    let mut ip16 = [0u8; 16];
+    ip16.copy_from_slice(&b[1..17]);
+    let ip = match b[0] {
+        4 => {
+            if ip16[4..].iter().any(|&x| x != 0) {
+                return Err(Error::invalid(
+                    "Ethernet endpoint address: IPv4 address with non-zero padding".to_string(),
+                ));
+            }
+            IpAddr::V4(Ipv4Addr::new(ip16[0], ip16[1], ip16[2], ip16[3]))
+        }
+        6 => IpAddr::V6(Ipv6Addr::from(ip16)),
+        f => {
+            return Err(Error::invalid(format!(
+                "Ethernet endpoint address: expected family 4 or 6, got {f}"
+            )))
+        }
+    };
+    Ok(SocketAddr::new(ip, port))
+}

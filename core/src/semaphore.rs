@@ -1,0 +1,301 @@
+//! Semaphores, host side: monotonic u64 tokens in memory, signalled over a connection.
+//!
+//! A [`SemaphoreStub`] is the local token (on the connection's local device: host memfd memory
+//! for `Device::CPU`, GPU memory otherwise) registered for the connection's transport; the
+//! peer's stub memory arrives through the communicator and together they make a
+//! [`Semaphore`]. The typed semaphores add the counters and device handles. Tokens only grow.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::connection::ipc::host_addressable;
+use crate::connection::Connection;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::memory::LocalMemory;
+use crate::registered_memory::RegisteredMemory;
+use crate::transport::{Device, DeviceType, Transport};
+
+/// A local semaphore token: 8 zeroed bytes on the connection's local device, registered for
+/// the connection's transport.
+#[derive(Clone, Debug)]
+pub struct SemaphoreStub {
+    token: LocalMemory,
+    registered: RegisteredMemory,
+}
+
+impl SemaphoreStub {
+    /// Allocates and registers a token for `connection`.
+    pub fn new(context: &Context, connection: &Connection) -> Result<SemaphoreStub> {
+        let token = LocalMemory::alloc(connection.local_device(), 8)?;
+        let registered = context.register_buffer(&token, connection.transport().into())?;
+        Ok(SemaphoreStub { token, registered })
+    }
+    /// The registered token (what is sent to the peer).
+    pub fn memory(&self) -> &RegisteredMemory {
+        &self.registered
+    }
+    /// The device address of the token.
+    pub fn token_ptr(&self) -> u64 {
+        self.token.ptr()
+    }
+}
+
+/// A pair of tokens over one connection: the local inbound token the peer signals, and the
+/// peer's token this side signals.
+#[derive(Clone, Debug)]
+pub struct Semaphore {
+    local: SemaphoreStub,
+    remote: RegisteredMemory,
+    connection: Connection,
+}
+
+impl Semaphore {
+    /// Joins a local stub with the peer's token memory.
+    pub fn new(
+        local: SemaphoreStub,
+        remote: RegisteredMemory,
+        connection: Connection,
+    ) -> Result<Semaphore> {
+        if remote.size() < 8 {
+            return Err(Error::invalid(format!(
+                "Semaphore: expected a remote token of at least 8 bytes, got {}",
+                remote.size()
+            )));
+        }
+        Ok(Semaphore {
+            local,
+            remote,
+            connection,
+        })
+    }
+    /// The connection signals travel over.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+    /// The local token.
+    pub fn local(&self) -> &SemaphoreStub {
+        &self.local
+    }
+    /// The peer's token.
+    pub fn remote_memory(&self) -> &RegisteredMemory {
+        &self.remote
+    }
+    /// Reads the local inbound token (acquire).
+    pub fn read_inbound(&self) -> Result<u64> {
+        let t = &self.local.token;
+        if host_addressable(t.device()) {
+            // SAFETY: the token is 8 aligned bytes of the live allocation `t`; every access to
+            // it (local or from peers) is atomic.
+            let atom = unsafe { AtomicU64::from_ptr(t.ptr() as usize as *mut u64) };
+            Ok(atom.load(Ordering::Acquire))
+        } else {
+            t.read_u64(0)
+        }
+    }
+}
+
+/// `#[repr(C)]` handle of a [`Host2DeviceSemaphore`] for kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Host2DeviceSemaphoreDeviceHandle {
+    pub inbound_token: *mut u64,
+    pub expected_inbound_token: *mut u64,
+}
+
+/// `#[repr(C)]` handle of a [`MemoryDevice2DeviceSemaphore`] for kernels.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryDevice2DeviceSemaphoreDeviceHandle {
+    pub inbound_token: *mut u64,
+    pub remote_inbound_token: *mut u64,
+    pub expected_inbound_token: *mut u64,
+}
+
+// SAFETY: the handles are plain device addresses handed to kernels; the host never
+// dereferences them through these types, so moving them between threads is harmless.
+unsafe impl Send for Host2DeviceSemaphoreDeviceHandle {}
+// SAFETY: as above.
+unsafe impl Sync for Host2DeviceSemaphoreDeviceHandle {}
+// SAFETY: as above.
+unsafe impl Send for MemoryDevice2DeviceSemaphoreDeviceHandle {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryDevice2DeviceSemaphoreDeviceHandle {}
+
+/// Allocates the expected-token counter of a device-waited semaphore on `device`.
+fn expected_token(device: Device) -> Result<LocalMemory> {
+    LocalMemory::alloc(device, 8)
+}
+
+/// The host signals, a GPU waits.
+#[derive(Debug)]
+pub struct Host2DeviceSemaphore {
+    semaphore: Semaphore,
+    outbound: AtomicU64,
+    signal_lock: Mutex<()>,
+    expected: LocalMemory,
+}
+
+impl Host2DeviceSemaphore {
+    /// Wraps `semaphore`; allocates the expected-token counter on the local device.
+    pub fn new(semaphore: Semaphore) -> Result<Host2DeviceSemaphore> {
+        let expected = expected_token(semaphore.connection.local_device())?;
+        Ok(Host2DeviceSemaphore {
+            semaphore,
+            outbound: AtomicU64::new(0),
+            signal_lock: Mutex::new(()),
+            expected,
+        })
+    }
+    /// Increments the peer's token (after every earlier write of the connection).
+    pub fn signal(&self) -> Result<()> {
+        let _g = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let next = self.outbound.load(Ordering::Acquire) + 1;
+        self.semaphore
+            .connection
+            .update_and_sync(&self.semaphore.remote, 0, &self.outbound, next)
+    }
+    /// The connection.
+    pub fn connection(&self) -> &Connection {
+        &self.semaphore.connection
+    }
+    /// The underlying semaphore.
+    pub fn semaphore(&self) -> &Semaphore {
+        &self.semaphore
+    }
+    /// The handle kernels wait on. The semaphore must outlive every kernel using it.
+    pub fn device_handle(&self) -> Host2DeviceSemaphoreDeviceHandle {
+        Host2DeviceSemaphoreDeviceHandle {
+            inbound_token: self.semaphore.local.token_ptr() as usize as *mut u64,
+            expected_inbound_token: self.expected.ptr() as usize as *mut u64,
+        }
+    }
+}
+
+/// The host signals and the host waits (CPU endpoints).
+#[derive(Debug)]
+pub struct Host2HostSemaphore {
+    semaphore: Semaphore,
+    outbound: AtomicU64,
+    signal_lock: Mutex<()>,
+    expected: AtomicU64,
+}
+
+impl Host2HostSemaphore {
+    /// Wraps `semaphore`, whose connection's local device must be the CPU.
+    pub fn new(semaphore: Semaphore) -> Result<Host2HostSemaphore> {
+        let d = semaphore.connection.local_device();
+        if d.kind != DeviceType::Cpu {
+            return Err(Error::invalid(format!(
+                "Host2HostSemaphore: expected a connection whose local device is the CPU, got \
+                 {d:?}"
+            )));
+        }
+        Ok(Host2HostSemaphore {
+            semaphore,
+            outbound: AtomicU64::new(0),
+            signal_lock: Mutex::new(()),
+            expected: AtomicU64::new(0),
+        })
+    }
+    /// Increments the peer's token (after every earlier write of the connection).
+    pub fn signal(&self) -> Result<()> {
+        let _g = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let next = self.outbound.load(Ordering::Acquire) + 1;
+        self.semaphore
+            .connection
+            .update_and_sync(&self.semaphore.remote, 0, &self.outbound, next)
+    }
+    /// Consumes one signal if it arrived; never blocks.
+    pub fn poll(&self) -> bool {
+        let want = self.expected.load(Ordering::Relaxed) + 1;
+        match self.semaphore.read_inbound() {
+            Ok(v) if v >= want => {
+                self.expected.store(want, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+    /// Waits (at most `timeout`) for the next signal.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if self.poll() {
+                return Ok(());
+            }
+            if start.elapsed() >= timeout {
+                let got = self.semaphore.read_inbound().unwrap_or(0);
+                return Err(Error::timeout(
+                    format!(
+                        "Host2HostSemaphore (token {:#x} over {}) waiting for token {}, got {got}",
+                        self.semaphore.local.token_ptr(),
+                        self.semaphore.connection.transport(),
+                        self.expected.load(Ordering::Relaxed) + 1
+                    ),
+                    timeout,
+                ));
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if spins < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+    /// The connection.
+    pub fn connection(&self) -> &Connection {
+        &self.semaphore.connection
+    }
+    /// The underlying semaphore.
+    pub fn semaphore(&self) -> &Semaphore {
+        &self.semaphore
+    }
+}
+
+/// A GPU signals a GPU through mapped memory (CudaIpc connections only).
+#[derive(Debug)]
+pub struct MemoryDevice2DeviceSemaphore {
+    semaphore: Semaphore,
+    expected: LocalMemory,
+}
+
+impl MemoryDevice2DeviceSemaphore {
+    /// Wraps `semaphore`, whose connection must be CudaIpc (the peer token is mapped here).
+    pub fn new(semaphore: Semaphore) -> Result<MemoryDevice2DeviceSemaphore> {
+        let t = semaphore.connection.transport();
+        if t != Transport::CudaIpc {
+            return Err(Error::invalid(format!(
+                "MemoryDevice2DeviceSemaphore: expected a CudaIpc connection, got {t}"
+            )));
+        }
+        if semaphore.remote.data() == 0 {
+            return Err(Error::invalid(
+                "MemoryDevice2DeviceSemaphore: the peer token is not mapped in this process"
+                    .to_string(),
+            ));
+        }
+        let expected = expected_token(semaphore.connection.local_device())?;
+        Ok(MemoryDevice2DeviceSemaphore {
+            semaphore,
+            expected,
+        })
+    }
+    /// The underlying semaphore.
+    pub fn semaphore(&self) -> &Semaphore {
+        &self.semaphore
+    }
+    /// The handle kernels signal and wait on. The semaphore must outlive every kernel using it.
+    pub fn device_handle(&self) -> MemoryDevice2DeviceSemaphoreDeviceHandle {
+        MemoryDevice2DeviceSemaphoreDeviceHandle {
+            inbound_token: self.semaphore.local.token_ptr() as usize as *mut u64,
+            remote_inbound_token: self.semaphore.remote.data() as usize as *mut u64,
+            expected_inbound_token: self.expected.ptr() as usize as *mut u64,
+        }
+    }
+}

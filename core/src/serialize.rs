@@ -1,0 +1,211 @@
+//! A small explicit wire format shared by [`crate::Endpoint`] and [`crate::RegisteredMemory`].
+//!
+//! Every message is `magic (4 bytes) | version (u16) | body length (u32) | body`, all little
+//! endian. The reader checks the magic, the version and that the body length matches the bytes
+//! that came exactly (no truncation, no trailing bytes); every field read afterwards is
+//! bounds-checked and an error names the message, the field, what was expected and what came.
+//! Nothing here ever panics on any input.
+
+use crate::error::{Error, Result};
+
+/// Bytes before the body: magic, version, body length.
+pub(crate) const HEADER_LEN: usize = 4 + 2 + 4;
+/// The largest body any message of this crate may have.
+pub(crate) const MAX_BODY_LEN: usize = 64 * 1024;
+
+/// Builds one message.
+pub(crate) struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    /// Starts a message with `magic` and `version`; the length is filled in by [`Writer::finish`].
+    pub(crate) fn new(magic: &[u8; 4], version: u16) -> Writer {
+        let mut buf = Vec::with_capacity(128);
+        buf.extend_from_slice(magic);
+        buf.extend_from_slice(&version.to_le_bytes());
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        Writer { buf }
+    }
+    pub(crate) fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn i32(&mut self, v: i32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// A `u32` length followed by the bytes.
+    pub(crate) fn blob(&mut self, bytes: &[u8]) -> &mut Self {
+        self.u32(bytes.len() as u32);
+        self.buf.extend_from_slice(bytes);
+        self
+    }
+    /// Writes the body length into the header and returns the message.
+    pub(crate) fn finish(mut self) -> Vec<u8> {
+        let body = (self.buf.len() - HEADER_LEN) as u32;
+        self.buf[6..10].copy_from_slice(&body.to_le_bytes());
+        self.buf
+    }
+}
+
+/// Reads one message, checking every length.
+pub(crate) struct Reader<'a> {
+    what: &'static str,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Checks the header of `bytes` (a `what` message: `magic`, `version`) and positions the
+    /// reader at the start of the body.
+    pub(crate) fn new(
+        what: &'static str,
+        bytes: &'a [u8],
+        magic: &[u8; 4],
+        version: u16,
+    ) -> Result<Reader<'a>> {
+        if bytes.len() < HEADER_LEN {
+            return Err(Error::invalid(format!(
+                "{what}: expected at least {HEADER_LEN} header bytes, got {}",
+                bytes.len()
+            )));
+        }
+        if &bytes[..4] != magic {
+            return Err(Error::invalid(format!(
+                "{what}: expected magic {:?}, got {:?}",
+                String::from_utf8_lossy(magic),
+                &bytes[..4]
+            )));
+        }
+        let got_version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if got_version != version {
+            return Err(Error::invalid(format!(
+                "{what}: expected format version {version}, got {got_version}"
+            )));
+        }
+        let body = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
+        if body > MAX_BODY_LEN {
+            return Err(Error::invalid(format!(
+                "{what}: body length {body} exceeds the limit {MAX_BODY_LEN}"
+            )));
+        }
+        if bytes.len() - HEADER_LEN != body {
+            return Err(Error::invalid(format!(
+                "{what}: header says {body} body bytes, got {}",
+                bytes.len() - HEADER_LEN
+            )));
+        }
+        Ok(Reader {
+            what,
+            bytes,
+            pos: HEADER_LEN,
+        })
+    }
+
+    fn take(&mut self, field: &str, n: usize) -> Result<&'a [u8]> {
+        let left = self.bytes.len() - self.pos;
+        if n > left {
+            return Err(Error::invalid(format!(
+                "{}: field {field}: expected {n} more bytes, got {left}",
+                self.what
+            )));
+        }
+        let out = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+    fn array<const N: usize>(&mut self, field: &str) -> Result<[u8; N]> {
+        let s = self.take(field, N)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(s);
+        Ok(out)
+    }
+    pub(crate) fn u8(&mut self, field: &str) -> Result<u8> {
+        Ok(self.array::<1>(field)?[0])
+    }
+    pub(crate) fn u32(&mut self, field: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(field)?))
+    }
+    pub(crate) fn i32(&mut self, field: &str) -> Result<i32> {
+        Ok(i32::from_le_bytes(self.array(field)?))
+    }
+    pub(crate) fn u64(&mut self, field: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(field)?))
+    }
+    /// A `u32` length (at most `max`) followed by that many bytes.
+    pub(crate) fn blob(&mut self, field: &str, max: usize) -> Result<&'a [u8]> {
+        let n = self.u32(field)? as usize;
+        if n > max {
+            return Err(Error::invalid(format!(
+                "{}: field {field}: length {n} exceeds the limit {max}",
+                self.what
+            )));
+        }
+        self.take(field, n)
+    }
+    /// An error about `field` of this message.
+    pub(crate) fn bad(&self, field: &str, expected: &str, got: impl std::fmt::Display) -> Error {
+        Error::invalid(format!(
+            "{}: field {field}: expected {expected}, got {got}",
+            self.what
+        ))
+    }
+    /// Checks that the whole body was consumed.
+    pub(crate) fn finish(self) -> Result<()> {
+        let left = self.bytes.len() - self.pos;
+        if left != 0 {
+            return Err(Error::invalid(format!(
+                "{}: {left} unexpected bytes after the last field",
+                self.what
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_checks() {
+        let mut w = Writer::new(b"TEST", 3);
+        w.u8(7).u32(70000).i32(-5).u64(u64::MAX).blob(b"abc");
+        let bytes = w.finish();
+        let mut r = Reader::new("test", &bytes, b"TEST", 3).unwrap();
+        assert_eq!(r.u8("a").unwrap(), 7);
+        assert_eq!(r.u32("c").unwrap(), 70000);
+        assert_eq!(r.i32("d").unwrap(), -5);
+        assert_eq!(r.u64("e").unwrap(), u64::MAX);
+        assert_eq!(r.blob("f", 3).unwrap(), b"abc");
+        r.finish().unwrap();
+
+        assert!(Reader::new("test", &bytes, b"TEST", 4).is_err());
+        assert!(Reader::new("test", &bytes, b"TESS", 3).is_err());
+        assert!(Reader::new("test", &bytes[..bytes.len() - 1], b"TEST", 3).is_err());
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Reader::new("test", &longer, b"TEST", 3).is_err());
+        let mut r = Reader::new("test", &bytes, b"TEST", 3).unwrap();
+        r.u8("a").unwrap();
+        assert!(r
+            .finish()
+            .unwrap_err()
+            .to_string()
+            .contains("unexpected bytes"));
+        let mut r = Reader::new("test", &bytes, b"TEST", 3).unwrap();
+        r.u64("x").unwrap();
+        r.u64("y").unwrap();
+        r.u8("z").unwrap();
+        assert!(r.blob("f", 2).is_err());
+    }
+}
