@@ -211,6 +211,14 @@ pub trait Api: Sized + Send + Sync + 'static {
     /// # Safety
     /// Both ranges must be valid, not overlapping, and alive until the stream has finished.
     unsafe fn memcpy_async(stream: &Self::Stream, dst: u64, src: u64, len: usize) -> Result<()>;
+    /// Enqueues a store of the 64-bit `value` at device-visible address `dst` on `stream`,
+    /// ordered after the stream's earlier work and made visible with release semantics
+    /// (CUDA: `cuStreamWriteValue64` with the default flags, which flush prior writes first).
+    /// The host does not wait; a semaphore signal through it costs no copy-engine transfer.
+    ///
+    /// # Safety
+    /// `dst` must be 8-byte aligned device-accessible memory alive until the stream is done.
+    unsafe fn write_value64_async(stream: &Self::Stream, dst: u64, value: u64) -> Result<()>;
 
     // ---- streams and events ----
     /// Creates a non-blocking stream on `dev`.

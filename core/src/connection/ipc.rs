@@ -18,6 +18,8 @@ use crate::transport::{Device, DeviceType, Transport};
 
 /// How long `update_and_sync` waits for earlier GPU copies before storing the value.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pending stream operations after which the connection synchronizes its stream.
+const MAX_IN_FLIGHT: usize = 4096;
 
 /// Whether the host can touch memory of `device` directly.
 pub(crate) fn host_addressable(device: Device) -> bool {
@@ -42,6 +44,31 @@ impl IpcConnection {
             stream,
             in_flight: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The device whose context maps `mem` in this process: imports are mapped on our own
+    /// GPU, so a remote memory is written through the local device, never by opening the
+    /// exporter's GPU here.
+    fn local_device_for(&self, mem: &RegisteredMemory) -> Device {
+        if mem.is_local() || self.local_device.kind == DeviceType::Cpu {
+            mem.device()
+        } else {
+            self.local_device
+        }
+    }
+
+    /// Keeps `pair` alive until the stream is synchronized; bounds the list by synchronizing
+    /// when it grows long (a proxy may write and signal for a long time without a flush).
+    fn keep_alive(&self, pair: (RegisteredMemory, RegisteredMemory)) -> Result<()> {
+        let len = {
+            let mut v = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+            v.push(pair);
+            v.len()
+        };
+        if len >= MAX_IN_FLIGHT {
+            self.sync_stream(SYNC_TIMEOUT)?;
+        }
+        Ok(())
     }
 
     fn sync_stream(&self, timeout: Duration) -> Result<()> {
@@ -75,10 +102,7 @@ impl BaseConnection for IpcConnection {
                 // `in_flight` until the stream is synchronized by flush).
                 unsafe { Gpu::memcpy_async(stream, d, s, len) }
                     .map_err(|e| hal_err("CudaIpc write", e))?;
-                self.in_flight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push((dst.clone(), src.clone()));
+                self.keep_alive((dst.clone(), src.clone()))?;
             }
             _ => {
                 // SAFETY: both ranges lie inside host-addressable live mappings held by the
@@ -108,10 +132,19 @@ impl BaseConnection for IpcConnection {
             let atom = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
             atom.store(new_value, Ordering::Release);
             Ok(())
+        } else if let Some(stream) = &self.stream {
+            // A stream memory operation: ordered after the copies already on the stream and
+            // preceded by a flush of prior writes, so a kernel that sees the token also sees
+            // the data. The host does not wait (upstream enqueues a memcpy here instead).
+            // SAFETY: 8-byte aligned (checked by Connection) and inside the mapping held by
+            // `dst`, which `in_flight` keeps alive until the stream is synchronized.
+            unsafe { Gpu::write_value64_async(stream, addr, new_value) }
+                .map_err(|e| hal_err("CudaIpc update_and_sync", e))?;
+            self.keep_alive((dst.clone(), dst.clone()))
         } else {
-            self.sync_stream(SYNC_TIMEOUT)?;
+            // A CPU endpoint writing GPU memory: no stream of ours, a blocking write.
             // SAFETY: the range is inside the GPU mapping held by `dst`.
-            unsafe { write_to(dst.device(), addr, &new_value.to_le_bytes()) }
+            unsafe { write_to(self.local_device_for(dst), addr, &new_value.to_le_bytes()) }
         }
     }
 

@@ -338,7 +338,19 @@ pub(super) fn memset(
     // SAFETY: range checked against a live buffer.
     check("cuMemsetD8", unsafe {
         sys::cuMemsetD8_v2(dst.device_ptr() + offset as u64, value, len)
-    })
+    })?;
+    finish_legacy_stream("cuMemsetD8")
+}
+
+/// Waits for the work just issued on the legacy default stream. `cuMemsetD8`, a
+/// device-to-device `cuMemcpy` and a `cuMemcpyHtoD` from pageable memory may return before
+/// the device has finished (the last one once the bytes are staged), but the HAL promises
+/// that `memset`/`write`/`copy` return when done: a peer may read the memory right after.
+/// Our own streams are non-blocking, so kernels running on them are not waited for.
+/// <https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html>
+fn finish_legacy_stream(after: &'static str) -> Result<()> {
+    // SAFETY: a null stream is the legacy default stream of the current context.
+    check(after, unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) })
 }
 
 pub(super) fn write(dev: &CudaDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
@@ -351,7 +363,8 @@ pub(super) fn write(dev: &CudaDevice, dst: &impl Buffer, offset: usize, src: &[u
             src.as_ptr().cast(),
             src.len(),
         )
-    })
+    })?;
+    finish_legacy_stream("cuMemcpyHtoD")
 }
 
 pub(super) fn read(
@@ -390,5 +403,6 @@ pub(super) fn copy(
             src.device_ptr() + src_offset as u64,
             len,
         )
-    })
+    })?;
+    finish_legacy_stream("cuMemcpy")
 }

@@ -132,6 +132,17 @@ impl Api for Cuda {
         })
     }
 
+    unsafe fn write_value64_async(stream: &CudaStream, dst: u64, value: u64) -> Result<()> {
+        deferred::check()?;
+        stream.dev.bind()?;
+        // SAFETY: the caller keeps the aligned target alive until the stream is done.
+        // Flags 0 = CU_STREAM_WRITE_VALUE_DEFAULT: prior writes are flushed before the store.
+        // https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEMOP.html
+        check("cuStreamWriteValue64", unsafe {
+            sys::cuStreamWriteValue64_v2(stream.raw, dst, value, 0)
+        })
+    }
+
     fn create_stream(dev: &CudaDevice) -> Result<CudaStream> {
         deferred::check()?;
         stream::create_stream(dev)

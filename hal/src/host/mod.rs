@@ -117,6 +117,14 @@ impl Api for Host {
         Ok(())
     }
 
+    unsafe fn write_value64_async(_stream: &HostStream, dst: u64, value: u64) -> Result<()> {
+        deferred::check()?;
+        // SAFETY: the caller guarantees an aligned, live u64 that others access atomically.
+        let atom = unsafe { std::sync::atomic::AtomicU64::from_ptr(dst as usize as *mut u64) };
+        atom.store(value, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
     fn create_stream(_dev: &HostDevice) -> Result<HostStream> {
         deferred::check()?;
         Ok(HostStream)

@@ -69,6 +69,7 @@ hip_table! {
     hipMemsetAsync: fn(*mut c_void, c_int, usize, HipStream) -> c_int;
     hipMemcpyAsync: fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> c_int;
     hipStreamCreateWithFlags: fn(*mut HipStream, c_uint) -> c_int;
+    hipStreamWriteValue64: fn(HipStream, *mut c_void, u64, c_uint) -> c_int;
     hipStreamQuery: fn(HipStream) -> c_int;
     hipStreamDestroy: fn(HipStream) -> c_int;
     hipEventCreate: fn(*mut HipEvent) -> c_int;

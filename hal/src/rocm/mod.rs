@@ -159,6 +159,16 @@ impl Api for Rocm {
         })
     }
 
+    unsafe fn write_value64_async(stream: &RocmStream, dst: u64, value: u64) -> Result<()> {
+        deferred::check()?;
+        let h = hip()?;
+        stream.dev.bind()?;
+        // SAFETY: the caller keeps the aligned target alive until the stream is done.
+        check("hipStreamWriteValue64", unsafe {
+            (h.hipStreamWriteValue64)(stream.raw, dst as usize as *mut std::ffi::c_void, value, 0)
+        })
+    }
+
     fn create_stream(dev: &RocmDevice) -> Result<RocmStream> {
         deferred::check()?;
         stream::create_stream(dev)
