@@ -24,7 +24,10 @@ struct PushArgs {
 
 /// Test trigger k of fifo_tests.cu.
 fn test_trigger(k: u64) -> ProxyTrigger {
-    ProxyTrigger { fst: k, snd: k.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !TRIGGER_COMMIT_BIT }
+    ProxyTrigger {
+        fst: k,
+        snd: k.wrapping_mul(0x9E37_79B9_7F4A_7C15) & !TRIGGER_COMMIT_BIT,
+    }
 }
 
 fn gpu_device() -> Device {
@@ -37,7 +40,10 @@ fn gpu_device() -> Device {
 
 fn new_fifo(size: u32, k: Option<&GpuKernel>) -> Fifo {
     match k {
-        Some(k) => ok!(Fifo::new_on::<Gpu>(&k.dev, size), "creating a GPU FIFO of {size}"),
+        Some(k) => ok!(
+            Fifo::new_on::<Gpu>(&k.dev, size),
+            "creating a GPU FIFO of {size}"
+        ),
         None => ok!(Fifo::new_host(size), "creating a host FIFO of {size}"),
     }
 }
@@ -49,11 +55,24 @@ fn drain_and_check(fifo: &Fifo, pushers: u64, per: u64, timeout: Duration) -> u6
     let mut problems = 0;
     for _ in 0..pushers * per {
         let start = Instant::now();
+        let mut polls = 0u32;
         let t = loop {
             if let Some(t) = fifo.poll() {
                 break t;
             }
-            ASSERT_TRUE!(start.elapsed() < timeout, "no trigger at tail {} within {:?}", fifo.tail(), timeout);
+            // Spin briefly (a GPU answers within microseconds), then back off; CPU pushers
+            // share our cores, so on the host backend back off almost at once.
+            polls = polls.saturating_add(1);
+            if polls < if is_gpu_build() { 4096 } else { 16 } {
+                std::hint::spin_loop();
+                continue;
+            }
+            ASSERT_TRUE!(
+                start.elapsed() < timeout,
+                "no trigger at tail {} within {:?}",
+                fifo.tail(),
+                timeout
+            );
             std::thread::yield_now();
         };
         let k = t.fst;
@@ -77,18 +96,33 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
     let timeout = mp_env().timeout;
     // (FIFO size, pushers, triggers per pusher, sync every): lap wrap-around over many laps
     // with one pusher, concurrent pushers with and without syncs.
-    for (size, pushers, per, sync_every) in [(4u32, 1u64, 4000u64, 0i32), (16, 4, 1000, 0), (8, 8, 200, 7)] {
+    for (size, pushers, per, sync_every) in [
+        (4u32, 1u64, 4000u64, 0i32),
+        (16, 4, 1000, 0),
+        (8, 8, 200, 7),
+    ] {
         let k = if is_gpu_build() {
-            Some(ok!(GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push"), "loading fifo_push"))
+            Some(ok!(
+                GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push"),
+                "loading fifo_push"
+            ))
         } else {
             None
         };
         let fifo = new_fifo(size, k.as_ref());
         let h = fifo.device_handle();
         let problems = if let Some(k) = &k {
-            let a = PushArgs { fifo: h, n: per, sync_every, out: std::ptr::null_mut() };
+            let a = PushArgs {
+                fifo: h,
+                n: per,
+                sync_every,
+                out: std::ptr::null_mut(),
+            };
             // SAFETY: PushArgs mirrors fifo_push's parameters; the FIFO outlives the kernel.
-            ok!(unsafe { k.launch(1, pushers as u32, &a) }, "launching fifo_push");
+            ok!(
+                unsafe { k.launch(1, pushers as u32, &a) },
+                "launching fifo_push"
+            );
             let p = drain_and_check(&fifo, pushers, per, timeout);
             ok!(k.wait(timeout), "fifo_push");
             p
@@ -99,7 +133,8 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
                         for j in 0..per {
                             // SAFETY: the FIFO outlives the scope; host backend memory.
                             let pos = unsafe { h.push(test_trigger(g * per + j), timeout) }?;
-                            if sync_every > 0 && ((j + 1) % sync_every as u64 == 0 || j + 1 == per) {
+                            if sync_every > 0 && ((j + 1) % sync_every as u64 == 0 || j + 1 == per)
+                            {
                                 // SAFETY: as above.
                                 unsafe { h.sync(pos, timeout) }?;
                             }
@@ -110,7 +145,14 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
                 drain_and_check(&fifo, pushers, per, timeout)
             })
         };
-        EXPECT_EQ!(problems, 0, "FIFO of {}, {} pushers x {}", size, pushers, per);
+        EXPECT_EQ!(
+            problems,
+            0,
+            "FIFO of {}, {} pushers x {}",
+            size,
+            pushers,
+            per
+        );
         EXPECT_EQ!(fifo.tail(), pushers * per);
     }
 });
@@ -119,9 +161,15 @@ PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
     let timeout = mp_env().timeout;
     let n: u64 = if is_gpu_build() { 100_000 } else { 20_000 };
     // sync_every 1: push then wait for the pop (round trip); 0: throughput.
-    for (sync_every, label) in [(1i32, "FIFO push/poll/pop round trip"), (0, "FIFO push throughput (per trigger)")] {
+    for (sync_every, label) in [
+        (1i32, "FIFO push/poll/pop round trip"),
+        (0, "FIFO push throughput (per trigger)"),
+    ] {
         let k = if is_gpu_build() {
-            Some(ok!(GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push_perf"), "loading fifo_push_perf"))
+            Some(ok!(
+                GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push_perf"),
+                "loading fifo_push_perf"
+            ))
         } else {
             None
         };
@@ -129,7 +177,12 @@ PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
         let h = fifo.device_handle();
         let us = if let Some(k) = &k {
             let elapsed: GpuBuffer<u64> = ok!(GpuBuffer::new(gpu_device(), 1), "allocating");
-            let a = PushArgs { fifo: h, n, sync_every, out: elapsed.data() as usize as *mut u64 };
+            let a = PushArgs {
+                fifo: h,
+                n,
+                sync_every,
+                out: elapsed.data() as usize as *mut u64,
+            };
             // SAFETY: PushArgs mirrors fifo_push_perf's parameters.
             ok!(unsafe { k.launch(1, 1, &a) }, "launching fifo_push_perf");
             let problems = drain_and_check(&fifo, 1, n, timeout);
@@ -156,7 +209,14 @@ PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
                 });
                 let problems = drain_and_check(&fifo, 1, n, timeout);
                 EXPECT_EQ!(problems, 0);
-                let secs = ok!(pusher.join().unwrap_or_else(|_| Err(mscclpp::Error::Internal("pusher panicked".into()))), "pusher");
+                let secs = ok!(
+                    pusher
+                        .join()
+                        .unwrap_or_else(|_| Err(mscclpp::Error::Internal(
+                            "pusher panicked".into()
+                        ))),
+                    "pusher"
+                );
                 secs * 1e6 / n as f64
             })
         };

@@ -77,11 +77,24 @@ pub(crate) mod common {
         // A fresh seed per test, agreed by the pair (the lower rank's).
         let mine = std::collections::hash_map::RandomState::new().hash_one((rank, Instant::now()));
         let b: &dyn Bootstrap = env.bootstrap.as_ref();
-        ok!(b.send(&mine.to_le_bytes(), peer, PAIR_TAG), "sending the seed to rank {peer}");
+        ok!(
+            b.send(&mine.to_le_bytes(), peer, PAIR_TAG),
+            "sending the seed to rank {peer}"
+        );
         let theirs = ok!(b.recv(peer, PAIR_TAG), "receiving the seed of rank {peer}");
-        let theirs = ok!(<[u8; 8]>::try_from(theirs.as_slice()).map(u64::from_le_bytes), "seed of rank {peer}");
+        let theirs = ok!(
+            <[u8; 8]>::try_from(theirs.as_slice()).map(u64::from_le_bytes),
+            "seed of rank {peer}"
+        );
         let seed = if rank < peer { mine } else { theirs };
-        Pair { peer, initiator: rank < peer, device, comm, seed, timeout: env.timeout }
+        Pair {
+            peer,
+            initiator: rank < peer,
+            device,
+            comm,
+            seed,
+            timeout: env.timeout,
+        }
     }
 
     /// Bootstrap tag of the pair helpers (below the communicator's tag space).
@@ -91,37 +104,64 @@ pub(crate) mod common {
         /// Both ranks of the pair reach this point (a two-way message).
         pub fn sync(&self) {
             let b = &mp_env().bootstrap;
-            ok!(b.send(&[1], self.peer, PAIR_TAG + 1), "pair barrier send to rank {}", self.peer);
-            ok!(b.recv(self.peer, PAIR_TAG + 1), "pair barrier recv from rank {}", self.peer);
+            ok!(
+                b.send(&[1], self.peer, PAIR_TAG + 1),
+                "pair barrier send to rank {}",
+                self.peer
+            );
+            ok!(
+                b.recv(self.peer, PAIR_TAG + 1),
+                "pair barrier recv from rank {}",
+                self.peer
+            );
         }
 
         /// Connects to the peer over `transport` from this rank's device.
         pub fn connect(&self, transport: Transport, tag: u64) -> mscclpp::Connection {
             let cfg = EndpointConfig::new(transport, self.device);
-            ok!(self.comm.connect(cfg, self.peer, tag).get(), "connecting to rank {} over {transport}", self.peer)
+            ok!(
+                self.comm.connect(cfg, self.peer, tag).get(),
+                "connecting to rank {} over {transport}",
+                self.peer
+            )
         }
 
         /// Builds a semaphore over `conn` with the peer.
-        pub fn semaphore(&self, conn: &mscclpp::Connection, tag: u64) -> mscclpp::semaphore::Semaphore {
-            ok!(self.comm.build_semaphore(conn, self.peer, tag).get(), "building a semaphore with rank {}", self.peer)
+        pub fn semaphore(
+            &self,
+            conn: &mscclpp::Connection,
+            tag: u64,
+        ) -> mscclpp::semaphore::Semaphore {
+            ok!(
+                self.comm.build_semaphore(conn, self.peer, tag).get(),
+                "building a semaphore with rank {}",
+                self.peer
+            )
         }
 
         /// Sends `mine` to the peer and receives the peer's memory.
         pub fn exchange(&self, mine: &RegisteredMemory, tag: u64) -> RegisteredMemory {
             let fut = self.comm.recv_memory(self.peer, tag);
-            ok!(self.comm.send_memory(mine, self.peer, tag), "sending memory to rank {}", self.peer);
+            ok!(
+                self.comm.send_memory(mine, self.peer, tag),
+                "sending memory to rank {}",
+                self.peer
+            );
             ok!(fut.get(), "receiving memory from rank {}", self.peer)
         }
 
         /// Whether this rank sends round `r` (the initiator sends even rounds).
         pub fn sends(&self, r: u32) -> bool {
-            (r % 2 == 0) == self.initiator
+            r.is_multiple_of(2) == self.initiator
         }
     }
 
     /// `testPattern` of kernels/cuda/src/test_pattern.hpp.
     pub(crate) fn test_pattern(seed: u64, round: u32, i: u64) -> u32 {
-        let mut x = (seed as u32) ^ ((seed >> 32) as u32) ^ round.wrapping_mul(0x9E37_79B9) ^ (i as u32).wrapping_mul(0x85EB_CA6B);
+        let mut x = (seed as u32)
+            ^ ((seed >> 32) as u32)
+            ^ round.wrapping_mul(0x9E37_79B9)
+            ^ (i as u32).wrapping_mul(0x85EB_CA6B);
         x ^= x >> 16;
         x = x.wrapping_mul(0x7FEB_352D);
         x ^= x >> 15;
@@ -134,11 +174,21 @@ pub(crate) mod common {
     ///
     /// # Safety
     /// `buf` is valid for `n` u32 and other threads write other indices.
-    pub(crate) unsafe fn fill_pattern(buf: *mut u32, n: u64, seed: u64, round: u32, tid: u32, nthreads: u32) {
+    pub(crate) unsafe fn fill_pattern(
+        buf: *mut u32,
+        n: u64,
+        seed: u64,
+        round: u32,
+        tid: u32,
+        nthreads: u32,
+    ) {
         let mut i = u64::from(tid);
         while i < n {
             // SAFETY: i < n by the caller's contract.
-            unsafe { buf.add(i as usize).write_volatile(test_pattern(seed, round, i)) };
+            unsafe {
+                buf.add(i as usize)
+                    .write_volatile(test_pattern(seed, round, i))
+            };
             i += u64::from(nthreads);
         }
     }
@@ -147,7 +197,14 @@ pub(crate) mod common {
     ///
     /// # Safety
     /// As [`fill_pattern`] (reads only).
-    pub(crate) unsafe fn check_pattern(buf: *const u32, n: u64, seed: u64, round: u32, tid: u32, nthreads: u32) -> u64 {
+    pub(crate) unsafe fn check_pattern(
+        buf: *const u32,
+        n: u64,
+        seed: u64,
+        round: u32,
+        tid: u32,
+        nthreads: u32,
+    ) -> u64 {
         let mut errors = 0;
         let mut i = u64::from(tid);
         while i < n {
@@ -167,10 +224,12 @@ pub(crate) mod common {
     {
         let barrier = Barrier::new(n as usize);
         std::thread::scope(|s| {
-            let handles: Vec<_> = (0..n).map(|t| {
-                let (b, f) = (&barrier, &body);
-                s.spawn(move || f(t, b))
-            }).collect();
+            let handles: Vec<_> = (0..n)
+                .map(|t| {
+                    let (b, f) = (&barrier, &body);
+                    s.spawn(move || f(t, b))
+                })
+                .collect();
             let mut sum = 0;
             let mut first_err = None;
             for h in handles {
@@ -180,7 +239,9 @@ pub(crate) mod common {
                         first_err.get_or_insert(e);
                     }
                     Err(_) => {
-                        first_err.get_or_insert(mscclpp::Error::Internal("a device thread panicked".into()));
+                        first_err.get_or_insert(mscclpp::Error::Internal(
+                            "a device thread panicked".into(),
+                        ));
                     }
                 }
             }
@@ -204,15 +265,24 @@ pub(crate) mod common {
     impl GpuKernel {
         /// Loads `name` from the code object `stem` on GPU `device.id`.
         pub fn load(device: Device, stem: &str, name: &str) -> Result<GpuKernel, String> {
-            let code = mscclpp_hal::kernels::object(stem).ok_or_else(|| format!("this build embeds no code object `{stem}`"))?;
+            let code = mscclpp_hal::kernels::object(stem)
+                .ok_or_else(|| format!("this build embeds no code object `{stem}`"))?;
             let e = |what: &str, err: mscclpp_hal::Error| format!("{what}: {err}");
-            let dev = Gpu::open_device(device.id.max(0) as usize).map_err(|x| e("opening the GPU", x))?;
+            let dev =
+                Gpu::open_device(device.id.max(0) as usize).map_err(|x| e("opening the GPU", x))?;
             let module = Gpu::load_module(&dev, code).map_err(|x| e("loading the module", x))?;
             let kernel = Gpu::get_kernel(&module, name).map_err(|x| e("finding the kernel", x))?;
             let stream = Gpu::create_stream(&dev).map_err(|x| e("creating a stream", x))?;
             let start = Gpu::create_event(&dev).map_err(|x| e("creating an event", x))?;
             let end = Gpu::create_event(&dev).map_err(|x| e("creating an event", x))?;
-            Ok(GpuKernel { dev, _module: module, kernel, stream, start, end })
+            Ok(GpuKernel {
+                dev,
+                _module: module,
+                kernel,
+                stream,
+                start,
+                end,
+            })
         }
 
         /// Launches with `args` (a `#[repr(C)]` struct of the kernel's parameters) and waits.
@@ -220,10 +290,23 @@ pub(crate) mod common {
         ///
         /// # Safety
         /// `A` matches the kernel's parameter list and every pointer in it is live.
-        pub unsafe fn run<A: Copy>(&self, blocks: u32, threads: u32, args: &A, timeout: Duration) -> mscclpp_hal::Result<f64> {
+        pub unsafe fn run<A: Copy>(
+            &self,
+            blocks: u32,
+            threads: u32,
+            args: &A,
+            timeout: Duration,
+        ) -> mscclpp_hal::Result<f64> {
             Gpu::record_event(&self.start, &self.stream)?;
             // SAFETY: forwarded from the caller.
-            unsafe { Gpu::launch(&self.kernel, &LaunchConfig::linear(blocks, threads), &self.stream, args)? };
+            unsafe {
+                Gpu::launch(
+                    &self.kernel,
+                    &LaunchConfig::linear(blocks, threads),
+                    &self.stream,
+                    args,
+                )?
+            };
             Gpu::record_event(&self.end, &self.stream)?;
             Gpu::stream_synchronize(&self.stream, timeout)?;
             Ok(f64::from(Gpu::event_elapsed_ms(&self.start, &self.end)?))
@@ -233,9 +316,21 @@ pub(crate) mod common {
         ///
         /// # Safety
         /// As [`GpuKernel::run`]; the pointers stay live until `wait` returned.
-        pub unsafe fn launch<A: Copy>(&self, blocks: u32, threads: u32, args: &A) -> mscclpp_hal::Result<()> {
+        pub unsafe fn launch<A: Copy>(
+            &self,
+            blocks: u32,
+            threads: u32,
+            args: &A,
+        ) -> mscclpp_hal::Result<()> {
             // SAFETY: forwarded from the caller.
-            unsafe { Gpu::launch(&self.kernel, &LaunchConfig::linear(blocks, threads), &self.stream, args) }
+            unsafe {
+                Gpu::launch(
+                    &self.kernel,
+                    &LaunchConfig::linear(blocks, threads),
+                    &self.stream,
+                    args,
+                )
+            }
         }
 
         /// Waits for launched work.
@@ -301,18 +396,49 @@ pub(crate) fn mc_setup(ctx: &TestContext, n_max: usize) -> McSetup {
     let data: GpuBuffer<u32> = ok!(GpuBuffer::new(pair.device, n_max), "allocating {n_max} u32");
     // LL8: 8 bytes per element; LL16: 16 per two. So 2 u32 of packet space per element.
     let packets: GpuBuffer<u32> = ok!(GpuBuffer::new(pair.device, n_max * 2), "allocating packets");
-    let errors: GpuBuffer<i32> = ok!(GpuBuffer::new(pair.device, 1), "allocating the error counter");
+    let errors: GpuBuffer<i32> = ok!(
+        GpuBuffer::new(pair.device, 1),
+        "allocating the error counter"
+    );
     let conn = pair.connect(Transport::CudaIpc, 10);
-    let reg_data = ok!(pair.comm.register_memory(data.data(), data.bytes(), Transport::CudaIpc.into()), "registering data");
-    let reg_packets = ok!(pair.comm.register_memory(packets.data(), packets.bytes(), Transport::CudaIpc.into()), "registering packets");
+    let reg_data = ok!(
+        pair.comm
+            .register_memory(data.data(), data.bytes(), Transport::CudaIpc.into()),
+        "registering data"
+    );
+    let reg_packets = ok!(
+        pair.comm
+            .register_memory(packets.data(), packets.bytes(), Transport::CudaIpc.into()),
+        "registering packets"
+    );
     let peer_data = pair.exchange(&reg_data, 11);
     let peer_packets = pair.exchange(&reg_packets, 12);
-    let sem_put = ok!(MemoryDevice2DeviceSemaphore::new(pair.semaphore(&conn, 13)), "d2d semaphore");
-    let sem_packet = ok!(MemoryDevice2DeviceSemaphore::new(pair.semaphore(&conn, 14)), "d2d semaphore");
-    let put_channel = ok!(MemoryChannel::new(sem_put, peer_data, data.data(), Some(packets.data())), "put channel");
-    let packet_channel = ok!(MemoryChannel::new(sem_packet, peer_packets, data.data(), Some(packets.data())), "packet channel");
+    let sem_put = ok!(
+        MemoryDevice2DeviceSemaphore::new(pair.semaphore(&conn, 13)),
+        "d2d semaphore"
+    );
+    let sem_packet = ok!(
+        MemoryDevice2DeviceSemaphore::new(pair.semaphore(&conn, 14)),
+        "d2d semaphore"
+    );
+    let put_channel = ok!(
+        MemoryChannel::new(sem_put, peer_data, data.data(), Some(packets.data())),
+        "put channel"
+    );
+    let packet_channel = ok!(
+        MemoryChannel::new(sem_packet, peer_packets, data.data(), Some(packets.data())),
+        "packet channel"
+    );
     pair.sync();
-    McSetup { pair, data, _packets: packets, put_channel, packet_channel, errors, n_max }
+    McSetup {
+        pair,
+        data,
+        _packets: packets,
+        put_channel,
+        packet_channel,
+        errors,
+        n_max,
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -324,7 +450,15 @@ pub(crate) enum Mode {
 }
 
 /// Host "kernel": the ping-pong of memory_channel_tests.cu on `threads` CPU threads.
-fn host_ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: u32, check: bool, threads: u32) -> mscclpp::Result<u64> {
+fn host_ping_pong(
+    s: &McSetup,
+    mode: Mode,
+    n: u64,
+    iters: u32,
+    flag_base: u32,
+    check: bool,
+    threads: u32,
+) -> mscclpp::Result<u64> {
     let ch = match mode {
         Mode::Put | Mode::Get => s.put_channel.device_handle(),
         Mode::Ll8 | Mode::Ll16 => s.packet_channel.device_handle(),
@@ -342,6 +476,7 @@ fn host_ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: u32, c
                 if s.pair.sends(r) {
                     if check {
                         fill_pattern(buf, n, seed, r, tid, threads);
+                        bar.wait();
                     }
                     match mode {
                         Mode::Put => {
@@ -358,8 +493,12 @@ fn host_ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: u32, c
                                 ch.signal();
                             }
                         }
-                        Mode::Ll8 => ch.put_packets::<LL8Packet>(0, 0, bytes, tid, threads, flag)?,
-                        Mode::Ll16 => ch.put_packets::<LL16Packet>(0, 0, bytes, tid, threads, flag)?,
+                        Mode::Ll8 => {
+                            ch.put_packets::<LL8Packet>(0, 0, bytes, tid, threads, flag)?
+                        }
+                        Mode::Ll16 => {
+                            ch.put_packets::<LL16Packet>(0, 0, bytes, tid, threads, flag)?
+                        }
                     }
                 } else {
                     match mode {
@@ -373,8 +512,12 @@ fn host_ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: u32, c
                                 bar.wait();
                             }
                         }
-                        Mode::Ll8 => ch.unpack_packets::<LL8Packet>(0, 0, bytes, tid, threads, flag, t)?,
-                        Mode::Ll16 => ch.unpack_packets::<LL16Packet>(0, 0, bytes, tid, threads, flag, t)?,
+                        Mode::Ll8 => {
+                            ch.unpack_packets::<LL8Packet>(0, 0, bytes, tid, threads, flag, t)?
+                        }
+                        Mode::Ll16 => {
+                            ch.unpack_packets::<LL16Packet>(0, 0, bytes, tid, threads, flag, t)?
+                        }
                     }
                     if check {
                         bar.wait();
@@ -389,7 +532,14 @@ fn host_ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: u32, c
 }
 
 /// Runs `iters` rounds of `mode` with `n` elements; returns (mismatches, seconds).
-pub(crate) fn ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: u32, check: bool) -> (u64, f64) {
+pub(crate) fn ping_pong(
+    s: &McSetup,
+    mode: Mode,
+    n: u64,
+    iters: u32,
+    flag_base: u32,
+    check: bool,
+) -> (u64, f64) {
     ASSERT_LE!(n as usize, s.n_max);
     s.pair.sync();
     if is_gpu_build() {
@@ -399,8 +549,14 @@ pub(crate) fn ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: 
             Mode::Ll8 => ("memory_channel_ll8_ping_pong", true),
             Mode::Ll16 => ("memory_channel_ll16_ping_pong", true),
         };
-        let k = ok!(GpuKernel::load(s.pair.device, "memory_channel_tests", name), "loading {name}");
-        ok!(s.errors.copy_from_host(0, &[0]), "zeroing the error counter");
+        let k = ok!(
+            GpuKernel::load(s.pair.device, "memory_channel_tests", name),
+            "loading {name}"
+        );
+        ok!(
+            s.errors.copy_from_host(0, &[0]),
+            "zeroing the error counter"
+        );
         let err_ptr = s.errors.data() as usize as *mut i32;
         let ms = if packet {
             let a = PacketArgs {
@@ -414,7 +570,10 @@ pub(crate) fn ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: 
                 error_count: err_ptr,
             };
             // SAFETY: PacketArgs mirrors the kernel's parameters; the setup outlives the launch.
-            ok!(unsafe { k.run(1, 1024, &a, s.pair.timeout) }, "running {name}")
+            ok!(
+                unsafe { k.run(1, 1024, &a, s.pair.timeout) },
+                "running {name}"
+            )
         } else {
             let a = PingPongArgs {
                 ch: s.put_channel.device_handle(),
@@ -427,15 +586,24 @@ pub(crate) fn ping_pong(s: &McSetup, mode: Mode, n: u64, iters: u32, flag_base: 
                 error_count: err_ptr,
             };
             // SAFETY: PingPongArgs mirrors the kernel's parameters.
-            ok!(unsafe { k.run(1, 1024, &a, s.pair.timeout) }, "running {name}")
+            ok!(
+                unsafe { k.run(1, 1024, &a, s.pair.timeout) },
+                "running {name}"
+            )
         };
         let mut e = [0i32];
-        ok!(s.errors.copy_to_host(0, &mut e), "reading the error counter");
+        ok!(
+            s.errors.copy_to_host(0, &mut e),
+            "reading the error counter"
+        );
         (e[0] as u64, ms / 1e3)
     } else {
         let threads = if check { 2 } else { 1 };
         let start = std::time::Instant::now();
-        let errors = ok!(host_ping_pong(s, mode, n, iters, flag_base, check, threads), "host ping-pong");
+        let errors = ok!(
+            host_ping_pong(s, mode, n, iters, flag_base, check, threads),
+            "host ping-pong"
+        );
         (errors, start.elapsed().as_secs_f64())
     }
 }
@@ -446,28 +614,54 @@ fn correctness(ctx: &TestContext, mode: Mode) {
     let iters = if is_gpu_build() { 100 } else { 16 };
     let mut flag_base = 0;
     for n in sizes {
-        let n = if mode == Mode::Ll16 { n.next_multiple_of(2) } else { n };
+        let n = if mode == Mode::Ll16 {
+            n.next_multiple_of(2)
+        } else {
+            n
+        };
         let (errors, _) = ping_pong(&s, mode, n, iters, flag_base, true);
         flag_base += iters;
-        EXPECT_EQ!(errors, 0, "{} elements: mismatches over {} rounds", n, iters);
+        EXPECT_EQ!(
+            errors,
+            0,
+            "{} elements: mismatches over {} rounds",
+            n,
+            iters
+        );
     }
     // The data really moved: the last round's pattern is in this rank's buffer.
     let last = iters - 1;
     let n = *sizes.last().unwrap_or(&1) as usize;
     let got = ok!(s.data.to_vec(), "reading the buffer");
-    let bad = (0..n).filter(|&i| got[i] != test_pattern(s.pair.seed, last, i as u64)).count();
+    let bad = (0..n)
+        .filter(|&i| got[i] != test_pattern(s.pair.seed, last, i as u64))
+        .count();
     EXPECT_EQ!(bad, 0, "elements differing from round {} at the end", last);
     s.pair.sync();
 }
 
-TEST!(MemoryChannelOneToOneTest, PutPingPong, |ctx| correctness(ctx, Mode::Put));
-TEST!(MemoryChannelOneToOneTest, GetPingPong, |ctx| correctness(ctx, Mode::Get));
-TEST!(MemoryChannelOneToOneTest, LL8PacketPingPong, |ctx| correctness(ctx, Mode::Ll8));
-TEST!(MemoryChannelOneToOneTest, LL16PacketPingPong, |ctx| correctness(ctx, Mode::Ll16));
+TEST!(MemoryChannelOneToOneTest, PutPingPong, |ctx| correctness(
+    ctx,
+    Mode::Put
+));
+TEST!(MemoryChannelOneToOneTest, GetPingPong, |ctx| correctness(
+    ctx,
+    Mode::Get
+));
+TEST!(MemoryChannelOneToOneTest, LL8PacketPingPong, |ctx| {
+    correctness(ctx, Mode::Ll8)
+});
+TEST!(MemoryChannelOneToOneTest, LL16PacketPingPong, |ctx| {
+    correctness(ctx, Mode::Ll16)
+});
 
 fn latency(ctx: &TestContext, mode: Mode, label: &str) {
     let s = mc_setup(ctx, 1 << 10);
-    let (warm, iters) = if is_gpu_build() { (1000, 10_000) } else { (200, 2000) };
+    let (warm, iters) = if is_gpu_build() {
+        (1000, 10_000)
+    } else {
+        (200, 2000)
+    };
     // LL packets: one u64 packet (LL8) / one 16-byte packet (LL16) per hop, like upstream.
     let n = if mode == Mode::Ll16 { 2 } else { 1 };
     ping_pong(&s, mode, n, warm, 0, false);
@@ -480,9 +674,17 @@ fn latency(ctx: &TestContext, mode: Mode, label: &str) {
     s.pair.sync();
 }
 
-PERF_TEST!(MemoryChannelOneToOneTest, LL8PacketPingPongPerf, |ctx| latency(ctx, Mode::Ll8, "LL8 packet ping-pong (one hop)"));
-PERF_TEST!(MemoryChannelOneToOneTest, LL16PacketPingPongPerf, |ctx| latency(ctx, Mode::Ll16, "LL16 packet ping-pong (one hop)"));
-PERF_TEST!(MemoryChannelOneToOneTest, PutPingPongPerf, |ctx| latency(ctx, Mode::Put, "put+signal ping-pong, 4 bytes (one hop)"));
+PERF_TEST!(MemoryChannelOneToOneTest, LL8PacketPingPongPerf, |ctx| {
+    latency(ctx, Mode::Ll8, "LL8 packet ping-pong (one hop)")
+});
+PERF_TEST!(MemoryChannelOneToOneTest, LL16PacketPingPongPerf, |ctx| {
+    latency(ctx, Mode::Ll16, "LL16 packet ping-pong (one hop)")
+});
+PERF_TEST!(MemoryChannelOneToOneTest, PutPingPongPerf, |ctx| latency(
+    ctx,
+    Mode::Put,
+    "put+signal ping-pong, 4 bytes (one hop)"
+));
 
 PERF_TEST!(MemoryChannelOneToOneTest, PutBandwidth, |ctx| {
     let bytes: u64 = if is_gpu_build() { 1 << 30 } else { 64 << 20 };
@@ -491,48 +693,78 @@ PERF_TEST!(MemoryChannelOneToOneTest, PutBandwidth, |ctx| {
     let ch = s.put_channel.device_handle();
     s.pair.sync();
     let secs = if is_gpu_build() {
-        let k = ok!(GpuKernel::load(s.pair.device, "memory_channel_tests", "memory_channel_put_bandwidth"), "loading the kernel");
+        let k = ok!(
+            GpuKernel::load(
+                s.pair.device,
+                "memory_channel_tests",
+                "memory_channel_put_bandwidth"
+            ),
+            "loading the kernel"
+        );
         let blocks = 132;
-        let (role, grid, threads) = if s.pair.initiator { (1, blocks, 1024) } else { (0, 1, 1) };
+        let (role, grid, threads) = if s.pair.initiator {
+            (1, blocks, 1024)
+        } else {
+            (0, 1, 1)
+        };
         // Warm-up, then the measured run.
         for (it, measured) in [(2, false), (iters, true)] {
             s.pair.sync();
-            let a = BandwidthArgs { ch, bytes, iters: it, role, peer_blocks: blocks as i32 };
+            let a = BandwidthArgs {
+                ch,
+                bytes,
+                iters: it,
+                role,
+                peer_blocks: blocks as i32,
+            };
             // SAFETY: BandwidthArgs mirrors the kernel's parameters.
-            let ms = ok!(unsafe { k.run(grid, threads, &a, s.pair.timeout) }, "running put bandwidth");
+            let ms = ok!(
+                unsafe { k.run(grid, threads, &a, s.pair.timeout) },
+                "running put bandwidth"
+            );
             if measured {
                 return report_bw(ctx, &s, bytes, iters, ms / 1e3);
             }
         }
         0.0
     } else {
-        let start = std::time::Instant::now();
-        let r = run_block(1, |_, _| {
-            // SAFETY: the setup outlives the block; bytes fit both buffers.
-            unsafe {
-                if s.pair.initiator {
-                    for _ in 0..iters {
-                        ch.put(0, 0, bytes, 0, 1)?;
+        // Warm-up (first touch of the peer's pages), then the measured run.
+        let mut secs = 0.0;
+        for it in [1, iters] {
+            s.pair.sync();
+            let start = std::time::Instant::now();
+            let r = run_block(1, |_, _| {
+                // SAFETY: the setup outlives the block; bytes fit both buffers.
+                unsafe {
+                    if s.pair.initiator {
+                        for _ in 0..it {
+                            ch.put(0, 0, bytes, 0, 1)?;
+                        }
+                        ch.signal();
+                        ch.wait(s.pair.timeout)?;
+                    } else {
+                        ch.wait(s.pair.timeout)?;
+                        ch.signal();
                     }
-                    ch.signal();
-                    ch.wait(s.pair.timeout)?;
-                } else {
-                    ch.wait(s.pair.timeout)?;
-                    ch.signal();
                 }
-            }
-            Ok(0)
-        });
-        ok!(r, "host put bandwidth");
-        start.elapsed().as_secs_f64()
+                Ok(0)
+            });
+            ok!(r, "host put bandwidth");
+            secs = start.elapsed().as_secs_f64();
+        }
+        secs
     };
-    report_bw(ctx, &s, bytes, iters as i32, secs);
+    report_bw(ctx, &s, bytes, iters, secs);
 });
 
 fn report_bw(ctx: &TestContext, s: &McSetup, bytes: u64, iters: i32, secs: f64) {
     let gbps = bytes as f64 * f64::from(iters) / secs / 1e9;
     if s.pair.initiator && ctx.rank() == 0 {
-        ctx.report_perf(&format!("put bandwidth, {} MiB x {iters}", bytes >> 20), gbps, "GB/s");
+        ctx.report_perf(
+            &format!("put bandwidth, {} MiB x {iters}", bytes >> 20),
+            gbps,
+            "GB/s",
+        );
     }
     EXPECT_GT!(gbps, 0.0);
     s.pair.sync();

@@ -73,16 +73,39 @@ fn setup(ctx: &TestContext, transport: Transport, n_max: usize) -> PcSetup {
     let data: GpuBuffer<u32> = ok!(GpuBuffer::new(pair.device, n_max), "allocating data");
     // Packet memory: [0, P) receives, [P, 2P) stages; P = n_max * 8 bytes = n_max * 2 u32.
     let packets: GpuBuffer<u32> = ok!(GpuBuffer::new(pair.device, n_max * 4), "allocating packets");
-    let errors: GpuBuffer<i32> = ok!(GpuBuffer::new(pair.device, 1), "allocating the error counter");
+    let errors: GpuBuffer<i32> = ok!(
+        GpuBuffer::new(pair.device, 1),
+        "allocating the error counter"
+    );
     let conn = pair.connect(transport, 20);
     let flags = transport.into();
-    let reg_data = ok!(pair.comm.register_memory(data.data(), data.bytes(), flags), "registering data");
-    let reg_packets = ok!(pair.comm.register_memory(packets.data(), packets.bytes(), flags), "registering packets");
+    let reg_data = ok!(
+        pair.comm.register_memory(data.data(), data.bytes(), flags),
+        "registering data"
+    );
+    let reg_packets = ok!(
+        pair.comm
+            .register_memory(packets.data(), packets.bytes(), flags),
+        "registering packets"
+    );
     let peer_data = pair.exchange(&reg_data, 21);
     let peer_packets = pair.exchange(&reg_packets, 22);
-    let sem_data = ok!(Host2DeviceSemaphore::new(pair.semaphore(&conn, 23)), "h2d semaphore");
-    let sem_packets = ok!(Host2DeviceSemaphore::new(pair.semaphore(&conn, 24)), "h2d semaphore");
-    let mut proxy = ok!(if is_gpu_build() { ProxyService::new() } else { ProxyService::new_host() }, "creating the proxy");
+    let sem_data = ok!(
+        Host2DeviceSemaphore::new(pair.semaphore(&conn, 23)),
+        "h2d semaphore"
+    );
+    let sem_packets = ok!(
+        Host2DeviceSemaphore::new(pair.semaphore(&conn, 24)),
+        "h2d semaphore"
+    );
+    let mut proxy = ok!(
+        if is_gpu_build() {
+            ProxyService::new()
+        } else {
+            ProxyService::new_host()
+        },
+        "creating the proxy"
+    );
     let sid = ok!(proxy.add_semaphore(sem_data), "adding a semaphore");
     let sid_p = ok!(proxy.add_semaphore(sem_packets), "adding a semaphore");
     let m_local = ok!(proxy.add_memory(reg_data), "adding memory");
@@ -93,7 +116,16 @@ fn setup(ctx: &TestContext, transport: Transport, n_max: usize) -> PcSetup {
     let packet_channel = ok!(proxy.port_channel(sid_p, p_peer, p_local), "port channel");
     ok!(proxy.start_proxy(), "starting the proxy");
     pair.sync();
-    PcSetup { pair, data, packets, errors, channel, packet_channel, proxy, n_max }
+    PcSetup {
+        pair,
+        data,
+        packets,
+        errors,
+        channel,
+        packet_channel,
+        proxy,
+        n_max,
+    }
 }
 
 impl PcSetup {
@@ -106,7 +138,13 @@ impl PcSetup {
 }
 
 /// port_channel_ping_pong on the host (thread 0 pushes, 2 threads fill/check).
-fn host_ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> mscclpp::Result<u64> {
+fn host_ping_pong(
+    s: &PcSetup,
+    n: u64,
+    iters: u32,
+    use_poll: bool,
+    check: bool,
+) -> mscclpp::Result<u64> {
     let ch = s.channel.device_handle();
     let buf_addr = s.data.data() as usize;
     let (seed, t) = (s.pair.seed, s.pair.timeout);
@@ -135,7 +173,10 @@ fn host_ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) 
                             let start = Instant::now();
                             while !ch.poll() {
                                 if start.elapsed() > t {
-                                    return Err(mscclpp::Error::timeout(format!("polling for round {r}"), t));
+                                    return Err(mscclpp::Error::timeout(
+                                        format!("polling for round {r}"),
+                                        t,
+                                    ));
                                 }
                                 std::thread::yield_now();
                             }
@@ -176,13 +217,28 @@ fn host_packet_ping_pong(s: &PcSetup, n: u64, iters: u32, flag_base: u32) -> msc
                 if s.pair.sends(r) {
                     fill_pattern(buf, n, seed, r, tid, threads);
                     bar.wait();
-                    copy_to_packets(pk.add(p as usize).cast::<LL16Packet>(), buf.cast(), n * 4, tid, threads, flag)?;
+                    copy_to_packets(
+                        pk.add(p as usize).cast::<LL16Packet>(),
+                        buf.cast(),
+                        n * 4,
+                        tid,
+                        threads,
+                        flag,
+                    )?;
                     bar.wait();
                     if tid == 0 {
                         ch.put(0, p, p, t)?;
                     }
                 } else {
-                    copy_from_packets(buf.cast(), pk.cast::<LL16Packet>(), n * 4, tid, threads, flag, t)?;
+                    copy_from_packets(
+                        buf.cast(),
+                        pk.cast::<LL16Packet>(),
+                        n * 4,
+                        tid,
+                        threads,
+                        flag,
+                        t,
+                    )?;
                     bar.wait();
                     errors += check_pattern(buf, n, seed, r, tid, threads);
                 }
@@ -202,8 +258,18 @@ fn ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> (u
     ASSERT_LE!(n as usize, s.n_max);
     s.pair.sync();
     if is_gpu_build() {
-        let k = ok!(GpuKernel::load(s.pair.device, "port_channel_tests", "port_channel_ping_pong"), "loading the kernel");
-        ok!(s.errors.copy_from_host(0, &[0]), "zeroing the error counter");
+        let k = ok!(
+            GpuKernel::load(
+                s.pair.device,
+                "port_channel_tests",
+                "port_channel_ping_pong"
+            ),
+            "loading the kernel"
+        );
+        ok!(
+            s.errors.copy_from_host(0, &[0]),
+            "zeroing the error counter"
+        );
         let a = PingPongArgs {
             ch: s.channel.device_handle(),
             buff: s.data.data() as usize as *mut u32,
@@ -216,13 +282,22 @@ fn ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> (u
             error_count: s.errors.data() as usize as *mut i32,
         };
         // SAFETY: PingPongArgs mirrors the kernel's parameters; the setup outlives the launch.
-        let ms = ok!(unsafe { k.run(1, 1024, &a, s.pair.timeout) }, "running port_channel_ping_pong");
+        let ms = ok!(
+            unsafe { k.run(1, 1024, &a, s.pair.timeout) },
+            "running port_channel_ping_pong"
+        );
         let mut e = [0i32];
-        ok!(s.errors.copy_to_host(0, &mut e), "reading the error counter");
+        ok!(
+            s.errors.copy_to_host(0, &mut e),
+            "reading the error counter"
+        );
         (e[0] as u64, ms / 1e3)
     } else {
         let start = Instant::now();
-        let errors = ok!(host_ping_pong(s, n, iters, use_poll, check), "host ping-pong");
+        let errors = ok!(
+            host_ping_pong(s, n, iters, use_poll, check),
+            "host ping-pong"
+        );
         (errors, start.elapsed().as_secs_f64())
     }
 }
@@ -232,18 +307,38 @@ fn correctness(ctx: &TestContext, transport: Transport, use_poll: bool) {
     let iters = if is_gpu_build() { 100 } else { 10 };
     for n in [0u64, 1, 1000, 1 << 16] {
         let (errors, _) = ping_pong(&s, n, iters, use_poll, true);
-        EXPECT_EQ!(errors, 0, "{} elements: mismatches over {} rounds", n, iters);
+        EXPECT_EQ!(
+            errors,
+            0,
+            "{} elements: mismatches over {} rounds",
+            n,
+            iters
+        );
     }
     let got = ok!(s.data.to_vec(), "reading the buffer");
-    let bad = (0..1usize << 16).filter(|&i| got[i] != test_pattern(s.pair.seed, iters - 1, i as u64)).count();
+    let bad = (0..1usize << 16)
+        .filter(|&i| got[i] != test_pattern(s.pair.seed, iters - 1, i as u64))
+        .count();
     EXPECT_EQ!(bad, 0, "elements differing from the last round");
     EXPECT_GT!(s.proxy.handled(), 0u64);
     s.finish();
 }
 
-TEST!(PortChannelOneToOneTest, PingPong, |ctx| correctness(ctx, Transport::CudaIpc, false));
-TEST!(PortChannelOneToOneTest, PingPongWithPoll, |ctx| correctness(ctx, Transport::CudaIpc, true));
-TEST!(PortChannelOneToOneTest, PingPongEthernet, |ctx| correctness(ctx, Transport::Ethernet, false));
+TEST!(PortChannelOneToOneTest, PingPong, |ctx| correctness(
+    ctx,
+    Transport::CudaIpc,
+    false
+));
+TEST!(
+    PortChannelOneToOneTest,
+    PingPongWithPoll,
+    |ctx| correctness(ctx, Transport::CudaIpc, true)
+);
+TEST!(
+    PortChannelOneToOneTest,
+    PingPongEthernet,
+    |ctx| correctness(ctx, Transport::Ethernet, false)
+);
 
 TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| {
     let s = setup(ctx, Transport::CudaIpc, 1 << 14);
@@ -252,8 +347,18 @@ TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| {
     for n in [2u64, 1000, 1 << 14] {
         s.pair.sync();
         let errors = if is_gpu_build() {
-            let k = ok!(GpuKernel::load(s.pair.device, "port_channel_tests", "port_channel_packet_ping_pong"), "loading the kernel");
-            ok!(s.errors.copy_from_host(0, &[0]), "zeroing the error counter");
+            let k = ok!(
+                GpuKernel::load(
+                    s.pair.device,
+                    "port_channel_tests",
+                    "port_channel_packet_ping_pong"
+                ),
+                "loading the kernel"
+            );
+            ok!(
+                s.errors.copy_from_host(0, &[0]),
+                "zeroing the error counter"
+            );
             let a = PacketArgs {
                 ch: s.packet_channel.device_handle(),
                 buff: s.data.data() as usize as *mut u32,
@@ -267,27 +372,50 @@ TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| {
                 error_count: s.errors.data() as usize as *mut i32,
             };
             // SAFETY: PacketArgs mirrors the kernel's parameters.
-            ok!(unsafe { k.run(1, 1024, &a, s.pair.timeout) }, "running port_channel_packet_ping_pong");
+            ok!(
+                unsafe { k.run(1, 1024, &a, s.pair.timeout) },
+                "running port_channel_packet_ping_pong"
+            );
             let mut e = [0i32];
-            ok!(s.errors.copy_to_host(0, &mut e), "reading the error counter");
+            ok!(
+                s.errors.copy_to_host(0, &mut e),
+                "reading the error counter"
+            );
             e[0] as u64
         } else {
-            ok!(host_packet_ping_pong(&s, n, iters, flag_base), "host packet ping-pong")
+            ok!(
+                host_packet_ping_pong(&s, n, iters, flag_base),
+                "host packet ping-pong"
+            )
         };
         flag_base += iters;
-        EXPECT_EQ!(errors, 0, "{} elements: mismatches over {} rounds", n, iters);
+        EXPECT_EQ!(
+            errors,
+            0,
+            "{} elements: mismatches over {} rounds",
+            n,
+            iters
+        );
     }
     s.finish();
 });
 
 PERF_TEST!(PortChannelOneToOneTest, PingPongPerf, |ctx| {
     let s = setup(ctx, Transport::CudaIpc, 1 << 10);
-    let (warm, iters) = if is_gpu_build() { (1000, 10_000) } else { (100, 1000) };
+    let (warm, iters) = if is_gpu_build() {
+        (1000, 10_000)
+    } else {
+        (100, 1000)
+    };
     ping_pong(&s, 1, warm, false, false);
     let (_, secs) = ping_pong(&s, 1, iters, false, false);
     let us = secs * 1e6 / f64::from(iters);
     if ctx.rank() == 0 {
-        ctx.report_perf("port channel put+signal ping-pong, 4 bytes (one hop)", us, "us/iter");
+        ctx.report_perf(
+            "port channel put+signal ping-pong, 4 bytes (one hop)",
+            us,
+            "us/iter",
+        );
     }
     EXPECT_GT!(us, 0.0);
     s.finish();
@@ -305,10 +433,26 @@ PERF_TEST!(PortChannelOneToOneTest, Bandwidth, |ctx| {
     for (it, measured) in [(1, false), (iters, true)] {
         s.pair.sync();
         let t = if is_gpu_build() {
-            let k = ok!(GpuKernel::load(s.pair.device, "port_channel_tests", "port_channel_put_bandwidth"), "loading the kernel");
-            let a = BandwidthArgs { ch, bytes, chunk_bytes: chunk, iters: it, role };
+            let k = ok!(
+                GpuKernel::load(
+                    s.pair.device,
+                    "port_channel_tests",
+                    "port_channel_put_bandwidth"
+                ),
+                "loading the kernel"
+            );
+            let a = BandwidthArgs {
+                ch,
+                bytes,
+                chunk_bytes: chunk,
+                iters: it,
+                role,
+            };
             // SAFETY: BandwidthArgs mirrors the kernel's parameters.
-            ok!(unsafe { k.run(1, 1, &a, s.pair.timeout) }, "running port_channel_put_bandwidth") / 1e3
+            ok!(
+                unsafe { k.run(1, 1, &a, s.pair.timeout) },
+                "running port_channel_put_bandwidth"
+            ) / 1e3
         } else {
             let start = Instant::now();
             let r = run_block(1, |_, _| {
@@ -340,7 +484,11 @@ PERF_TEST!(PortChannelOneToOneTest, Bandwidth, |ctx| {
     }
     let gbps = bytes as f64 * f64::from(iters) / secs / 1e9;
     if s.pair.initiator && ctx.rank() == 0 {
-        ctx.report_perf(&format!("port channel put bandwidth, {} MiB x {iters}", bytes >> 20), gbps, "GB/s");
+        ctx.report_perf(
+            &format!("port channel put bandwidth, {} MiB x {iters}", bytes >> 20),
+            gbps,
+            "GB/s",
+        );
     }
     EXPECT_GT!(gbps, 0.0);
     s.finish();

@@ -42,24 +42,41 @@ struct WaitNArgs {
 /// A fresh d2d semaphore with the peer (over CudaIpc).
 fn semaphore(pair: &Pair, tag: u64) -> MemoryDevice2DeviceSemaphore {
     let conn = pair.connect(Transport::CudaIpc, tag);
-    ok!(MemoryDevice2DeviceSemaphore::new(pair.semaphore(&conn, tag + 1)), "d2d semaphore")
+    ok!(
+        MemoryDevice2DeviceSemaphore::new(pair.semaphore(&conn, tag + 1)),
+        "d2d semaphore"
+    )
 }
 
 /// `iters` round trips (2 * iters hops); returns seconds.
-fn round_trips(pair: &Pair, sem: &MemoryDevice2DeviceSemaphore, iters: u32, store: bool, counter: Option<&GpuBuffer<u64>>) -> f64 {
+fn round_trips(
+    pair: &Pair,
+    sem: &MemoryDevice2DeviceSemaphore,
+    iters: u32,
+    store: bool,
+    counter: Option<&GpuBuffer<u64>>,
+) -> f64 {
     pair.sync();
     let h = sem.device_handle();
     if is_gpu_build() {
-        let k = ok!(GpuKernel::load(pair.device, "semaphore_tests", "semaphore_ping_pong"), "loading semaphore_ping_pong");
+        let k = ok!(
+            GpuKernel::load(pair.device, "semaphore_tests", "semaphore_ping_pong"),
+            "loading semaphore_ping_pong"
+        );
         let a = PingPongArgs {
             h,
             iters: iters as i32,
             initiator: pair.initiator as i32,
             use_store_signal: store as i32,
-            outbound_counter: counter.map(|c| c.data() as usize as *mut u64).unwrap_or(std::ptr::null_mut()),
+            outbound_counter: counter
+                .map(|c| c.data() as usize as *mut u64)
+                .unwrap_or(std::ptr::null_mut()),
         };
         // SAFETY: PingPongArgs mirrors the kernel's parameters; the semaphore outlives the launch.
-        ok!(unsafe { k.run(1, 1, &a, pair.timeout) }, "running semaphore_ping_pong") / 1e3
+        ok!(
+            unsafe { k.run(1, 1, &a, pair.timeout) },
+            "running semaphore_ping_pong"
+        ) / 1e3
     } else {
         let start = Instant::now();
         for _ in 0..iters {
@@ -88,14 +105,28 @@ TEST!(SemaphorePerfTest, SignalCounting, |ctx| {
     // sees exactly n: no signal lost or duplicated.
     if is_gpu_build() {
         if pair.initiator {
-            let k = ok!(GpuKernel::load(pair.device, "semaphore_tests", "semaphore_signal_n"), "loading semaphore_signal_n");
+            let k = ok!(
+                GpuKernel::load(pair.device, "semaphore_tests", "semaphore_signal_n"),
+                "loading semaphore_signal_n"
+            );
             // SAFETY: SignalNArgs mirrors the kernel's parameters.
-            ok!(unsafe { k.run(1, 1, &SignalNArgs { h, n: n as i32 }, pair.timeout) }, "signal_n");
+            ok!(
+                unsafe { k.run(1, 1, &SignalNArgs { h, n: n as i32 }, pair.timeout) },
+                "signal_n"
+            );
         } else {
             let seen: GpuBuffer<u64> = ok!(GpuBuffer::new(pair.device, 1), "allocating");
-            let k = ok!(GpuKernel::load(pair.device, "semaphore_tests", "semaphore_wait_n"), "loading semaphore_wait_n");
+            let k = ok!(
+                GpuKernel::load(pair.device, "semaphore_tests", "semaphore_wait_n"),
+                "loading semaphore_wait_n"
+            );
             for use_poll in [0, 1] {
-                let a = WaitNArgs { h, n: (n / 2) as i32, use_poll, seen: seen.data() as usize as *mut u64 };
+                let a = WaitNArgs {
+                    h,
+                    n: (n / 2) as i32,
+                    use_poll,
+                    seen: seen.data() as usize as *mut u64,
+                };
                 // SAFETY: WaitNArgs mirrors the kernel's parameters.
                 ok!(unsafe { k.run(1, 1, &a, pair.timeout) }, "wait_n");
             }
@@ -133,23 +164,38 @@ TEST!(SemaphorePerfTest, SignalCounting, |ctx| {
 PERF_TEST!(SemaphorePerfTest, SignalPingPong, |ctx| {
     let pair = pair(ctx);
     let sem = semaphore(&pair, 32);
-    let (warm, iters) = if is_gpu_build() { (1000u32, 5000u32) } else { (200, 1000) };
+    let (warm, iters) = if is_gpu_build() {
+        (1000u32, 5000u32)
+    } else {
+        (200, 1000)
+    };
     round_trips(&pair, &sem, warm, false, None);
     let secs = round_trips(&pair, &sem, iters, false, None);
     let us = secs * 1e6 / f64::from(2 * iters);
     if ctx.rank() == 0 {
-        ctx.report_perf("signal ping-pong, red.release signal (one hop)", us, "us/iter");
+        ctx.report_perf(
+            "signal ping-pong, red.release signal (one hop)",
+            us,
+            "us/iter",
+        );
     }
     EXPECT_GT!(us, 0.0);
     if is_gpu_build() {
         // The store-based signal of the seed's old design, on a fresh semaphore (the two kinds
         // must not share a token).
         let sem2 = semaphore(&pair, 34);
-        let counter: GpuBuffer<u64> = ok!(GpuBuffer::new(pair.device, 1), "allocating the outbound counter");
+        let counter: GpuBuffer<u64> = ok!(
+            GpuBuffer::new(pair.device, 1),
+            "allocating the outbound counter"
+        );
         round_trips(&pair, &sem2, warm, true, Some(&counter));
         let secs = round_trips(&pair, &sem2, iters, true, Some(&counter));
         if ctx.rank() == 0 {
-            ctx.report_perf("signal ping-pong, store-based signal (one hop)", secs * 1e6 / f64::from(2 * iters), "us/iter");
+            ctx.report_perf(
+                "signal ping-pong, store-based signal (one hop)",
+                secs * 1e6 / f64::from(2 * iters),
+                "us/iter",
+            );
         }
     }
     pair.sync();

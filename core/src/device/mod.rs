@@ -1,0 +1,52 @@
+//! The device-side API implemented for the host backend: CPU threads play the GPU's part on the
+//! same `#[repr(C)]` handles, with std atomics and the memory orderings of the CUDA headers.
+//!
+//! | CUDA (kernels/cuda/include/mscclpp) | here |
+//! |---|---|
+//! | `red.release.sys.global.add.u64` (signal) | one `fetch_add(1, Release)` |
+//! | `ld.acquire.sys` spin (wait) | `load(Acquire)` spin with backoff and a timeout |
+//! | FIFO `st.release.sys.b128` publish | `fst` relaxed store, then `snd` (commit bit) `Release` |
+//! | LL packet 8/16-byte relaxed stores | one relaxed `AtomicU64` store per 8-byte half |
+//!
+//! Every wait takes a timeout (the GPU's spin bound) and returns [`crate::Error::Timeout`].
+//! Polling loops spin briefly, then yield, then sleep: CI runs 4 ranks on 2 cores.
+
+pub mod copy;
+pub mod fifo;
+pub mod memory_channel;
+pub mod packet;
+pub mod port_channel;
+pub mod semaphore;
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// Polls `cond` until it holds or `timeout` passes: spins briefly, then yields, then sleeps.
+pub fn spin_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Result<()> {
+    for _ in 0..256 {
+        if cond() {
+            return Ok(());
+        }
+        std::hint::spin_loop();
+    }
+    let start = Instant::now();
+    let mut polls: u64 = 0;
+    loop {
+        if cond() {
+            return Ok(());
+        }
+        polls += 1;
+        if polls.is_multiple_of(64) {
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(Error::timeout(format!("waiting for {what}"), timeout));
+            }
+            if waited > Duration::from_millis(50) {
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+        }
+        std::thread::yield_now();
+    }
+}
