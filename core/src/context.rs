@@ -9,8 +9,9 @@ use std::time::Duration;
 use mscclpp_hal::{Api, Gpu};
 
 use crate::connection::ethernet::EthernetConnection;
+use crate::connection::ib::{IbConnection, IbQp};
 use crate::connection::ipc::{host_addressable, IpcConnection};
-use crate::connection::{ib_not_built, Connection};
+use crate::connection::Connection;
 use crate::endpoint::{encode_socket_addr, Endpoint};
 use crate::error::{Error, Result};
 use crate::memory::{find_allocation, gpu_device, hal_err, LocalMemory};
@@ -85,10 +86,6 @@ impl Context {
                 "register_memory: transports contain Unknown".to_string(),
             ));
         }
-        if let Some(t) = transports.iter().find(|t| t.is_ib()) {
-            // Hook for the IB transport: memory registration (ibv_reg_mr) goes here.
-            return Err(ib_not_built(t));
-        }
         let (alloc, offset) = find_allocation(ptr, size).ok_or_else(|| {
             Error::invalid(format!(
                 "register_memory: expected {ptr:#x} (+{size} bytes) inside a live allocation \
@@ -108,9 +105,6 @@ impl Context {
             return Err(Error::invalid(
                 "register_buffer: transports contain Unknown".to_string(),
             ));
-        }
-        if let Some(t) = transports.iter().find(|t| t.is_ib()) {
-            return Err(ib_not_built(t));
         }
         RegisteredMemory::register_local(mem.allocation().clone(), 0, mem.size(), transports)
     }
@@ -152,7 +146,13 @@ impl Context {
                     Some(listener),
                 ))
             }
-            t => Err(ib_not_built(t)),
+            t if t.is_ib() => {
+                let (payload, qp) = IbQp::create(&config)?;
+                Ok(Endpoint::new_local_ib(config, payload, qp))
+            }
+            t => Err(Error::invalid(format!(
+                "create_endpoint: expected a concrete transport, got {t}"
+            ))),
         }
     }
 
@@ -198,8 +198,16 @@ impl Context {
                 let conn = EthernetConnection::connect(local, remote, self.connect_timeout())?;
                 Ok(Connection::new(Arc::new(conn)))
             }
-            // Hook for the IB transport: `Connection::new(Arc::new(IbConnection::new(..)))`.
-            t if t.is_ib() => Err(ib_not_built(t)),
+            t if t.is_ib() => {
+                let qp = local.take_ib_qp().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "connect: the local {t} endpoint was already connected (an IB endpoint \
+                         owns one queue pair and connects once)"
+                    ))
+                })?;
+                let conn = IbConnection::connect(local, remote, qp)?;
+                Ok(Connection::new(Arc::new(conn)))
+            }
             t => Err(Error::invalid(format!(
                 "connect: expected a concrete transport, got {t}"
             ))),

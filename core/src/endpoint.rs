@@ -16,8 +16,9 @@
 //! | transport payload | u32 length (at most 4096) + bytes |
 //!
 //! The transport payload is opaque to this layer: empty for CudaIpc; for Ethernet the
-//! listening address (`family u8 (4|6) | 16 address bytes | port u16`); reserved for the IB
-//! transport (queue pair number, GID, LID, ...), which decodes its own blob.
+//! listening address (`family u8 (4|6) | 16 address bytes | port u16`); for IB the queue
+//! pair's description (port, LID, GID, QP number, PSN, MTU, mode, signal mailbox), versioned
+//! and decoded by [`crate::connection`]'s IB transport.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,6 +81,8 @@ struct EndpointInner {
     payload: Vec<u8>,
     config: Option<EndpointConfig>,
     listener: Option<TcpListener>,
+    /// The QP of a local IB endpoint until its connection takes it.
+    ib_qp: std::sync::Mutex<Option<crate::connection::ib::IbQp>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -112,8 +115,29 @@ impl Endpoint {
                 payload,
                 config: Some(config),
                 listener,
+                ib_qp: std::sync::Mutex::new(None),
             }),
         }
+    }
+
+    /// A local IB endpoint of `config` owning `qp` (its payload describes the QP).
+    pub(crate) fn new_local_ib(
+        config: EndpointConfig,
+        payload: Vec<u8>,
+        qp: crate::connection::ib::IbQp,
+    ) -> Endpoint {
+        let ep = Endpoint::new_local(config, payload, None);
+        *ep.inner.ib_qp.lock().unwrap_or_else(|p| p.into_inner()) = Some(qp);
+        ep
+    }
+
+    /// Takes the QP of a local IB endpoint (an IB endpoint connects once).
+    pub(crate) fn take_ib_qp(&self) -> Option<crate::connection::ib::IbQp> {
+        self.inner
+            .ib_qp
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The transport this endpoint connects over.
@@ -217,6 +241,9 @@ impl Endpoint {
             Transport::Ethernet => {
                 decode_socket_addr(&payload)?;
             }
+            t if t.is_ib() => {
+                crate::connection::ib::QpInfo::decode(&payload)?;
+            }
             _ => {}
         }
         Ok(Endpoint {
@@ -230,6 +257,7 @@ impl Endpoint {
                 payload,
                 config: None,
                 listener: None,
+                ib_qp: std::sync::Mutex::new(None),
             }),
         })
     }

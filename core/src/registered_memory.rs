@@ -16,7 +16,8 @@
 //! Each transport in the set carries at most one info blob. CudaIpc: `backend u8 (0 host, 1
 //! GPU) | offset of the range inside the exported allocation u64 | IPC descriptor blob`
 //! ([`mscclpp_hal::IpcDescriptor`]); it is present exactly when CudaIpc is in the set. IB
-//! transports will carry their own blob (rkey, ...), opaque to this layer; Ethernet needs
+//! transports carry their own blob (address, length, rkey; see [`crate::ib`]), opaque to this
+//! layer, and a local registration owns one memory region per IB transport; Ethernet needs
 //! none (the peer addresses the memory by its original pointer).
 //!
 //! Deserializing in the owning process reuses the pointer; on the same host with CudaIpc it
@@ -56,6 +57,9 @@ struct RegInner {
     pid_hash: u64,
     /// Usable address in this process (0 if only reachable remotely).
     data: u64,
+    /// One memory region per IB transport of a local registration; declared before `local`
+    /// so the regions are deregistered before the allocation can be freed.
+    ib_mrs: Vec<crate::ib::IbMr>,
     /// The allocation when this process owns the memory, and the offset of the range in it.
     local: Option<(Arc<Allocation>, u64)>,
     /// The imported mapping (dropped -> unmapped, fd closed).
@@ -123,6 +127,14 @@ impl RegisteredMemory {
         transports: TransportFlags,
     ) -> Result<RegisteredMemory> {
         let mut infos = Vec::new();
+        let mut ib_mrs = Vec::new();
+        for t in transports.iter().filter(|t| t.is_ib()) {
+            // SAFETY: the region is stored in the returned memory next to the `Arc` of the
+            // allocation and dropped before it (field order of RegInner).
+            let mr = unsafe { crate::ib::register(t, alloc.ptr() + offset, size, alloc.device()) }?;
+            infos.push((t, mr.info()));
+            ib_mrs.push(mr);
+        }
         if transports.has(Transport::CudaIpc) {
             let (backend, desc) = alloc.export()?;
             infos.push((
@@ -139,6 +151,7 @@ impl RegisteredMemory {
             pid_hash(),
             (alloc, offset),
             infos,
+            ib_mrs,
         ))
     }
 
@@ -152,6 +165,7 @@ impl RegisteredMemory {
         pid_hash: u64,
         local: (Arc<Allocation>, u64),
         infos: Vec<(Transport, Vec<u8>)>,
+        ib_mrs: Vec<crate::ib::IbMr>,
     ) -> RegisteredMemory {
         let id = NEXT_REGISTRY_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(RegInner {
@@ -162,6 +176,7 @@ impl RegisteredMemory {
             host_hash,
             pid_hash,
             data: original_ptr,
+            ib_mrs,
             local: Some(local),
             _imported: None,
             infos,
@@ -220,6 +235,16 @@ impl RegisteredMemory {
             .iter()
             .find(|(t, _)| *t == transport)
             .map(|(_, b)| b.as_slice())
+    }
+
+    /// The local key of this process's memory region for IB transport `t` (registrations
+    /// made here only; a copy deserialized in the owning process has none).
+    pub(crate) fn ib_lkey(&self, t: Transport) -> Option<u32> {
+        self.inner
+            .ib_mrs
+            .iter()
+            .find(|m| m.transport == t)
+            .map(|m| m.mr.lkey())
     }
 
     /// Encodes the memory (see the module docs for the format).
@@ -322,6 +347,7 @@ impl RegisteredMemory {
                 pid_hash_v,
                 (alloc, offset),
                 infos,
+                Vec::new(),
             ));
         }
 
@@ -364,6 +390,7 @@ impl RegisteredMemory {
                 host_hash,
                 pid_hash: pid_hash_v,
                 data,
+                ib_mrs: Vec::new(),
                 local: None,
                 _imported: imported,
                 infos,

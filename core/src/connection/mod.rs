@@ -4,10 +4,11 @@
 //! operation is bounds-checked here, against both memories, before the transport sees it, so
 //! a transport never writes outside a registered range. Transports: [`ipc`] (CudaIpc, same
 //! host: GPU copies on a context-owned stream, memcpy on the host backend) and [`ethernet`]
-//! (TCP with a receive thread, any two hosts). The IB transport plugs in by implementing
-//! [`BaseConnection`] and being dispatched from [`crate::Context::connect`].
+//! (TCP with a receive thread, any two hosts) and [`ib`] (an RC queue pair per connection;
+//! Host and HostNoAtomic signalling).
 
 pub(crate) mod ethernet;
+pub(crate) mod ib;
 pub(crate) mod ipc;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -188,10 +189,4 @@ fn check_range(what: &str, mem: &RegisteredMemory, offset: u64, size: u64) -> Re
             mem.size()
         ))),
     }
-}
-
-/// The hook for InfiniBand: until the IB transport exists, creating an IB endpoint or
-/// connecting one is this error.
-pub(crate) fn ib_not_built(t: Transport) -> Error {
-    Error::invalid(format!("{t}: IB transport not built yet"))
 }

@@ -2,9 +2,10 @@
 
 mod bootstrap;
 mod communicator;
-mod local_communicator;
-mod multi_process;
 mod fifo;
+mod local_communicator;
 mod memory_channel;
+mod multi_process;
 mod port_channel;
 mod semaphore_perf;
+mod ib;
