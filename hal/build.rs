@@ -92,6 +92,9 @@ fn main() {
             let stem = stem_of(src);
             let dst = out.join(format!("{stem}.hsaco"));
             let mut cmd = Command::new(&hipcc);
+            // hipcc picks the NVIDIA platform when it finds nvcc (PATH, /usr/local/cuda); we
+            // always want AMD code objects here.
+            cmd.env("HIP_PLATFORM", "amd");
             cmd.args(["-x", "hip"])
                 .args(&archs)
                 .args(["--genco", "-O3", "-std=c++17", "-I"])
@@ -257,6 +260,7 @@ fn hip_archs(hipcc: &Path, out: &Path) -> Vec<String> {
     let probe = out.join("hal_probe_gfx942.hip");
     let ok = std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_ok()
         && Command::new(hipcc)
+            .env("HIP_PLATFORM", "amd")
             .args(["-x", "hip", "--offload-arch=gfx942", "--genco", "-o"])
             .arg(out.join("hal_probe_gfx942.hsaco"))
             .arg(&probe)

@@ -350,7 +350,9 @@ pub(super) fn memset(
 /// <https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html>
 fn finish_legacy_stream(after: &'static str) -> Result<()> {
     // SAFETY: a null stream is the legacy default stream of the current context.
-    check(after, unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) })
+    check(after, unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
+    })
 }
 
 pub(super) fn write(dev: &CudaDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {

@@ -3,9 +3,9 @@
 mod bootstrap;
 mod communicator;
 mod fifo;
+mod ib;
 mod local_communicator;
 mod memory_channel;
 mod multi_process;
 mod port_channel;
 mod semaphore_perf;
-mod ib;

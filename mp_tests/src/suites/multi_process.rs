@@ -68,10 +68,11 @@ TEST!(MultiProcessTest, HostHash, |ctx| {
     // The launcher says which ranks share our node: they must agree on the hash.
     let p = &env.placement;
     let first_local = p.rank - p.local_rank;
-    for r in first_local..(first_local + p.local_size).min(ctx.size()) {
+    let local_end = (first_local + p.local_size).min(ctx.size());
+    for (r, hash) in all.iter().enumerate().take(local_end).skip(first_local) {
         EXPECT_EQ!(
-            all[r],
-            mine.to_le_bytes().to_vec(),
+            hash,
+            &mine.to_le_bytes().to_vec(),
             "rank {} shares our node",
             r
         );
