@@ -165,7 +165,7 @@ PERF_TEST!(SemaphorePerfTest, SignalPingPong, |ctx| {
     let pair = pair(ctx);
     let sem = semaphore(&pair, 32);
     let (warm, iters) = if is_gpu_build() {
-        (1000u32, 5000u32)
+        (2000u32, 20000u32)
     } else {
         (200, 1000)
     };
