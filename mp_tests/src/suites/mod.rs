@@ -8,4 +8,5 @@ mod local_communicator;
 mod memory_channel;
 mod multi_process;
 mod port_channel;
+mod port_channel_ib;
 mod semaphore_perf;

@@ -1,14 +1,19 @@
 //! PortChannelOneToOneTest: ping-pong through the proxy (CudaIpc and Ethernet connections),
 //! with wait or poll, LL16 packets moved by the proxy, and the perf figures (one-hop latency,
 //! bandwidth). Ranks r and r^1 pair up. GPU builds run kernels/cuda/src/port_channel_tests.cu;
-//! the host backend runs the same protocol on CPU threads with `mscclpp::device`.
+//! the host backend runs the same protocol on CPU threads with `mscclpp::device`. The helpers
+//! take an [`EndpointConfig`] and are shared with the IB variants (`port_channel_ib`), which
+//! run on `Device::CPU` endpoints and CPU threads whatever the build.
 
 use std::time::Instant;
 
 use mscclpp::device::packet::{copy_from_packets, copy_to_packets};
 use mscclpp::packet::LL16Packet;
 use mscclpp::semaphore::Host2DeviceSemaphore;
-use mscclpp::{GpuBuffer, PortChannel, PortChannelDeviceHandle, ProxyService, Transport};
+use mscclpp::{
+    Device, DeviceType, EndpointConfig, GpuBuffer, PortChannel, PortChannelDeviceHandle,
+    ProxyService, Transport,
+};
 use mscclpp_framework::*;
 
 use super::memory_channel::common::*;
@@ -55,29 +60,42 @@ struct BandwidthArgs {
     role: i32,
 }
 
-struct PcSetup {
-    pair: Pair,
-    data: GpuBuffer<u32>,
+pub(crate) struct PcSetup {
+    pub(crate) pair: Pair,
+    /// Where the buffers, tokens and FIFO live; `Device::CPU`: CPU threads play the device.
+    device: Device,
+    pub(crate) data: GpuBuffer<u32>,
     packets: GpuBuffer<u32>,
     errors: GpuBuffer<i32>,
     /// data -> peer's data.
-    channel: PortChannel,
+    pub(crate) channel: PortChannel,
     /// own packet buffer -> peer's packet buffer.
     packet_channel: PortChannel,
-    proxy: ProxyService,
+    pub(crate) proxy: ProxyService,
     n_max: usize,
 }
 
-fn setup(ctx: &TestContext, transport: Transport, n_max: usize) -> PcSetup {
+/// Connects the pair over `cfg` and builds the data and packet channels of `n_max` u32.
+///
+/// IB transports run where `cfg.device` says (the IB variants: `Device::CPU`, host memory);
+/// the other transports run on the pair's device (a GPU on GPU builds), so a bare
+/// `Transport::X.into()` keeps its old meaning.
+pub(crate) fn setup(ctx: &TestContext, cfg: EndpointConfig, n_max: usize) -> PcSetup {
     let pair = pair(ctx);
-    let data: GpuBuffer<u32> = ok!(GpuBuffer::new(pair.device, n_max), "allocating data");
+    let mut cfg = cfg;
+    if !cfg.transport.is_ib() {
+        cfg.device = pair.device;
+    }
+    let (device, transport) = (cfg.device, cfg.transport);
+    let data: GpuBuffer<u32> = ok!(GpuBuffer::new(device, n_max), "allocating data");
     // Packet memory: [0, P) receives, [P, 2P) stages; P = n_max * 8 bytes = n_max * 2 u32.
-    let packets: GpuBuffer<u32> = ok!(GpuBuffer::new(pair.device, n_max * 4), "allocating packets");
-    let errors: GpuBuffer<i32> = ok!(
-        GpuBuffer::new(pair.device, 1),
-        "allocating the error counter"
+    let packets: GpuBuffer<u32> = ok!(GpuBuffer::new(device, n_max * 4), "allocating packets");
+    let errors: GpuBuffer<i32> = ok!(GpuBuffer::new(device, 1), "allocating the error counter");
+    let conn = ok!(
+        pair.comm.connect(cfg, pair.peer, 20).get(),
+        "connecting to rank {} over {transport}",
+        pair.peer
     );
-    let conn = pair.connect(transport, 20);
     let flags = transport.into();
     let reg_data = ok!(
         pair.comm.register_memory(data.data(), data.bytes(), flags),
@@ -99,7 +117,7 @@ fn setup(ctx: &TestContext, transport: Transport, n_max: usize) -> PcSetup {
         "h2d semaphore"
     );
     let mut proxy = ok!(
-        if is_gpu_build() {
+        if device.kind == DeviceType::Gpu {
             ProxyService::new()
         } else {
             ProxyService::new_host()
@@ -118,6 +136,7 @@ fn setup(ctx: &TestContext, transport: Transport, n_max: usize) -> PcSetup {
     pair.sync();
     PcSetup {
         pair,
+        device,
         data,
         packets,
         errors,
@@ -129,8 +148,13 @@ fn setup(ctx: &TestContext, transport: Transport, n_max: usize) -> PcSetup {
 }
 
 impl PcSetup {
+    /// Whether GPU kernels play the device (else CPU threads with `mscclpp::device`).
+    pub(crate) fn on_gpu(&self) -> bool {
+        self.device.kind == DeviceType::Gpu
+    }
+
     /// Stops the proxy (surfacing any failed request) after both ranks are done.
-    fn finish(mut self) {
+    pub(crate) fn finish(mut self) {
         self.pair.sync();
         ok!(self.proxy.stop_proxy(), "proxy requests");
         self.pair.sync();
@@ -257,7 +281,7 @@ fn host_packet_ping_pong(s: &PcSetup, n: u64, iters: u32, flag_base: u32) -> msc
 fn ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> (u64, f64) {
     ASSERT_LE!(n as usize, s.n_max);
     s.pair.sync();
-    if is_gpu_build() {
+    if s.on_gpu() {
         let k = ok!(
             GpuKernel::load(
                 s.pair.device,
@@ -302,9 +326,10 @@ fn ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> (u
     }
 }
 
-fn correctness(ctx: &TestContext, transport: Transport, use_poll: bool) {
-    let s = setup(ctx, transport, 1 << 16);
-    let iters = if is_gpu_build() { 100 } else { 10 };
+/// Ping-pong of 0, 1, 1000 and 2^16 elements, checked every round and at the end.
+pub(crate) fn correctness(ctx: &TestContext, cfg: EndpointConfig, use_poll: bool) {
+    let s = setup(ctx, cfg, 1 << 16);
+    let iters = if s.on_gpu() { 100 } else { 10 };
     for n in [0u64, 1, 1000, 1 << 16] {
         let (errors, _) = ping_pong(&s, n, iters, use_poll, true);
         EXPECT_EQ!(
@@ -326,27 +351,28 @@ fn correctness(ctx: &TestContext, transport: Transport, use_poll: bool) {
 
 TEST!(PortChannelOneToOneTest, PingPong, |ctx| correctness(
     ctx,
-    Transport::CudaIpc,
+    Transport::CudaIpc.into(),
     false
 ));
-TEST!(
-    PortChannelOneToOneTest,
-    PingPongWithPoll,
-    |ctx| correctness(ctx, Transport::CudaIpc, true)
-);
-TEST!(
-    PortChannelOneToOneTest,
-    PingPongEthernet,
-    |ctx| correctness(ctx, Transport::Ethernet, false)
-);
+TEST!(PortChannelOneToOneTest, PingPongWithPoll, |ctx| correctness(
+    ctx,
+    Transport::CudaIpc.into(),
+    true
+));
+TEST!(PortChannelOneToOneTest, PingPongEthernet, |ctx| correctness(
+    ctx,
+    Transport::Ethernet.into(),
+    false
+));
 
-TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| {
-    let s = setup(ctx, Transport::CudaIpc, 1 << 14);
-    let iters = if is_gpu_build() { 100 } else { 10 };
+/// LL16 packets moved by the proxy (2, 1000 and 2^14 elements), checked every round.
+pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
+    let s = setup(ctx, cfg, 1 << 14);
+    let iters = if s.on_gpu() { 100 } else { 10 };
     let mut flag_base = 0;
     for n in [2u64, 1000, 1 << 14] {
         s.pair.sync();
-        let errors = if is_gpu_build() {
+        let errors = if s.on_gpu() {
             let k = ok!(
                 GpuKernel::load(
                     s.pair.device,
@@ -398,11 +424,16 @@ TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| {
         );
     }
     s.finish();
-});
+}
+
+TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| packet_ping_pong(
+    ctx,
+    Transport::CudaIpc.into()
+));
 
 PERF_TEST!(PortChannelOneToOneTest, PingPongPerf, |ctx| {
-    let s = setup(ctx, Transport::CudaIpc, 1 << 10);
-    let (warm, iters) = if is_gpu_build() {
+    let s = setup(ctx, Transport::CudaIpc.into(), 1 << 10);
+    let (warm, iters) = if s.on_gpu() {
         (1000, 10_000)
     } else {
         (100, 1000)
@@ -421,18 +452,25 @@ PERF_TEST!(PortChannelOneToOneTest, PingPongPerf, |ctx| {
     s.finish();
 });
 
-PERF_TEST!(PortChannelOneToOneTest, Bandwidth, |ctx| {
-    let bytes: u64 = if is_gpu_build() { 1 << 30 } else { 64 << 20 };
+/// Put bandwidth from the initiator to its peer; `label` names the transport in the report.
+pub(crate) fn bandwidth(ctx: &TestContext, cfg: EndpointConfig, label: &str) {
+    // Where the setup will put the device: IB stays on cfg.device, the rest on the GPU if any.
+    let on_gpu = if cfg.transport.is_ib() {
+        cfg.device.kind == DeviceType::Gpu
+    } else {
+        is_gpu_build()
+    };
+    let bytes: u64 = if on_gpu { 1 << 30 } else { 64 << 20 };
     // Trigger sizes are < 2^32, so 1 GiB goes as 4 chunks of 256 MiB.
     let chunk = bytes.min(256 << 20);
-    let s = setup(ctx, Transport::CudaIpc, (bytes / 4) as usize);
-    let iters: i32 = if is_gpu_build() { 10 } else { 3 };
+    let s = setup(ctx, cfg, (bytes / 4) as usize);
+    let iters: i32 = if s.on_gpu() { 10 } else { 3 };
     let ch = s.channel.device_handle();
     let role = if s.pair.initiator { 1 } else { 0 };
     let mut secs = 0.0;
     for (it, measured) in [(1, false), (iters, true)] {
         s.pair.sync();
-        let t = if is_gpu_build() {
+        let t = if s.on_gpu() {
             let k = ok!(
                 GpuKernel::load(
                     s.pair.device,
@@ -485,11 +523,20 @@ PERF_TEST!(PortChannelOneToOneTest, Bandwidth, |ctx| {
     let gbps = bytes as f64 * f64::from(iters) / secs / 1e9;
     if s.pair.initiator && ctx.rank() == 0 {
         ctx.report_perf(
-            &format!("port channel put bandwidth, {} MiB x {iters}", bytes >> 20),
+            &format!(
+                "port channel put bandwidth{label}, {} MiB x {iters}",
+                bytes >> 20
+            ),
             gbps,
             "GB/s",
         );
     }
     EXPECT_GT!(gbps, 0.0);
     s.finish();
-});
+}
+
+PERF_TEST!(PortChannelOneToOneTest, Bandwidth, |ctx| bandwidth(
+    ctx,
+    Transport::CudaIpc.into(),
+    ""
+));
