@@ -74,9 +74,33 @@ pub enum Error {
     #[error("executor error: {0}")]
     Executor(String),
 
-    /// The hardware abstraction layer (GPU driver, IPC, verbs library) failed.
-    #[error(transparent)]
-    Hal(#[from] mscclpp_hal::Error),
+    /// The hardware abstraction layer (GPU driver, IPC, verbs library) failed during `op`.
+    #[error("{}", hal_message(.op, .source))]
+    Hal {
+        /// What this library was doing (e.g. `CudaIpc write`, `open GPU 1`).
+        op: String,
+        /// The HAL's error, with the driver's code and name.
+        #[source]
+        source: mscclpp_hal::Error,
+    },
+}
+
+impl From<mscclpp_hal::Error> for Error {
+    fn from(source: mscclpp_hal::Error) -> Self {
+        Error::Hal {
+            op: String::new(),
+            source,
+        }
+    }
+}
+
+/// `op: source`, or just the HAL's message when no operation was named.
+fn hal_message(op: &str, source: &mscclpp_hal::Error) -> String {
+    if op.is_empty() {
+        source.to_string()
+    } else {
+        format!("{op}: {source}")
+    }
 }
 
 impl Error {
@@ -90,7 +114,7 @@ impl Error {
             Error::Internal(_) => ErrorCode::InternalError,
             Error::Aborted(_) => ErrorCode::Aborted,
             Error::Executor(_) => ErrorCode::ExecutorError,
-            Error::Hal(e) => match e {
+            Error::Hal { source: e, .. } => match e {
                 mscclpp_hal::Error::Timeout { .. } => ErrorCode::Timeout,
                 mscclpp_hal::Error::InvalidArgument { .. }
                 | mscclpp_hal::Error::BadDescriptor(_) => ErrorCode::InvalidUsage,

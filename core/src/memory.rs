@@ -18,9 +18,9 @@ use crate::transport::{Device, DeviceType};
 
 /// Converts a HAL error into this crate's error, naming the operation.
 pub(crate) fn hal_err(op: &str, e: mscclpp_hal::Error) -> Error {
-    match e {
-        mscclpp_hal::Error::Timeout { waited, .. } => Error::timeout(format!("{op}: {e}"), waited),
-        other => Error::io(op.to_string(), std::io::Error::other(other.to_string())),
+    Error::Hal {
+        op: op.to_string(),
+        source: e,
     }
 }
 
