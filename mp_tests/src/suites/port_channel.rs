@@ -354,16 +354,16 @@ TEST!(PortChannelOneToOneTest, PingPong, |ctx| correctness(
     Transport::CudaIpc.into(),
     false
 ));
-TEST!(PortChannelOneToOneTest, PingPongWithPoll, |ctx| correctness(
-    ctx,
-    Transport::CudaIpc.into(),
-    true
-));
-TEST!(PortChannelOneToOneTest, PingPongEthernet, |ctx| correctness(
-    ctx,
-    Transport::Ethernet.into(),
-    false
-));
+TEST!(
+    PortChannelOneToOneTest,
+    PingPongWithPoll,
+    |ctx| correctness(ctx, Transport::CudaIpc.into(), true)
+);
+TEST!(
+    PortChannelOneToOneTest,
+    PingPongEthernet,
+    |ctx| correctness(ctx, Transport::Ethernet.into(), false)
+);
 
 /// LL16 packets moved by the proxy (2, 1000 and 2^14 elements), checked every round.
 pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
@@ -426,10 +426,9 @@ pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
     s.finish();
 }
 
-TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| packet_ping_pong(
-    ctx,
-    Transport::CudaIpc.into()
-));
+TEST!(PortChannelOneToOneTest, PacketPingPong, |ctx| {
+    packet_ping_pong(ctx, Transport::CudaIpc.into())
+});
 
 PERF_TEST!(PortChannelOneToOneTest, PingPongPerf, |ctx| {
     let s = setup(ctx, Transport::CudaIpc.into(), 1 << 10);
