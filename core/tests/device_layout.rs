@@ -17,8 +17,15 @@ use mscclpp::semaphore::{
     Host2DeviceSemaphoreDeviceHandle, MemoryDevice2DeviceSemaphoreDeviceHandle,
 };
 
-/// Builds and runs layout_dump; returns its output lines.
+/// Builds and runs layout_dump once per test process (both tests need it; building it twice
+/// at once races: one test would execute the file while the other rewrites it); returns its
+/// output lines.
 fn dump() -> Vec<String> {
+    static LINES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    LINES.get_or_init(build_and_run_dump).clone()
+}
+
+fn build_and_run_dump() -> Vec<String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let src = root.join("kernels/cuda/tests/layout_dump.cpp");
     let inc = root.join("kernels/cuda/include");
