@@ -208,7 +208,7 @@ fn execute(plan: &Plan) -> Result<bool, String> {
                 binary.display()
             ));
         }
-        let mut cmd = Command::new(mpirun);
+        let mut cmd = Command::new(&mpirun);
         for var in INHERITED_LLVM_COV_VARS {
             cmd.env_remove(var);
         }
@@ -228,6 +228,38 @@ fn execute(plan: &Plan) -> Result<bool, String> {
             Ok(done) if done.status.success() => {}
             Ok(done) => failures.push(format!("`{line}` failed ({})", done.status)),
             Err(e) => failures.push(e),
+        }
+
+        // The IB suites through the user-space verbs provider (built by the workspace tests),
+        // in both signalling modes, so the IB transport's multi-process paths count too.
+        let provider = target_dir.join("debug").join("libmscclpp_ibv_testprov.so");
+        if provider.is_file() {
+            for (mode, port) in [("host", 50253), ("host-no-atomic", 50254)] {
+                let mut cmd = Command::new(&mpirun);
+                for var in INHERITED_LLVM_COV_VARS {
+                    cmd.env_remove(var);
+                }
+                cmd.envs(env.iter().map(|(k, v)| (k, v)));
+                cmd.env("MSCCLPP_IBV_SO", &provider)
+                    .env("MSCCLPP_IBV_MODE", mode)
+                    .args(["--allow-run-as-root", "--oversubscribe"])
+                    .args(["-x", "LLVM_PROFILE_FILE", "-x", "MSCCLPP_IBV_SO"])
+                    .args(["-x", "MSCCLPP_IBV_MODE", "-np", "2"])
+                    .arg(&binary)
+                    .args(["--filter=Ib", "--exclude-perf-tests"])
+                    .arg(format!("--ip_port=127.0.0.1:{port}"));
+                let line = process::describe(&cmd);
+                match process::run(cmd, plan.timeout, false) {
+                    Ok(done) if done.status.success() => {}
+                    Ok(done) => failures.push(format!("`{line}` failed ({})", done.status)),
+                    Err(e) => failures.push(e),
+                }
+            }
+        } else {
+            eprintln!(
+                "coverage: {} not built; the IB suites are not in this run",
+                provider.display()
+            );
         }
     }
 
