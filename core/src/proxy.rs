@@ -12,7 +12,8 @@
 //! and [`ProxyService::stop_proxy`]) and the trigger is still popped, so the device never hangs
 //! on a request the proxy gave up on. The thread spins briefly when idle, then yields, then
 //! sleeps in short steps. [`ProxyService::stop_proxy`] (and drop) first handles every trigger
-//! already published, then joins the thread.
+//! already published, then joins the thread. The thread binds itself to the CPUs of the
+//! FIFO's GPU's NUMA node when that node is known (not -1); a failed bind only logs a warning.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -204,21 +205,17 @@ impl ProxyService {
         if self.thread.is_some() {
             return Ok(());
         }
-        if self.numa_node >= 0 {
-            // Binding needs sched_setaffinity and the node's CPU list; we link no libc crate.
-            crate::log_info!(
-                "PROXY",
-                "GPU NUMA node is {}; proxy thread binding is not implemented, running unbound",
-                self.numa_node
-            );
-        }
         self.stop.store(false, Ordering::Release);
         let shared = self.shared.clone();
         let stop = self.stop.clone();
         let timeout = self.flush_timeout;
+        let numa_node = self.numa_node;
         let handle = std::thread::Builder::new()
             .name("mscclpp-proxy".into())
-            .spawn(move || proxy_loop(&shared, &stop, timeout))
+            .spawn(move || {
+                bind_proxy_thread(numa_node);
+                proxy_loop(&shared, &stop, timeout)
+            })
             .map_err(|e| Error::io("spawning the proxy thread", e))?;
         self.thread = Some(handle);
         Ok(())
@@ -254,6 +251,21 @@ impl ProxyService {
             .unwrap_or_else(|p| p.into_inner())
             .last
             .clone()
+    }
+}
+
+/// Binds the calling (proxy) thread to the GPU's NUMA node when it is known (>= 0). Binding is
+/// an optimisation: a failure is logged as a warning and the thread runs unbound.
+fn bind_proxy_thread(numa_node: i32) {
+    if numa_node < 0 {
+        return; // unknown (e.g. a GPU on a VM): don't bind
+    }
+    match mscclpp_hal::numa::bind_current_thread_to_node(numa_node) {
+        Ok(_) => crate::log_info!("PROXY", "proxy thread bound to NUMA node {numa_node}"),
+        Err(e) => crate::log_warn!(
+            "PROXY",
+            "could not bind the proxy thread to NUMA node {numa_node}, running unbound: {e}"
+        ),
     }
 }
 

@@ -4,10 +4,11 @@
 //! # What this layer promises
 //!
 //! The crate root holds only the contract. [`Api`] is a trait with associated types (device,
-//! memory, imported memory, stream, event, module, kernel) and associated functions for every
-//! operation the core library needs: devices and their properties, memory of four kinds,
-//! memset/memcpy (synchronous and on a stream), streams, events, loading an embedded code
-//! object and launching a kernel with a `#[repr(C)]` argument struct, and IPC (export an
+//! memory, imported memory, stream, event, module, kernel, host registration) and associated
+//! functions for every operation the core library needs: devices and their properties, memory
+//! of four kinds, memset/memcpy (synchronous and on a stream), streams, events, loading an
+//! embedded code object and launching a kernel with a `#[repr(C)]` argument struct, mapping
+//! caller-owned host memory for device access ([`Api::register_host`]), and IPC (export an
 //! allocation as an [`IpcDescriptor`], import it in another process).
 //!
 //! Backends live in one folder each with the same file names (`mod.rs`, `device.rs`,
@@ -36,6 +37,7 @@ pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
 pub mod kernels;
+pub mod numa;
 mod nvls;
 
 #[cfg(hal_cuda)]
@@ -155,6 +157,10 @@ pub trait Api: Sized + Send + Sync + 'static {
     type Module: Send + Sync + std::fmt::Debug;
     /// A kernel inside a module.
     type Kernel: Clone + Send + Sync + std::fmt::Debug;
+    /// Host memory the caller owns, pinned and mapped for device access by
+    /// [`Api::register_host`]; dropping it unregisters the range (the memory stays the
+    /// caller's and is not freed).
+    type HostRegistration: Send + Sync + std::fmt::Debug;
 
     // ---- devices ----
     /// Number of devices; `Err(NoDriver)` when the driver library is missing.
@@ -219,6 +225,30 @@ pub trait Api: Sized + Send + Sync + 'static {
     /// # Safety
     /// `dst` must be 8-byte aligned device-accessible memory alive until the stream is done.
     unsafe fn write_value64_async(stream: &Self::Stream, dst: u64, value: u64) -> Result<()>;
+    /// Pins `len` bytes of host memory at `ptr` (memory the caller allocated, e.g. a `Vec`'s
+    /// buffer) and maps them for access by every device (CUDA: `cuMemHostRegister` with
+    /// `PORTABLE | DEVICEMAP`; ROCm: `hipHostRegister` with `Mapped | Portable`; host backend:
+    /// nothing to do). [`Api::host_registration_device_ptr`] gives the address kernels use.
+    /// Dropping the registration unregisters the range; a failure there is surfaced as
+    /// [`Error::Deferred`] by the next fallible call.
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a null `ptr`, a zero `len` or a range that wraps
+    /// the address space; [`Error::Driver`] when the driver refuses (e.g. the range overlaps
+    /// one already registered).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be one live host allocation of this process that stays allocated
+    /// (not freed, unmapped or reallocated, e.g. by growing the `Vec`) until the returned
+    /// registration is dropped and every device access through its device pointer has
+    /// finished. Host and device accesses to the range are not synchronised by this call.
+    unsafe fn register_host(
+        dev: &Self::Device,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Self::HostRegistration>;
+    /// The device address of a registration's first byte (on the host backend: the host
+    /// address itself). Valid for the registration's length while it lives.
+    fn host_registration_device_ptr(r: &Self::HostRegistration) -> u64;
 
     // ---- streams and events ----
     /// Creates a non-blocking stream on `dev`.
@@ -290,6 +320,25 @@ pub(crate) fn check_range(op: &'static str, size: usize, offset: usize, len: usi
             format!("offset {offset} + len {len}"),
         )),
     }
+}
+
+/// Checks the arguments of [`Api::register_host`]: a non-null pointer, a non-zero length and a
+/// range that does not wrap the address space.
+pub(crate) fn check_host_range(op: &'static str, ptr: *mut u8, len: usize) -> Result<()> {
+    if ptr.is_null() {
+        return Err(Error::invalid(op, "a non-null host pointer", "null"));
+    }
+    if len == 0 {
+        return Err(Error::invalid(op, "a non-zero length", "0"));
+    }
+    if (ptr as usize).checked_add(len).is_none() {
+        return Err(Error::invalid(
+            op,
+            "a range inside the address space",
+            format!("{ptr:p} + {len} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 /// How long imports wait for the exporter's fd server.

@@ -1,5 +1,6 @@
 //! CUDA memory: cuMemAlloc (Device/Uncached), cuMemHostAlloc (HostMapped), and cuMem VMM
-//! allocations (Physical) exportable as POSIX fds (and fabric handles where supported).
+//! allocations (Physical) exportable as POSIX fds (and fabric handles where supported);
+//! caller-owned host memory pinned and mapped with cuMemHostRegister.
 //!
 //! Not cudarc's pooled `alloc`: peers cannot touch stream-ordered pool memory.
 //! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>,
@@ -8,7 +9,7 @@
 use super::conv::check;
 use super::device::CudaDevice;
 use crate::fdpass::FdRegistration;
-use crate::{check_range, deferred, Buffer, Error, MemoryKind, Result};
+use crate::{check_host_range, check_range, deferred, Buffer, Error, MemoryKind, Result};
 use cudarc::driver::sys;
 use std::sync::Mutex;
 
@@ -407,4 +408,87 @@ pub(super) fn copy(
         )
     })?;
     finish_legacy_stream("cuMemcpy")
+}
+
+/// Caller-owned host memory pinned with `cuMemHostRegister(PORTABLE | DEVICEMAP)`; dropping it
+/// calls `cuMemHostUnregister` (the memory itself stays the caller's).
+#[derive(Debug)]
+pub struct CudaHostRegistration {
+    dev: CudaDevice,
+    host: *mut u8,
+    device_ptr: u64,
+    len: usize,
+}
+
+// SAFETY: the host pointer is only handed to the driver (thread-safe) and back to the caller;
+// the memory is owned and synchronised by the caller per the `register_host` contract.
+unsafe impl Send for CudaHostRegistration {}
+// SAFETY: as above; the struct is immutable after creation.
+unsafe impl Sync for CudaHostRegistration {}
+
+impl CudaHostRegistration {
+    /// The registered host address.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+    /// Registered bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: registrations are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The address kernels use (`cuMemHostGetDevicePointer`).
+    pub fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+}
+
+impl Drop for CudaHostRegistration {
+    fn drop(&mut self) {
+        let r = self.dev.bind().and_then(|()| {
+            // SAFETY: `host` was registered by `register_host` and is unregistered once.
+            check("cuMemHostUnregister", unsafe {
+                sys::cuMemHostUnregister(self.host.cast())
+            })
+        });
+        if let Err(e) = r {
+            deferred::record(e);
+        }
+    }
+}
+
+/// Pins and maps `ptr..ptr+len` for every context (PORTABLE) and device access (DEVICEMAP).
+///
+/// # Safety
+/// As [`crate::Api::register_host`]: the range is one live host allocation that outlives the
+/// registration.
+pub(super) unsafe fn register_host(
+    dev: &CudaDevice,
+    ptr: *mut u8,
+    len: usize,
+) -> Result<CudaHostRegistration> {
+    check_host_range("register_host(cuda)", ptr, len)?;
+    dev.bind()?;
+    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    // SAFETY: the caller guarantees a live host range; the context is current.
+    check("cuMemHostRegister", unsafe {
+        sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
+    })?;
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer; ptr was just registered with DEVICEMAP; flags must be 0.
+    if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut d, ptr.cast(), 0)
+    }) {
+        // SAFETY: undo the registration made above.
+        unsafe { sys::cuMemHostUnregister(ptr.cast()) };
+        return Err(e);
+    }
+    Ok(CudaHostRegistration {
+        dev: dev.clone(),
+        host: ptr,
+        device_ptr: d,
+        len,
+    })
 }

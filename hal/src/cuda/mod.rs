@@ -14,7 +14,7 @@ mod stream;
 
 pub use device::CudaDevice;
 pub use ipc::CudaImported;
-pub use memory::CudaMemory;
+pub use memory::{CudaHostRegistration, CudaMemory};
 pub use module::{CudaKernel, CudaModule};
 pub use stream::{CudaEvent, CudaStream};
 
@@ -39,6 +39,7 @@ impl Api for Cuda {
     type Event = CudaEvent;
     type Module = CudaModule;
     type Kernel = CudaKernel;
+    type HostRegistration = CudaHostRegistration;
 
     fn device_count() -> Result<usize> {
         deferred::check()?;
@@ -141,6 +142,19 @@ impl Api for Cuda {
         check("cuStreamWriteValue64", unsafe {
             sys::cuStreamWriteValue64_v2(stream.raw, dst, value, 0)
         })
+    }
+
+    unsafe fn register_host(
+        dev: &CudaDevice,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<CudaHostRegistration> {
+        deferred::check()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { memory::register_host(dev, ptr, len) }
+    }
+    fn host_registration_device_ptr(r: &CudaHostRegistration) -> u64 {
+        r.device_ptr()
     }
 
     fn create_stream(dev: &CudaDevice) -> Result<CudaStream> {

@@ -2,7 +2,7 @@
 
 use crate::fdpass::FdRegistration;
 use crate::os::{self, Mapping};
-use crate::{check_range, Buffer, Error, MemoryKind, Result};
+use crate::{check_host_range, check_range, Buffer, Error, MemoryKind, Result};
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
@@ -131,4 +131,42 @@ pub(super) fn copy(
     // SAFETY: both ranges checked against live buffers; `copy` tolerates overlap.
     unsafe { std::ptr::copy(s.add(src_offset), d.add(dst_offset), len) };
     Ok(())
+}
+
+/// Caller-owned host memory "registered" with the host backend: the device pointer is the
+/// host address and there is nothing to pin or undo, so dropping it does nothing.
+#[derive(Debug)]
+pub struct HostRegistration {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: only the address is kept; the memory is owned (and its accesses synchronised) by the
+// caller, as the `register_host` safety contract says.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above; the struct itself is immutable.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// The registered host address.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    /// Registered bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: registrations are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The address kernels use: the host address itself.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr as usize as u64
+    }
+}
+
+pub(super) fn register_host(ptr: *mut u8, len: usize) -> Result<HostRegistration> {
+    check_host_range("register_host(host)", ptr, len)?;
+    Ok(HostRegistration { ptr, len })
 }

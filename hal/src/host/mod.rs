@@ -14,7 +14,7 @@ mod stream;
 
 pub use device::HostDevice;
 pub use ipc::HostImported;
-pub use memory::HostMemory;
+pub use memory::{HostMemory, HostRegistration};
 pub use module::{HostKernel, HostModule};
 pub use stream::{HostEvent, HostStream};
 
@@ -37,6 +37,7 @@ impl Api for Host {
     type Event = HostEvent;
     type Module = HostModule;
     type Kernel = HostKernel;
+    type HostRegistration = HostRegistration;
 
     fn device_count() -> Result<usize> {
         deferred::check()?;
@@ -123,6 +124,18 @@ impl Api for Host {
         let atom = unsafe { std::sync::atomic::AtomicU64::from_ptr(dst as usize as *mut u64) };
         atom.store(value, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+
+    unsafe fn register_host(
+        _dev: &HostDevice,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<HostRegistration> {
+        deferred::check()?;
+        memory::register_host(ptr, len)
+    }
+    fn host_registration_device_ptr(r: &HostRegistration) -> u64 {
+        r.device_ptr()
     }
 
     fn create_stream(_dev: &HostDevice) -> Result<HostStream> {

@@ -64,6 +64,8 @@ hip_table! {
     hipHostMalloc: fn(*mut *mut c_void, usize, c_uint) -> c_int;
     hipHostGetDevicePointer: fn(*mut *mut c_void, *mut c_void, c_uint) -> c_int;
     hipHostFree: fn(*mut c_void) -> c_int;
+    hipHostRegister: fn(*mut c_void, usize, c_uint) -> c_int;
+    hipHostUnregister: fn(*mut c_void) -> c_int;
     hipMemset: fn(*mut c_void, c_int, usize) -> c_int;
     hipMemcpy: fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
     hipMemsetAsync: fn(*mut c_void, c_int, usize, HipStream) -> c_int;

@@ -1,15 +1,18 @@
 //! ROCm memory: hipMalloc (Device, and Physical rounded to its granularity: VMM export is not
 //! implemented on ROCm yet), hipExtMallocWithFlags(uncached) for Uncached (fine-grained),
-//! hipHostMalloc(mapped | portable) for HostMapped.
+//! hipHostMalloc(mapped | portable) for HostMapped; caller-owned host memory pinned and mapped
+//! with hipHostRegister(mapped | portable).
 
 use super::conv::{check, hip, HIP_MEMCPY_DEFAULT};
 use super::device::RocmDevice;
-use crate::{check_range, deferred, Buffer, Error, MemoryKind, Result};
+use crate::{check_host_range, check_range, deferred, Buffer, Error, MemoryKind, Result};
 use std::ffi::c_void;
 
 const HIP_HOST_MALLOC_PORTABLE: u32 = 0x1;
 const HIP_HOST_MALLOC_MAPPED: u32 = 0x2;
 const HIP_DEVICE_MALLOC_UNCACHED: u32 = 0x3;
+const HIP_HOST_REGISTER_PORTABLE: u32 = 0x1;
+const HIP_HOST_REGISTER_MAPPED: u32 = 0x2;
 
 /// A ROCm allocation; dropping it frees the memory.
 #[derive(Debug)]
@@ -159,5 +162,93 @@ pub(super) fn memcpy(
             len,
             HIP_MEMCPY_DEFAULT,
         )
+    })
+}
+
+/// Caller-owned host memory pinned with `hipHostRegister(Mapped | Portable)`; dropping it calls
+/// `hipHostUnregister` (the memory itself stays the caller's).
+#[derive(Debug)]
+pub struct RocmHostRegistration {
+    dev: RocmDevice,
+    host: *mut u8,
+    device_ptr: u64,
+    len: usize,
+}
+
+// SAFETY: the host pointer is only handed to the runtime (thread-safe) and back to the caller;
+// the memory is owned and synchronised by the caller per the `register_host` contract.
+unsafe impl Send for RocmHostRegistration {}
+// SAFETY: as above; the struct is immutable after creation.
+unsafe impl Sync for RocmHostRegistration {}
+
+impl RocmHostRegistration {
+    /// The registered host address.
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+    /// Registered bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: registrations are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The address kernels use (`hipHostGetDevicePointer`).
+    pub fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+}
+
+impl Drop for RocmHostRegistration {
+    fn drop(&mut self) {
+        let r = hip().and_then(|h| {
+            self.dev.bind()?;
+            // SAFETY: `host` was registered by `register_host` and is unregistered once.
+            check("hipHostUnregister", unsafe {
+                (h.hipHostUnregister)(self.host.cast())
+            })
+        });
+        if let Err(e) = r {
+            deferred::record(e);
+        }
+    }
+}
+
+/// Pins and maps `ptr..ptr+len` for device access from every device (Mapped | Portable).
+///
+/// # Safety
+/// As [`crate::Api::register_host`]: the range is one live host allocation that outlives the
+/// registration.
+pub(super) unsafe fn register_host(
+    dev: &RocmDevice,
+    ptr: *mut u8,
+    len: usize,
+) -> Result<RocmHostRegistration> {
+    check_host_range("register_host(rocm)", ptr, len)?;
+    let h = hip()?;
+    dev.bind()?;
+    // SAFETY: the caller guarantees a live host range; the device is current.
+    check("hipHostRegister", unsafe {
+        (h.hipHostRegister)(
+            ptr.cast(),
+            len,
+            HIP_HOST_REGISTER_MAPPED | HIP_HOST_REGISTER_PORTABLE,
+        )
+    })?;
+    let mut d: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out pointer; ptr was just registered as mapped; flags must be 0.
+    if let Err(e) = check("hipHostGetDevicePointer", unsafe {
+        (h.hipHostGetDevicePointer)(&mut d, ptr.cast(), 0)
+    }) {
+        // SAFETY: undo the registration made above.
+        unsafe { (h.hipHostUnregister)(ptr.cast()) };
+        return Err(e);
+    }
+    Ok(RocmHostRegistration {
+        dev: *dev,
+        host: ptr,
+        device_ptr: d as usize as u64,
+        len,
     })
 }

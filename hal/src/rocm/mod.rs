@@ -14,7 +14,7 @@ mod stream;
 pub use device::RocmDevice;
 pub use ipc::HipOpener;
 pub use ipc::RocmImported;
-pub use memory::RocmMemory;
+pub use memory::{RocmHostRegistration, RocmMemory};
 pub use module::{RocmKernel, RocmModule};
 pub use stream::{RocmEvent, RocmStream};
 
@@ -38,6 +38,7 @@ impl Api for Rocm {
     type Event = RocmEvent;
     type Module = RocmModule;
     type Kernel = RocmKernel;
+    type HostRegistration = RocmHostRegistration;
 
     fn device_count() -> Result<usize> {
         deferred::check()?;
@@ -167,6 +168,19 @@ impl Api for Rocm {
         check("hipStreamWriteValue64", unsafe {
             (h.hipStreamWriteValue64)(stream.raw, dst as usize as *mut std::ffi::c_void, value, 0)
         })
+    }
+
+    unsafe fn register_host(
+        dev: &RocmDevice,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<RocmHostRegistration> {
+        deferred::check()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { memory::register_host(dev, ptr, len) }
+    }
+    fn host_registration_device_ptr(r: &RocmHostRegistration) -> u64 {
+        r.device_ptr()
     }
 
     fn create_stream(dev: &RocmDevice) -> Result<RocmStream> {

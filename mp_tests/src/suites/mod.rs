@@ -10,3 +10,4 @@ mod multi_process;
 mod port_channel;
 mod port_channel_ib;
 mod semaphore_perf;
+mod single_process;
