@@ -59,3 +59,15 @@ impl World for BootstrapWorld {
         Ok(combine_verdicts(&verdicts))
     }
 }
+
+/// GPUs this rank can use on a GPU build, or why a GPU test must skip: none visible, or no
+/// driver at all (a CUDA/ROCm binary on a machine without GPUs).
+pub fn visible_gpus() -> Result<usize, String> {
+    use mscclpp_hal::Api;
+    match mscclpp_hal::Gpu::device_count() {
+        Ok(0) => Err("no GPU visible".to_string()),
+        Ok(n) => Ok(n),
+        Err(e @ mscclpp_hal::Error::NoDriver { .. }) => Err(format!("no GPU driver: {e}")),
+        Err(e) => Err(format!("counting GPUs failed: {e}")),
+    }
+}

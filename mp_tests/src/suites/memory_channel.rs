@@ -64,10 +64,10 @@ pub(crate) mod common {
             SKIP!("rank {rank} has no partner in a world of {size} (ranks pair up as r, r^1)");
         }
         let device = if is_gpu_build() {
-            let n = ok!(Gpu::device_count(), "counting GPUs");
-            if n == 0 {
-                SKIP!("no GPU visible");
-            }
+            let n = match crate::world::visible_gpus() {
+                Ok(n) => n,
+                Err(reason) => SKIP!("{}", reason),
+            };
             Device::gpu((env.placement.local_rank % n) as i32)
         } else {
             Device::CPU
