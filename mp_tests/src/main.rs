@@ -27,9 +27,6 @@ fn real_main() -> i32 {
         }
     };
     let info_only = opts.rest.iter().any(|a| a == "--list" || a == "--help");
-    if opts.rest.iter().any(|a| a == "--help") {
-        println!("{USAGE}\n");
-    }
     let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
         Ok(p) => p,
         Err(e) => {
@@ -37,7 +34,14 @@ fn real_main() -> i32 {
             return 2;
         }
     };
+    if opts.rest.iter().any(|a| a == "--help") && placement.as_ref().is_none_or(|p| p.rank == 0) {
+        println!("{USAGE}\n");
+    }
     if info_only {
+        // Listing needs no bootstrap; under a launcher only rank 0 answers.
+        if placement.as_ref().is_some_and(|p| p.rank != 0) {
+            return 0;
+        }
         return mscclpp_framework::run(&opts.rest, &mscclpp_framework::SingleProcessWorld, vec![]);
     }
     let placement = match (placement, opts.np) {
