@@ -20,7 +20,7 @@ pub enum Error {
         name: String,
     },
     /// The GPU driver library could not be loaded.
-    #[error("no {backend} driver: could not load any of [{}]{}", tried.join(", "), if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
+    #[error("no {backend} driver: tried [{}]{}", tried.join(", "), if detail.is_empty() { String::new() } else { format!(" ({detail})") })]
     NoDriver {
         /// Backend name (`cuda`, `rocm`).
         backend: &'static str,

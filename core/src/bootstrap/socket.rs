@@ -78,24 +78,29 @@ impl Backoff {
 const BIND_ATTEMPTS: u32 = 10;
 
 /// Binds a listener on `addr`, retrying up to 10 times (about 2.5 s in all) while the address
-/// is in use. std sets `SO_REUSEADDR`, so a port in TIME_WAIT binds at once.
-pub(crate) fn bind_listener(addr: SocketAddr) -> Result<TcpListener> {
+/// is in use, and never past `deadline` when one is given. std sets `SO_REUSEADDR`, so a port
+/// in TIME_WAIT binds at once.
+pub(crate) fn bind_listener(addr: SocketAddr, deadline: Option<&Deadline>) -> Result<TcpListener> {
     let mut backoff = Backoff::new(Duration::from_millis(500));
     let mut attempt = 1;
     loop {
         match TcpListener::bind(addr) {
             Ok(l) => return Ok(l),
-            Err(e) if e.kind() == ErrorKind::AddrInUse && attempt < BIND_ATTEMPTS => {
+            Err(e)
+                if e.kind() == ErrorKind::AddrInUse
+                    && attempt < BIND_ATTEMPTS
+                    && deadline.is_none_or(|d| d.remaining().is_some()) =>
+            {
                 crate::log_info!(
                     "BOOTSTRAP",
                     "bind {addr}: address in use, retry {attempt}/{BIND_ATTEMPTS}"
                 );
                 attempt += 1;
-                backoff.sleep(None);
+                backoff.sleep(deadline);
             }
             Err(e) if e.kind() == ErrorKind::AddrInUse => {
                 return Err(Error::io(
-                    format!("bind {addr} (still in use after {BIND_ATTEMPTS} attempts; is another bootstrap root or program listening there?)"),
+                    format!("bind {addr} (still in use after {attempt} attempts; is another bootstrap root or program listening there?)"),
                     e,
                 ));
             }

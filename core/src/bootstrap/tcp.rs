@@ -590,7 +590,7 @@ impl TcpBootstrap {
     /// [`TcpBootstrap::release_unique_id`].
     pub fn create_unique_id() -> Result<UniqueId> {
         let bind_at = iface_bind_addr(&select_interface()?);
-        let listener = bind_listener(bind_at)?;
+        let listener = bind_listener(bind_at, None)?;
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io(format!("getsockname on listener bound at {bind_at}"), e))?;
@@ -649,7 +649,7 @@ impl TcpBootstrap {
             };
             let listener = match reserved {
                 Some(l) => l,
-                None => bind_listener(root)?,
+                None => bind_listener(root, Some(&deadline))?,
             };
             let n = self.nranks;
             let failed = root_failed.clone();
@@ -725,7 +725,7 @@ impl TcpBootstrap {
                 a
             }
         };
-        bind_listener(local)
+        bind_listener(local, None)
     }
 
     /// Client side of setup: hello to the root, then the table back.

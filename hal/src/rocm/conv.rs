@@ -93,39 +93,55 @@ pub(super) const HIP_ERROR_NOT_READY: c_int = 600;
 pub(super) const HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
 pub(super) const HIP_MEMCPY_DEFAULT: c_int = 4;
 
-/// The HIP table, loaded once; `Error::NoDriver` listing every path when absent.
+/// Why the HIP runtime is not usable (kept so every later call reports the same cause).
+enum LoadFailure {
+    /// No library name loaded; the loader's last message.
+    NotFound(String),
+    /// `lib` loaded but lacks a function we need.
+    Symbols(String),
+    /// `lib` loaded, but `hipInit` failed: no AMD GPU or kernel driver.
+    Init { lib: &'static str, rc: c_int },
+}
+
+/// The HIP table, loaded once; `Error::NoDriver` naming every path tried when absent.
 pub(super) fn hip() -> Result<&'static Hip> {
-    static HIP: OnceLock<std::result::Result<Hip, String>> = OnceLock::new();
+    static HIP: OnceLock<std::result::Result<Hip, LoadFailure>> = OnceLock::new();
     let r = HIP.get_or_init(|| {
         let mut last = String::new();
         for name in LIB_NAMES {
             // SAFETY: loading the HIP runtime runs its initialisers, which have no preconditions.
             match unsafe { libloading::Library::new(name) } {
                 Ok(lib) => {
-                    let hip = Hip::load(lib, name).map_err(|e| e.to_string())?;
+                    let hip =
+                        Hip::load(lib, name).map_err(|e| LoadFailure::Symbols(e.to_string()))?;
                     // SAFETY: hipInit takes flags 0.
                     let rc = unsafe { (hip.hipInit)(0) };
                     if rc != HIP_SUCCESS {
-                        return Err(format!("hipInit failed with {rc}"));
+                        return Err(LoadFailure::Init { lib: name, rc });
                     }
                     return Ok(hip);
                 }
                 Err(e) => last = e.to_string(),
             }
         }
-        Err(format!("\u{0}{last}"))
+        Err(LoadFailure::NotFound(last))
     });
     match r {
         Ok(h) => Ok(h),
-        Err(msg) if msg.starts_with('\u{0}') => Err(Error::NoDriver {
+        Err(LoadFailure::NotFound(last)) => Err(Error::NoDriver {
             backend: "rocm",
             tried: LIB_NAMES.iter().map(|s| s.to_string()).collect(),
-            detail: msg.trim_start_matches('\u{0}').to_string(),
+            detail: last.clone(),
         }),
-        Err(msg) => Err(Error::NoDriver {
+        Err(LoadFailure::Symbols(msg)) => Err(Error::NoDriver {
             backend: "rocm",
-            tried: vec!["libamdhip64 (loaded)".into()],
-            detail: msg.clone(),
+            tried: LIB_NAMES.iter().map(|s| s.to_string()).collect(),
+            detail: format!("a HIP runtime loaded but is unusable: {msg}"),
+        }),
+        Err(LoadFailure::Init { lib, rc }) => Err(Error::NoDriver {
+            backend: "rocm",
+            tried: vec![lib.to_string()],
+            detail: format!("{lib} loaded, but hipInit returned {rc}: no AMD GPU or kernel driver"),
         }),
     }
 }
