@@ -222,7 +222,9 @@ fn execute(plan: &Plan) -> Result<bool, String> {
         .arg("-np")
         .arg(plan.np.to_string())
         .arg(&binary)
-        .arg("--exclude-perf-tests");
+        .arg("--exclude-perf-tests")
+        // Below the ephemeral port range, so no port the kernel handed out is in the way.
+        .arg("--ip_port=127.0.0.1:29252");
         let line = process::describe(&cmd);
         match process::run(cmd, plan.timeout, false) {
             Ok(done) if done.status.success() => {}
@@ -234,7 +236,7 @@ fn execute(plan: &Plan) -> Result<bool, String> {
         // in both signalling modes, so the IB transport's multi-process paths count too.
         let provider = target_dir.join("debug").join("libmscclpp_ibv_testprov.so");
         if provider.is_file() {
-            for (mode, port) in [("host", 50253), ("host-no-atomic", 50254)] {
+            for (mode, port) in [("host", 29253), ("host-no-atomic", 29254)] {
                 let mut cmd = Command::new(&mpirun);
                 for var in INHERITED_LLVM_COV_VARS {
                     cmd.env_remove(var);
