@@ -63,7 +63,7 @@ hipcc="${HIPCC:-$(command -v hipcc || true)}"
 if [ -n "$hipcc" ]; then
   for f in "${sources[@]}"; do
     stem="$(basename "$f" .cu)"
-    if "$hipcc" -x hip --offload-arch=gfx90a --genco -I kernels/hip/include -I kernels/cuda/include \
+    if HIP_PLATFORM=amd "$hipcc" -x hip --offload-arch=gfx90a --genco -I kernels/hip/include -I kernels/cuda/include \
         "$f" -o "$out/$stem.hsaco" >"$out/$stem.hipcc.log" 2>&1; then
       note "ok   hipcc $f"
     else

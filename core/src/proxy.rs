@@ -302,6 +302,9 @@ impl Tables {
     }
 }
 
+/// Empty polls the proxy spins through before it starts to yield and then sleep.
+const SPIN_POLLS: u32 = 2048;
+
 fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) {
     let mut tables = Tables {
         generation: u64::MAX,
@@ -324,13 +327,17 @@ fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) 
         if stop.load(Ordering::Acquire) {
             return;
         }
-        if idle_polls == 0 {
+        idle_polls = idle_polls.saturating_add(1);
+        if idle_polls < SPIN_POLLS {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Read the clock only once spinning is over: a clock read per trigger is measurable
+        // on VMs without a fast clock source (the proxy's hot path).
+        if idle_polls == SPIN_POLLS {
             idle_since = Instant::now();
         }
-        idle_polls = idle_polls.saturating_add(1);
-        if idle_polls < 2048 {
-            std::hint::spin_loop();
-        } else if idle_since.elapsed() < Duration::from_millis(5) {
+        if idle_since.elapsed() < Duration::from_millis(5) {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(20));
