@@ -208,54 +208,59 @@ fn execute(plan: &Plan) -> Result<bool, String> {
                 binary.display()
             ));
         }
-        let mut cmd = Command::new(&mpirun);
-        for var in INHERITED_LLVM_COV_VARS {
-            cmd.env_remove(var);
-        }
-        cmd.envs(env.iter().map(|(k, v)| (k, v)));
-        cmd.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-x",
-            "LLVM_PROFILE_FILE",
-        ])
-        .arg("-np")
-        .arg(plan.np.to_string())
-        .arg(&binary)
-        .arg("--exclude-perf-tests")
-        // Below the ephemeral port range, so no port the kernel handed out is in the way.
-        .arg("--ip_port=127.0.0.1:29252");
-        let line = process::describe(&cmd);
-        match process::run(cmd, plan.timeout, false) {
-            Ok(done) if done.status.success() => {}
-            Ok(done) => failures.push(format!("`{line}` failed ({})", done.status)),
-            Err(e) => failures.push(e),
-        }
+        // One mpirun of mp_unit_tests with the instrumentation env (plus `extra` variables,
+        // forwarded to every rank); a failure is recorded, not fatal.
+        let mut run_ranks = |np: u64, extra: &[(&str, &std::ffi::OsStr)], args: &[String]| {
+            let mut cmd = Command::new(&mpirun);
+            for var in INHERITED_LLVM_COV_VARS {
+                cmd.env_remove(var);
+            }
+            cmd.envs(env.iter().map(|(k, v)| (k, v)));
+            cmd.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-x",
+                "LLVM_PROFILE_FILE",
+            ]);
+            for (k, v) in extra {
+                cmd.env(k, v).args(["-x", k]);
+            }
+            cmd.arg("-np").arg(np.to_string()).arg(&binary).args(args);
+            let line = process::describe(&cmd);
+            match process::run(cmd, plan.timeout, false) {
+                Ok(done) if done.status.success() => {}
+                Ok(done) => failures.push(format!("`{line}` failed ({})", done.status)),
+                Err(e) => failures.push(e),
+            }
+        };
+        // Rendezvous ports below the ephemeral range, so no port the kernel handed out is in
+        // the way.
+        run_ranks(
+            plan.np,
+            &[],
+            &[
+                "--exclude-perf-tests".into(),
+                "--ip_port=127.0.0.1:29252".into(),
+            ],
+        );
 
         // The IB suites through the user-space verbs provider (built by the workspace tests),
         // in both signalling modes, so the IB transport's multi-process paths count too.
         let provider = target_dir.join("debug").join("libmscclpp_ibv_testprov.so");
         if provider.is_file() {
             for (mode, port) in [("host", 29253), ("host-no-atomic", 29254)] {
-                let mut cmd = Command::new(&mpirun);
-                for var in INHERITED_LLVM_COV_VARS {
-                    cmd.env_remove(var);
-                }
-                cmd.envs(env.iter().map(|(k, v)| (k, v)));
-                cmd.env("MSCCLPP_IBV_SO", &provider)
-                    .env("MSCCLPP_IBV_MODE", mode)
-                    .args(["--allow-run-as-root", "--oversubscribe"])
-                    .args(["-x", "LLVM_PROFILE_FILE", "-x", "MSCCLPP_IBV_SO"])
-                    .args(["-x", "MSCCLPP_IBV_MODE", "-np", "2"])
-                    .arg(&binary)
-                    .args(["--filter=Ib", "--exclude-perf-tests"])
-                    .arg(format!("--ip_port=127.0.0.1:{port}"));
-                let line = process::describe(&cmd);
-                match process::run(cmd, plan.timeout, false) {
-                    Ok(done) if done.status.success() => {}
-                    Ok(done) => failures.push(format!("`{line}` failed ({})", done.status)),
-                    Err(e) => failures.push(e),
-                }
+                run_ranks(
+                    2,
+                    &[
+                        ("MSCCLPP_IBV_SO", provider.as_os_str()),
+                        ("MSCCLPP_IBV_MODE", std::ffi::OsStr::new(mode)),
+                    ],
+                    &[
+                        "--filter=Ib".into(),
+                        "--exclude-perf-tests".into(),
+                        format!("--ip_port=127.0.0.1:{port}"),
+                    ],
+                );
             }
         } else {
             eprintln!(
