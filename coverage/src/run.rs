@@ -195,7 +195,17 @@ fn execute(plan: &Plan) -> Result<bool, String> {
 
     // The multi-process suites, one profile per rank.
     if let Some(mpirun) = mpirun {
-        let mut build: Vec<&str> = vec!["build", "-p", "mp_tests", "--bin", "mp_unit_tests"];
+        // The verbs test provider too: `cargo test` does not leave its cdylib in the target dir.
+        let mut build: Vec<&str> = vec![
+            "build",
+            "-p",
+            "mp_tests",
+            "--bin",
+            "mp_unit_tests",
+            "-p",
+            "mscclpp-ibv-testprov",
+            "--lib",
+        ];
         if let Some(f) = &plan.features {
             build.push("--features");
             build.push(f);
@@ -244,7 +254,7 @@ fn execute(plan: &Plan) -> Result<bool, String> {
             ],
         );
 
-        // The IB suites through the user-space verbs provider (built by the workspace tests),
+        // The IB suites through the user-space verbs provider (built above),
         // in both signalling modes, so the IB transport's multi-process paths count too.
         let provider = target_dir.join("debug").join("libmscclpp_ibv_testprov.so");
         if provider.is_file() {
