@@ -70,8 +70,8 @@ fn main() {
         });
         let gencode = nvcc_gencode(&nvcc);
         for src in &sources {
-            let stem = stem_of(src);
-            let dst = out.join(format!("{stem}.fatbin"));
+            let stem = stem_of(src, &cuda_src);
+            let dst = out.join(format!("{}.fatbin", stem.replace('/', "__")));
             let mut cmd = Command::new(&nvcc);
             cmd.arg("-I")
                 .arg(&cuda_inc)
@@ -89,8 +89,8 @@ fn main() {
         });
         let archs = hip_archs(&hipcc, &out);
         for src in &sources {
-            let stem = stem_of(src);
-            let dst = out.join(format!("{stem}.hsaco"));
+            let stem = stem_of(src, &cuda_src);
+            let dst = out.join(format!("{}.hsaco", stem.replace('/', "__")));
             let mut cmd = Command::new(&hipcc);
             // hipcc picks the NVIDIA platform when it finds nvcc (PATH, /usr/local/cuda); we
             // always want AMD code objects here.
@@ -128,22 +128,34 @@ fn fail(msg: &str) -> ! {
     panic!("{msg}");
 }
 
+/// Every `.cu` file under `dir`, subfolders included (`collectives/allreduce.cu`), sorted.
 fn list_sources(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(rd) => rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let mut v = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "cu") {
+                v.push(p);
+            }
+        }
+    }
     v.sort();
     v
 }
 
-fn stem_of(p: &Path) -> String {
-    p.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
+/// The embedded name of a source: its path under kernels/cuda/src without `.cu`, folders
+/// joined by `/` (`collectives/allreduce`).
+fn stem_of(p: &Path, root: &Path) -> String {
+    let rel = p.strip_prefix(root).unwrap_or(p).with_extension("");
+    rel.components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 fn run(mut cmd: Command, what: &str) {

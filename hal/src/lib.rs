@@ -143,6 +143,10 @@ impl LaunchConfig {
 pub trait Api: Sized + Send + Sync + 'static {
     /// Backend name (`host`, `cuda`, `rocm`).
     const NAME: &'static str;
+    /// Whether the host can load and store this backend's device memory directly (true for the
+    /// host backend, whose "device pointers" are host addresses; false for GPU backends, whose
+    /// device memory is reached only through the driver or a kernel).
+    const HOST_ADDRESSABLE: bool;
     /// An opened device (on CUDA: holds the primary context). Cheap to clone.
     type Device: Clone + Send + Sync + std::fmt::Debug;
     /// An allocation that owns its memory; dropping it frees the memory.

@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mscclpp_hal::api::Host;
 use mscclpp_hal::{Api, Gpu};
 
 use super::BaseConnection;
@@ -23,7 +22,7 @@ const MAX_IN_FLIGHT: usize = 4096;
 
 /// Whether the host can touch memory of `device` directly.
 pub(crate) fn host_addressable(device: Device) -> bool {
-    device.kind == DeviceType::Cpu || Gpu::NAME == Host::NAME
+    device.kind == DeviceType::Cpu || <Gpu as Api>::HOST_ADDRESSABLE
 }
 
 pub(crate) struct IpcConnection {

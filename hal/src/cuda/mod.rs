@@ -32,6 +32,7 @@ pub struct Cuda;
 
 impl Api for Cuda {
     const NAME: &'static str = "cuda";
+    const HOST_ADDRESSABLE: bool = false;
     type Device = CudaDevice;
     type Memory = CudaMemory;
     type Imported = CudaImported;

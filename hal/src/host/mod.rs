@@ -30,6 +30,7 @@ pub struct Host;
 
 impl Api for Host {
     const NAME: &'static str = "host";
+    const HOST_ADDRESSABLE: bool = true;
     type Device = HostDevice;
     type Memory = HostMemory;
     type Imported = HostImported;

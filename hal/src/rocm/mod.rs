@@ -31,6 +31,7 @@ pub struct Rocm;
 
 impl Api for Rocm {
     const NAME: &'static str = "rocm";
+    const HOST_ADDRESSABLE: bool = false;
     type Device = RocmDevice;
     type Memory = RocmMemory;
     type Imported = RocmImported;
