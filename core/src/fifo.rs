@@ -183,7 +183,7 @@ pub struct FifoDeviceHandle {
 }
 
 // SAFETY: the handle is plain addresses; the memory it points to is shared by design and is
-// only accessed through atomics (see `device::fifo`).
+// only accessed through atomics (see `device_emu::fifo`).
 unsafe impl Send for FifoDeviceHandle {}
 // SAFETY: as above.
 unsafe impl Sync for FifoDeviceHandle {}

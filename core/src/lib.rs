@@ -4,7 +4,7 @@ pub mod bootstrap;
 pub mod communicator;
 pub mod connection;
 pub mod context;
-pub mod device;
+pub mod device_emu;
 pub mod endpoint;
 pub mod env;
 pub mod error;

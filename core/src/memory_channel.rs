@@ -4,7 +4,7 @@
 //!
 //! The host objects own what the device handles point at: keep a channel alive while any
 //! kernel (or CPU "device" thread) uses its handle. The device operations for the host backend
-//! are in [`crate::device::memory_channel`].
+//! are in [`crate::device_emu::memory_channel`].
 
 use std::ffi::c_void;
 

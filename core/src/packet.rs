@@ -7,7 +7,7 @@
 //!
 //! Packet buffers need twice the data bytes. Flags must change between uses of a buffer and
 //! never be 0 on a zeroed buffer. The device operations (write/read/copy) for the host backend
-//! are in [`crate::device::packet`].
+//! are in [`crate::device_emu::packet`].
 
 /// `union LL16Packet` of the C header (size 16, align 16).
 #[repr(C, align(16))]

@@ -4,7 +4,7 @@
 //!
 //! The channels keep the proxy's shared state (FIFO, semaphores, memories) alive, so their
 //! device handles stay valid as long as a channel lives. The device operations for the host
-//! backend are in [`crate::device::port_channel`].
+//! backend are in [`crate::device_emu::port_channel`].
 
 use std::sync::Arc;
 

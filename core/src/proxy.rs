@@ -77,7 +77,7 @@ impl ProxyService {
         Self::with_fifo(Fifo::new(DEFAULT_FIFO_SIZE)?)
     }
 
-    /// A proxy whose "device" is the CPU (CPU threads push with [`crate::device`]), whatever
+    /// A proxy whose "device" is the CPU (CPU threads push with [`crate::device_emu`]), whatever
     /// the build's GPU backend.
     pub fn new_host() -> Result<Self> {
         Self::with_fifo(Fifo::new_host(DEFAULT_FIFO_SIZE)?)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use mscclpp::device::memory_channel::MemorySemaphoreOps;
+use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
 use mscclpp::semaphore::{
     Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore, Semaphore, SemaphoreStub,
 };

@@ -1,12 +1,12 @@
 //! MemoryChannelOneToOneTest: put/get ping-pong and LL8/LL16 packet ping-pong between rank r
 //! and r^1, data checked element by element with fresh data every round. On a GPU build the
 //! kernels of kernels/cuda/src/memory_channel_tests.cu run; on the host backend CPU threads play
-//! the device with `mscclpp::device` (same protocol, std atomics). Also holds the helpers the
+//! the device with `mscclpp::device_emu` (same protocol, std atomics). Also holds the helpers the
 //! other data-plane suites share (`common`).
 
 use std::sync::Barrier;
 
-use mscclpp::device::memory_channel::MemorySemaphoreOps;
+use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
 use mscclpp::packet::{LL16Packet, LL8Packet};
 use mscclpp::semaphore::MemoryDevice2DeviceSemaphore;
 use mscclpp::{GpuBuffer, MemoryChannel, MemoryChannelDeviceHandle, Transport};

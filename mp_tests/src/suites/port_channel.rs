@@ -1,13 +1,13 @@
 //! PortChannelOneToOneTest: ping-pong through the proxy (CudaIpc and Ethernet connections),
 //! with wait or poll, LL16 packets moved by the proxy, and the perf figures (one-hop latency,
 //! bandwidth). Ranks r and r^1 pair up. GPU builds run kernels/cuda/src/port_channel_tests.cu;
-//! the host backend runs the same protocol on CPU threads with `mscclpp::device`. The helpers
+//! the host backend runs the same protocol on CPU threads with `mscclpp::device_emu`. The helpers
 //! take an [`EndpointConfig`] and are shared with the IB variants (`port_channel_ib`), which
 //! run on `Device::CPU` endpoints and CPU threads whatever the build.
 
 use std::time::Instant;
 
-use mscclpp::device::packet::{copy_from_packets, copy_to_packets};
+use mscclpp::device_emu::packet::{copy_from_packets, copy_to_packets};
 use mscclpp::packet::LL16Packet;
 use mscclpp::semaphore::Host2DeviceSemaphore;
 use mscclpp::{
@@ -148,7 +148,7 @@ pub(crate) fn setup(ctx: &TestContext, cfg: EndpointConfig, n_max: usize) -> PcS
 }
 
 impl PcSetup {
-    /// Whether GPU kernels play the device (else CPU threads with `mscclpp::device`).
+    /// Whether GPU kernels play the device (else CPU threads with `mscclpp::device_emu`).
     pub(crate) fn on_gpu(&self) -> bool {
         self.device.kind == DeviceType::Gpu
     }

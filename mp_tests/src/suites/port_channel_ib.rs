@@ -4,7 +4,7 @@
 //!
 //! The mode comes from each test's `EndpointConfig.ib.mode`, so one process runs both. Memory is
 //! host memory on `Device::CPU` endpoints (the test verbs provider cannot touch GPU memory), and
-//! the device side is played by CPU threads with `mscclpp::device` on every build: the proxy's
+//! the device side is played by CPU threads with `mscclpp::device_emu` on every build: the proxy's
 //! FIFO is a host FIFO (`ProxyService::new_host`) and the semaphore tokens live in host memory.
 //! Without an IB device every test skips with the reason, on every rank.
 

@@ -2,11 +2,11 @@
 //! between rank r and r^1 (one iteration = one one-way hop, as upstream counts). GPU builds run
 //! semaphore_ping_pong of kernels/cuda/src/semaphore_tests.cu, red-based and, for the seed's
 //! comparison, the old store-based signal; the host backend runs the same loop on a CPU thread
-//! with `mscclpp::device`. Also a correctness test of signal counting.
+//! with `mscclpp::device_emu`. Also a correctness test of signal counting.
 
 use std::time::Instant;
 
-use mscclpp::device::memory_channel::MemorySemaphoreOps;
+use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
 use mscclpp::semaphore::{MemoryDevice2DeviceSemaphore, MemoryDevice2DeviceSemaphoreDeviceHandle};
 use mscclpp::{GpuBuffer, Transport};
 use mscclpp_framework::*;

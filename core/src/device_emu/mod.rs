@@ -1,5 +1,7 @@
-//! The device-side API implemented for the host backend: CPU threads play the GPU's part on the
-//! same `#[repr(C)]` handles, with std atomics and the memory orderings of the CUDA headers.
+//! The CPU stand-in for device code: the device-side API implemented for the host backend, where
+//! CPU threads play the GPU kernels' part on the same `#[repr(C)]` handles, with std atomics and
+//! the memory orderings of the CUDA headers. (Named `device_emu` so it does not read as the
+//! [`crate::Device`] type.)
 //!
 //! | CUDA (kernels/cuda/include/mscclpp) | here |
 //! |---|---|
