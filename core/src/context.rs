@@ -9,13 +9,15 @@ use std::time::Duration;
 use mscclpp_hal::{Api, Gpu};
 
 use crate::connection::ethernet::EthernetConnection;
-use crate::connection::ib::{IbConnection, IbQp};
-use crate::connection::ipc::{host_addressable, IpcConnection};
+use crate::connection::ib::IbConnection;
+use crate::connection::ipc::IpcConnection;
 use crate::connection::Connection;
-use crate::endpoint::{encode_socket_addr, Endpoint};
+use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::memory::{find_allocation, gpu_device, hal_err, LocalMemory};
+use crate::ib::qp::IbQp;
+use crate::memory::{find_allocation, gpu_device, hal_err, host_addressable, LocalMemory};
 use crate::registered_memory::RegisteredMemory;
+use crate::serialize::encode_socket_addr;
 use crate::transport::{DeviceType, EndpointConfig, Transport, TransportFlags};
 
 /// How long [`Context::connect`] waits for the peer by default (Ethernet pairing).

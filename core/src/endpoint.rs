@@ -20,48 +20,20 @@
 //! pair's description (port, LID, GID, QP number, PSN, MTU, mode, signal mailbox), versioned
 //! and decoded by [`crate::connection`]'s IB transport.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::serialize::{Reader, Writer};
+use crate::identity::{fresh_id, local_host_hash};
+use crate::serialize::{decode_device, decode_socket_addr, Reader, Writer};
 use crate::transport::{Device, DeviceType, EndpointConfig, Transport};
+
+/// Re-exported from [`crate::identity`] (where it lives) for existing callers.
+pub use crate::identity::pid_hash;
 
 const MAGIC: &[u8; 4] = b"MEPT";
 const VERSION: u16 = 1;
-/// The largest transport payload an endpoint may carry.
-pub const MAX_TRANSPORT_PAYLOAD: usize = 4096;
-
-/// A hash naming this process: its pid mixed with its start time and the host hash, so two
-/// processes (even with a reused pid, or in other namespaces) never share it.
-pub fn pid_hash() -> u64 {
-    static H: OnceLock<u64> = OnceLock::new();
-    *H.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut key = Vec::new();
-        key.extend_from_slice(&std::process::id().to_le_bytes());
-        key.extend_from_slice(&nanos.to_le_bytes());
-        key.extend_from_slice(&crate::bootstrap::host_hash().to_le_bytes());
-        crate::bootstrap::fnv1a(&key, 0x5eed)
-    })
-}
-
-/// This process's host hash (computed once; see [`crate::bootstrap::host_hash`]).
-pub(crate) fn local_host_hash() -> u64 {
-    static H: OnceLock<u64> = OnceLock::new();
-    *H.get_or_init(crate::bootstrap::host_hash)
-}
-
-/// A fresh endpoint id: unique within the process, unpredictable across processes.
-fn fresh_id() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(1);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    crate::bootstrap::fnv1a(&n.to_le_bytes(), pid_hash())
-}
+pub use crate::serialize::MAX_TRANSPORT_PAYLOAD;
 
 /// One side of a connection. Cheap to clone. Endpoints created by a local [`crate::Context`]
 /// own their transport resources (the Ethernet listening socket); deserialized ones only
@@ -82,7 +54,7 @@ struct EndpointInner {
     config: Option<EndpointConfig>,
     listener: Option<TcpListener>,
     /// The QP of a local IB endpoint until its connection takes it.
-    ib_qp: std::sync::Mutex<Option<crate::connection::ib::IbQp>>,
+    ib_qp: std::sync::Mutex<Option<crate::ib::qp::IbQp>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -124,7 +96,7 @@ impl Endpoint {
     pub(crate) fn new_local_ib(
         config: EndpointConfig,
         payload: Vec<u8>,
-        qp: crate::connection::ib::IbQp,
+        qp: crate::ib::qp::IbQp,
     ) -> Endpoint {
         let ep = Endpoint::new_local(config, payload, None);
         *ep.inner.ib_qp.lock().unwrap_or_else(|p| p.into_inner()) = Some(qp);
@@ -132,7 +104,7 @@ impl Endpoint {
     }
 
     /// Takes the QP of a local IB endpoint (an IB endpoint connects once).
-    pub(crate) fn take_ib_qp(&self) -> Option<crate::connection::ib::IbQp> {
+    pub(crate) fn take_ib_qp(&self) -> Option<crate::ib::qp::IbQp> {
         self.inner
             .ib_qp
             .lock()
@@ -242,7 +214,7 @@ impl Endpoint {
                 decode_socket_addr(&payload)?;
             }
             t if t.is_ib() => {
-                crate::connection::ib::QpInfo::decode(&payload)?;
+                crate::ib::qp::QpInfo::decode(&payload)?;
             }
             _ => {}
         }
@@ -261,68 +233,4 @@ impl Endpoint {
             }),
         })
     }
-}
-
-/// Decodes a device kind and id as written in endpoints and memories.
-pub(crate) fn decode_device(r: &Reader<'_>, kind: u8, id: i32) -> Result<Device> {
-    match kind {
-        0 if id == -1 => Ok(Device::CPU),
-        0 => Err(r.bad("device id", "-1 for the CPU", id)),
-        1 if id >= 0 => Ok(Device::gpu(id)),
-        1 => Err(r.bad("device id", "a GPU ordinal >= 0", id)),
-        k => Err(r.bad("device kind", "0 (CPU) or 1 (GPU)", k)),
-    }
-}
-
-/// `family u8 (4|6) | 16 address bytes | port u16`.
-pub(crate) fn encode_socket_addr(addr: SocketAddr) -> Vec<u8> {
-    let mut out = Vec::with_capacity(19);
-    let mut ip = [0u8; 16];
-    match addr.ip() {
-        IpAddr::V4(v4) => {
-            out.push(4);
-            ip[..4].copy_from_slice(&v4.octets());
-        }
-        IpAddr::V6(v6) => {
-            out.push(6);
-            ip.copy_from_slice(&v6.octets());
-        }
-    }
-    out.extend_from_slice(&ip);
-    out.extend_from_slice(&addr.port().to_le_bytes());
-    out
-}
-
-pub(crate) fn decode_socket_addr(b: &[u8]) -> Result<SocketAddr> {
-    if b.len() != 19 {
-        return Err(Error::invalid(format!(
-            "Ethernet endpoint address: expected 19 bytes, got {}",
-            b.len()
-        )));
-    }
-    let port = u16::from_le_bytes([b[17], b[18]]);
-    if port == 0 {
-        return Err(Error::invalid(
-            "Ethernet endpoint address: expected a port above 0, got 0".to_string(),
-        ));
-    }
-    let mut ip16 = [0u8; 16];
-    ip16.copy_from_slice(&b[1..17]);
-    let ip = match b[0] {
-        4 => {
-            if ip16[4..].iter().any(|&x| x != 0) {
-                return Err(Error::invalid(
-                    "Ethernet endpoint address: IPv4 address with non-zero padding".to_string(),
-                ));
-            }
-            IpAddr::V4(Ipv4Addr::new(ip16[0], ip16[1], ip16[2], ip16[3]))
-        }
-        6 => IpAddr::V6(Ipv6Addr::from(ip16)),
-        f => {
-            return Err(Error::invalid(format!(
-                "Ethernet endpoint address: expected family 4 or 6, got {f}"
-            )))
-        }
-    };
-    Ok(SocketAddr::new(ip, port))
 }

@@ -1,5 +1,6 @@
 //! MSCCL++ in Rust: bootstrap, connections, registered memory, semaphores, channels, proxy.
 
+pub mod backoff;
 pub mod bootstrap;
 pub mod communicator;
 pub mod connection;
@@ -12,6 +13,7 @@ pub mod fifo;
 pub mod future;
 pub mod gpu_buffer;
 pub mod ib;
+pub mod identity;
 pub mod memory;
 pub mod memory_channel;
 pub mod packet;

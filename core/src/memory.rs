@@ -24,6 +24,12 @@ pub(crate) fn hal_err(op: &str, e: mscclpp_hal::Error) -> Error {
     }
 }
 
+/// Whether the host can touch memory of `device` directly: the CPU's, and every memory of a
+/// GPU backend whose "device" memory is host memory ([`Api::HOST_ADDRESSABLE`]).
+pub(crate) fn host_addressable(device: Device) -> bool {
+    device.kind == DeviceType::Cpu || <Gpu as Api>::HOST_ADDRESSABLE
+}
+
 /// Which backend an allocation (or an IPC export) belongs to; the wire value in serialized
 /// memories.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,10 +6,10 @@
 //! device handles stay valid as long as a channel lives. The device operations for the host
 //! backend are in [`crate::device_emu::port_channel`].
 
+use std::any::Any;
 use std::sync::Arc;
 
 use crate::fifo::FifoDeviceHandle;
-use crate::proxy::ProxyShared;
 use crate::semaphore::Host2DeviceSemaphoreDeviceHandle;
 
 /// Index of a semaphore added to a proxy service (< 1024).
@@ -58,7 +58,9 @@ unsafe impl Sync for PortChannelDeviceHandle {}
 pub struct BasePortChannel {
     semaphore_id: SemaphoreId,
     handle: BasePortChannelDeviceHandle,
-    _shared: Arc<ProxyShared>,
+    /// The proxy's shared state (FIFO, semaphores, memories), kept alive by the channel. Typed
+    /// as `Any` so this module stays below [`crate::proxy`], which builds the channels.
+    _keep_alive: Arc<dyn Any + Send + Sync>,
 }
 
 impl BasePortChannel {
@@ -66,7 +68,7 @@ impl BasePortChannel {
         semaphore_id: SemaphoreId,
         semaphore: Host2DeviceSemaphoreDeviceHandle,
         fifo: FifoDeviceHandle,
-        shared: Arc<ProxyShared>,
+        keep_alive: Arc<dyn Any + Send + Sync>,
     ) -> Self {
         BasePortChannel {
             semaphore_id,
@@ -76,7 +78,7 @@ impl BasePortChannel {
                 semaphore,
                 fifo,
             },
-            _shared: shared,
+            _keep_alive: keep_alive,
         }
     }
     /// The proxy's id of the semaphore.

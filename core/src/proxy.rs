@@ -18,8 +18,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::fifo::{
     Fifo, ProxyTrigger, DEFAULT_FIFO_SIZE, MAX_MEMORY_ID, MAX_SEMAPHORE_ID, TRIGGER_DATA,
@@ -311,8 +312,15 @@ fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) 
         semaphores: Vec::new(),
         memories: Vec::new(),
     };
-    let mut idle_polls: u32 = 0;
-    let mut idle_since = Instant::now();
+    // Spin first; read the clock only once spinning is over: a clock read per trigger is
+    // measurable on VMs without a fast clock source (the proxy's hot path).
+    let mut backoff = Backoff::new(
+        SPIN_POLLS - 1,
+        0,
+        Duration::from_micros(20),
+        Duration::from_micros(20),
+    )
+    .yielding_for(Duration::from_millis(5));
     loop {
         if let Some(trigger) = shared.fifo.poll() {
             tables.refresh(shared);
@@ -321,27 +329,13 @@ fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) 
             }
             shared.fifo.pop();
             shared.handled.fetch_add(1, Ordering::Relaxed);
-            idle_polls = 0;
+            backoff.reset();
             continue;
         }
         if stop.load(Ordering::Acquire) {
             return;
         }
-        idle_polls = idle_polls.saturating_add(1);
-        if idle_polls < SPIN_POLLS {
-            std::hint::spin_loop();
-            continue;
-        }
-        // Read the clock only once spinning is over: a clock read per trigger is measurable
-        // on VMs without a fast clock source (the proxy's hot path).
-        if idle_polls == SPIN_POLLS {
-            idle_since = Instant::now();
-        }
-        if idle_since.elapsed() < Duration::from_millis(5) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
+        backoff.snooze();
     }
 }
 

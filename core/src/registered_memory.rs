@@ -33,10 +33,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use mscclpp_hal::api::Host;
 use mscclpp_hal::{Api, Buffer, Gpu, IpcDescriptor};
 
-use crate::endpoint::{decode_device, local_host_hash, pid_hash, MAX_TRANSPORT_PAYLOAD};
 use crate::error::{Error, Result};
+use crate::identity::{local_host_hash, pid_hash};
 use crate::memory::{default_gpu, gpu_device, hal_err, host_device, Allocation, BackendTag};
-use crate::serialize::{Reader, Writer};
+use crate::serialize::{decode_device, Reader, Writer, MAX_TRANSPORT_PAYLOAD};
 use crate::transport::{Device, DeviceType, Transport, TransportFlags};
 
 const MAGIC: &[u8; 4] = b"MREG";

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::connection::ipc::host_addressable;
+use crate::backoff::Backoff;
 use crate::connection::Connection;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::memory::LocalMemory;
+use crate::memory::{host_addressable, LocalMemory};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, DeviceType, Transport};
 
@@ -221,7 +221,12 @@ impl Host2HostSemaphore {
     /// Waits (at most `timeout`) for the next signal.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
-        let mut spins = 0u32;
+        let mut backoff = Backoff::new(
+            63,
+            192,
+            Duration::from_micros(50),
+            Duration::from_micros(50),
+        );
         loop {
             if self.poll() {
                 return Ok(());
@@ -238,14 +243,7 @@ impl Host2HostSemaphore {
                     timeout,
                 ));
             }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else if spins < 256 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            backoff.snooze();
         }
     }
     /// The connection.

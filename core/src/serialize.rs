@@ -6,12 +6,18 @@
 //! bounds-checked and an error names the message, the field, what was expected and what came.
 //! Nothing here ever panics on any input.
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
 use crate::error::{Error, Result};
+use crate::transport::Device;
 
 /// Bytes before the body: magic, version, body length.
 pub(crate) const HEADER_LEN: usize = 4 + 2 + 4;
 /// The largest body any message of this crate may have.
 pub(crate) const MAX_BODY_LEN: usize = 64 * 1024;
+
+/// The largest transport payload an endpoint (or a memory's transport info) may carry.
+pub const MAX_TRANSPORT_PAYLOAD: usize = 4096;
 
 /// Builds one message.
 pub(crate) struct Writer {
@@ -170,6 +176,72 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
+}
+
+// Codecs of the small values several messages carry (devices, socket addresses).
+
+/// Decodes a device kind and id as written in endpoints and memories.
+pub(crate) fn decode_device(r: &Reader<'_>, kind: u8, id: i32) -> Result<Device> {
+    match kind {
+        0 if id == -1 => Ok(Device::CPU),
+        0 => Err(r.bad("device id", "-1 for the CPU", id)),
+        1 if id >= 0 => Ok(Device::gpu(id)),
+        1 => Err(r.bad("device id", "a GPU ordinal >= 0", id)),
+        k => Err(r.bad("device kind", "0 (CPU) or 1 (GPU)", k)),
+    }
+}
+
+/// `family u8 (4|6) | 16 address bytes | port u16`.
+pub(crate) fn encode_socket_addr(addr: SocketAddr) -> Vec<u8> {
+    let mut out = Vec::with_capacity(19);
+    let mut ip = [0u8; 16];
+    match addr.ip() {
+        IpAddr::V4(v4) => {
+            out.push(4);
+            ip[..4].copy_from_slice(&v4.octets());
+        }
+        IpAddr::V6(v6) => {
+            out.push(6);
+            ip.copy_from_slice(&v6.octets());
+        }
+    }
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&addr.port().to_le_bytes());
+    out
+}
+
+pub(crate) fn decode_socket_addr(b: &[u8]) -> Result<SocketAddr> {
+    if b.len() != 19 {
+        return Err(Error::invalid(format!(
+            "Ethernet endpoint address: expected 19 bytes, got {}",
+            b.len()
+        )));
+    }
+    let port = u16::from_le_bytes([b[17], b[18]]);
+    if port == 0 {
+        return Err(Error::invalid(
+            "Ethernet endpoint address: expected a port above 0, got 0".to_string(),
+        ));
+    }
+    let mut ip16 = [0u8; 16];
+    ip16.copy_from_slice(&b[1..17]);
+    let ip = match b[0] {
+        4 => {
+            if ip16[4..].iter().any(|&x| x != 0) {
+                return Err(Error::invalid(
+                    "Ethernet endpoint address: IPv4 address with non-zero padding".to_string(),
+                ));
+            }
+            IpAddr::V4(Ipv4Addr::new(ip16[0], ip16[1], ip16[2], ip16[3]))
+        }
+        6 => IpAddr::V6(Ipv6Addr::from(ip16)),
+        f => {
+            return Err(Error::invalid(format!(
+                "Ethernet endpoint address: expected family 4 or 6, got {f}"
+            )))
+        }
+    };
+    Ok(SocketAddr::new(ip, port))
 }
 
 #[cfg(test)]

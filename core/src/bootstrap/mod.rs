@@ -22,6 +22,9 @@ pub use netif::{select_interface, Interface};
 pub use tcp::{InitAddr, TcpBootstrap};
 pub use unique_id::{UniqueId, UNIQUE_ID_BYTES};
 
+/// Re-exported from [`crate::identity`] (where it lives) for existing callers.
+pub use crate::identity::host_hash;
+
 use crate::error::{Error, Result};
 
 /// Tags at or above this value are reserved for the default collective implementations of
@@ -123,34 +126,4 @@ pub(crate) fn check_group(ranks: &[usize], me: usize, n: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// 64-bit FNV-1a: a hash that is the same in every process (unlike `std`'s `RandomState`).
-pub(crate) fn fnv1a(bytes: &[u8], seed: u64) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// This process's host hash: the same for every process on one host and network namespace.
-/// Mixes the hostname, `MSCCLPP_HOSTID` (if set) and the inode of `/proc/self/ns/net`, so
-/// ranks in different network namespaces count as different hosts.
-pub fn host_hash() -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let mut key = hostname.into_bytes();
-    key.push(0);
-    if let Some(id) = crate::env::env().hostid() {
-        key.extend_from_slice(id.as_bytes());
-    }
-    key.push(0);
-    if let Ok(meta) = std::fs::metadata("/proc/self/ns/net") {
-        key.extend_from_slice(&meta.ino().to_le_bytes());
-    }
-    fnv1a(&key, 0)
 }

@@ -1,6 +1,7 @@
 //! TCP helpers with deadlines: bind with EADDRINUSE retries, connect with retries until a
 //! deadline, and reads/writes that give up at the deadline.
 
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -52,36 +53,13 @@ impl Deadline {
     }
 }
 
-/// Sleeps an increasing amount (1 ms doubling to `max`), never past `deadline`.
-pub(crate) struct Backoff {
-    next: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(max: Duration) -> Backoff {
-        Backoff {
-            next: Duration::from_millis(1),
-            max,
-        }
-    }
-    pub(crate) fn sleep(&mut self, deadline: Option<&Deadline>) {
-        let mut d = self.next;
-        if let Some(left) = deadline.and_then(Deadline::remaining) {
-            d = d.min(left);
-        }
-        std::thread::sleep(d);
-        self.next = (self.next * 2).min(self.max);
-    }
-}
-
 const BIND_ATTEMPTS: u32 = 10;
 
 /// Binds a listener on `addr`, retrying up to 10 times (about 2.5 s in all) while the address
 /// is in use, and never past `deadline` when one is given. std sets `SO_REUSEADDR`, so a port
 /// in TIME_WAIT binds at once.
 pub(crate) fn bind_listener(addr: SocketAddr, deadline: Option<&Deadline>) -> Result<TcpListener> {
-    let mut backoff = Backoff::new(Duration::from_millis(500));
+    let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(500));
     let mut attempt = 1;
     loop {
         match TcpListener::bind(addr) {
@@ -96,7 +74,7 @@ pub(crate) fn bind_listener(addr: SocketAddr, deadline: Option<&Deadline>) -> Re
                     "bind {addr}: address in use, retry {attempt}/{BIND_ATTEMPTS}"
                 );
                 attempt += 1;
-                backoff.sleep(deadline);
+                backoff.snooze_at_most(deadline.and_then(Deadline::remaining));
             }
             Err(e) if e.kind() == ErrorKind::AddrInUse => {
                 return Err(Error::io(
@@ -126,7 +104,7 @@ pub(crate) fn connect_retry(
     who: &str,
     cancel: &Cancel,
 ) -> Result<TcpStream> {
-    let mut backoff = Backoff::new(Duration::from_millis(50));
+    let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(50));
     let mut last_err: Option<std::io::Error> = None;
     while let Some(left) = deadline.remaining() {
         if cancel.load(std::sync::atomic::Ordering::Acquire) {
@@ -155,7 +133,7 @@ pub(crate) fn connect_retry(
                     return Err(Error::io(format!("connect to {who} at {addr}"), e));
                 }
                 last_err = Some(e);
-                backoff.sleep(Some(deadline));
+                backoff.snooze_at_most(deadline.remaining());
             }
         }
     }

@@ -15,8 +15,8 @@
 //! | 42..120  | reserved, 0                                        |
 //! | 120..128 | FNV-1a checksum of bytes 0..120                    |
 
-use super::fnv1a;
 use crate::error::{Error, Result};
+use crate::identity::fnv1a;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 /// Size of a [`UniqueId`] in bytes.

@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::ipc::host_addressable;
 use super::BaseConnection;
+use crate::backoff::Backoff;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::memory::{read_from, write_to};
+use crate::memory::{host_addressable, read_from, write_to};
 use crate::registered_memory::{find_local, RegisteredMemory};
 use crate::transport::{Device, Transport};
 
@@ -127,7 +127,7 @@ fn io_err(op: String) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 fn connect_with_retry(addr: SocketAddr, deadline: Instant, timeout: Duration) -> Result<TcpStream> {
-    let mut delay = Duration::from_millis(1);
+    let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(100));
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10))) {
@@ -139,8 +139,7 @@ fn connect_with_retry(addr: SocketAddr, deadline: Instant, timeout: Duration) ->
                 ))
             }
             Err(_) => {
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(Duration::from_millis(100));
+                backoff.snooze();
             }
         }
     }
@@ -159,7 +158,7 @@ fn accept_peer(
     listener
         .set_nonblocking(true)
         .map_err(io_err("listener set_nonblocking".into()))?;
-    let mut delay = Duration::from_micros(100);
+    let mut backoff = Backoff::sleeping(Duration::from_micros(100), Duration::from_millis(20));
     loop {
         match listener.accept() {
             Ok((s, _)) => {
@@ -190,8 +189,7 @@ fn accept_peer(
                 timeout,
             ));
         }
-        std::thread::sleep(delay);
-        delay = (delay * 2).min(Duration::from_millis(20));
+        backoff.snooze();
     }
 }
 

@@ -11,7 +11,7 @@ use mscclpp_hal::{Api, Gpu};
 
 use super::BaseConnection;
 use crate::error::Result;
-use crate::memory::{hal_err, write_to};
+use crate::memory::{hal_err, host_addressable, write_to};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, DeviceType, Transport};
 
@@ -19,11 +19,6 @@ use crate::transport::{Device, DeviceType, Transport};
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Pending stream operations after which the connection synchronizes its stream.
 const MAX_IN_FLIGHT: usize = 4096;
-
-/// Whether the host can touch memory of `device` directly.
-pub(crate) fn host_addressable(device: Device) -> bool {
-    device.kind == DeviceType::Cpu || <Gpu as Api>::HOST_ADDRESSABLE
-}
 
 pub(crate) struct IpcConnection {
     local_device: Device,

@@ -20,35 +20,5 @@ pub mod packet;
 pub mod port_channel;
 pub mod semaphore;
 
-use std::time::{Duration, Instant};
-
-use crate::error::{Error, Result};
-
-/// Polls `cond` until it holds or `timeout` passes: spins briefly, then yields, then sleeps.
-pub fn spin_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Result<()> {
-    for _ in 0..256 {
-        if cond() {
-            return Ok(());
-        }
-        std::hint::spin_loop();
-    }
-    let start = Instant::now();
-    let mut polls: u64 = 0;
-    loop {
-        if cond() {
-            return Ok(());
-        }
-        polls += 1;
-        if polls.is_multiple_of(64) {
-            let waited = start.elapsed();
-            if waited >= timeout {
-                return Err(Error::timeout(format!("waiting for {what}"), timeout));
-            }
-            if waited > Duration::from_millis(50) {
-                std::thread::sleep(Duration::from_micros(50));
-                continue;
-            }
-        }
-        std::thread::yield_now();
-    }
-}
+/// The condition-with-timeout wait every operation here uses (it lives in [`crate::backoff`]).
+pub use crate::backoff::spin_until;
