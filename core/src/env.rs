@@ -1,14 +1,13 @@
-//! The `MSCCLPP_*` environment, read once per process into one typed [`Env`], and a tiny logger.
+//! The `MSCCLPP_*` environment, read once per process into one typed [`Env`] (the logging
+//! variables are applied by [`crate::logger`]).
 //!
 //! Reading never fails: a malformed value is kept as its parse error and returned, naming the
 //! variable, what came and what was expected, by the typed accessor (`env().ibv_mode()?`).
 //! Tests build an `Env` from any lookup function with [`Env::from_lookup`].
 
 use crate::error::{Error, Result};
-use std::fmt;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// Log verbosity (`MSCCLPP_LOG_LEVEL`, or `MSCCLPP_DEBUG`), in increasing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,7 +39,8 @@ impl LogLevel {
         })
     }
 
-    fn name(self) -> &'static str {
+    /// The variable's spelling of the level (`WARN`, ...).
+    pub fn name(self) -> &'static str {
         match self {
             LogLevel::None => "NONE",
             LogLevel::Version => "VERSION",
@@ -295,103 +295,4 @@ impl Env {
                 .any(|s| s.eq_ignore_ascii_case("ALL") || s.eq_ignore_ascii_case(subsys)),
         }
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".to_string())
-}
-
-enum LogSink {
-    Stderr,
-    File(std::fs::File),
-}
-
-/// Writes one log line if `level`/`subsys` are enabled by [`env()`]. Use the `log_warn!`,
-/// `log_info!` and `log_trace!` macros instead of calling this directly.
-pub fn log(level: LogLevel, subsys: &str, args: fmt::Arguments<'_>) {
-    let e = env();
-    if !e.log_enabled(level, subsys) {
-        return;
-    }
-    static SINK: OnceLock<Mutex<LogSink>> = OnceLock::new();
-    let sink = SINK.get_or_init(|| {
-        let mut sink = LogSink::Stderr;
-        let mut note = None;
-        if let Some(path) = e.log_file() {
-            let p = path
-                .to_string_lossy()
-                .replace("%h", &hostname())
-                .replace("%p", &std::process::id().to_string());
-            match std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&p)
-            {
-                Ok(f) => sink = LogSink::File(f),
-                Err(err) => {
-                    note = Some(format!(
-                        "MSCCLPP_LOG_FILE={p}: cannot open ({err}); logging to stderr"
-                    ))
-                }
-            }
-        }
-        if let Err(msg) = &e.log_level {
-            let prev = note.take();
-            note = Some(match prev {
-                Some(p) => format!("{p}; {msg}; using WARN"),
-                None => format!("{msg}; using WARN"),
-            });
-        }
-        if let Some(n) = note {
-            eprintln!(
-                "{}:{} MSCCLPP WARN [ENV] {n}",
-                hostname(),
-                std::process::id()
-            );
-        }
-        Mutex::new(sink)
-    });
-    let line = format!(
-        "{}:{} MSCCLPP {} [{}] {}\n",
-        hostname(),
-        std::process::id(),
-        level.name(),
-        subsys,
-        args
-    );
-    let mut guard = match sink.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    // Logging is best effort: a failed write must not fail the operation being logged.
-    let _ = match &mut *guard {
-        LogSink::Stderr => std::io::stderr().write_all(line.as_bytes()),
-        LogSink::File(f) => f.write_all(line.as_bytes()),
-    };
-}
-
-/// Logs a warning: `log_warn!("NET", "retrying {addr}")`.
-#[macro_export]
-macro_rules! log_warn {
-    ($subsys:expr, $($arg:tt)*) => {
-        $crate::env::log($crate::env::LogLevel::Warn, $subsys, format_args!($($arg)*))
-    };
-}
-
-/// Logs an informational message: `log_info!("INIT", "rank {r} ready")`.
-#[macro_export]
-macro_rules! log_info {
-    ($subsys:expr, $($arg:tt)*) => {
-        $crate::env::log($crate::env::LogLevel::Info, $subsys, format_args!($($arg)*))
-    };
-}
-
-/// Logs a trace message.
-#[macro_export]
-macro_rules! log_trace {
-    ($subsys:expr, $($arg:tt)*) => {
-        $crate::env::log($crate::env::LogLevel::Trace, $subsys, format_args!($($arg)*))
-    };
 }

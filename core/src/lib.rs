@@ -14,6 +14,7 @@ pub mod future;
 pub mod gpu_buffer;
 pub mod ib;
 pub mod identity;
+pub mod logger;
 pub mod memory;
 pub mod memory_channel;
 pub mod packet;

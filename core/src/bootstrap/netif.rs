@@ -1,9 +1,10 @@
-//! Network interface discovery (`getifaddrs`) and `MSCCLPP_SOCKET_IFNAME` matching.
+//! Network interface discovery (`getifaddrs`, through `nix`) and `MSCCLPP_SOCKET_IFNAME`
+//! matching.
 
 use crate::env::SocketFamily;
 use crate::error::{Error, Result};
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use nix::net::if_::InterfaceFlags;
+use std::net::IpAddr;
 
 /// One address of a network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,115 +21,44 @@ pub struct Interface {
     pub loopback: bool,
 }
 
-// Linux `struct ifaddrs` (<ifaddrs.h>); the last field is a union of two pointers.
-#[repr(C)]
-struct IfAddrs {
-    ifa_next: *mut IfAddrs,
-    ifa_name: *mut c_char,
-    ifa_flags: c_uint,
-    ifa_addr: *mut SockAddr,
-    ifa_netmask: *mut SockAddr,
-    ifa_ifu: *mut SockAddr,
-    ifa_data: *mut c_void,
-}
-
-#[repr(C)]
-struct SockAddr {
-    sa_family: u16,
-    sa_data: [u8; 14],
-}
-
-#[repr(C)]
-struct SockAddrIn {
-    sin_family: u16,
-    sin_port: u16,
-    sin_addr: [u8; 4],
-    sin_zero: [u8; 8],
-}
-
-#[repr(C)]
-struct SockAddrIn6 {
-    sin6_family: u16,
-    sin6_port: u16,
-    sin6_flowinfo: u32,
-    sin6_addr: [u8; 16],
-    sin6_scope_id: u32,
-}
-
-const AF_INET: u16 = 2;
-const AF_INET6: u16 = 10;
-const IFF_UP: c_uint = 0x1;
-const IFF_LOOPBACK: c_uint = 0x8;
-
-extern "C" {
-    fn getifaddrs(ifap: *mut *mut IfAddrs) -> c_int;
-    fn freeifaddrs(ifa: *mut IfAddrs);
-    fn if_nametoindex(ifname: *const c_char) -> c_uint;
-}
-
 /// Every IPv4/IPv6 address of every interface, in the order the kernel lists them.
 pub fn list_interfaces() -> Result<Vec<Interface>> {
-    let mut head: *mut IfAddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `head`, which we free below with freeifaddrs.
-    if unsafe { getifaddrs(&mut head) } != 0 {
-        return Err(Error::io("getifaddrs", std::io::Error::last_os_error()));
-    }
+    let addrs =
+        nix::ifaddrs::getifaddrs().map_err(|e| Error::io("getifaddrs", std::io::Error::from(e)))?;
     let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list returned by getifaddrs, valid until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+    for ifa in addrs {
+        let Some(sa) = ifa.address else { continue };
+        let (addr, scope_id) = if let Some(sin) = sa.as_sockaddr_in() {
+            (IpAddr::V4(sin.ip()), 0)
+        } else if let Some(sin6) = sa.as_sockaddr_in6() {
+            (IpAddr::V6(sin6.ip()), sin6.scope_id())
+        } else {
             continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        // SAFETY: ifa_addr is non-null and points at a sockaddr of at least sa_family.
-        let family = unsafe { (*ifa.ifa_addr).sa_family };
-        let (addr, scope_id) = match family {
-            AF_INET => {
-                // SAFETY: family AF_INET means the sockaddr is a sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const SockAddrIn) };
-                (IpAddr::V4(Ipv4Addr::from(sin.sin_addr)), 0)
-            }
-            AF_INET6 => {
-                // SAFETY: family AF_INET6 means the sockaddr is a sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const SockAddrIn6) };
-                (
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr)),
-                    sin6.sin6_scope_id,
-                )
-            }
-            _ => continue,
         };
         out.push(Interface {
-            name,
+            name: ifa.interface_name,
             addr,
             scope_id,
-            up: ifa.ifa_flags & IFF_UP != 0,
-            loopback: ifa.ifa_flags & IFF_LOOPBACK != 0,
+            up: ifa.flags.contains(InterfaceFlags::IFF_UP),
+            loopback: ifa.flags.contains(InterfaceFlags::IFF_LOOPBACK),
         });
     }
-    // SAFETY: `head` came from a successful getifaddrs and is freed once.
-    unsafe { freeifaddrs(head) };
     Ok(out)
 }
 
 /// The index of interface `name` (for IPv6 scope ids), or an error naming it.
 pub fn interface_index(name: &str) -> Result<u32> {
-    let c = CString::new(name)
-        .map_err(|_| Error::invalid(format!("interface name {name:?} contains a NUL byte")))?;
-    // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-    let idx = unsafe { if_nametoindex(c.as_ptr()) };
-    if idx == 0 {
+    if name.contains('\0') {
         return Err(Error::invalid(format!(
-            "network interface {name:?} does not exist"
+            "interface name {name:?} contains a NUL byte"
         )));
     }
-    Ok(idx)
+    match nix::net::if_::if_nametoindex(name) {
+        Ok(idx) if idx != 0 => Ok(idx),
+        _ => Err(Error::invalid(format!(
+            "network interface {name:?} does not exist"
+        ))),
+    }
 }
 
 /// Whether interface `name` matches an NCCL-style `spec`: a comma list of name prefixes;
