@@ -59,7 +59,7 @@ struct RegInner {
     data: u64,
     /// One memory region per IB transport of a local registration; declared before `local`
     /// so the regions are deregistered before the allocation can be freed.
-    ib_mrs: Vec<crate::ib::IbMr>,
+    ib_mrs: Vec<crate::ib::mr::IbMr>,
     /// The allocation when this process owns the memory, and the offset of the range in it.
     local: Option<(Arc<Allocation>, u64)>,
     /// The imported mapping (dropped -> unmapped, fd closed).
@@ -131,7 +131,8 @@ impl RegisteredMemory {
         for t in transports.iter().filter(|t| t.is_ib()) {
             // SAFETY: the region is stored in the returned memory next to the `Arc` of the
             // allocation and dropped before it (field order of RegInner).
-            let mr = unsafe { crate::ib::register(t, alloc.ptr() + offset, size, alloc.device()) }?;
+            let mr =
+                unsafe { crate::ib::mr::register(t, alloc.ptr() + offset, size, alloc.device()) }?;
             infos.push((t, mr.info()));
             ib_mrs.push(mr);
         }
@@ -165,7 +166,7 @@ impl RegisteredMemory {
         pid_hash: u64,
         local: (Arc<Allocation>, u64),
         infos: Vec<(Transport, Vec<u8>)>,
-        ib_mrs: Vec<crate::ib::IbMr>,
+        ib_mrs: Vec<crate::ib::mr::IbMr>,
     ) -> RegisteredMemory {
         let id = NEXT_REGISTRY_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(RegInner {

@@ -1,4 +1,5 @@
-//! A small explicit wire format shared by [`crate::Endpoint`] and [`crate::RegisteredMemory`].
+//! A small explicit wire format shared by [`crate::Endpoint`] and [`crate::RegisteredMemory`],
+//! and the codecs of the values they carry (devices, socket addresses).
 //!
 //! Every message is `magic (4 bytes) | version (u16) | body length (u32) | body`, all little
 //! endian. The reader checks the magic, the version and that the body length matches the bytes

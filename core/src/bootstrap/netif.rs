@@ -4,7 +4,7 @@
 use crate::env::SocketFamily;
 use crate::error::{Error, Result};
 use nix::net::if_::InterfaceFlags;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 
 /// One address of a network interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +140,14 @@ pub fn select_interface() -> Result<Interface> {
     let env = crate::env::env();
     let family = env.socket_family()?;
     choose_interface(&list_interfaces()?, env.socket_ifname(), family)
+}
+
+/// The address to bind on interface `i`, with an ephemeral port.
+pub(crate) fn iface_bind_addr(i: &Interface) -> SocketAddr {
+    match i.addr {
+        IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, 0, 0, i.scope_id)),
+        IpAddr::V4(_) => SocketAddr::new(i.addr, 0),
+    }
 }
 
 #[cfg(test)]

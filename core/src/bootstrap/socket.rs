@@ -5,6 +5,7 @@ use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A point in time by which an operation must finish, and the timeout it came from (for
@@ -201,4 +202,25 @@ pub(crate) fn write_all_by(
             Some(e)
         }
     })
+}
+
+/// Locks `m`, also when poisoned.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another thread panicked while holding it; the data here
+    // (queues, a stream) stays consistent, so keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A random u64 from std's per-process random hasher keys, the clock and a counter.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
 }

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::spin_until;
+use crate::backoff::spin_until;
 use crate::error::Result;
 
 /// # Safety

@@ -21,7 +21,7 @@
 //! library exports it and the GPU layer can export a dma-buf fd; the GPU layer of this build
 //! cannot yet ([`gpu_dmabuf_supported`]), so GPU memory goes through `ibv_reg_mr`, which needs
 //! the `nvidia-peermem` kernel module (checked in `/sys/module` and `/proc/modules`; without it
-//! registration is an error saying so). The [`IbMr`] is owned by the registered memory and
+//! registration is an error saying so). The [`mr::IbMr`] is owned by the registered memory and
 //! deregistered when it drops.
 //!
 //! The memory's transport info blob for an IB transport (what a peer needs to write to it):
@@ -39,10 +39,18 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use mscclpp_hal::ibv::{Gid, IbvError, IbvLib, PortAttr, ProtectionDomain};
 
+use crate::backoff::Backoff;
 use crate::error::{Error, Result};
 use crate::transport::{IbConfig, Transport};
 
-pub(crate) use mr::{register, IbMr, RemoteMr};
+/// How IB waits poll their completion queues: 63 spins, 192 yields, then sleeps of 20 us
+/// doubling to 1 ms.
+pub(crate) const CQ_BACKOFF: Backoff = Backoff::new(
+    63,
+    192,
+    std::time::Duration::from_micros(20),
+    std::time::Duration::from_millis(1),
+);
 
 /// Converts a verbs error into this crate's error, naming the operation.
 pub(crate) fn ibv_err(op: &str, e: IbvError) -> Error {

@@ -8,9 +8,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::lock;
 use super::wire::{rd_u64, FRAME_HEADER, KIND_COLLECTIVE, MAX_FRAME};
-use crate::bootstrap::socket::Deadline;
+use crate::bootstrap::socket::{lock, Deadline};
 use crate::error::{Error, Result};
 
 pub(super) type MailKey = (usize, u8, u64);

@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use super::mailbox::{receive_loop, Mailbox};
 use super::wire::*;
-use super::{iface_bind_addr, lock, TcpBootstrap};
 use crate::backoff::Backoff;
-use crate::bootstrap::netif::{choose_interface, list_interfaces, select_interface};
+use crate::bootstrap::netif::{
+    choose_interface, iface_bind_addr, list_interfaces, select_interface,
+};
 use crate::bootstrap::socket::{
-    bind_listener, cancelled, connect_retry, read_exact_by, write_all_by, Cancel, Deadline,
+    bind_listener, cancelled, connect_retry, lock, read_exact_by, write_all_by, Cancel, Deadline,
     ReadFail,
 };
 use crate::bootstrap::unique_id::{decode_addr, ADDR_BYTES};
@@ -66,7 +67,13 @@ pub(super) struct Table {
     listener: TcpListener,
 }
 
-impl TcpBootstrap {
+/// The rank doing setup (what [`TcpBootstrap`](super::TcpBootstrap) knows before a session).
+pub(super) struct Member {
+    pub(super) rank: usize,
+    pub(super) nranks: usize,
+}
+
+impl Member {
     /// Binds this rank's listener for its peers: on `ifname`'s address, else on the interface
     /// `MSCCLPP_SOCKET_IFNAME` selects, else on the local address of the root connection.
     fn bind_peer_listener(

@@ -33,43 +33,23 @@ mod wire;
 pub use address::InitAddr;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, SocketAddrV6, TcpListener};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use self::mesh::Session;
+use self::mesh::{Member, Session};
 use self::root::run_root;
 use self::wire::{FRAME_HEADER, KIND_COLLECTIVE, KIND_USER};
-use super::netif::{select_interface, Interface};
-use super::socket::{bind_listener, write_all_by, Cancel, Deadline};
+use super::netif::{iface_bind_addr, select_interface};
+use super::socket::{bind_listener, lock, random_u64, write_all_by, Cancel, Deadline};
 use super::unique_id::UniqueId;
 use super::{check_group, Bootstrap};
 use crate::error::{Error, Result};
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another thread panicked while holding it; the data here
-    // (queues, a stream) stays consistent, so keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Listeners reserved by `create_unique_id`, by nonce, for rank 0 of this process to take.
 fn reserved_listeners() -> &'static Mutex<HashMap<u64, TcpListener>> {
     static RESERVED: OnceLock<Mutex<HashMap<u64, TcpListener>>> = OnceLock::new();
     RESERVED.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// A random u64 from std's per-process random hasher keys, the clock and a counter.
-pub(super) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    h.write_u32(std::process::id());
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(t.as_nanos());
-    }
-    h.finish()
 }
 
 const TAG_ALL_GATHER: u64 = 1;
@@ -200,7 +180,11 @@ impl TcpBootstrap {
             None
         };
 
-        let joined = self.join(root, nonce, ifname.as_deref(), &deadline, &root_failed);
+        let me = Member {
+            rank: self.rank,
+            nranks: self.nranks,
+        };
+        let joined = me.join(root, nonce, ifname.as_deref(), &deadline, &root_failed);
         let root_result = match root_thread {
             Some(t) => t.join().unwrap_or_else(|_| {
                 Err(Error::Internal("the bootstrap root thread panicked".into()))
@@ -213,7 +197,7 @@ impl TcpBootstrap {
             (Ok(()), Err(e)) => return Err(e),
             (Ok(()), Ok(t)) => t,
         };
-        let session = self.connect_mesh(table, &deadline, timeout)?;
+        let session = me.connect_mesh(table, &deadline, timeout)?;
         self.session = Some(session);
         crate::log_info!(
             "BOOTSTRAP",
@@ -323,14 +307,6 @@ impl TcpBootstrap {
     /// Whether `initialize` has succeeded.
     pub fn is_initialized(&self) -> bool {
         self.session.is_some()
-    }
-}
-
-/// The address to bind on interface `i`, with an ephemeral port.
-pub(super) fn iface_bind_addr(i: &Interface) -> SocketAddr {
-    match i.addr {
-        IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, 0, 0, i.scope_id)),
-        IpAddr::V4(_) => SocketAddr::new(i.addr, 0),
     }
 }
 

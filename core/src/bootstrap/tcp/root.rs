@@ -5,10 +5,9 @@ use std::io::ErrorKind;
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::random_u64;
 use super::wire::*;
 use crate::backoff::Backoff;
-use crate::bootstrap::socket::{read_exact_by, write_all_by, Deadline};
+use crate::bootstrap::socket::{random_u64, read_exact_by, write_all_by, Deadline};
 use crate::bootstrap::unique_id::{encode_addr, ADDR_BYTES};
 use crate::error::{Error, Result};
 

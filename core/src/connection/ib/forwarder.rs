@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use mscclpp_hal::ibv::{QueuePair, RecvWr};
 
-use super::IB_BACKOFF;
 use crate::error::Error;
 use crate::ib::qp::HostRing;
+use crate::ib::CQ_BACKOFF;
 use crate::memory::host_addressable;
 use crate::registered_memory::{find_local, RegisteredMemory};
 use crate::transport::Transport;
@@ -147,7 +147,7 @@ pub(super) fn recv_loop(
     };
     let mut count: u64 = 0;
     let mut wcs = Vec::new();
-    let mut backoff = IB_BACKOFF;
+    let mut backoff = CQ_BACKOFF;
     loop {
         if sh.closing.load(Ordering::Acquire) {
             return;

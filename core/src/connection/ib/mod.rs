@@ -39,11 +39,11 @@ use mscclpp_hal::ibv::{
 
 use self::forwarder::{recv_loop, RecvShared};
 use super::BaseConnection;
-use crate::backoff::Backoff;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::ib::mr::RemoteMr;
 use crate::ib::qp::{HostRing, IbQp, QpInfo};
-use crate::ib::{ibv_err, IbCtx, RemoteMr};
+use crate::ib::{ibv_err, IbCtx, CQ_BACKOFF};
 use crate::registered_memory::{find_local, RegisteredMemory};
 use crate::transport::{Device, IbMode, Transport};
 
@@ -99,11 +99,6 @@ impl Drop for IbConnection {
         }
     }
 }
-
-/// How IB waits poll their completion queues: 63 spins, 192 yields, then sleeps of 20 us
-/// doubling to 1 ms.
-const IB_BACKOFF: Backoff =
-    Backoff::new(63, 192, Duration::from_micros(20), Duration::from_millis(1));
 
 impl IbConnection {
     /// Connects the QP of `local` (taken from it) to the peer's endpoint `remote`.
@@ -267,7 +262,7 @@ impl IbConnection {
         cond: impl Fn(&SendState) -> bool,
     ) -> Result<()> {
         let start = Instant::now();
-        let mut backoff = IB_BACKOFF;
+        let mut backoff = CQ_BACKOFF;
         loop {
             if let Some(e) = self.pending_error(st) {
                 return Err(e);
@@ -458,7 +453,7 @@ impl BaseConnection for IbConnection {
 
     fn flush(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
-        let mut backoff = IB_BACKOFF;
+        let mut backoff = CQ_BACKOFF;
         loop {
             {
                 let mut st = self.lock();
