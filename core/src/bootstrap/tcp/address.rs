@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 /// Where to find the bootstrap root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InitAddr {
-    /// A [`UniqueId`] from [`TcpBootstrap::create_unique_id`].
+    /// A [`UniqueId`] from [`TcpBootstrap::create_unique_id`](super::TcpBootstrap::create_unique_id).
     Id(UniqueId),
     /// `"ip:port"` (`ifname: None`) or `"ifname:ip:port"`: the root listens on `addr`; with an
     /// interface name, this rank's peer sockets use that interface's address.
