@@ -94,7 +94,7 @@ impl Drop for GdrInner {
         // SAFETY: the handle came from gdr_open and every mapping holding an Arc is gone.
         let ret = unsafe { (self.close)(self.handle) };
         if ret != 0 {
-            eprintln!("mscclpp-hal: gdr_close failed with {ret}");
+            log::warn!("gdr_close failed with {ret}");
         }
     }
 }
@@ -312,7 +312,7 @@ impl Drop for GdrMapping {
             )
         };
         if a != 0 || b != 0 {
-            eprintln!("mscclpp-hal: gdr_unmap/gdr_unpin_buffer failed ({a}, {b})");
+            log::warn!("gdr_unmap/gdr_unpin_buffer failed ({a}, {b})");
         }
     }
 }

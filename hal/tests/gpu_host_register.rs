@@ -5,7 +5,7 @@
 #[path = "common/gpu_ipc.rs"]
 mod common;
 
-use mscclpp_hal::{Api, Gpu, LaunchConfig};
+use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 use std::time::Duration;
 
 /// Not a multiple of the page size or of the launch width, on purpose.

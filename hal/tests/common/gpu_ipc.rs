@@ -8,7 +8,7 @@
 
 #![allow(dead_code)]
 
-use mscclpp_hal::{Api, Buffer, Gpu, IpcDescriptor, IpcKind, LaunchConfig, MemoryKind};
+use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor, IpcKind, LaunchConfig, MemoryKind};
 use std::process::Command;
 use std::time::{Duration, Instant};
 

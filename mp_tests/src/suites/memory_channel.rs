@@ -23,7 +23,7 @@ pub(crate) mod common {
     use mscclpp::bootstrap::Bootstrap;
     use mscclpp::{Communicator, Context, Device, EndpointConfig, RegisteredMemory, Transport};
     use mscclpp_framework::*;
-    use mscclpp_hal::{Api, Gpu, LaunchConfig};
+    use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 
     use crate::world::mp_env;
 

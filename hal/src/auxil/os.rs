@@ -130,7 +130,7 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: ptr/len describe a mapping made by `shared` and not unmapped before.
         if unsafe { munmap(self.ptr.cast(), self.len) } != 0 {
-            crate::deferred::record(Error::last_os("munmap"));
+            crate::auxil::deferred::record(Error::last_os("munmap"));
         }
     }
 }
