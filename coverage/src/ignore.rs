@@ -1,7 +1,7 @@
 //! The `--ignore-filename-regex` given to `cargo llvm-cov report`.
 //!
 //! Excluded: test code (`tests/` folders, `tests.rs` modules, `benches/`), `examples/`, the
-//! verbs test provider (`hal/ibv-testprov`), the multi-process suites (`mp_tests`, test code
+//! verbs test provider (`mp_tests/ibv-testprov`), the multi-process suites (`mp_tests`, test code
 //! through and through), the framework's self-test fixture binary (`framework/src/bin`,
 //! `framework/fixtures`), generated sources (build script `OUT_DIR`s, `.../build/<pkg>-<hash>/out/`),
 //! and this crate. cargo-llvm-cov itself already leaves out dependencies and the standard
@@ -24,7 +24,7 @@ fn escape(text: &str) -> String {
 /// Workspace folders left out of the report, relative to the root.
 pub const EXCLUDED_FOLDERS: &[&str] = &[
     "coverage",
-    "hal/ibv-testprov",
+    "mp_tests/ibv-testprov",
     "mp_tests",
     "framework/src/bin",
     "framework/fixtures",

@@ -14,7 +14,7 @@ use super::os;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,7 +139,7 @@ fn answer(mut stream: UnixStream, table: &Table) -> Result<()> {
     match fd {
         Some(fd) => {
             reply[6] = 0;
-            os::send_with_fd(&stream, &reply, Some(fd.as_raw_fd()))
+            os::send_with_fd(&stream, &reply, Some(fd.as_fd()))
         }
         None => {
             reply[6] = 1;

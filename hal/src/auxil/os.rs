@@ -1,82 +1,34 @@
-//! The few Linux calls std does not wrap: memfd, mmap and SCM_RIGHTS messages.
-//!
-//! Declared here by hand (x86_64 and aarch64 Linux share these layouts) so the HAL needs no
-//! extra crate.
+//! The few Linux calls std does not wrap: memfd, mmap and SCM_RIGHTS messages, through
+//! rustix (no hand-laid `msghdr`/`cmsghdr` or magic constants here).
 
 use crate::{Error, Result};
-use std::ffi::{c_int, c_long, c_uint, c_void, CStr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use rustix::mm::{MapFlags, ProtFlags};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::ffi::CStr;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-const PROT_READ: c_int = 1;
-const PROT_WRITE: c_int = 2;
-const MAP_SHARED: c_int = 1;
-const MFD_CLOEXEC: c_uint = 1;
-const SOL_SOCKET: c_int = 1;
-const SCM_RIGHTS: c_int = 1;
-const MSG_CMSG_CLOEXEC: c_int = 0x4000_0000;
-const MSG_NOSIGNAL: c_int = 0x4000;
-const SC_PAGESIZE: c_int = 30;
-
-#[repr(C)]
-struct IoVec {
-    base: *mut c_void,
-    len: usize,
-}
-
-#[repr(C)]
-struct MsgHdr {
-    name: *mut c_void,
-    namelen: u32,
-    iov: *mut IoVec,
-    iovlen: usize,
-    control: *mut c_void,
-    controllen: usize,
-    flags: c_int,
-}
-
-#[repr(C)]
-struct CmsgHdr {
-    len: usize,
-    level: c_int,
-    kind: c_int,
-}
-
-extern "C" {
-    fn memfd_create(name: *const std::ffi::c_char, flags: c_uint) -> c_int;
-    fn mmap(
-        addr: *mut c_void,
-        len: usize,
-        prot: c_int,
-        flags: c_int,
-        fd: c_int,
-        off: i64,
-    ) -> *mut c_void;
-    fn munmap(addr: *mut c_void, len: usize) -> c_int;
-    fn sendmsg(fd: c_int, msg: *const MsgHdr, flags: c_int) -> isize;
-    fn recvmsg(fd: c_int, msg: *mut MsgHdr, flags: c_int) -> isize;
-    fn sysconf(name: c_int) -> c_long;
-}
-
-/// The system page size (4096 if the query fails).
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let v = unsafe { sysconf(SC_PAGESIZE) };
-    if v > 0 {
-        v as usize
-    } else {
-        4096
+/// An [`Error::Os`] naming `op` for a rustix errno.
+fn os_error(op: &'static str, e: rustix::io::Errno) -> Error {
+    Error::Os {
+        op,
+        source: std::io::Error::from(e),
     }
+}
+
+/// The system page size.
+pub(crate) fn page_size() -> usize {
+    rustix::param::page_size()
 }
 
 /// Creates an anonymous memory file (close-on-exec) of `len` bytes.
 pub(crate) fn memfd(name: &CStr, len: usize) -> Result<OwnedFd> {
-    // SAFETY: name is a valid NUL-terminated string.
-    let fd = unsafe { memfd_create(name.as_ptr(), MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::last_os("memfd_create"));
-    }
-    // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owned = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| os_error("memfd_create", e))?;
     let file = std::fs::File::from(owned);
     file.set_len(len as u64).map_err(|source| Error::Os {
         op: "ftruncate(memfd)",
@@ -104,20 +56,19 @@ impl Mapping {
         if len == 0 {
             return Err(Error::invalid("mmap", "a non-zero length", "0"));
         }
-        // SAFETY: a fresh mapping chosen by the kernel; fd is a valid open descriptor.
+        // SAFETY: a fresh mapping at an address chosen by the kernel (null hint), so no
+        // existing memory is replaced; fd is a valid open descriptor.
         let p = unsafe {
-            mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                PROT_READ | PROT_WRITE,
-                MAP_SHARED,
-                fd.as_raw_fd(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
                 0,
             )
-        };
-        if p as isize == -1 {
-            return Err(Error::last_os("mmap(MAP_SHARED)"));
         }
+        .map_err(|e| os_error("mmap(MAP_SHARED)", e))?;
         Ok(Mapping { ptr: p.cast(), len })
     }
 
@@ -128,48 +79,41 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: ptr/len describe a mapping made by `shared` and not unmapped before.
-        if unsafe { munmap(self.ptr.cast(), self.len) } != 0 {
-            crate::auxil::deferred::record(Error::last_os("munmap"));
+        // SAFETY: ptr/len describe a mapping made by `shared` and not unmapped before; every
+        // borrower of it is gone with `self`.
+        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {
+            crate::auxil::deferred::record(os_error("munmap", e));
         }
     }
 }
 
 /// Sends `data` with `fd` (if any) attached as SCM_RIGHTS on a connected Unix socket.
-pub(crate) fn send_with_fd(sock: &impl AsRawFd, data: &[u8], fd: Option<RawFd>) -> Result<()> {
-    let mut iov = IoVec {
-        base: data.as_ptr() as *mut c_void,
-        len: data.len(),
-    };
-    // Room for one cmsghdr (16 bytes) plus one int, aligned to 8: CMSG_SPACE(4) = 24.
-    let mut control = [0u64; 3];
-    let mut msg = MsgHdr {
-        name: std::ptr::null_mut(),
-        namelen: 0,
-        iov: &mut iov,
-        iovlen: 1,
-        control: std::ptr::null_mut(),
-        controllen: 0,
-        flags: 0,
-    };
+pub(crate) fn send_with_fd(
+    sock: &impl AsFd,
+    data: &[u8],
+    fd: Option<BorrowedFd<'_>>,
+) -> Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds;
     if let Some(fd) = fd {
-        let hdr = control.as_mut_ptr().cast::<CmsgHdr>();
-        // SAFETY: `control` is 24 bytes, 8-aligned: room for the header and the fd after it.
-        unsafe {
-            (*hdr).len = std::mem::size_of::<CmsgHdr>() + std::mem::size_of::<c_int>();
-            (*hdr).level = SOL_SOCKET;
-            (*hdr).kind = SCM_RIGHTS;
-            hdr.add(1).cast::<c_int>().write(fd);
+        fds = [fd];
+        if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(Error::invalid(
+                "sendmsg(SCM_RIGHTS)",
+                "room for one fd in the control buffer",
+                "too little",
+            ));
         }
-        msg.control = control.as_mut_ptr().cast();
-        msg.controllen = std::mem::size_of_val(&control);
     }
-    // SAFETY: msg points at live buffers for the duration of the call.
-    let n = unsafe { sendmsg(sock.as_raw_fd(), &msg, MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(Error::last_os("sendmsg(SCM_RIGHTS)"));
-    }
-    if n as usize != data.len() {
+    let n = rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(data)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )
+    .map_err(|e| os_error("sendmsg(SCM_RIGHTS)", e))?;
+    if n != data.len() {
         return Err(Error::invalid(
             "sendmsg(SCM_RIGHTS)",
             format!("{} bytes sent", data.len()),
@@ -180,51 +124,27 @@ pub(crate) fn send_with_fd(sock: &impl AsRawFd, data: &[u8], fd: Option<RawFd>) 
 }
 
 /// Receives up to `buf.len()` bytes and at most one passed fd.
-/// Returns the byte count and the fd (owned, close-on-exec) if one came.
-pub(crate) fn recv_with_fd(
-    sock: &impl AsRawFd,
-    buf: &mut [u8],
-) -> Result<(usize, Option<OwnedFd>)> {
-    let mut iov = IoVec {
-        base: buf.as_mut_ptr().cast(),
-        len: buf.len(),
-    };
-    let mut control = [0u64; 8];
-    let mut msg = MsgHdr {
-        name: std::ptr::null_mut(),
-        namelen: 0,
-        iov: &mut iov,
-        iovlen: 1,
-        control: control.as_mut_ptr().cast(),
-        controllen: std::mem::size_of_val(&control),
-        flags: 0,
-    };
-    // SAFETY: msg points at live buffers for the duration of the call.
-    let n = unsafe { recvmsg(sock.as_raw_fd(), &mut msg, MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(Error::last_os("recvmsg(SCM_RIGHTS)"));
-    }
+/// Returns the byte count and the fd (owned, close-on-exec) if one came; extra fds (never
+/// sent by our servers) are closed.
+pub(crate) fn recv_with_fd(sock: &impl AsFd, buf: &mut [u8]) -> Result<(usize, Option<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(|e| os_error("recvmsg(SCM_RIGHTS)", e))?;
     let mut fd = None;
-    let hdr_len = std::mem::size_of::<CmsgHdr>();
-    if msg.controllen >= hdr_len + std::mem::size_of::<c_int>() {
-        let hdr = control.as_ptr().cast::<CmsgHdr>();
-        // SAFETY: the kernel wrote at least one header plus one int into `control`.
-        let (level, kind, len) = unsafe { ((*hdr).level, (*hdr).kind, (*hdr).len) };
-        if level == SOL_SOCKET
-            && kind == SCM_RIGHTS
-            && len >= hdr_len + std::mem::size_of::<c_int>()
-        {
-            let count = (len - hdr_len) / std::mem::size_of::<c_int>();
-            for i in 0..count {
-                // SAFETY: `count` ints follow the header, all inside `control` (len <= controllen).
-                let raw = unsafe { hdr.add(1).cast::<c_int>().add(i).read() };
-                // SAFETY: the kernel installed this fd for us; we are its only owner.
-                let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            for owned in fds {
                 if fd.is_none() {
                     fd = Some(owned);
-                } // extra fds (never sent by our servers) are closed here
+                }
             }
         }
     }
-    Ok((n as usize, fd))
+    Ok((msg.bytes, fd))
 }
