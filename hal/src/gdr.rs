@@ -62,6 +62,8 @@ struct GdrInfo {
     mapping_type: c_int,
 }
 
+// Signatures of libgdrapi (GDRCopy), resolved at run time with libloading: no maintained crate
+// binds it, and the library is optional (absent on most machines).
 type GdrOpen = unsafe extern "C" fn() -> *mut c_void;
 type GdrClose = unsafe extern "C" fn(*mut c_void) -> c_int;
 type GdrPin = unsafe extern "C" fn(*mut c_void, c_ulong, usize, u64, u32, *mut GdrMh) -> c_int;

@@ -24,6 +24,9 @@ pub(super) const LIB_NAMES: [&str; 4] = [
     "libamdhip64.so.5",
 ];
 
+// The HIP entry points as `extern "C"` function pointers resolved at run time with libloading:
+// hip-sys declares them as link-time imports of one ROCm version (`libamdhip64.so.5`), which
+// would keep the binary from starting on ROCm 6/7 or without ROCm.
 macro_rules! hip_table {
     ($($name:ident : fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
         /// Resolved HIP entry points.
