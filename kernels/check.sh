@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile checks for the device code (no GPU needed):
-#   1. every kernels/cuda/src/*.cu and tests/api_compile.cu with nvcc for sm_80, sm_90, sm_100 (+PTX)
+#   1. every .cu of kernels/cuda/src (library) and kernels/cuda/test_kernels (tests), and
+#      tests/api_compile.cu, with nvcc for sm_80, sm_90, sm_100 (+PTX)
 #   2. the signal path: exactly one red.release.sys.global.add.u64 in the PTX of semaphore_signal
 #      (and in SASS, when cuobjdump is available: REDG/RED .ADD.64.STRONG.SYS after MEMBAR.SYS)
 #   3. the FIFO push publishes with one 128-bit release store (PTX st.release.sys.global.b128)
@@ -20,11 +21,11 @@ bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
 
 nvcc="${NVCC:-/opt/nvcc13/nvidia/cu13/bin/nvcc}"
 [ -x "$nvcc" ] || nvcc="$(command -v nvcc || true)"
-sources=(kernels/cuda/src/*.cu kernels/cuda/tests/api_compile.cu)
+mapfile -t sources < <(find kernels/cuda/src kernels/cuda/test_kernels -name '*.cu' | sort; echo kernels/cuda/tests/api_compile.cu)
 
 if [ -n "$nvcc" ]; then
   for f in "${sources[@]}"; do
-    stem="$(basename "$f" .cu)"
+    stem="$(echo "${f%.cu}" | sed 's#^kernels/cuda/##; s#/#__#g')"
     if "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -fatbin \
         -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
         -gencode arch=compute_100,code=sm_100 -gencode arch=compute_90,code=compute_90 \
@@ -35,19 +36,19 @@ if [ -n "$nvcc" ]; then
     fi
   done
 
-  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/src/semaphore_tests.cu -o "$out/semaphore_tests.ptx"
+  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/test_kernels/semaphore_tests.cu -o "$out/semaphore_tests.ptx"
   # PTX of semaphore_signal only: one thread, one signal().
   n_red="$(awk '/\.entry semaphore_signal\(/,/^}/' "$out/semaphore_tests.ptx" | grep -c 'red.release.sys.global.add.u64' || true)"
   if [ "$n_red" = "1" ]; then note "ok   signal(): one red.release.sys.global.add.u64 in semaphore_signal"; else bad "signal(): expected 1 red.release in semaphore_signal, found $n_red"; fi
   n_other="$(awk '/\.entry semaphore_signal\(/,/^}/' "$out/semaphore_tests.ptx" | grep -cE 'atom\.|st\.release|membar|fence' || true)"
   if [ "$n_other" = "0" ]; then note "ok   signal(): no other atomic, store or fence"; else bad "signal(): found $n_other extra atomics/fences"; fi
 
-  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/src/fifo_tests.cu -o "$out/fifo_tests.ptx"
+  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/test_kernels/fifo_tests.cu -o "$out/fifo_tests.ptx"
   n_st="$(awk '/\.entry fifo_push_perf/,/^}/' "$out/fifo_tests.ptx" | grep -c 'st.release.sys.global.b128' || true)"
   if [ "$n_st" -ge 1 ]; then note "ok   fifo push: st.release.sys.global.b128"; else bad "fifo push: no st.release.sys.global.b128"; fi
 
   cuobjdump="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
-  if [ -n "$cuobjdump" ] && "$cuobjdump" --dump-sass "$out/semaphore_tests.fatbin" >"$out/semaphore_tests.sass" 2>/dev/null; then
+  if [ -n "$cuobjdump" ] && "$cuobjdump" --dump-sass "$out/test_kernels__semaphore_tests.fatbin" >"$out/semaphore_tests.sass" 2>/dev/null; then
     n_sass="$(awk '/Function : semaphore_signal$/{p=1;next} /Function :/{p=0} p' "$out/semaphore_tests.sass" | grep -cE 'RED(G)?\.E\.ADD\.64\.STRONG\.SYS' || true)"
     n_atom="$(awk '/Function : semaphore_signal$/{p=1;next} /Function :/{p=0} p' "$out/semaphore_tests.sass" | grep -cE 'ATOM' || true)"
     n_arch="$(grep -c 'Function : semaphore_signal$' "$out/semaphore_tests.sass" || true)"
@@ -62,7 +63,7 @@ fi
 hipcc="${HIPCC:-$(command -v hipcc || true)}"
 if [ -n "$hipcc" ]; then
   for f in "${sources[@]}"; do
-    stem="$(basename "$f" .cu)"
+    stem="$(echo "${f%.cu}" | sed 's#^kernels/cuda/##; s#/#__#g')"
     if HIP_PLATFORM=amd "$hipcc" -x hip --offload-arch=gfx90a --genco -I kernels/hip/include -I kernels/cuda/include \
         "$f" -o "$out/$stem.hsaco" >"$out/$stem.hipcc.log" 2>&1; then
       note "ok   hipcc $f"

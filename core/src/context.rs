@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mscclpp_hal::{Api, Gpu};
+use mscclpp_hal::{prelude::*, Gpu};
 
 use crate::connection::ethernet::EthernetConnection;
 use crate::connection::ib::IbConnection;

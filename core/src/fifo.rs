@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mscclpp_hal::{Api, Buffer, Gpu, MemoryKind};
+use mscclpp_hal::{prelude::*, Buffer, Gpu, MemoryKind};
 
 use crate::error::{Error, Result};
 use crate::memory::hal_err as hal_error;

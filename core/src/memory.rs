@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{Api, Buffer, Gpu, IpcDescriptor, MemoryKind};
+use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor, MemoryKind};
 
 use crate::error::{Error, Result};
 use crate::transport::{Device, DeviceType};

@@ -261,7 +261,7 @@ fn bind_proxy_thread(numa_node: i32) {
     if numa_node < 0 {
         return; // unknown (e.g. a GPU on a VM): don't bind
     }
-    match mscclpp_hal::numa::bind_current_thread_to_node(numa_node) {
+    match mscclpp_hal::auxil::numa::bind_current_thread_to_node(numa_node) {
         Ok(_) => crate::log_info!("PROXY", "proxy thread bound to NUMA node {numa_node}"),
         Err(e) => crate::log_warn!(
             "PROXY",

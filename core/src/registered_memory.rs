@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{Api, Buffer, Gpu, IpcDescriptor};
+use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor};
 
 use crate::error::{Error, Result};
 use crate::identity::{local_host_hash, pid_hash};

@@ -1,8 +1,9 @@
 //! The `--ignore-filename-regex` given to `cargo llvm-cov report`.
 //!
 //! Excluded: test code (`tests/` folders, `tests.rs` modules, `benches/`), `examples/`, the
-//! verbs test provider (`hal/ibv-testprov`), the multi-process suites (`mp_tests`, test code
-//! through and through), the framework's self-test fixture binary (`framework/src/bin`,
+//! verbs test provider (`mp_tests/ibv-testprov`), the multi-process suites and their test kernels
+//! (`mp_tests`, test code through and through), the kernel build helper (`hal/kernel-build`,
+//! build-script code), the framework's self-test fixture binary (`framework/src/bin`,
 //! `framework/fixtures`), generated sources (build script `OUT_DIR`s, `.../build/<pkg>-<hash>/out/`),
 //! and this crate. cargo-llvm-cov itself already leaves out dependencies and the standard
 //! library. The pattern is a POSIX extended regex, as llvm-cov expects.
@@ -24,7 +25,8 @@ fn escape(text: &str) -> String {
 /// Workspace folders left out of the report, relative to the root.
 pub const EXCLUDED_FOLDERS: &[&str] = &[
     "coverage",
-    "hal/ibv-testprov",
+    "hal/kernel-build",
+    "mp_tests/ibv-testprov",
     "mp_tests",
     "framework/src/bin",
     "framework/fixtures",

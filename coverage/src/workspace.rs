@@ -1,4 +1,4 @@
-//! Map source file paths to workspace folders (`hal`, `hal/ibv-testprov`, `core`, ...).
+//! Map source file paths to workspace folders (`hal`, `mp_tests/ibv-testprov`, `core`, ...).
 //!
 //! A crate is named by its folder relative to the workspace root, as `thresholds.json` names
 //! it. A path under no member folder (outside the workspace, or in a folder that is not a
@@ -20,7 +20,7 @@ pub struct CrateMap {
 }
 
 impl CrateMap {
-    /// A map from the workspace root and member folders relative to it (`"hal/ibv-testprov"`).
+    /// A map from the workspace root and member folders relative to it (`"mp_tests/ibv-testprov"`).
     pub fn new(root: impl Into<PathBuf>, folders: impl IntoIterator<Item = String>) -> Self {
         let mut folders: Vec<String> = folders
             .into_iter()

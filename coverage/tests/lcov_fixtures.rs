@@ -23,7 +23,7 @@ fn read(name: &str) -> String {
 fn members() -> Vec<String> {
     [
         "hal",
-        "hal/ibv-testprov",
+        "mp_tests/ibv-testprov",
         "core",
         "framework",
         "mp_tests",
@@ -143,8 +143,8 @@ fn the_same_file_given_twice_merges_across_inputs() {
 fn paths_map_to_workspace_folders_and_unknown_paths_to_other() {
     let m = map();
     assert_eq!(
-        m.crate_of("/ws/hal/ibv-testprov/src/lib.rs"),
-        "hal/ibv-testprov"
+        m.crate_of("/ws/mp_tests/ibv-testprov/src/lib.rs"),
+        "mp_tests/ibv-testprov"
     );
     assert_eq!(m.crate_of("/ws/hal/src/lib.rs"), "hal");
     assert_eq!(m.crate_of("/ws/halo/src/lib.rs"), OTHER);
@@ -158,7 +158,7 @@ fn paths_map_to_workspace_folders_and_unknown_paths_to_other() {
     };
     assert_eq!(pair("core"), (4, 3));
     assert_eq!(pair("hal"), (5, 1));
-    assert_eq!(pair("hal/ibv-testprov"), (2, 0));
+    assert_eq!(pair("mp_tests/ibv-testprov"), (2, 0));
     assert_eq!(pair("framework"), (1, 1));
     assert_eq!(
         pair(OTHER),
@@ -381,7 +381,7 @@ fn ignore_regex_names_the_excluded_parts() {
     assert!(r.contains("^/w\\.s/main/("), "{r}");
     for part in [
         "coverage",
-        "hal/ibv-testprov",
+        "mp_tests/ibv-testprov",
         "mp_tests",
         "(tests|examples|benches)/",
         "/out/",
@@ -394,13 +394,13 @@ fn ignore_regex_names_the_excluded_parts() {
 fn crate_map_from_cargo_metadata() {
     let json = r#"{ "workspace_root": "/ws", "target_directory": "/ws/target",
         "packages": [ { "manifest_path": "/ws/hal/Cargo.toml" },
-                      { "manifest_path": "/ws/hal/ibv-testprov/Cargo.toml" },
+                      { "manifest_path": "/ws/mp_tests/ibv-testprov/Cargo.toml" },
                       { "manifest_path": "/ws/core/Cargo.toml" } ] }"#;
     let m = CrateMap::from_cargo_metadata(json).expect("parses");
-    assert_eq!(m.folders()[0], "hal/ibv-testprov");
+    assert_eq!(m.folders()[0], "mp_tests/ibv-testprov");
     assert_eq!(
-        m.crate_of("/ws/hal/ibv-testprov/src/a.rs"),
-        "hal/ibv-testprov"
+        m.crate_of("/ws/mp_tests/ibv-testprov/src/a.rs"),
+        "mp_tests/ibv-testprov"
     );
     assert_eq!(m.crate_of("/ws/core/src/a.rs"), "core");
     assert!(CrateMap::from_cargo_metadata(r#"{ "packages": [] }"#).is_err());

@@ -98,14 +98,6 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// Shorthand for an [`Error::Os`] from `std::io::Error::last_os_error()`.
-    pub(crate) fn last_os(op: &'static str) -> Self {
-        Error::Os {
-            op,
-            source: std::io::Error::last_os_error(),
-        }
-    }
-
     /// Shorthand for an [`Error::InvalidArgument`].
     pub(crate) fn invalid(
         op: &'static str,

@@ -62,6 +62,8 @@ struct GdrInfo {
     mapping_type: c_int,
 }
 
+// Signatures of libgdrapi (GDRCopy), resolved at run time with libloading: no maintained crate
+// binds it, and the library is optional (absent on most machines).
 type GdrOpen = unsafe extern "C" fn() -> *mut c_void;
 type GdrClose = unsafe extern "C" fn(*mut c_void) -> c_int;
 type GdrPin = unsafe extern "C" fn(*mut c_void, c_ulong, usize, u64, u32, *mut GdrMh) -> c_int;
@@ -94,7 +96,7 @@ impl Drop for GdrInner {
         // SAFETY: the handle came from gdr_open and every mapping holding an Arc is gone.
         let ret = unsafe { (self.close)(self.handle) };
         if ret != 0 {
-            eprintln!("mscclpp-hal: gdr_close failed with {ret}");
+            log::warn!("gdr_close failed with {ret}");
         }
     }
 }
@@ -312,7 +314,7 @@ impl Drop for GdrMapping {
             )
         };
         if a != 0 || b != 0 {
-            eprintln!("mscclpp-hal: gdr_unmap/gdr_unpin_buffer failed ({a}, {b})");
+            log::warn!("gdr_unmap/gdr_unpin_buffer failed ({a}, {b})");
         }
     }
 }

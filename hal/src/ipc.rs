@@ -11,7 +11,7 @@
 //! | 8 | size of the exported region |
 //! | 8 | offset of the region inside the exported allocation |
 //! | 4 | exporter pid |
-//! | 8 | exporter host id ([`crate::fdpass::host_id`]) |
+//! | 8 | exporter host id ([`crate::auxil::fdpass::host_id`]) |
 //! | 8 | fd id at the exporter's fd server (0 when the kind passes no fd) |
 //! | 2 | handle length `n` (at most [`MAX_HANDLE_LEN`]) |
 //! | n | handle bytes (driver handle; empty for fd kinds) |

@@ -10,7 +10,8 @@
 //! The cache is generic over an [`IpcOpener`] (the seam): the ROCm backend plugs in
 //! `hipIpcOpenMemHandle`/`hipIpcCloseMemHandle`; unit tests plug in a counting fake.
 
-use crate::{deferred, Result};
+use crate::auxil::deferred;
+use crate::Result;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, Weak};

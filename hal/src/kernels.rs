@@ -1,10 +1,12 @@
 //! Device code objects compiled by build.rs (nvcc fatbins or hipcc code objects), embedded.
 //!
-//! Empty on a host-only build.
+//! Only kernels the library launches (test kernels are in mscclpp-test-kernels); empty on a
+//! host-only build and until the first library kernel lands.
 
 include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 
-/// The code object compiled from `kernels/cuda/src/<stem>.cu`, if this build has one.
+/// The code object compiled from `kernels/cuda/src/<stem>.cu` (a subfolder source is
+/// `folder/stem`), if this build has one.
 pub fn object(stem: &str) -> Option<&'static [u8]> {
     KERNEL_OBJECTS
         .iter()

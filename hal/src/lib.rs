@@ -3,41 +3,44 @@
 //!
 //! # What this layer promises
 //!
-//! The crate root holds only the contract. [`Api`] is a trait with associated types (device,
-//! memory, imported memory, stream, event, module, kernel, host registration) and associated
-//! functions for every operation the core library needs: devices and their properties, memory
-//! of four kinds, memset/memcpy (synchronous and on a stream), streams, events, loading an
-//! embedded code object and launching a kernel with a `#[repr(C)]` argument struct, mapping
-//! caller-owned host memory for device access ([`Api::register_host`]), and IPC (export an
-//! allocation as an [`IpcDescriptor`], import it in another process).
+//! The crate root holds only the contract. [`Api`] names a backend, its associated types
+//! (device, memory, imported memory, stream, event, module, kernel, host registration) and,
+//! as supertraits, the behaviour traits over them: [`DeviceApi`] (devices and their
+//! properties, peer access), [`MemoryApi`] (memory of four kinds, synchronous memset/memcpy),
+//! [`HostRegisterApi`] (mapping caller-owned host memory for device access), [`StreamApi`]
+//! (streams, events, memset/memcpy/64-bit stores on a stream), [`ModuleApi`] (loading an
+//! embedded code object and launching a kernel with a `#[repr(C)]` argument struct) and
+//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process).
+//! All are associated functions (`A::alloc(&dev, ..)`), dispatched statically.
 //!
-//! Backends live in one folder each with the same file names (`mod.rs`, `device.rs`,
-//! `memory.rs`, `ipc.rs`, `stream.rs`, `module.rs`): [`api::Host`] (always built; memory is a
-//! memfd mapping and the "device pointer" is its host address), [`api::Cuda`] (feature `cuda`,
-//! cudarc with dynamic loading) and [`api::Rocm`] (feature `rocm`, HIP resolved at run time).
-//! The vendor is fixed per build: [`Gpu`] names the GPU backend, and core code writes
-//! `A: Api` or `Gpu`/`Host`, never `cfg(feature = ...)`.
+//! Backends live in one folder each with the same file names, each behaviour trait
+//! implemented in its file (`device.rs`, `memory.rs`, `stream.rs`, `module.rs`, `ipc.rs`;
+//! `mod.rs` holds only the [`Api`] impl; GPU backends add `result.rs`, thin checked wrappers
+//! over the driver, and `conv.rs`): [`api::Host`] (always built; memory is a memfd mapping and
+//! the "device pointer" is its host address), [`api::Cuda`] (feature `cuda`, cudarc's driver
+//! bindings with dynamic loading) and [`api::Rocm`] (feature `rocm`, HIP resolved at run
+//! time). The vendor is fixed per build: [`Gpu`] names the GPU backend, and core code writes
+//! `A: Api` or `Gpu`/`Host`, never `cfg(feature = ...)`. Helpers that are not part of the
+//! contract (system calls, fd passing, NUMA, back-off) live in [`auxil`].
 //!
 //! # What it leaves to the caller
 //!
 //! Ordering between host and device work beyond what a stream gives, lifetimes of memory used
 //! by in-flight asynchronous work (those calls are `unsafe`), and choosing which IPC kind to use
-//! when an allocation offers several ([`Api::ipc_kinds`] lists them, preferred first).
+//! when an allocation offers several ([`IpcApi::ipc_kinds`] lists them, preferred first).
 //!
 //! Failures inside `Drop` (a free, an unmap) cannot be returned; they are recorded and
-//! surfaced as [`Error::Deferred`] by the next fallible call of any backend.
+//! surfaced as [`Error::Deferred`] by the next call that enters a device (every fallible call
+//! of a backend starts by entering the device it works on, which checks for them first).
 
-mod deferred;
+pub mod auxil;
 mod error;
-mod os;
 
-pub mod fdpass;
 pub mod gdr;
 pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
 pub mod kernels;
-pub mod numa;
 mod nvls;
 
 #[cfg(hal_cuda)]
@@ -46,7 +49,7 @@ pub mod host;
 #[cfg(hal_rocm)]
 pub mod rocm;
 
-pub use deferred::take_deferred_errors;
+pub use auxil::deferred::take_deferred_errors;
 pub use error::{Error, Result};
 pub use ipc::{IpcDescriptor, IpcKind};
 pub use nvls::{nvls_disabled_by_env, nvls_supported};
@@ -137,10 +140,25 @@ impl LaunchConfig {
     }
 }
 
-/// A backend: the associated types and every operation the core needs.
+/// A backend: its name, its associated types, and (as supertraits) every behaviour the core
+/// needs. Callers write `A: Api` and call `A::alloc(..)`; code that names a concrete backend
+/// (`Gpu::alloc`) imports the behaviour traits with `use mscclpp_hal::prelude::*`.
 ///
-/// All functions are associated functions (`A::alloc(&dev, ..)`), dispatched statically.
-pub trait Api: Sized + Send + Sync + 'static {
+/// The behaviour traits name the types as `<Self as Api>::Device` with a `where Self: Api` on
+/// each function: the types stay here (so `<Gpu as Api>::Device` keeps working) without a
+/// supertrait cycle.
+pub trait Api:
+    DeviceApi
+    + MemoryApi
+    + HostRegisterApi
+    + StreamApi
+    + ModuleApi
+    + IpcApi
+    + Sized
+    + Send
+    + Sync
+    + 'static
+{
     /// Backend name (`host`, `cuda`, `rocm`).
     const NAME: &'static str;
     /// Whether the host can load and store this backend's device memory directly (true for the
@@ -162,79 +180,110 @@ pub trait Api: Sized + Send + Sync + 'static {
     /// A kernel inside a module.
     type Kernel: Clone + Send + Sync + std::fmt::Debug;
     /// Host memory the caller owns, pinned and mapped for device access by
-    /// [`Api::register_host`]; dropping it unregisters the range (the memory stays the
-    /// caller's and is not freed).
+    /// [`HostRegisterApi::register_host`]; dropping it unregisters the range (the memory stays
+    /// the caller's and is not freed).
     type HostRegistration: Send + Sync + std::fmt::Debug;
+}
 
-    // ---- devices ----
+/// Devices: how many, opening one, its properties, peer access (each backend's `device.rs`).
+pub trait DeviceApi {
     /// Number of devices; `Err(NoDriver)` when the driver library is missing.
-    fn device_count() -> Result<usize>;
+    fn device_count() -> Result<usize>
+    where
+        Self: Api;
     /// Opens device `ordinal` and makes it current on the calling thread.
-    fn open_device(ordinal: usize) -> Result<Self::Device>;
+    fn open_device(ordinal: usize) -> Result<<Self as Api>::Device>
+    where
+        Self: Api;
     /// The ordinal `dev` was opened with.
-    fn device_ordinal(dev: &Self::Device) -> usize;
+    fn device_ordinal(dev: &<Self as Api>::Device) -> usize
+    where
+        Self: Api;
     /// Makes `dev` current on the calling thread (CUDA: sets its context).
-    fn set_current(dev: &Self::Device) -> Result<()>;
+    fn set_current(dev: &<Self as Api>::Device) -> Result<()>
+    where
+        Self: Api;
     /// Name, SM count, compute capability, PCI bus id, NUMA node.
-    fn properties(dev: &Self::Device) -> Result<DeviceProperties>;
+    fn properties(dev: &<Self as Api>::Device) -> Result<DeviceProperties>
+    where
+        Self: Api;
     /// Whether `dev` can map memory of `peer` directly.
-    fn can_access_peer(dev: &Self::Device, peer: &Self::Device) -> Result<bool>;
+    fn can_access_peer(dev: &<Self as Api>::Device, peer: &<Self as Api>::Device) -> Result<bool>
+    where
+        Self: Api;
     /// Lets `dev` access memory of `peer` (idempotent: "already enabled" is success).
-    fn enable_peer_access(dev: &Self::Device, peer: &Self::Device) -> Result<()>;
+    fn enable_peer_access(dev: &<Self as Api>::Device, peer: &<Self as Api>::Device) -> Result<()>
+    where
+        Self: Api;
     /// Whether the device supports multicast objects (NVLS). Prefer [`nvls_supported`].
-    fn multicast_supported(dev: &Self::Device) -> Result<bool>;
+    fn multicast_supported(dev: &<Self as Api>::Device) -> Result<bool>
+    where
+        Self: Api;
     /// Waits for all work on the device, at most `timeout`.
-    fn synchronize(dev: &Self::Device, timeout: Duration) -> Result<()>;
+    fn synchronize(dev: &<Self as Api>::Device, timeout: Duration) -> Result<()>
+    where
+        Self: Api;
+}
 
-    // ---- memory ----
+/// Allocations and synchronous copies (each backend's `memory.rs`).
+pub trait MemoryApi {
     /// Allocates `size` bytes of `kind` on `dev`.
-    fn alloc(dev: &Self::Device, size: usize, kind: MemoryKind) -> Result<Self::Memory>;
+    fn alloc(
+        dev: &<Self as Api>::Device,
+        size: usize,
+        kind: MemoryKind,
+    ) -> Result<<Self as Api>::Memory>
+    where
+        Self: Api;
     /// Sets `len` bytes at `offset` of `dst` to `value`; returns when done.
     fn memset(
-        dev: &Self::Device,
+        dev: &<Self as Api>::Device,
         dst: &impl Buffer,
         offset: usize,
         value: u8,
         len: usize,
-    ) -> Result<()>;
+    ) -> Result<()>
+    where
+        Self: Api;
     /// Copies host bytes into `dst` at `offset`; returns when done.
-    fn write(dev: &Self::Device, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()>;
+    fn write(
+        dev: &<Self as Api>::Device,
+        dst: &impl Buffer,
+        offset: usize,
+        src: &[u8],
+    ) -> Result<()>
+    where
+        Self: Api;
     /// Copies bytes at `offset` of `src` to the host; returns when done.
-    fn read(dev: &Self::Device, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()>;
+    fn read(
+        dev: &<Self as Api>::Device,
+        src: &impl Buffer,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> Result<()>
+    where
+        Self: Api;
     /// Copies `len` bytes between two buffers; returns when done.
     fn copy(
-        dev: &Self::Device,
+        dev: &<Self as Api>::Device,
         dst: &impl Buffer,
         dst_offset: usize,
         src: &impl Buffer,
         src_offset: usize,
         len: usize,
-    ) -> Result<()>;
-    /// Enqueues a memset of `len` bytes at device address `dst` on `stream`.
-    ///
-    /// # Safety
-    /// `dst..dst+len` must be device-accessible memory that stays alive until the stream has
-    /// finished this work.
-    unsafe fn memset_async(stream: &Self::Stream, dst: u64, value: u8, len: usize) -> Result<()>;
-    /// Enqueues a copy of `len` bytes between device-visible addresses (unified addressing).
-    ///
-    /// # Safety
-    /// Both ranges must be valid, not overlapping, and alive until the stream has finished.
-    unsafe fn memcpy_async(stream: &Self::Stream, dst: u64, src: u64, len: usize) -> Result<()>;
-    /// Enqueues a store of the 64-bit `value` at device-visible address `dst` on `stream`,
-    /// ordered after the stream's earlier work and made visible with release semantics
-    /// (CUDA: `cuStreamWriteValue64` with the default flags, which flush prior writes first).
-    /// The host does not wait; a semaphore signal through it costs no copy-engine transfer.
-    ///
-    /// # Safety
-    /// `dst` must be 8-byte aligned device-accessible memory alive until the stream is done.
-    unsafe fn write_value64_async(stream: &Self::Stream, dst: u64, value: u64) -> Result<()>;
+    ) -> Result<()>
+    where
+        Self: Api;
+}
+
+/// Caller-owned host memory pinned and mapped for the device (each backend's `memory.rs`).
+pub trait HostRegisterApi {
     /// Pins `len` bytes of host memory at `ptr` (memory the caller allocated, e.g. a `Vec`'s
     /// buffer) and maps them for access by every device (CUDA: `cuMemHostRegister` with
     /// `PORTABLE | DEVICEMAP`; ROCm: `hipHostRegister` with `Mapped | Portable`; host backend:
-    /// nothing to do). [`Api::host_registration_device_ptr`] gives the address kernels use.
-    /// Dropping the registration unregisters the range; a failure there is surfaced as
-    /// [`Error::Deferred`] by the next fallible call.
+    /// nothing to do). [`HostRegisterApi::host_registration_device_ptr`] gives the address
+    /// kernels use. Dropping the registration unregisters the range; a failure there is
+    /// surfaced as [`Error::Deferred`] by a later call.
     ///
     /// Errors: [`Error::InvalidArgument`] for a null `ptr`, a zero `len` or a range that wraps
     /// the address space; [`Error::Driver`] when the driver refuses (e.g. the range overlaps
@@ -246,55 +295,124 @@ pub trait Api: Sized + Send + Sync + 'static {
     /// registration is dropped and every device access through its device pointer has
     /// finished. Host and device accesses to the range are not synchronised by this call.
     unsafe fn register_host(
-        dev: &Self::Device,
+        dev: &<Self as Api>::Device,
         ptr: *mut u8,
         len: usize,
-    ) -> Result<Self::HostRegistration>;
+    ) -> Result<<Self as Api>::HostRegistration>
+    where
+        Self: Api;
     /// The device address of a registration's first byte (on the host backend: the host
     /// address itself). Valid for the registration's length while it lives.
-    fn host_registration_device_ptr(r: &Self::HostRegistration) -> u64;
+    fn host_registration_device_ptr(r: &<Self as Api>::HostRegistration) -> u64
+    where
+        Self: Api;
+}
 
-    // ---- streams and events ----
+/// Streams, events and the work enqueued on a stream (each backend's `stream.rs`).
+pub trait StreamApi {
     /// Creates a non-blocking stream on `dev`.
-    fn create_stream(dev: &Self::Device) -> Result<Self::Stream>;
+    fn create_stream(dev: &<Self as Api>::Device) -> Result<<Self as Api>::Stream>
+    where
+        Self: Api;
     /// Waits until all work on `stream` is done, at most `timeout`.
-    fn stream_synchronize(stream: &Self::Stream, timeout: Duration) -> Result<()>;
+    fn stream_synchronize(stream: &<Self as Api>::Stream, timeout: Duration) -> Result<()>
+    where
+        Self: Api;
     /// Creates an event with timing enabled.
-    fn create_event(dev: &Self::Device) -> Result<Self::Event>;
+    fn create_event(dev: &<Self as Api>::Device) -> Result<<Self as Api>::Event>
+    where
+        Self: Api;
     /// Records `event` on `stream`.
-    fn record_event(event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    fn record_event(event: &<Self as Api>::Event, stream: &<Self as Api>::Stream) -> Result<()>
+    where
+        Self: Api;
     /// Waits until the work before `event`'s last record is done, at most `timeout`.
-    fn event_synchronize(event: &Self::Event, timeout: Duration) -> Result<()>;
+    fn event_synchronize(event: &<Self as Api>::Event, timeout: Duration) -> Result<()>
+    where
+        Self: Api;
     /// Milliseconds between two completed events.
-    fn event_elapsed_ms(start: &Self::Event, end: &Self::Event) -> Result<f32>;
+    fn event_elapsed_ms(start: &<Self as Api>::Event, end: &<Self as Api>::Event) -> Result<f32>
+    where
+        Self: Api;
+    /// Enqueues a memset of `len` bytes at device address `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be device-accessible memory that stays alive until the stream has
+    /// finished this work.
+    unsafe fn memset_async(
+        stream: &<Self as Api>::Stream,
+        dst: u64,
+        value: u8,
+        len: usize,
+    ) -> Result<()>
+    where
+        Self: Api;
+    /// Enqueues a copy of `len` bytes between device-visible addresses (unified addressing).
+    ///
+    /// # Safety
+    /// Both ranges must be valid, not overlapping, and alive until the stream has finished.
+    unsafe fn memcpy_async(
+        stream: &<Self as Api>::Stream,
+        dst: u64,
+        src: u64,
+        len: usize,
+    ) -> Result<()>
+    where
+        Self: Api;
+    /// Enqueues a store of the 64-bit `value` at device-visible address `dst` on `stream`,
+    /// ordered after the stream's earlier work and made visible with release semantics
+    /// (CUDA: `cuStreamWriteValue64` with the default flags, which flush prior writes first).
+    /// The host does not wait; a semaphore signal through it costs no copy-engine transfer.
+    ///
+    /// # Safety
+    /// `dst` must be 8-byte aligned device-accessible memory alive until the stream is done.
+    unsafe fn write_value64_async(
+        stream: &<Self as Api>::Stream,
+        dst: u64,
+        value: u64,
+    ) -> Result<()>
+    where
+        Self: Api;
+}
 
-    // ---- code objects ----
+/// Code objects and kernel launch (each backend's `module.rs`).
+pub trait ModuleApi {
     /// Loads a code object (fatbin/cubin/hsaco bytes, e.g. from [`kernels::object`]).
-    fn load_module(dev: &Self::Device, code: &[u8]) -> Result<Self::Module>;
+    fn load_module(dev: &<Self as Api>::Device, code: &[u8]) -> Result<<Self as Api>::Module>
+    where
+        Self: Api;
     /// Looks up an `extern "C"` kernel by name.
-    fn get_kernel(module: &Self::Module, name: &str) -> Result<Self::Kernel>;
+    fn get_kernel(module: &<Self as Api>::Module, name: &str) -> Result<<Self as Api>::Kernel>
+    where
+        Self: Api;
     /// Launches `kernel` with its parameters packed as in the kernel's C signature.
     ///
     /// # Safety
     /// `args` must match the kernel's parameter list laid out as a `#[repr(C)]` struct, and
     /// every pointer in it must stay valid until the kernel finishes.
     unsafe fn launch_raw(
-        kernel: &Self::Kernel,
+        kernel: &<Self as Api>::Kernel,
         cfg: &LaunchConfig,
-        stream: &Self::Stream,
+        stream: &<Self as Api>::Stream,
         args: &[u8],
-    ) -> Result<()>;
+    ) -> Result<()>
+    where
+        Self: Api;
     /// Launches `kernel` with a `#[repr(C)]` argument struct whose fields are the kernel's
     /// parameters in order.
     ///
     /// # Safety
-    /// As [`Api::launch_raw`]: `T` must be `#[repr(C)]` and match the kernel's parameters.
+    /// As [`ModuleApi::launch_raw`]: `T` must be `#[repr(C)]` and match the kernel's
+    /// parameters.
     unsafe fn launch<T: Copy>(
-        kernel: &Self::Kernel,
+        kernel: &<Self as Api>::Kernel,
         cfg: &LaunchConfig,
-        stream: &Self::Stream,
+        stream: &<Self as Api>::Stream,
         args: &T,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        Self: Api,
+    {
         // SAFETY: T is a plain Copy struct; viewing it as bytes is fine (padding bytes are only
         // copied, never interpreted as values by us).
         let bytes = unsafe {
@@ -303,78 +421,28 @@ pub trait Api: Sized + Send + Sync + 'static {
         // SAFETY: forwarded from the caller.
         unsafe { Self::launch_raw(kernel, cfg, stream, bytes) }
     }
+}
 
-    // ---- IPC ----
+/// Exporting allocations to other processes and importing theirs (each backend's `ipc.rs`).
+pub trait IpcApi {
     /// The IPC kinds `mem` can be exported as, preferred first (may be empty).
-    fn ipc_kinds(mem: &Self::Memory) -> Vec<IpcKind>;
+    fn ipc_kinds(mem: &<Self as Api>::Memory) -> Vec<IpcKind>
+    where
+        Self: Api;
     /// Exports `mem` as `kind`. Fd kinds register the fd with this process's fd server
-    /// ([`fdpass`]) for as long as `mem` lives.
-    fn export(mem: &Self::Memory, kind: IpcKind) -> Result<IpcDescriptor>;
+    /// ([`auxil::fdpass`]) for as long as `mem` lives.
+    fn export(mem: &<Self as Api>::Memory, kind: IpcKind) -> Result<IpcDescriptor>
+    where
+        Self: Api;
     /// Maps memory exported by another process (or this one) on `dev`.
-    fn import(dev: &Self::Device, desc: &IpcDescriptor) -> Result<Self::Imported>;
+    fn import(dev: &<Self as Api>::Device, desc: &IpcDescriptor) -> Result<<Self as Api>::Imported>
+    where
+        Self: Api;
 }
 
-/// Checks that `offset..offset+len` lies inside a buffer of `size` bytes.
-pub(crate) fn check_range(op: &'static str, size: usize, offset: usize, len: usize) -> Result<()> {
-    match offset.checked_add(len) {
-        Some(end) if end <= size => Ok(()),
-        _ => Err(Error::invalid(
-            op,
-            format!("a range inside {size} bytes"),
-            format!("offset {offset} + len {len}"),
-        )),
-    }
-}
-
-/// Checks the arguments of [`Api::register_host`]: a non-null pointer, a non-zero length and a
-/// range that does not wrap the address space.
-pub(crate) fn check_host_range(op: &'static str, ptr: *mut u8, len: usize) -> Result<()> {
-    if ptr.is_null() {
-        return Err(Error::invalid(op, "a non-null host pointer", "null"));
-    }
-    if len == 0 {
-        return Err(Error::invalid(op, "a non-zero length", "0"));
-    }
-    if (ptr as usize).checked_add(len).is_none() {
-        return Err(Error::invalid(
-            op,
-            "a range inside the address space",
-            format!("{ptr:p} + {len} bytes"),
-        ));
-    }
-    Ok(())
-}
-
-/// How long imports wait for the exporter's fd server.
-pub(crate) const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Polls `done` until it returns `Ok(true)`, spinning briefly, then yielding, then sleeping
-/// (CI runs several ranks on two cores); `Error::Timeout` after `timeout`.
-#[allow(dead_code)] // used by the GPU backends only
-pub(crate) fn poll_until(
-    op: &'static str,
-    timeout: Duration,
-    mut done: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let start = std::time::Instant::now();
-    let mut spins = 0u32;
-    loop {
-        if done()? {
-            return Ok(());
-        }
-        if start.elapsed() >= timeout {
-            return Err(Error::Timeout {
-                op,
-                waited: timeout,
-            });
-        }
-        spins += 1;
-        if spins < 64 {
-            std::hint::spin_loop();
-        } else if spins < 1024 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
+/// The HAL traits, for code that calls them on a concrete backend (`Gpu::alloc(..)`).
+pub mod prelude {
+    pub use crate::{
+        Api, Buffer, DeviceApi, HostRegisterApi, IpcApi, MemoryApi, ModuleApi, StreamApi,
+    };
 }

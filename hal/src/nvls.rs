@@ -2,7 +2,8 @@
 //!
 //! Nothing in this crate ever creates a multicast object; this only reports capability.
 
-use crate::{Api, Gpu};
+use crate::prelude::*;
+use crate::Gpu;
 
 /// True when `MSCCLPP_FORCE_DISABLE_NVLS` is `1`/`true`/`yes` or `NCCL_NVLS_ENABLE` is `0`.
 pub fn nvls_disabled_by_env() -> bool {

@@ -5,7 +5,7 @@
 #[path = "common/gpu_ipc.rs"]
 mod common;
 
-use mscclpp_hal::{Api, Gpu, LaunchConfig};
+use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 use std::time::Duration;
 
 /// Not a multiple of the page size or of the launch width, on purpose.
@@ -56,7 +56,7 @@ fn kernel_writes_registered_host_memory() {
         return;
     }
     let dev = Gpu::open_device(0).expect("open GPU 0");
-    let code = mscclpp_hal::kernels::object("hal_test").expect("hal_test code object");
+    let code = mscclpp_test_kernels::object("hal_test").expect("hal_test code object");
     let module = Gpu::load_module(&dev, code).expect("load hal_test");
     let fill = Gpu::get_kernel(&module, "hal_fill_u32").expect("hal_fill_u32");
     let stream = Gpu::create_stream(&dev).expect("stream");

@@ -3,7 +3,7 @@
 //! random data, and the parent verifies it.
 
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{Api, Buffer, IpcDescriptor, MemoryKind};
+use mscclpp_hal::{prelude::*, Buffer, IpcDescriptor, MemoryKind};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 

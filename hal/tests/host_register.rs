@@ -3,7 +3,7 @@
 //! registration leaves the memory alone, and bad arguments are refused with `InvalidArgument`.
 
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{Api, Error};
+use mscclpp_hal::{prelude::*, Error};
 
 const WORDS: usize = 4096 + 13; // not a page multiple on purpose
 

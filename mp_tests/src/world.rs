@@ -63,7 +63,7 @@ impl World for BootstrapWorld {
 /// GPUs this rank can use on a GPU build, or why a GPU test must skip: none visible, or no
 /// driver at all (a CUDA/ROCm binary on a machine without GPUs).
 pub fn visible_gpus() -> Result<usize, String> {
-    use mscclpp_hal::Api;
+    use mscclpp_hal::prelude::*;
     match mscclpp_hal::Gpu::device_count() {
         Ok(0) => Err("no GPU visible".to_string()),
         Ok(n) => Ok(n),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mscclpp_hal::{Api, Gpu};
+use mscclpp_hal::{prelude::*, Gpu};
 
 use super::BaseConnection;
 use crate::error::Result;

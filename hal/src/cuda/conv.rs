@@ -1,48 +1,65 @@
-//! CUDA status codes to [`Error`], and the driver-presence check done before the first call.
+//! Pure mappings between our types and the driver's: status codes to [`Error`], the C
+//! structs the cuMem calls take, IPC handle bytes.
 
-use crate::{Error, Result};
+use crate::{Error, IpcDescriptor, Result};
 use cudarc::driver::sys;
-use std::sync::OnceLock;
 
-/// Turns a `CUresult` into `Ok` or an [`Error::Driver`] naming `op`.
-pub(super) fn check(op: &'static str, r: sys::CUresult) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Driver {
-            op,
-            code: r as i64,
-            name: format!("{r:?}"),
-        })
+/// An [`Error::Driver`] naming `op` for a failed `CUresult`.
+pub(super) fn driver_error(op: &'static str, r: sys::CUresult) -> Error {
+    Error::Driver {
+        op,
+        code: r as i64,
+        name: format!("{r:?}"),
     }
 }
 
-/// Loads libcuda (checked first, so a missing driver is an error and not a panic) and runs
-/// `cuInit` once per process.
-pub(super) fn ensure_driver() -> Result<()> {
-    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    let r = READY.get_or_init(|| {
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(String::new());
-        }
-        // SAFETY: cuInit has no preconditions; the library is present.
-        check("cuInit", unsafe { sys::cuInit(0) }).map_err(|e| e.to_string())
-    });
-    match r {
-        Ok(()) => Ok(()),
-        Err(msg) if msg.is_empty() => Err(Error::NoDriver {
-            backend: "cuda",
-            tried: ["cuda", "nvcuda"]
-                .iter()
-                .flat_map(|n| cudarc::get_lib_name_candidates(n))
-                .collect(),
-            detail: "is the NVIDIA driver installed?".into(),
-        }),
-        Err(msg) => Err(Error::NoDriver {
-            backend: "cuda",
-            tried: vec!["libcuda (loaded)".into()],
-            detail: msg.clone(),
-        }),
+/// The location of device `ordinal`.
+pub(super) fn device_location(ordinal: i32) -> sys::CUmemLocation {
+    // SAFETY: CUmemLocation is a plain C struct; all-zero is a valid starting value.
+    let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+    loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = ordinal;
+    loc
+}
+
+/// Pinned device memory on `ordinal` exportable as `handle_types` (a bit set of
+/// `CUmemAllocationHandleType`), GPUDirect RDMA capable when `rdma`.
+pub(super) fn alloc_prop(ordinal: i32, handle_types: u32, rdma: bool) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct; zero is the documented default for every field.
+    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location = device_location(ordinal);
+    prop.requestedHandleTypes = sys::CUmemAllocationHandleType(handle_types);
+    prop.allocFlags.gpuDirectRDMACapable = u8::from(rdma);
+    prop
+}
+
+/// Read/write access for device `ordinal`.
+pub(super) fn rw_access(ordinal: i32) -> sys::CUmemAccessDesc {
+    // SAFETY: plain C struct; all-zero is a valid starting value.
+    let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
+    d.location = device_location(ordinal);
+    d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    d
+}
+
+/// The 64 bytes of a legacy IPC handle.
+pub(super) fn ipc_handle_bytes(h: &sys::CUipcMemHandle) -> Vec<u8> {
+    h.reserved.iter().map(|c| *c as u8).collect()
+}
+
+/// A legacy IPC handle from the 64 descriptor bytes.
+pub(super) fn ipc_handle_from(desc: &IpcDescriptor) -> Result<sys::CUipcMemHandle> {
+    if desc.handle.len() != 64 {
+        return Err(Error::BadDescriptor(format!(
+            "Legacy: expected a 64-byte handle, got {}",
+            desc.handle.len()
+        )));
     }
+    // SAFETY: plain C struct.
+    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+    for (d, s) in h.reserved.iter_mut().zip(&desc.handle) {
+        *d = *s as std::ffi::c_char;
+    }
+    Ok(h)
 }

@@ -1,14 +1,13 @@
-//! CUDA devices: primary contexts, properties, peer access.
-//!
-//! Driver calls: cuDeviceGet, cuDevicePrimaryCtxRetain/Release, cuCtxSetCurrent,
-//! cuDeviceGetAttribute, cuDeviceGetPCIBusId, cuDeviceCanAccessPeer, cuCtxEnablePeerAccess
-//! (<https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__DEVICE.html>,
-//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PEER__ACCESS.html>).
+//! CUDA devices: loading the driver, primary contexts, properties, peer access
+//! ([`crate::DeviceApi`] for [`Cuda`]).
 
-use super::conv::{check, ensure_driver};
-use crate::{deferred, DeviceProperties, Error, Result};
+use super::result::{ctx, device, init, peer};
+use super::Cuda;
+use crate::auxil::deferred;
+use crate::{DeviceApi, DeviceProperties, Error, Result};
 use cudarc::driver::sys;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// An opened CUDA device holding its retained primary context. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -30,22 +29,25 @@ unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
-        // SAFETY: the primary context was retained once in `open`.
-        if let Err(e) = check("cuDevicePrimaryCtxRelease", unsafe {
-            sys::cuDevicePrimaryCtxRelease_v2(self.dev)
-        }) {
+        // SAFETY: the primary context was retained once in `open_device`.
+        if let Err(e) = unsafe { ctx::primary_release(self.dev) } {
             deferred::record(e);
         }
     }
 }
 
 impl CudaDevice {
+    /// Enters the device for one operation: surfaces a failure recorded by an earlier `Drop`
+    /// ([`crate::Error::Deferred`]), then makes the context current. Every fallible operation
+    /// of this backend starts here; `Drop` paths use [`CudaDevice::bind`].
+    pub(super) fn enter(&self) -> Result<()> {
+        deferred::check()?;
+        self.bind()
+    }
     /// Makes this device's context current on the calling thread.
     pub(super) fn bind(&self) -> Result<()> {
-        // SAFETY: ctx is a retained primary context.
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(self.inner.ctx)
-        })
+        // SAFETY: ctx is retained by `inner` for as long as this device lives.
+        unsafe { ctx::set_current(self.inner.ctx) }
     }
     /// The raw CUdevice.
     pub fn cu_device(&self) -> sys::CUdevice {
@@ -55,151 +57,157 @@ impl CudaDevice {
     pub fn ordinal(&self) -> usize {
         self.inner.ordinal
     }
+    /// A device attribute; `op` names it in errors.
     pub(super) fn attribute(&self, attr: sys::CUdevice_attribute, op: &'static str) -> Result<i32> {
-        let mut v = 0i32;
-        // SAFETY: valid out pointer and device.
-        check(op, unsafe {
-            sys::cuDeviceGetAttribute(&mut v, attr, self.inner.dev)
-        })?;
-        Ok(v)
+        device::attribute(self.inner.dev, attr, op)
     }
 }
 
-pub(super) fn count() -> Result<usize> {
-    ensure_driver()?;
-    let mut n = 0i32;
-    // SAFETY: valid out pointer.
-    check("cuDeviceGetCount", unsafe { sys::cuDeviceGetCount(&mut n) })?;
-    Ok(n.max(0) as usize)
-}
-
-pub(super) fn open(ordinal: usize) -> Result<CudaDevice> {
-    let n = count()?;
-    if ordinal >= n {
-        return Err(Error::invalid(
-            "open_device(cuda)",
-            format!("an ordinal below {n}"),
-            ordinal.to_string(),
-        ));
-    }
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: valid out pointer; ordinal < count.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut dev, ordinal as i32)
-    })?;
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out pointer and device.
-    check("cuDevicePrimaryCtxRetain", unsafe {
-        sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
-    })?;
-    let d = CudaDevice {
-        inner: Arc::new(DeviceInner { ordinal, dev, ctx }),
-    };
-    d.bind()?;
-    Ok(d)
-}
-
-pub(super) fn properties(d: &CudaDevice) -> Result<DeviceProperties> {
-    use sys::CUdevice_attribute as A;
-    let mut name = [0 as std::ffi::c_char; 256];
-    // SAFETY: the buffer holds 256 chars; the driver NUL-terminates.
-    check("cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, d.inner.dev)
-    })?;
-    let mut bus = [0 as std::ffi::c_char; 64];
-    // SAFETY: as above.
-    check("cuDeviceGetPCIBusId", unsafe {
-        sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, d.inner.dev)
-    })?;
-    let cstr = |b: &[std::ffi::c_char]| {
-        let bytes: Vec<u8> = b
-            .iter()
-            .take_while(|c| **c != 0)
-            .map(|c| *c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    let sm = d.attribute(
-        A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
-    )?;
-    let major = d.attribute(
-        A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        "cuDeviceGetAttribute(CC_MAJOR)",
-    )?;
-    let minor = d.attribute(
-        A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-        "cuDeviceGetAttribute(CC_MINOR)",
-    )?;
-    // NUMA_ID may be unknown to older drivers or -1 on VMs: never an error.
-    let numa = d
-        .attribute(
-            A::CU_DEVICE_ATTRIBUTE_NUMA_ID,
-            "cuDeviceGetAttribute(NUMA_ID)",
-        )
-        .unwrap_or(-1);
-    Ok(DeviceProperties {
-        name: cstr(&name),
-        sm_count: sm.max(0) as u32,
-        compute_capability: (major.max(0) as u32, minor.max(0) as u32),
-        pci_bus_id: cstr(&bus).to_ascii_lowercase(),
-        numa_node: if numa < 0 { -1 } else { numa },
-    })
-}
-
-pub(super) fn can_access_peer(d: &CudaDevice, peer: &CudaDevice) -> Result<bool> {
-    if d.inner.dev == peer.inner.dev {
-        return Ok(true);
-    }
-    let mut v = 0i32;
-    // SAFETY: valid out pointer and devices.
-    check("cuDeviceCanAccessPeer", unsafe {
-        sys::cuDeviceCanAccessPeer(&mut v, d.inner.dev, peer.inner.dev)
-    })?;
-    Ok(v != 0)
-}
-
-pub(super) fn enable_peer_access(d: &CudaDevice, peer: &CudaDevice) -> Result<()> {
-    if d.inner.dev == peer.inner.dev {
-        return Ok(());
-    }
-    d.bind()?;
-    // SAFETY: peer ctx is a retained primary context; flags must be 0.
-    let r = unsafe { sys::cuCtxEnablePeerAccess(peer.inner.ctx, 0) };
-    if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-        return Ok(());
-    }
-    check("cuCtxEnablePeerAccess", r)
-}
-
-pub(super) fn synchronize(d: &CudaDevice, timeout: std::time::Duration) -> Result<()> {
-    // cuCtxSynchronize has no timeout: run it on a helper thread and stop waiting at the limit.
-    let ctx = DeviceCtx(d.inner.ctx);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let keep = d.clone();
-    std::thread::Builder::new()
-        .name("mscclpp-hal-ctxsync".into())
-        .spawn(move || {
-            let ctx = ctx;
-            // SAFETY: the context stays retained by `keep` for the thread's life.
-            let r = check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(ctx.0) })
-                .and_then(|_| check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() }));
-            drop(keep);
-            let _ = tx.send(r);
-        })
-        .map_err(|source| Error::Os {
-            op: "spawn ctx sync thread",
-            source,
-        })?;
-    match rx.recv_timeout(timeout) {
-        Ok(r) => r,
-        Err(_) => Err(Error::Timeout {
-            op: "cuCtxSynchronize",
-            waited: timeout,
+/// Loads libcuda (checked first, so a missing driver is an error and not a panic) and runs
+/// `cuInit` once per process; then surfaces deferred failures like [`CudaDevice::enter`].
+pub(super) fn enter_driver() -> Result<()> {
+    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    let r = READY.get_or_init(|| {
+        // SAFETY: only tries to dlopen the candidate library names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(String::new());
+        }
+        init::init().map_err(|e| e.to_string())
+    });
+    match r {
+        Ok(()) => deferred::check(),
+        Err(msg) if msg.is_empty() => Err(Error::NoDriver {
+            backend: "cuda",
+            tried: ["cuda", "nvcuda"]
+                .iter()
+                .flat_map(|n| cudarc::get_lib_name_candidates(n))
+                .collect(),
+            detail: "is the NVIDIA driver installed?".into(),
+        }),
+        Err(msg) => Err(Error::NoDriver {
+            backend: "cuda",
+            tried: vec!["libcuda (loaded)".into()],
+            detail: msg.clone(),
         }),
     }
 }
 
-struct DeviceCtx(sys::CUcontext);
-// SAFETY: a context handle may be used from any thread.
-unsafe impl Send for DeviceCtx {}
+impl DeviceApi for Cuda {
+    fn device_count() -> Result<usize> {
+        enter_driver()?;
+        Ok(device::count()?.max(0) as usize)
+    }
+
+    fn open_device(ordinal: usize) -> Result<CudaDevice> {
+        let n = Self::device_count()?;
+        if ordinal >= n {
+            return Err(Error::invalid(
+                "open_device(cuda)",
+                format!("an ordinal below {n}"),
+                ordinal.to_string(),
+            ));
+        }
+        let dev = device::get(ordinal as i32)?;
+        let ctx = ctx::primary_retain(dev)?;
+        let d = CudaDevice {
+            inner: Arc::new(DeviceInner { ordinal, dev, ctx }),
+        };
+        d.bind()?;
+        Ok(d)
+    }
+
+    fn device_ordinal(dev: &CudaDevice) -> usize {
+        dev.ordinal()
+    }
+
+    fn set_current(dev: &CudaDevice) -> Result<()> {
+        dev.enter()
+    }
+
+    fn properties(d: &CudaDevice) -> Result<DeviceProperties> {
+        use sys::CUdevice_attribute as A;
+        d.enter()?;
+        let name = device::name(d.inner.dev)?;
+        let bus = device::pci_bus_id(d.inner.dev)?;
+        let sm = d.attribute(
+            A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+        )?;
+        let major = d.attribute(
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            "cuDeviceGetAttribute(CC_MAJOR)",
+        )?;
+        let minor = d.attribute(
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            "cuDeviceGetAttribute(CC_MINOR)",
+        )?;
+        // NUMA_ID may be unknown to older drivers or -1 on VMs: never an error.
+        let numa = d
+            .attribute(
+                A::CU_DEVICE_ATTRIBUTE_NUMA_ID,
+                "cuDeviceGetAttribute(NUMA_ID)",
+            )
+            .unwrap_or(-1);
+        Ok(DeviceProperties {
+            name,
+            sm_count: sm.max(0) as u32,
+            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+            pci_bus_id: bus.to_ascii_lowercase(),
+            numa_node: if numa < 0 { -1 } else { numa },
+        })
+    }
+
+    fn can_access_peer(d: &CudaDevice, p: &CudaDevice) -> Result<bool> {
+        d.enter()?;
+        if d.inner.dev == p.inner.dev {
+            return Ok(true);
+        }
+        peer::can_access(d.inner.dev, p.inner.dev)
+    }
+
+    fn enable_peer_access(d: &CudaDevice, p: &CudaDevice) -> Result<()> {
+        d.enter()?;
+        if d.inner.dev == p.inner.dev {
+            return Ok(());
+        }
+        // SAFETY: the peer's context is retained by `p` for the call.
+        unsafe { peer::enable(p.inner.ctx) }
+    }
+
+    fn multicast_supported(dev: &CudaDevice) -> Result<bool> {
+        dev.enter()?;
+        let v = dev
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED,
+                "cuDeviceGetAttribute(MULTICAST_SUPPORTED)",
+            )
+            .unwrap_or(0);
+        Ok(v != 0)
+    }
+
+    fn synchronize(d: &CudaDevice, timeout: Duration) -> Result<()> {
+        d.enter()?;
+        // cuCtxSynchronize has no timeout: run it on a helper thread and stop waiting at the
+        // limit. The thread holds a clone of the device, so the context stays retained.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let keep = d.clone();
+        std::thread::Builder::new()
+            .name("mscclpp-hal-ctxsync".into())
+            .spawn(move || {
+                let r = keep.bind().and_then(|()| ctx::synchronize());
+                drop(keep);
+                let _ = tx.send(r);
+            })
+            .map_err(|source| Error::Os {
+                op: "spawn ctx sync thread",
+                source,
+            })?;
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                op: "cuCtxSynchronize",
+                waited: timeout,
+            }),
+        }
+    }
+}

@@ -5,16 +5,20 @@
 //! length (u64 LE); Fabric = the 64-byte `CUmemFabricHandle` then the mapped length (u64 LE).
 //! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html> (cuIpc*),
 //! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html> (cuMemExport/Import).
+//! [`crate::IpcApi`] for [`Cuda`].
 
-use super::conv::check;
+use super::conv::{ipc_handle_bytes, ipc_handle_from};
 use super::device::CudaDevice;
 use super::memory::{
     map_handle, min_granularity, physical_prop, unmap_release, Backing, CudaMemory,
 };
-use crate::fdpass::{self, host_id};
-use crate::{deferred, Buffer, Error, IpcDescriptor, IpcKind, Result, FD_FETCH_TIMEOUT};
+use super::result::{ipc, vmm};
+use super::Cuda;
+use crate::auxil::deferred;
+use crate::auxil::fdpass::{self, host_id, FD_FETCH_TIMEOUT};
+use crate::{Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
 use cudarc::driver::sys;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// Memory of another process mapped into this one. Unmapped (and its fd closed) on drop.
 #[derive(Debug)]
@@ -61,9 +65,7 @@ impl Drop for CudaImported {
         }
         let r = match &self.how {
             // SAFETY: base came from cuIpcOpenMemHandle and is closed once.
-            ImportKind::Legacy => check("cuIpcCloseMemHandle", unsafe {
-                sys::cuIpcCloseMemHandle(self.base)
-            }),
+            ImportKind::Legacy => unsafe { ipc::close_handle(self.base) },
             ImportKind::Mapped { handle, len, .. } => unmap_release(self.base, *len, *handle),
         };
         if let Err(e) = r {
@@ -72,7 +74,21 @@ impl Drop for CudaImported {
     }
 }
 
-pub(super) fn kinds(mem: &CudaMemory) -> Vec<IpcKind> {
+impl IpcApi for Cuda {
+    fn ipc_kinds(mem: &CudaMemory) -> Vec<IpcKind> {
+        kinds(mem)
+    }
+    fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
+        mem.dev.enter()?;
+        export(mem, kind)
+    }
+    fn import(dev: &CudaDevice, desc: &IpcDescriptor) -> Result<CudaImported> {
+        dev.enter()?;
+        import(dev, desc)
+    }
+}
+
+fn kinds(mem: &CudaMemory) -> Vec<IpcKind> {
     match mem.backing {
         Backing::Linear => vec![IpcKind::Legacy],
         Backing::Host(_) => Vec::new(),
@@ -93,8 +109,7 @@ fn descriptor(mem: &CudaMemory, kind: IpcKind, fd_id: u64, handle: Vec<u8>) -> I
     }
 }
 
-pub(super) fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
-    mem.dev.bind()?;
+fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
     let unsupported = || Error::Unsupported {
         op: "export",
         backend: "cuda",
@@ -102,18 +117,8 @@ pub(super) fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
     };
     match (kind, &mem.backing) {
         (IpcKind::Legacy, Backing::Linear) => {
-            // SAFETY: plain C struct.
-            let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
-            // SAFETY: valid out pointer; ptr is the base of a cuMemAlloc allocation.
-            check("cuIpcGetMemHandle", unsafe {
-                sys::cuIpcGetMemHandle(&mut h, mem.ptr)
-            })?;
-            Ok(descriptor(
-                mem,
-                kind,
-                0,
-                h.reserved.iter().map(|c| *c as u8).collect(),
-            ))
+            let h = ipc::get_handle(mem.ptr)?;
+            Ok(descriptor(mem, kind, 0, ipc_handle_bytes(&h)))
         }
         (
             IpcKind::PosixFd,
@@ -125,16 +130,7 @@ pub(super) fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
             let id = match &*reg {
                 Some(r) => r.id(),
                 None => {
-                    let mut fd: i32 = -1;
-                    // SAFETY: for POSIX_FILE_DESCRIPTOR the out parameter is an int.
-                    check("cuMemExportToShareableHandle(POSIX_FD)", unsafe {
-                        sys::cuMemExportToShareableHandle(
-                            (&mut fd as *mut i32).cast(),
-                            *handle,
-                            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                            0,
-                        )
-                    })?;
+                    let fd = vmm::export_posix_fd(*handle)?;
                     // SAFETY: the driver gave us a new fd that nobody else owns.
                     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
                     let r = fdpass::register(owned)?;
@@ -158,17 +154,7 @@ pub(super) fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
                 fabric: true,
             },
         ) => {
-            // SAFETY: plain C struct.
-            let mut fh: sys::CUmemFabricHandle = unsafe { std::mem::zeroed() };
-            // SAFETY: for FABRIC the out parameter is a CUmemFabricHandle.
-            check("cuMemExportToShareableHandle(FABRIC)", unsafe {
-                sys::cuMemExportToShareableHandle(
-                    (&mut fh as *mut sys::CUmemFabricHandle).cast(),
-                    *handle,
-                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-                    0,
-                )
-            })?;
+            let fh = vmm::export_fabric(*handle)?;
             let mut bytes = fh.data.to_vec();
             bytes.extend_from_slice(&(*mapped_len as u64).to_le_bytes());
             Ok(descriptor(mem, kind, 0, bytes))
@@ -199,32 +185,12 @@ fn mapped_len_of(desc: &IpcDescriptor, at: usize) -> Result<usize> {
     Ok(len)
 }
 
-pub(super) fn import(dev: &CudaDevice, desc: &IpcDescriptor) -> Result<CudaImported> {
-    dev.bind()?;
+fn import(dev: &CudaDevice, desc: &IpcDescriptor) -> Result<CudaImported> {
     let size = usize::try_from(desc.size)
         .map_err(|_| Error::BadDescriptor("size does not fit usize".into()))?;
     match desc.kind {
         IpcKind::Legacy => {
-            if desc.handle.len() != 64 {
-                return Err(Error::BadDescriptor(format!(
-                    "Legacy: expected a 64-byte handle, got {}",
-                    desc.handle.len()
-                )));
-            }
-            // SAFETY: plain C struct.
-            let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
-            for (d, s) in h.reserved.iter_mut().zip(&desc.handle) {
-                *d = *s as std::ffi::c_char;
-            }
-            let mut base: sys::CUdeviceptr = 0;
-            // SAFETY: valid out pointer; the handle bytes came from cuIpcGetMemHandle.
-            check("cuIpcOpenMemHandle", unsafe {
-                sys::cuIpcOpenMemHandle_v2(
-                    &mut base,
-                    h,
-                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                )
-            })?;
+            let base = ipc::open_handle(ipc_handle_from(desc)?)?;
             Ok(CudaImported {
                 dev: dev.clone(),
                 base,
@@ -236,20 +202,9 @@ pub(super) fn import(dev: &CudaDevice, desc: &IpcDescriptor) -> Result<CudaImpor
         IpcKind::PosixFd => {
             let len = mapped_len_of(desc, 0)?;
             let fd = fdpass::fetch(desc.host_id, desc.pid, desc.fd_id, FD_FETCH_TIMEOUT)?;
-            let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            // The driver takes the fd value itself as the "pointer"; it does not take ownership.
-            let raw = fd.into_raw_fd();
-            // SAFETY: raw is a live fd exported by cuMemExportToShareableHandle in the peer.
-            let r = check("cuMemImportFromShareableHandle(POSIX_FD)", unsafe {
-                sys::cuMemImportFromShareableHandle(
-                    &mut handle,
-                    raw as usize as *mut std::ffi::c_void,
-                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                )
-            });
-            // SAFETY: we own raw (taken from `fd` above).
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            r?;
+            // SAFETY: the fd is a live descriptor exported by cuMemExportToShareableHandle in
+            // the peer; the driver does not take ownership of it (we keep `fd`).
+            let handle = unsafe { vmm::import_posix_fd(fd.as_raw_fd()) }?;
             map_import(dev, desc, size, handle, len, Some(fd))
         }
         IpcKind::Fabric => {
@@ -257,15 +212,7 @@ pub(super) fn import(dev: &CudaDevice, desc: &IpcDescriptor) -> Result<CudaImpor
             // SAFETY: plain C struct.
             let mut fh: sys::CUmemFabricHandle = unsafe { std::mem::zeroed() };
             fh.data.copy_from_slice(&desc.handle[..64]);
-            let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            // SAFETY: for FABRIC the os handle is a pointer to the fabric handle.
-            check("cuMemImportFromShareableHandle(FABRIC)", unsafe {
-                sys::cuMemImportFromShareableHandle(
-                    &mut handle,
-                    (&mut fh as *mut sys::CUmemFabricHandle).cast(),
-                    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-                )
-            })?;
+            let handle = vmm::import_fabric(&fh)?;
             map_import(dev, desc, size, handle, len, None)
         }
         IpcKind::HostMemfd => Err(Error::Unsupported {
@@ -288,7 +235,7 @@ fn map_import(
         dev,
         sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0,
     );
-    let gran = min_granularity(dev, &prop)?;
+    let gran = min_granularity(&prop)?;
     match map_handle(handle, len, gran, &[dev.ordinal() as i32]) {
         Ok(base) => Ok(CudaImported {
             dev: dev.clone(),
@@ -303,7 +250,7 @@ fn map_import(
         }),
         Err(e) => {
             // SAFETY: release the imported handle; nothing maps it.
-            unsafe { sys::cuMemRelease(handle) };
+            let _ = unsafe { vmm::release(handle) };
             Err(e)
         }
     }

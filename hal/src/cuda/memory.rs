@@ -5,12 +5,17 @@
 //! Not cudarc's pooled `alloc`: peers cannot touch stream-ordered pool memory.
 //! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>,
 //! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__VA.html>.
+//! [`crate::MemoryApi`] and [`crate::HostRegisterApi`] for [`Cuda`].
 
-use super::conv::check;
+use super::conv::{alloc_prop, rw_access};
 use super::device::CudaDevice;
-use crate::fdpass::FdRegistration;
-use crate::{check_host_range, check_range, deferred, Buffer, Error, MemoryKind, Result};
+use super::result::{device, mem, peer, stream, vmm};
+use super::Cuda;
+use crate::auxil::fdpass::FdRegistration;
+use crate::auxil::{check_host_range, check_range, deferred};
+use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use cudarc::driver::sys;
+use std::ffi::c_void;
 use std::sync::Mutex;
 
 /// What backs a [`CudaMemory`].
@@ -85,10 +90,10 @@ impl Drop for CudaMemory {
             return;
         }
         let r = match self.backing {
-            // SAFETY: ptr came from cuMemAlloc_v2 and is freed once.
-            Backing::Linear => check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) }),
+            // SAFETY: ptr came from cuMemAlloc and is freed once.
+            Backing::Linear => unsafe { mem::free(self.ptr) },
             // SAFETY: p came from cuMemHostAlloc and is freed once.
-            Backing::Host(p) => check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(p.cast()) }),
+            Backing::Host(p) => unsafe { mem::free_host(p.cast()) },
             Backing::Physical {
                 handle, mapped_len, ..
             } => unmap_release(self.ptr, mapped_len, handle),
@@ -107,53 +112,28 @@ pub(super) fn unmap_release(
     handle: sys::CUmemGenericAllocationHandle,
 ) -> Result<()> {
     // SAFETY: ptr/len is a range mapped by us to `handle`; each step runs once.
-    let a = check("cuMemUnmap", unsafe { sys::cuMemUnmap(ptr, len) });
+    let a = unsafe { vmm::unmap(ptr, len) };
     // SAFETY: as above.
-    let b = check("cuMemAddressFree", unsafe {
-        sys::cuMemAddressFree(ptr, len)
-    });
+    let b = unsafe { vmm::address_free(ptr, len) };
     // SAFETY: as above.
-    let c = check("cuMemRelease", unsafe { sys::cuMemRelease(handle) });
+    let c = unsafe { vmm::release(handle) };
     a.and(b).and(c)
 }
 
-fn device_location(dev: &CudaDevice) -> sys::CUmemLocation {
-    // SAFETY: CUmemLocation is a plain C struct; all-zero is a valid starting value.
-    let mut loc: sys::CUmemLocation = unsafe { std::mem::zeroed() };
-    loc.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    loc.id = dev.ordinal() as i32;
-    loc
-}
-
+/// The cuMem properties of a pinned allocation on `dev` exportable as `handle_types`.
 pub(super) fn physical_prop(dev: &CudaDevice, handle_types: u32) -> sys::CUmemAllocationProp {
-    // SAFETY: a plain C struct; zero is the documented default for every field.
-    let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location = device_location(dev);
-    prop.requestedHandleTypes = sys::CUmemAllocationHandleType(handle_types);
     let rdma = dev
         .attribute(
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
             "cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)",
         )
         .unwrap_or(0);
-    prop.allocFlags.gpuDirectRDMACapable = u8::from(rdma != 0);
-    prop
+    alloc_prop(dev.ordinal() as i32, handle_types, rdma != 0)
 }
 
-/// The minimum cuMem granularity of `dev`.
-pub(super) fn min_granularity(dev: &CudaDevice, prop: &sys::CUmemAllocationProp) -> Result<usize> {
-    let mut g = 0usize;
-    // SAFETY: valid out pointer and property struct.
-    check("cuMemGetAllocationGranularity", unsafe {
-        sys::cuMemGetAllocationGranularity(
-            &mut g,
-            prop,
-            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        )
-    })?;
-    let _ = dev;
-    Ok(g.max(1))
+/// The minimum cuMem granularity for `prop` (at least 1).
+pub(super) fn min_granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
+    Ok(vmm::min_granularity(prop)?.max(1))
 }
 
 /// Reserves a VA range of `len` bytes aligned to `align`, maps `handle` into it and gives
@@ -164,36 +144,20 @@ pub(super) fn map_handle(
     align: usize,
     devices: &[i32],
 ) -> Result<u64> {
-    let mut ptr: sys::CUdeviceptr = 0;
-    // SAFETY: valid out pointer; no fixed address requested.
-    check("cuMemAddressReserve", unsafe {
-        sys::cuMemAddressReserve(&mut ptr, len, align, 0, 0)
-    })?;
+    let ptr = vmm::address_reserve(len, align)?;
     // SAFETY: ptr/len was just reserved; handle is a live allocation of at least len bytes.
-    if let Err(e) = check("cuMemMap", unsafe { sys::cuMemMap(ptr, len, 0, handle, 0) }) {
-        // SAFETY: undo the reservation made above.
-        unsafe { sys::cuMemAddressFree(ptr, len) };
+    if let Err(e) = unsafe { vmm::map(ptr, len, handle) } {
+        // SAFETY: undo the reservation made above (its own failure is secondary).
+        let _ = unsafe { vmm::address_free(ptr, len) };
         return Err(e);
     }
-    let descs: Vec<sys::CUmemAccessDesc> = devices
-        .iter()
-        .map(|id| {
-            // SAFETY: plain C struct.
-            let mut d: sys::CUmemAccessDesc = unsafe { std::mem::zeroed() };
-            d.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-            d.location.id = *id;
-            d.flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-            d
-        })
-        .collect();
-    // SAFETY: the range is mapped; descs is a live array of descs.len() entries.
-    if let Err(e) = check("cuMemSetAccess", unsafe {
-        sys::cuMemSetAccess(ptr, len, descs.as_ptr(), descs.len())
-    }) {
+    let descs: Vec<sys::CUmemAccessDesc> = devices.iter().map(|id| rw_access(*id)).collect();
+    // SAFETY: the range is mapped.
+    if let Err(e) = unsafe { vmm::set_access(ptr, len, &descs) } {
         // SAFETY: undo the mapping and reservation made above.
         unsafe {
-            sys::cuMemUnmap(ptr, len);
-            sys::cuMemAddressFree(ptr, len);
+            let _ = vmm::unmap(ptr, len);
+            let _ = vmm::address_free(ptr, len);
         }
         return Err(e);
     }
@@ -203,34 +167,26 @@ pub(super) fn map_handle(
 /// This device plus every device that can access it as a peer.
 fn access_devices(dev: &CudaDevice) -> Vec<i32> {
     let mut ids = vec![dev.ordinal() as i32];
-    let mut n = 0i32;
-    // SAFETY: valid out pointer.
-    if unsafe { sys::cuDeviceGetCount(&mut n) } == sys::CUresult::CUDA_SUCCESS {
-        for other in 0..n {
-            if other as usize == dev.ordinal() {
-                continue;
-            }
-            let mut od: sys::CUdevice = 0;
-            let mut can = 0i32;
-            // SAFETY: valid out pointers; other < count.
-            let ok = unsafe {
-                sys::cuDeviceGet(&mut od, other) == sys::CUresult::CUDA_SUCCESS
-                    && sys::cuDeviceCanAccessPeer(&mut can, od, dev.cu_device())
-                        == sys::CUresult::CUDA_SUCCESS
-            };
-            if ok && can != 0 {
-                ids.push(other);
-            }
+    let n = device::count().unwrap_or(0);
+    for other in 0..n {
+        if other as usize == dev.ordinal() {
+            continue;
+        }
+        let can = device::get(other)
+            .and_then(|od| peer::can_access(od, dev.cu_device()))
+            .unwrap_or(false);
+        if can {
+            ids.push(other);
         }
     }
     ids
 }
 
-pub(super) fn alloc(dev: &CudaDevice, size: usize, kind: MemoryKind) -> Result<CudaMemory> {
+fn alloc(dev: &CudaDevice, size: usize, kind: MemoryKind) -> Result<CudaMemory> {
     if size == 0 {
         return Err(Error::invalid("alloc(cuda)", "a non-zero size", "0"));
     }
-    dev.bind()?;
+    dev.enter()?;
     let mk = |ptr, backing| CudaMemory {
         dev: dev.clone(),
         ptr,
@@ -240,107 +196,81 @@ pub(super) fn alloc(dev: &CudaDevice, size: usize, kind: MemoryKind) -> Result<C
         fd_export: Mutex::new(None),
     };
     match kind {
-        MemoryKind::Device | MemoryKind::Uncached => {
-            let mut p: sys::CUdeviceptr = 0;
-            // SAFETY: valid out pointer; context is current.
-            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut p, size) })?;
-            Ok(mk(p, Backing::Linear))
-        }
+        MemoryKind::Device | MemoryKind::Uncached => Ok(mk(mem::alloc(size)?, Backing::Linear)),
         MemoryKind::HostMapped => {
-            let mut h: *mut std::ffi::c_void = std::ptr::null_mut();
             let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-            // SAFETY: valid out pointer; context is current.
-            check("cuMemHostAlloc", unsafe {
-                sys::cuMemHostAlloc(&mut h, size, flags)
-            })?;
-            let mut d: sys::CUdeviceptr = 0;
-            // SAFETY: h is a DEVICEMAP host allocation.
-            if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
-                sys::cuMemHostGetDevicePointer_v2(&mut d, h, 0)
-            }) {
-                // SAFETY: undo the allocation above.
-                unsafe { sys::cuMemFreeHost(h) };
-                return Err(e);
-            }
-            Ok(mk(d, Backing::Host(h.cast())))
-        }
-        MemoryKind::Physical { granularity } => {
-            let posix = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
-            let fabric_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
-            let fabric_ok = dev
-                .attribute(
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
-                    "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)",
-                )
-                .unwrap_or(0)
-                != 0;
-            let prop = physical_prop(dev, posix);
-            let min = min_granularity(dev, &prop)?;
-            let gran = if granularity == 0 { min } else { granularity };
-            if gran % min != 0 {
-                return Err(Error::invalid(
-                    "alloc(cuda, Physical)",
-                    format!("a granularity that is a multiple of {min}"),
-                    gran.to_string(),
-                ));
-            }
-            let mapped_len = size.div_ceil(gran).checked_mul(gran).ok_or_else(|| {
-                Error::invalid(
-                    "alloc(cuda)",
-                    "a size that fits when rounded",
-                    size.to_string(),
-                )
-            })?;
-            let mut handle: sys::CUmemGenericAllocationHandle = 0;
-            // Ask for fabric + POSIX fd where fabric is reported; without IMEX that can fail,
-            // so fall back to POSIX fd alone.
-            let mut fabric = false;
-            if fabric_ok {
-                let p = physical_prop(dev, posix | fabric_type);
-                // SAFETY: valid out pointer and property struct.
-                fabric = unsafe { sys::cuMemCreate(&mut handle, mapped_len, &p, 0) }
-                    == sys::CUresult::CUDA_SUCCESS;
-            }
-            if !fabric {
-                // SAFETY: valid out pointer and property struct.
-                check("cuMemCreate", unsafe {
-                    sys::cuMemCreate(&mut handle, mapped_len, &prop, 0)
-                })?;
-            }
-            let ptr = match map_handle(handle, mapped_len, gran, &access_devices(dev)) {
-                Ok(p) => p,
+            let h = mem::host_alloc(size, flags)?;
+            // SAFETY: h is a live DEVICEMAP host allocation.
+            match unsafe { mem::host_device_pointer(h) } {
+                Ok(d) => Ok(mk(d, Backing::Host(h.cast()))),
                 Err(e) => {
-                    // SAFETY: release the handle created above.
-                    unsafe { sys::cuMemRelease(handle) };
-                    return Err(e);
+                    // SAFETY: undo the allocation above.
+                    let _ = unsafe { mem::free_host(h) };
+                    Err(e)
                 }
-            };
-            Ok(mk(
-                ptr,
-                Backing::Physical {
-                    handle,
-                    mapped_len,
-                    fabric,
-                },
-            ))
+            }
         }
+        MemoryKind::Physical { granularity } => alloc_physical(dev, size, granularity, mk),
     }
 }
 
-pub(super) fn memset(
+fn alloc_physical(
     dev: &CudaDevice,
-    dst: &impl Buffer,
-    offset: usize,
-    value: u8,
-    len: usize,
-) -> Result<()> {
-    check_range("memset(cuda)", dst.size(), offset, len)?;
-    dev.bind()?;
-    // SAFETY: range checked against a live buffer.
-    check("cuMemsetD8", unsafe {
-        sys::cuMemsetD8_v2(dst.device_ptr() + offset as u64, value, len)
+    size: usize,
+    granularity: usize,
+    mk: impl Fn(u64, Backing) -> CudaMemory,
+) -> Result<CudaMemory> {
+    let posix = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+    let fabric_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
+    let fabric_ok = dev
+        .attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+            "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)",
+        )
+        .unwrap_or(0)
+        != 0;
+    let prop = physical_prop(dev, posix);
+    let min = min_granularity(&prop)?;
+    let gran = if granularity == 0 { min } else { granularity };
+    if gran % min != 0 {
+        return Err(Error::invalid(
+            "alloc(cuda, Physical)",
+            format!("a granularity that is a multiple of {min}"),
+            gran.to_string(),
+        ));
+    }
+    let mapped_len = size.div_ceil(gran).checked_mul(gran).ok_or_else(|| {
+        Error::invalid(
+            "alloc(cuda)",
+            "a size that fits when rounded",
+            size.to_string(),
+        )
     })?;
-    finish_legacy_stream("cuMemsetD8")
+    // Ask for fabric + POSIX fd where fabric is reported; without IMEX that can fail, so fall
+    // back to POSIX fd alone.
+    let with_fabric = fabric_ok
+        .then(|| vmm::create(mapped_len, &physical_prop(dev, posix | fabric_type)).ok())
+        .flatten();
+    let fabric = with_fabric.is_some();
+    let handle = match with_fabric {
+        Some(h) => h,
+        None => vmm::create(mapped_len, &prop)?,
+    };
+    match map_handle(handle, mapped_len, gran, &access_devices(dev)) {
+        Ok(ptr) => Ok(mk(
+            ptr,
+            Backing::Physical {
+                handle,
+                mapped_len,
+                fabric,
+            },
+        )),
+        Err(e) => {
+            // SAFETY: release the handle created above; nothing maps it.
+            let _ = unsafe { vmm::release(handle) };
+            Err(e)
+        }
+    }
 }
 
 /// Waits for the work just issued on the legacy default stream. `cuMemsetD8`, a
@@ -351,63 +281,64 @@ pub(super) fn memset(
 /// <https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html>
 fn finish_legacy_stream(after: &'static str) -> Result<()> {
     // SAFETY: a null stream is the legacy default stream of the current context.
-    check(after, unsafe {
-        sys::cuStreamSynchronize(std::ptr::null_mut())
-    })
+    unsafe { stream::synchronize(after, std::ptr::null_mut()) }
 }
 
-pub(super) fn write(dev: &CudaDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
-    check_range("write(cuda)", dst.size(), offset, src.len())?;
-    dev.bind()?;
-    // SAFETY: range checked; src is a live host slice.
-    check("cuMemcpyHtoD", unsafe {
-        sys::cuMemcpyHtoD_v2(
-            dst.device_ptr() + offset as u64,
-            src.as_ptr().cast(),
-            src.len(),
-        )
-    })?;
-    finish_legacy_stream("cuMemcpyHtoD")
-}
+impl MemoryApi for Cuda {
+    fn alloc(dev: &CudaDevice, size: usize, kind: MemoryKind) -> Result<CudaMemory> {
+        alloc(dev, size, kind)
+    }
 
-pub(super) fn read(
-    dev: &CudaDevice,
-    src: &impl Buffer,
-    offset: usize,
-    dst: &mut [u8],
-) -> Result<()> {
-    check_range("read(cuda)", src.size(), offset, dst.len())?;
-    dev.bind()?;
-    // SAFETY: range checked; dst is a live host slice.
-    check("cuMemcpyDtoH", unsafe {
-        sys::cuMemcpyDtoH_v2(
-            dst.as_mut_ptr().cast(),
-            src.device_ptr() + offset as u64,
-            dst.len(),
-        )
-    })
-}
+    fn memset(
+        dev: &CudaDevice,
+        dst: &impl Buffer,
+        offset: usize,
+        value: u8,
+        len: usize,
+    ) -> Result<()> {
+        check_range("memset(cuda)", dst.size(), offset, len)?;
+        dev.enter()?;
+        // SAFETY: range checked against a live buffer.
+        unsafe { mem::set_d8(dst.device_ptr() + offset as u64, value, len) }?;
+        finish_legacy_stream("cuMemsetD8")
+    }
 
-pub(super) fn copy(
-    dev: &CudaDevice,
-    dst: &impl Buffer,
-    dst_offset: usize,
-    src: &impl Buffer,
-    src_offset: usize,
-    len: usize,
-) -> Result<()> {
-    check_range("copy(cuda) dst", dst.size(), dst_offset, len)?;
-    check_range("copy(cuda) src", src.size(), src_offset, len)?;
-    dev.bind()?;
-    // SAFETY: both ranges checked against live buffers (unified addressing).
-    check("cuMemcpy", unsafe {
-        sys::cuMemcpy(
-            dst.device_ptr() + dst_offset as u64,
-            src.device_ptr() + src_offset as u64,
-            len,
-        )
-    })?;
-    finish_legacy_stream("cuMemcpy")
+    fn write(dev: &CudaDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
+        check_range("write(cuda)", dst.size(), offset, src.len())?;
+        dev.enter()?;
+        // SAFETY: range checked against a live buffer.
+        unsafe { mem::copy_htod(dst.device_ptr() + offset as u64, src) }?;
+        finish_legacy_stream("cuMemcpyHtoD")
+    }
+
+    fn read(dev: &CudaDevice, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range("read(cuda)", src.size(), offset, dst.len())?;
+        dev.enter()?;
+        // SAFETY: range checked against a live buffer.
+        unsafe { mem::copy_dtoh(dst, src.device_ptr() + offset as u64) }
+    }
+
+    fn copy(
+        dev: &CudaDevice,
+        dst: &impl Buffer,
+        dst_offset: usize,
+        src: &impl Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_range("copy(cuda) dst", dst.size(), dst_offset, len)?;
+        check_range("copy(cuda) src", src.size(), src_offset, len)?;
+        dev.enter()?;
+        // SAFETY: both ranges checked against live buffers (unified addressing).
+        unsafe {
+            mem::copy(
+                dst.device_ptr() + dst_offset as u64,
+                src.device_ptr() + src_offset as u64,
+                len,
+            )
+        }?;
+        finish_legacy_stream("cuMemcpy")
+    }
 }
 
 /// Caller-owned host memory pinned with `cuMemHostRegister(PORTABLE | DEVICEMAP)`; dropping it
@@ -447,48 +378,49 @@ impl CudaHostRegistration {
 
 impl Drop for CudaHostRegistration {
     fn drop(&mut self) {
-        let r = self.dev.bind().and_then(|()| {
-            // SAFETY: `host` was registered by `register_host` and is unregistered once.
-            check("cuMemHostUnregister", unsafe {
-                sys::cuMemHostUnregister(self.host.cast())
-            })
-        });
+        // SAFETY: `host` was registered by `register_host` and is unregistered once.
+        let r = self
+            .dev
+            .bind()
+            .and_then(|()| unsafe { mem::host_unregister(self.host.cast()) });
         if let Err(e) = r {
             deferred::record(e);
         }
     }
 }
 
-/// Pins and maps `ptr..ptr+len` for every context (PORTABLE) and device access (DEVICEMAP).
-///
-/// # Safety
-/// As [`crate::Api::register_host`]: the range is one live host allocation that outlives the
-/// registration.
-pub(super) unsafe fn register_host(
-    dev: &CudaDevice,
-    ptr: *mut u8,
-    len: usize,
-) -> Result<CudaHostRegistration> {
-    check_host_range("register_host(cuda)", ptr, len)?;
-    dev.bind()?;
-    let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-    // SAFETY: the caller guarantees a live host range; the context is current.
-    check("cuMemHostRegister", unsafe {
-        sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
-    })?;
-    let mut d: sys::CUdeviceptr = 0;
-    // SAFETY: valid out pointer; ptr was just registered with DEVICEMAP; flags must be 0.
-    if let Err(e) = check("cuMemHostGetDevicePointer", unsafe {
-        sys::cuMemHostGetDevicePointer_v2(&mut d, ptr.cast(), 0)
-    }) {
-        // SAFETY: undo the registration made above.
-        unsafe { sys::cuMemHostUnregister(ptr.cast()) };
-        return Err(e);
+impl HostRegisterApi for Cuda {
+    /// Pins and maps `ptr..ptr+len` for every context (PORTABLE) and device access
+    /// (DEVICEMAP).
+    unsafe fn register_host(
+        dev: &CudaDevice,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<CudaHostRegistration> {
+        check_host_range("register_host(cuda)", ptr, len)?;
+        dev.enter()?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        let host: *mut c_void = ptr.cast();
+        // SAFETY: the caller guarantees a live host range that outlives the registration.
+        unsafe { mem::host_register(host, len, flags) }?;
+        // SAFETY: ptr was just registered with DEVICEMAP.
+        let device_ptr = match unsafe { mem::host_device_pointer(host) } {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: undo the registration made above.
+                let _ = unsafe { mem::host_unregister(host) };
+                return Err(e);
+            }
+        };
+        Ok(CudaHostRegistration {
+            dev: dev.clone(),
+            host: ptr,
+            device_ptr,
+            len,
+        })
     }
-    Ok(CudaHostRegistration {
-        dev: dev.clone(),
-        host: ptr,
-        device_ptr: d,
-        len,
-    })
+
+    fn host_registration_device_ptr(r: &CudaHostRegistration) -> u64 {
+        r.device_ptr()
+    }
 }

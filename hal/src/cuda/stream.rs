@@ -1,10 +1,11 @@
-//! CUDA streams and events; waits poll cuStreamQuery/cuEventQuery with a timeout.
-//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html>,
-//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html>.
+//! CUDA streams and events, and the work enqueued on a stream; waits poll
+//! cuStreamQuery/cuEventQuery with a timeout ([`crate::StreamApi`] for [`Cuda`]).
 
-use super::conv::check;
 use super::device::CudaDevice;
-use crate::{deferred, poll_until, Result};
+use super::result::{event, mem, stream};
+use super::Cuda;
+use crate::auxil::{deferred, poll_until};
+use crate::{Result, StreamApi};
 use cudarc::driver::sys;
 use std::time::Duration;
 
@@ -41,11 +42,10 @@ impl CudaStream {
 impl Drop for CudaStream {
     fn drop(&mut self) {
         // SAFETY: raw was created by cuStreamCreate and is destroyed once.
-        let r = self.dev.bind().and_then(|_| {
-            check("cuStreamDestroy", unsafe {
-                sys::cuStreamDestroy_v2(self.raw)
-            })
-        });
+        let r = self
+            .dev
+            .bind()
+            .and_then(|()| unsafe { stream::destroy(self.raw) });
         if let Err(e) = r {
             deferred::record(e);
         }
@@ -55,79 +55,76 @@ impl Drop for CudaStream {
 impl Drop for CudaEvent {
     fn drop(&mut self) {
         // SAFETY: raw was created by cuEventCreate and is destroyed once.
-        let r = self.dev.bind().and_then(|_| {
-            check("cuEventDestroy", unsafe {
-                sys::cuEventDestroy_v2(self.raw)
-            })
-        });
+        let r = self
+            .dev
+            .bind()
+            .and_then(|()| unsafe { event::destroy(self.raw) });
         if let Err(e) = r {
             deferred::record(e);
         }
     }
 }
 
-pub(super) fn create_stream(dev: &CudaDevice) -> Result<CudaStream> {
-    dev.bind()?;
-    let mut s: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: valid out pointer; context current.
-    check("cuStreamCreate", unsafe {
-        sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-    })?;
-    Ok(CudaStream {
-        dev: dev.clone(),
-        raw: s,
-    })
-}
-
-fn ready(op: &'static str, r: sys::CUresult) -> Result<bool> {
-    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
-        Ok(false)
-    } else {
-        check(op, r).map(|_| true)
+impl StreamApi for Cuda {
+    fn create_stream(dev: &CudaDevice) -> Result<CudaStream> {
+        dev.enter()?;
+        Ok(CudaStream {
+            dev: dev.clone(),
+            raw: stream::create_non_blocking()?,
+        })
     }
-}
 
-pub(super) fn stream_synchronize(s: &CudaStream, timeout: Duration) -> Result<()> {
-    s.dev.bind()?;
-    // SAFETY: live stream.
-    poll_until("cuStreamSynchronize", timeout, || {
-        ready("cuStreamQuery", unsafe { sys::cuStreamQuery(s.raw) })
-    })
-}
+    fn stream_synchronize(s: &CudaStream, timeout: Duration) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the stream is live while `s` is borrowed.
+        poll_until("cuStreamSynchronize", timeout, || unsafe {
+            stream::query(s.raw)
+        })
+    }
 
-pub(super) fn create_event(dev: &CudaDevice) -> Result<CudaEvent> {
-    dev.bind()?;
-    let mut e: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: valid out pointer; context current.
-    check("cuEventCreate", unsafe {
-        sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
-    })?;
-    Ok(CudaEvent {
-        dev: dev.clone(),
-        raw: e,
-    })
-}
+    fn create_event(dev: &CudaDevice) -> Result<CudaEvent> {
+        dev.enter()?;
+        Ok(CudaEvent {
+            dev: dev.clone(),
+            raw: event::create()?,
+        })
+    }
 
-pub(super) fn record(e: &CudaEvent, s: &CudaStream) -> Result<()> {
-    e.dev.bind()?;
-    // SAFETY: live event and stream.
-    check("cuEventRecord", unsafe { sys::cuEventRecord(e.raw, s.raw) })
-}
+    fn record_event(e: &CudaEvent, s: &CudaStream) -> Result<()> {
+        e.dev.enter()?;
+        // SAFETY: both are live while borrowed.
+        unsafe { event::record(e.raw, s.raw) }
+    }
 
-pub(super) fn event_synchronize(e: &CudaEvent, timeout: Duration) -> Result<()> {
-    e.dev.bind()?;
-    // SAFETY: live event.
-    poll_until("cuEventSynchronize", timeout, || {
-        ready("cuEventQuery", unsafe { sys::cuEventQuery(e.raw) })
-    })
-}
+    fn event_synchronize(e: &CudaEvent, timeout: Duration) -> Result<()> {
+        e.dev.enter()?;
+        // SAFETY: the event is live while `e` is borrowed.
+        poll_until("cuEventSynchronize", timeout, || unsafe {
+            event::query(e.raw)
+        })
+    }
 
-pub(super) fn elapsed_ms(start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
-    start.dev.bind()?;
-    let mut ms = 0f32;
-    // SAFETY: valid out pointer; live events.
-    check("cuEventElapsedTime", unsafe {
-        sys::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw)
-    })?;
-    Ok(ms)
+    fn event_elapsed_ms(start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
+        start.dev.enter()?;
+        // SAFETY: both events are live while borrowed.
+        unsafe { event::elapsed_ms(start.raw, end.raw) }
+    }
+
+    unsafe fn memset_async(s: &CudaStream, dst: u64, value: u8, len: usize) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the caller keeps the range alive until the stream is done.
+        unsafe { mem::set_d8_async(dst, value, len, s.raw) }
+    }
+
+    unsafe fn memcpy_async(s: &CudaStream, dst: u64, src: u64, len: usize) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the caller keeps both ranges alive until the stream is done.
+        unsafe { mem::copy_async(dst, src, len, s.raw) }
+    }
+
+    unsafe fn write_value64_async(s: &CudaStream, dst: u64, value: u64) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the caller keeps the aligned target alive until the stream is done.
+        unsafe { stream::write_value64(s.raw, dst, value) }
+    }
 }

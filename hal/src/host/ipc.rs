@@ -1,9 +1,11 @@
-//! Host IPC: the memfd of an allocation travels over the fd server and is mapped again.
+//! Host IPC: the memfd of an allocation travels over the fd server and is mapped again
+//! ([`crate::IpcApi`] for [`Host`]).
 
-use super::memory::HostMemory;
-use crate::fdpass::{self, host_id};
-use crate::os::Mapping;
-use crate::{Buffer, Error, IpcDescriptor, IpcKind, Result, FD_FETCH_TIMEOUT};
+use super::{Host, HostDevice, HostMemory};
+use crate::auxil::fdpass::FD_FETCH_TIMEOUT;
+use crate::auxil::fdpass::{self, host_id};
+use crate::auxil::os::Mapping;
+use crate::{Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
 use std::os::fd::OwnedFd;
 
 /// Host memory mapped from another process's export. Unmapped and its fd closed on drop.
@@ -29,7 +31,21 @@ impl Buffer for HostImported {
     }
 }
 
-pub(super) fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
+impl IpcApi for Host {
+    fn ipc_kinds(_mem: &HostMemory) -> Vec<IpcKind> {
+        vec![IpcKind::HostMemfd]
+    }
+    fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
+        HostDevice::enter()?;
+        export(mem, kind)
+    }
+    fn import(_dev: &HostDevice, desc: &IpcDescriptor) -> Result<HostImported> {
+        HostDevice::enter()?;
+        import(desc)
+    }
+}
+
+fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
     if kind != IpcKind::HostMemfd {
         return Err(Error::Unsupported {
             op: "export",
@@ -62,7 +78,7 @@ pub(super) fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
     })
 }
 
-pub(super) fn import(desc: &IpcDescriptor) -> Result<HostImported> {
+fn import(desc: &IpcDescriptor) -> Result<HostImported> {
     if desc.kind != IpcKind::HostMemfd {
         return Err(Error::Unsupported {
             op: "import",

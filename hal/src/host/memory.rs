@@ -1,8 +1,11 @@
-//! Host memory: page-granular memfd mappings (MAP_SHARED), so they can be shared by fd.
+//! Host memory: page-granular memfd mappings (MAP_SHARED), so they can be shared by fd
+//! ([`crate::MemoryApi`] and [`crate::HostRegisterApi`] for [`Host`]).
 
-use crate::fdpass::FdRegistration;
-use crate::os::{self, Mapping};
-use crate::{check_host_range, check_range, Buffer, Error, MemoryKind, Result};
+use super::{Host, HostDevice};
+use crate::auxil::fdpass::FdRegistration;
+use crate::auxil::os::{self, Mapping};
+use crate::auxil::{check_host_range, check_range};
+use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
@@ -41,44 +44,13 @@ impl Buffer for HostMemory {
     }
 }
 
-pub(super) fn round_up(size: usize, to: usize) -> Result<usize> {
+fn round_up(size: usize, to: usize) -> Result<usize> {
     size.div_ceil(to).checked_mul(to).ok_or_else(|| {
         Error::invalid(
             "alloc",
             "a size that fits in usize when rounded",
             size.to_string(),
         )
-    })
-}
-
-pub(super) fn alloc(size: usize, kind: MemoryKind) -> Result<HostMemory> {
-    if size == 0 {
-        return Err(Error::invalid("alloc(host)", "a non-zero size", "0"));
-    }
-    let page = os::page_size();
-    let gran = match kind {
-        MemoryKind::Physical { granularity } if granularity > 0 => {
-            if granularity % page != 0 {
-                return Err(Error::invalid(
-                    "alloc(host)",
-                    format!("a granularity that is a multiple of the page size {page}"),
-                    granularity.to_string(),
-                ));
-            }
-            granularity
-        }
-        _ => page,
-    };
-    let mapped_len = round_up(size, gran)?;
-    let fd = os::memfd(c"mscclpp-hal-host", mapped_len)?;
-    let map = Mapping::shared(&fd, mapped_len)?;
-    Ok(HostMemory {
-        map,
-        fd,
-        size,
-        mapped_len,
-        kind,
-        export: Mutex::new(None),
     })
 }
 
@@ -90,47 +62,6 @@ fn host_addr(op: &'static str, buf: &impl Buffer) -> Result<*mut u8> {
             format!("device pointer {:#x}", buf.device_ptr()),
         )
     })
-}
-
-pub(super) fn memset(dst: &impl Buffer, offset: usize, value: u8, len: usize) -> Result<()> {
-    check_range("memset(host)", dst.size(), offset, len)?;
-    let p = host_addr("memset(host)", dst)?;
-    // SAFETY: the range was checked against the buffer, which stays alive for the call.
-    unsafe { std::ptr::write_bytes(p.add(offset), value, len) };
-    Ok(())
-}
-
-pub(super) fn write(dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
-    check_range("write(host)", dst.size(), offset, src.len())?;
-    let p = host_addr("write(host)", dst)?;
-    // SAFETY: range checked; `src` is a distinct Rust slice, so no overlap with the mapping
-    // unless the caller built it from this same mapping, in which case `copy` semantics hold.
-    unsafe { std::ptr::copy(src.as_ptr(), p.add(offset), src.len()) };
-    Ok(())
-}
-
-pub(super) fn read(src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
-    check_range("read(host)", src.size(), offset, dst.len())?;
-    let p = host_addr("read(host)", src)?;
-    // SAFETY: range checked; `copy` tolerates overlap.
-    unsafe { std::ptr::copy(p.add(offset), dst.as_mut_ptr(), dst.len()) };
-    Ok(())
-}
-
-pub(super) fn copy(
-    dst: &impl Buffer,
-    dst_offset: usize,
-    src: &impl Buffer,
-    src_offset: usize,
-    len: usize,
-) -> Result<()> {
-    check_range("copy(host) dst", dst.size(), dst_offset, len)?;
-    check_range("copy(host) src", src.size(), src_offset, len)?;
-    let d = host_addr("copy(host) dst", dst)?;
-    let s = host_addr("copy(host) src", src)?;
-    // SAFETY: both ranges checked against live buffers; `copy` tolerates overlap.
-    unsafe { std::ptr::copy(s.add(src_offset), d.add(dst_offset), len) };
-    Ok(())
 }
 
 /// Caller-owned host memory "registered" with the host backend: the device pointer is the
@@ -166,7 +97,99 @@ impl HostRegistration {
     }
 }
 
-pub(super) fn register_host(ptr: *mut u8, len: usize) -> Result<HostRegistration> {
-    check_host_range("register_host(host)", ptr, len)?;
-    Ok(HostRegistration { ptr, len })
+impl MemoryApi for Host {
+    fn alloc(_dev: &HostDevice, size: usize, kind: MemoryKind) -> Result<HostMemory> {
+        HostDevice::enter()?;
+        if size == 0 {
+            return Err(Error::invalid("alloc(host)", "a non-zero size", "0"));
+        }
+        let page = os::page_size();
+        let gran = match kind {
+            MemoryKind::Physical { granularity } if granularity > 0 => {
+                if granularity % page != 0 {
+                    return Err(Error::invalid(
+                        "alloc(host)",
+                        format!("a granularity that is a multiple of the page size {page}"),
+                        granularity.to_string(),
+                    ));
+                }
+                granularity
+            }
+            _ => page,
+        };
+        let mapped_len = round_up(size, gran)?;
+        let fd = os::memfd(c"mscclpp-hal-host", mapped_len)?;
+        let map = Mapping::shared(&fd, mapped_len)?;
+        Ok(HostMemory {
+            map,
+            fd,
+            size,
+            mapped_len,
+            kind,
+            export: Mutex::new(None),
+        })
+    }
+    fn memset(
+        _dev: &HostDevice,
+        dst: &impl Buffer,
+        offset: usize,
+        value: u8,
+        len: usize,
+    ) -> Result<()> {
+        HostDevice::enter()?;
+        check_range("memset(host)", dst.size(), offset, len)?;
+        let p = host_addr("memset(host)", dst)?;
+        // SAFETY: the range was checked against the buffer, which stays alive for the call.
+        unsafe { std::ptr::write_bytes(p.add(offset), value, len) };
+        Ok(())
+    }
+    fn write(_dev: &HostDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
+        HostDevice::enter()?;
+        check_range("write(host)", dst.size(), offset, src.len())?;
+        let p = host_addr("write(host)", dst)?;
+        // SAFETY: range checked; `src` is a distinct Rust slice, so no overlap with the mapping
+        // unless the caller built it from this same mapping, in which case `copy` semantics hold.
+        unsafe { std::ptr::copy(src.as_ptr(), p.add(offset), src.len()) };
+        Ok(())
+    }
+    fn read(_dev: &HostDevice, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        HostDevice::enter()?;
+        check_range("read(host)", src.size(), offset, dst.len())?;
+        let p = host_addr("read(host)", src)?;
+        // SAFETY: range checked; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(p.add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+    fn copy(
+        _dev: &HostDevice,
+        dst: &impl Buffer,
+        dst_offset: usize,
+        src: &impl Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        HostDevice::enter()?;
+        check_range("copy(host) dst", dst.size(), dst_offset, len)?;
+        check_range("copy(host) src", src.size(), src_offset, len)?;
+        let d = host_addr("copy(host) dst", dst)?;
+        let s = host_addr("copy(host) src", src)?;
+        // SAFETY: both ranges checked against live buffers; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(s.add(src_offset), d.add(dst_offset), len) };
+        Ok(())
+    }
+}
+
+impl HostRegisterApi for Host {
+    unsafe fn register_host(
+        _dev: &HostDevice,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<HostRegistration> {
+        HostDevice::enter()?;
+        check_host_range("register_host(host)", ptr, len)?;
+        Ok(HostRegistration { ptr, len })
+    }
+    fn host_registration_device_ptr(r: &HostRegistration) -> u64 {
+        r.device_ptr()
+    }
 }

@@ -1,6 +1,8 @@
-//! Host code objects: none; kernel launch is unsupported on the host backend.
+//! Host code objects: none; kernel launch is unsupported on the host backend
+//! ([`crate::ModuleApi`] for [`Host`]).
 
-use crate::{Error, Result};
+use super::{Host, HostStream};
+use crate::{Error, LaunchConfig, ModuleApi, Result};
 
 /// Never constructed: the host backend loads no code objects.
 #[derive(Debug)]
@@ -10,10 +12,27 @@ pub struct HostModule(());
 #[derive(Clone, Debug)]
 pub struct HostKernel(());
 
-pub(super) fn unsupported<T>(op: &'static str) -> Result<T> {
+fn unsupported<T>(op: &'static str) -> Result<T> {
     Err(Error::Unsupported {
         op,
         backend: "host",
         reason: "the host backend runs no device code".into(),
     })
+}
+
+impl ModuleApi for Host {
+    fn load_module(_dev: &super::HostDevice, _code: &[u8]) -> Result<HostModule> {
+        unsupported("load_module")
+    }
+    fn get_kernel(_module: &HostModule, _name: &str) -> Result<HostKernel> {
+        unsupported("get_kernel")
+    }
+    unsafe fn launch_raw(
+        _kernel: &HostKernel,
+        _cfg: &LaunchConfig,
+        _stream: &HostStream,
+        _args: &[u8],
+    ) -> Result<()> {
+        unsupported("launch")
+    }
 }

@@ -140,8 +140,8 @@ impl Drop for CompletionQueue {
         // SAFETY: live CQ; by the Arc ownership no QP uses it any more.
         let ret = unsafe { (self.ctx.lib().destroy_cq)(self.as_ptr()) };
         if ret != 0 {
-            eprintln!(
-                "mscclpp-hal: ibv_destroy_cq on {} failed: {}",
+            log::warn!(
+                "ibv_destroy_cq on {} failed: {}",
                 self.ctx.name(),
                 IbvError::from_ret("ibv_destroy_cq", ret)
             );

@@ -246,8 +246,8 @@ impl Drop for Context {
         // SAFETY: the context is live and, by the Arc ownership, no child object remains.
         let ret = unsafe { (self.lib.close_device)(self.as_ptr()) };
         if ret != 0 {
-            eprintln!(
-                "mscclpp-hal: ibv_close_device({}) failed: {}",
+            log::warn!(
+                "ibv_close_device({}) failed: {}",
                 self.name,
                 IbvError::from_ret("ibv_close_device", ret)
             );

@@ -15,6 +15,9 @@ pub const IBV_SO_ENV: &str = "MSCCLPP_IBV_SO";
 /// Default library names, tried in order when [`IBV_SO_ENV`] is not set.
 const DEFAULT_CANDIDATES: [&str; 2] = ["libibverbs.so", "libibverbs.so.1"];
 
+// Signatures of the exported libibverbs functions, resolved at run time with libloading (the
+// library is optional and may be a test provider named by MSCCLPP_IBV_SO). ibverbs-sys gives
+// the types but links libibverbs at build time, so these pointer types are written here.
 type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut sys::ibv_device;
 type FreeDeviceList = unsafe extern "C" fn(*mut *mut sys::ibv_device);
 type GetDeviceName = unsafe extern "C" fn(*mut sys::ibv_device) -> *const std::ffi::c_char;

@@ -152,8 +152,8 @@ impl Drop for ProtectionDomain {
         // SAFETY: live PD; by the Arc ownership no MR or QP of it remains.
         let ret = unsafe { (self.ctx.lib().dealloc_pd)(self.as_ptr()) };
         if ret != 0 {
-            eprintln!(
-                "mscclpp-hal: ibv_dealloc_pd on {} failed: {}",
+            log::warn!(
+                "ibv_dealloc_pd on {} failed: {}",
                 self.ctx.name(),
                 IbvError::from_ret("ibv_dealloc_pd", ret)
             );
@@ -230,8 +230,8 @@ impl Drop for MemoryRegion {
         // SAFETY: live MR, deregistered exactly once.
         let ret = unsafe { (self.pd.context().lib().dereg_mr)(self.as_ptr()) };
         if ret != 0 {
-            eprintln!(
-                "mscclpp-hal: ibv_dereg_mr failed: {}",
+            log::warn!(
+                "ibv_dereg_mr failed: {}",
                 IbvError::from_ret("ibv_dereg_mr", ret)
             );
         }

@@ -513,8 +513,8 @@ impl Drop for QueuePair {
         // SAFETY: live QP, destroyed exactly once; its CQs and PD outlive it (we hold Arcs).
         let ret = unsafe { (self.pd.context().lib().destroy_qp)(self.as_ptr()) };
         if ret != 0 {
-            eprintln!(
-                "mscclpp-hal: ibv_destroy_qp({}) failed: {}",
+            log::warn!(
+                "ibv_destroy_qp({}) failed: {}",
                 self.qp_num(),
                 IbvError::from_ret("ibv_destroy_qp", ret)
             );

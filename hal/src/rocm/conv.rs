@@ -1,174 +1,54 @@
-//! HIP loaded at run time: the library search, the function table, status codes to [`Error`].
-//!
-//! hip-sys is used only for opaque types (`hipIpcMemHandle_t`) and attribute numbers; every
-//! function is resolved from `libamdhip64.so` (`.so.7`, `.so.6`, `.so.5`) with libloading so
-//! one binary runs on ROCm 5 to 7 and starts where ROCm is absent.
+//! Pure mappings for HIP: status and flag numbers of the HIP headers, IPC handle bytes.
 //! <https://rocm.docs.amd.com/projects/HIP/en/latest/doxygen/html/modules.html>
 
-use crate::{Error, Result};
+use crate::{Error, IpcDescriptor, Result};
 use hip_sys::hiprt::hipIpcMemHandle_t;
-use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::OnceLock;
+use std::ffi::c_int;
 
-pub(super) type HipStream = *mut c_void;
-pub(super) type HipEvent = *mut c_void;
-pub(super) type HipModule = *mut c_void;
-pub(super) type HipFunction = *mut c_void;
-
-/// Library names tried, in order.
-pub(super) const LIB_NAMES: [&str; 4] = [
-    "libamdhip64.so",
-    "libamdhip64.so.7",
-    "libamdhip64.so.6",
-    "libamdhip64.so.5",
-];
-
-macro_rules! hip_table {
-    ($($name:ident : fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
-        /// Resolved HIP entry points.
-        #[allow(non_snake_case)]
-        pub(super) struct Hip {
-            _lib: libloading::Library,
-            $(pub(super) $name: unsafe extern "C" fn($($arg),*) $(-> $ret)?,)*
-        }
-        impl Hip {
-            #[allow(non_snake_case)]
-            fn load(lib: libloading::Library, path: &str) -> Result<Self> {
-                $(
-                    // SAFETY: the symbol is declared with HIP's C signature.
-                    let $name = unsafe {
-                        *lib.get::<unsafe extern "C" fn($($arg),*) $(-> $ret)?>(concat!(stringify!($name), "\0").as_bytes())
-                            .map_err(|e| Error::MissingSymbol { library: path.to_string(), symbol: stringify!($name), reason: e.to_string() })?
-                    };
-                )*
-                Ok(Hip { _lib: lib, $($name,)* })
-            }
-        }
-    };
-}
-
-hip_table! {
-    hipInit: fn(c_uint) -> c_int;
-    hipGetErrorName: fn(c_int) -> *const c_char;
-    hipGetDeviceCount: fn(*mut c_int) -> c_int;
-    hipSetDevice: fn(c_int) -> c_int;
-    hipDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> c_int;
-    hipDeviceGetName: fn(*mut c_char, c_int, c_int) -> c_int;
-    hipDeviceGetPCIBusId: fn(*mut c_char, c_int, c_int) -> c_int;
-    hipDeviceCanAccessPeer: fn(*mut c_int, c_int, c_int) -> c_int;
-    hipDeviceEnablePeerAccess: fn(c_int, c_uint) -> c_int;
-    hipDeviceSynchronize: fn() -> c_int;
-    hipMalloc: fn(*mut *mut c_void, usize) -> c_int;
-    hipExtMallocWithFlags: fn(*mut *mut c_void, usize, c_uint) -> c_int;
-    hipFree: fn(*mut c_void) -> c_int;
-    hipHostMalloc: fn(*mut *mut c_void, usize, c_uint) -> c_int;
-    hipHostGetDevicePointer: fn(*mut *mut c_void, *mut c_void, c_uint) -> c_int;
-    hipHostFree: fn(*mut c_void) -> c_int;
-    hipHostRegister: fn(*mut c_void, usize, c_uint) -> c_int;
-    hipHostUnregister: fn(*mut c_void) -> c_int;
-    hipMemset: fn(*mut c_void, c_int, usize) -> c_int;
-    hipMemcpy: fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
-    hipMemsetAsync: fn(*mut c_void, c_int, usize, HipStream) -> c_int;
-    hipMemcpyAsync: fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> c_int;
-    hipStreamCreateWithFlags: fn(*mut HipStream, c_uint) -> c_int;
-    hipStreamWriteValue64: fn(HipStream, *mut c_void, u64, c_uint) -> c_int;
-    hipStreamQuery: fn(HipStream) -> c_int;
-    hipStreamDestroy: fn(HipStream) -> c_int;
-    hipEventCreate: fn(*mut HipEvent) -> c_int;
-    hipEventRecord: fn(HipEvent, HipStream) -> c_int;
-    hipEventQuery: fn(HipEvent) -> c_int;
-    hipEventElapsedTime: fn(*mut f32, HipEvent, HipEvent) -> c_int;
-    hipEventDestroy: fn(HipEvent) -> c_int;
-    hipModuleLoadData: fn(*mut HipModule, *const c_void) -> c_int;
-    hipModuleGetFunction: fn(*mut HipFunction, HipModule, *const c_char) -> c_int;
-    hipModuleUnload: fn(HipModule) -> c_int;
-    hipModuleLaunchKernel: fn(HipFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, HipStream, *mut *mut c_void, *mut *mut c_void) -> c_int;
-    hipIpcGetMemHandle: fn(*mut hipIpcMemHandle_t, *mut c_void) -> c_int;
-    hipIpcOpenMemHandle: fn(*mut *mut c_void, hipIpcMemHandle_t, c_uint) -> c_int;
-    hipIpcCloseMemHandle: fn(*mut c_void) -> c_int;
-}
-
+/// `hipSuccess`.
 pub(super) const HIP_SUCCESS: c_int = 0;
+/// `hipErrorNotReady`.
 pub(super) const HIP_ERROR_NOT_READY: c_int = 600;
+/// `hipErrorPeerAccessAlreadyEnabled`.
 pub(super) const HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
+/// `hipMemcpyDefault` (direction inferred from unified addresses).
 pub(super) const HIP_MEMCPY_DEFAULT: c_int = 4;
+/// `hipHostMallocPortable`.
+pub(super) const HIP_HOST_MALLOC_PORTABLE: u32 = 0x1;
+/// `hipHostMallocMapped`.
+pub(super) const HIP_HOST_MALLOC_MAPPED: u32 = 0x2;
+/// `hipDeviceMallocUncached` (fine-grained, uncached device memory).
+pub(super) const HIP_DEVICE_MALLOC_UNCACHED: u32 = 0x3;
+/// `hipHostRegisterPortable`.
+pub(super) const HIP_HOST_REGISTER_PORTABLE: u32 = 0x1;
+/// `hipHostRegisterMapped`.
+pub(super) const HIP_HOST_REGISTER_MAPPED: u32 = 0x2;
+/// `hipIpcMemLazyEnablePeerAccess`.
+pub(super) const HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+/// `hipStreamNonBlocking`.
+pub(super) const HIP_STREAM_NON_BLOCKING: u32 = 1;
 
-/// Why the HIP runtime is not usable (kept so every later call reports the same cause).
-enum LoadFailure {
-    /// No library name loaded; the loader's last message.
-    NotFound(String),
-    /// `lib` loaded but lacks a function we need.
-    Symbols(String),
-    /// `lib` loaded, but `hipInit` failed: no AMD GPU or kernel driver.
-    Init { lib: &'static str, rc: c_int },
+/// The 64 bytes of an IPC handle.
+pub(super) fn ipc_handle_bytes(h: &hipIpcMemHandle_t) -> Vec<u8> {
+    h.reserved.iter().map(|c| *c as u8).collect()
 }
 
-/// The HIP table, loaded once; `Error::NoDriver` naming every path tried when absent.
-pub(super) fn hip() -> Result<&'static Hip> {
-    static HIP: OnceLock<std::result::Result<Hip, LoadFailure>> = OnceLock::new();
-    let r = HIP.get_or_init(|| {
-        let mut last = String::new();
-        for name in LIB_NAMES {
-            // SAFETY: loading the HIP runtime runs its initialisers, which have no preconditions.
-            match unsafe { libloading::Library::new(name) } {
-                Ok(lib) => {
-                    let hip =
-                        Hip::load(lib, name).map_err(|e| LoadFailure::Symbols(e.to_string()))?;
-                    // SAFETY: hipInit takes flags 0.
-                    let rc = unsafe { (hip.hipInit)(0) };
-                    if rc != HIP_SUCCESS {
-                        return Err(LoadFailure::Init { lib: name, rc });
-                    }
-                    return Ok(hip);
-                }
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(LoadFailure::NotFound(last))
-    });
-    match r {
-        Ok(h) => Ok(h),
-        Err(LoadFailure::NotFound(last)) => Err(Error::NoDriver {
-            backend: "rocm",
-            tried: LIB_NAMES.iter().map(|s| s.to_string()).collect(),
-            detail: last.clone(),
-        }),
-        Err(LoadFailure::Symbols(msg)) => Err(Error::NoDriver {
-            backend: "rocm",
-            tried: LIB_NAMES.iter().map(|s| s.to_string()).collect(),
-            detail: format!("a HIP runtime loaded but is unusable: {msg}"),
-        }),
-        Err(LoadFailure::Init { lib, rc }) => Err(Error::NoDriver {
-            backend: "rocm",
-            tried: vec![lib.to_string()],
-            detail: format!("{lib} loaded, but hipInit returned {rc}: no AMD GPU or kernel driver"),
-        }),
-    }
-}
-
-/// Turns a hipError_t into `Ok` or an [`Error::Driver`] naming `op`.
-pub(super) fn check(op: &'static str, rc: c_int) -> Result<()> {
-    if rc == HIP_SUCCESS {
-        return Ok(());
-    }
-    let name = match hip() {
-        Ok(h) => {
-            // SAFETY: hipGetErrorName returns a static string (or null).
-            let p = unsafe { (h.hipGetErrorName)(rc) };
-            if p.is_null() {
-                format!("hipError {rc}")
-            } else {
-                // SAFETY: non-null, NUL-terminated static string.
-                unsafe { std::ffi::CStr::from_ptr(p) }
-                    .to_string_lossy()
-                    .into_owned()
-            }
-        }
-        Err(_) => format!("hipError {rc}"),
-    };
-    Err(Error::Driver {
-        op,
-        code: i64::from(rc),
-        name,
+/// The 64 handle bytes of a Legacy descriptor.
+pub(super) fn ipc_key(desc: &IpcDescriptor) -> Result<[u8; 64]> {
+    desc.handle.as_slice().try_into().map_err(|_| {
+        Error::BadDescriptor(format!(
+            "Legacy: expected a 64-byte handle, got {}",
+            desc.handle.len()
+        ))
     })
+}
+
+/// An IPC handle from its 64 bytes.
+pub(super) fn ipc_handle_from(key: &[u8; 64]) -> hipIpcMemHandle_t {
+    // SAFETY: plain C struct of 64 bytes; all-zero is a valid value.
+    let mut handle: hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+    for (d, s) in handle.reserved.iter_mut().zip(key) {
+        *d = *s as _;
+    }
+    handle
 }

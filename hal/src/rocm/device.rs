@@ -1,8 +1,12 @@
-//! ROCm devices: selection (hipSetDevice), properties, peer access.
+//! ROCm devices: selection (hipSetDevice), properties, peer access
+//! ([`crate::DeviceApi`] for [`Rocm`]).
 
-use super::conv::{check, hip, HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED};
-use crate::{DeviceProperties, Error, Result};
+use super::result::device;
+use super::Rocm;
+use crate::auxil::deferred;
+use crate::{DeviceApi, DeviceProperties, Error, Result};
 use hip_sys::hiprt::hipDeviceAttribute_t as A;
+use std::time::Duration;
 
 /// An opened HIP device (its ordinal). Cheap to copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,124 +15,123 @@ pub struct RocmDevice {
 }
 
 impl RocmDevice {
+    /// Enters the device for one operation: surfaces a failure recorded by an earlier `Drop`
+    /// ([`crate::Error::Deferred`]), then makes the device current. Every fallible operation
+    /// of this backend starts here; `Drop` paths use [`RocmDevice::bind`].
+    pub(super) fn enter(&self) -> Result<()> {
+        deferred::check()?;
+        self.bind()
+    }
     /// Makes this device current on the calling thread.
     pub(super) fn bind(&self) -> Result<()> {
-        let h = hip()?;
-        // SAFETY: ordinal was validated at open.
-        check("hipSetDevice", unsafe { (h.hipSetDevice)(self.ordinal) })
+        device::set(self.ordinal)
     }
-    pub(super) fn attribute(&self, attr: A, op: &'static str) -> Result<i32> {
-        let h = hip()?;
-        let mut v = 0;
-        // SAFETY: valid out pointer.
-        check(op, unsafe {
-            (h.hipDeviceGetAttribute)(&mut v, attr as i32, self.ordinal)
-        })?;
-        Ok(v)
+    fn attribute(&self, attr: A, op: &'static str) -> Result<i32> {
+        device::attribute(self.ordinal, attr as i32, op)
     }
 }
 
-pub(super) fn count() -> Result<usize> {
-    let h = hip()?;
-    let mut n = 0;
-    // SAFETY: valid out pointer.
-    check("hipGetDeviceCount", unsafe {
-        (h.hipGetDeviceCount)(&mut n)
-    })?;
-    Ok(n.max(0) as usize)
-}
-
-pub(super) fn open(ordinal: usize) -> Result<RocmDevice> {
-    let n = count()?;
-    if ordinal >= n {
-        return Err(Error::invalid(
-            "open_device(rocm)",
-            format!("an ordinal below {n}"),
-            ordinal.to_string(),
-        ));
+impl DeviceApi for Rocm {
+    fn device_count() -> Result<usize> {
+        let n = device::count()?;
+        deferred::check()?;
+        Ok(n.max(0) as usize)
     }
-    let d = RocmDevice {
-        ordinal: ordinal as i32,
-    };
-    d.bind()?;
-    Ok(d)
-}
 
-pub(super) fn properties(d: &RocmDevice) -> Result<DeviceProperties> {
-    let h = hip()?;
-    let mut name = [0 as std::ffi::c_char; 256];
-    // SAFETY: the buffer holds 256 chars.
-    check("hipDeviceGetName", unsafe {
-        (h.hipDeviceGetName)(name.as_mut_ptr(), name.len() as i32, d.ordinal)
-    })?;
-    let mut bus = [0 as std::ffi::c_char; 64];
-    // SAFETY: as above.
-    check("hipDeviceGetPCIBusId", unsafe {
-        (h.hipDeviceGetPCIBusId)(bus.as_mut_ptr(), bus.len() as i32, d.ordinal)
-    })?;
-    let cstr = |b: &[std::ffi::c_char]| {
-        let bytes: Vec<u8> = b
-            .iter()
-            .take_while(|c| **c != 0)
-            .map(|c| *c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    let pci = cstr(&bus).to_ascii_lowercase();
-    // HIP has no NUMA attribute: read sysfs; -1 when unknown.
-    let numa = std::fs::read_to_string(format!("/sys/bus/pci/devices/{pci}/numa_node"))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|n| *n >= 0)
-        .unwrap_or(-1);
-    Ok(DeviceProperties {
-        name: cstr(&name),
-        sm_count: d
-            .attribute(
-                A::hipDeviceAttributeMultiprocessorCount,
-                "hipDeviceGetAttribute(MultiprocessorCount)",
-            )?
-            .max(0) as u32,
-        compute_capability: (
-            d.attribute(
-                A::hipDeviceAttributeComputeCapabilityMajor,
-                "hipDeviceGetAttribute(ComputeCapabilityMajor)",
-            )?
-            .max(0) as u32,
-            d.attribute(
-                A::hipDeviceAttributeComputeCapabilityMinor,
-                "hipDeviceGetAttribute(ComputeCapabilityMinor)",
-            )?
-            .max(0) as u32,
-        ),
-        pci_bus_id: pci,
-        numa_node: numa,
-    })
-}
+    fn open_device(ordinal: usize) -> Result<RocmDevice> {
+        let n = Self::device_count()?;
+        if ordinal >= n {
+            return Err(Error::invalid(
+                "open_device(rocm)",
+                format!("an ordinal below {n}"),
+                ordinal.to_string(),
+            ));
+        }
+        let d = RocmDevice {
+            ordinal: ordinal as i32,
+        };
+        d.bind()?;
+        Ok(d)
+    }
 
-pub(super) fn can_access_peer(d: &RocmDevice, peer: &RocmDevice) -> Result<bool> {
-    if d == peer {
-        return Ok(true);
+    fn device_ordinal(dev: &RocmDevice) -> usize {
+        dev.ordinal as usize
     }
-    let h = hip()?;
-    let mut v = 0;
-    // SAFETY: valid out pointer.
-    check("hipDeviceCanAccessPeer", unsafe {
-        (h.hipDeviceCanAccessPeer)(&mut v, d.ordinal, peer.ordinal)
-    })?;
-    Ok(v != 0)
-}
 
-pub(super) fn enable_peer_access(d: &RocmDevice, peer: &RocmDevice) -> Result<()> {
-    if d == peer {
-        return Ok(());
+    fn set_current(dev: &RocmDevice) -> Result<()> {
+        dev.enter()
     }
-    d.bind()?;
-    let h = hip()?;
-    // SAFETY: flags must be 0.
-    let rc = unsafe { (h.hipDeviceEnablePeerAccess)(peer.ordinal, 0) };
-    if rc == HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-        return Ok(());
+
+    fn properties(d: &RocmDevice) -> Result<DeviceProperties> {
+        d.enter()?;
+        let name = device::name(d.ordinal)?;
+        let pci = device::pci_bus_id(d.ordinal)?.to_ascii_lowercase();
+        // HIP has no NUMA attribute: read sysfs; -1 when unknown.
+        let numa = std::fs::read_to_string(format!("/sys/bus/pci/devices/{pci}/numa_node"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|n| *n >= 0)
+            .unwrap_or(-1);
+        let sm = d.attribute(
+            A::hipDeviceAttributeMultiprocessorCount,
+            "hipDeviceGetAttribute(MultiprocessorCount)",
+        )?;
+        let major = d.attribute(
+            A::hipDeviceAttributeComputeCapabilityMajor,
+            "hipDeviceGetAttribute(ComputeCapabilityMajor)",
+        )?;
+        let minor = d.attribute(
+            A::hipDeviceAttributeComputeCapabilityMinor,
+            "hipDeviceGetAttribute(ComputeCapabilityMinor)",
+        )?;
+        Ok(DeviceProperties {
+            name,
+            sm_count: sm.max(0) as u32,
+            compute_capability: (major.max(0) as u32, minor.max(0) as u32),
+            pci_bus_id: pci,
+            numa_node: numa,
+        })
     }
-    check("hipDeviceEnablePeerAccess", rc)
+
+    fn can_access_peer(d: &RocmDevice, peer: &RocmDevice) -> Result<bool> {
+        d.enter()?;
+        if d == peer {
+            return Ok(true);
+        }
+        device::can_access_peer(d.ordinal, peer.ordinal)
+    }
+
+    fn enable_peer_access(d: &RocmDevice, peer: &RocmDevice) -> Result<()> {
+        d.enter()?;
+        if d == peer {
+            return Ok(());
+        }
+        device::enable_peer_access(peer.ordinal)
+    }
+
+    fn multicast_supported(_dev: &RocmDevice) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn synchronize(dev: &RocmDevice, timeout: Duration) -> Result<()> {
+        dev.enter()?;
+        // hipDeviceSynchronize has no timeout: run it on a helper thread and stop waiting at
+        // the limit.
+        let d = *dev;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("mscclpp-hal-hipsync".into())
+            .spawn(move || {
+                let r = d.bind().and_then(|()| device::synchronize());
+                let _ = tx.send(r);
+            })
+            .map_err(|source| Error::Os {
+                op: "spawn device sync thread",
+                source,
+            })?;
+        rx.recv_timeout(timeout).unwrap_or(Err(Error::Timeout {
+            op: "hipDeviceSynchronize",
+            waited: timeout,
+        }))
+    }
 }

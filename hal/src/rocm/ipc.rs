@@ -1,17 +1,18 @@
 //! ROCm IPC: hipIpcGetMemHandle / hipIpcOpenMemHandle through the AMD IPC handle cache
-//! ([`crate::ipc_cache`]): one open mapping per handle per process, closed by the last release.
+//! ([`crate::ipc_cache`]): one open mapping per handle per process, closed by the last release
+//! ([`crate::IpcApi`] for [`Rocm`]).
 
-use super::conv::{check, hip};
+use super::conv::{
+    ipc_handle_bytes, ipc_handle_from, ipc_key, HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
+};
 use super::device::RocmDevice;
 use super::memory::RocmMemory;
-use crate::fdpass::host_id;
+use super::result::ipc;
+use super::Rocm;
+use crate::auxil::fdpass::host_id;
 use crate::ipc_cache::{CachedMapping, IpcHandleCache, IpcOpener};
-use crate::{Buffer, Error, IpcDescriptor, IpcKind, Result};
-use hip_sys::hiprt::hipIpcMemHandle_t;
-use std::ffi::c_void;
+use crate::{Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
 use std::sync::OnceLock;
-
-const HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 /// The cache's seam implementation for HIP.
 #[derive(Debug)]
@@ -21,25 +22,12 @@ impl IpcOpener for HipOpener {
     type Key = [u8; 64];
     type Mapping = u64;
     fn open(&self, key: &[u8; 64]) -> Result<u64> {
-        let h = hip()?;
-        // SAFETY: plain C struct of 64 bytes.
-        let mut handle: hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
-        for (d, s) in handle.reserved.iter_mut().zip(key) {
-            *d = *s as _;
-        }
-        let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the handle came from hipIpcGetMemHandle in the exporter.
-        check("hipIpcOpenMemHandle", unsafe {
-            (h.hipIpcOpenMemHandle)(&mut p, handle, HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-        })?;
-        Ok(p as usize as u64)
+        ipc::open_handle(ipc_handle_from(key), HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
     }
     fn close(&self, _key: &[u8; 64], mapping: &u64) -> Result<()> {
-        let h = hip()?;
-        // SAFETY: mapping came from hipIpcOpenMemHandle and is closed once (by the cache).
-        check("hipIpcCloseMemHandle", unsafe {
-            (h.hipIpcCloseMemHandle)(*mapping as usize as *mut c_void)
-        })
+        // SAFETY: mapping came from hipIpcOpenMemHandle and is closed once (by the cache,
+        // after the last user released it).
+        unsafe { ipc::close_handle(*mapping) }
     }
 }
 
@@ -68,57 +56,56 @@ impl Buffer for RocmImported {
     }
 }
 
-pub(super) fn export(mem: &RocmMemory, kind: IpcKind) -> Result<IpcDescriptor> {
-    if kind != IpcKind::Legacy || mem.host.is_some() {
-        return Err(Error::Unsupported {
-            op: "export",
-            backend: "rocm",
-            reason: format!(
-                "{kind:?} for {:?} memory (ROCm exports device memory as Legacy)",
-                mem.kind()
-            ),
-        });
+impl IpcApi for Rocm {
+    fn ipc_kinds(mem: &RocmMemory) -> Vec<IpcKind> {
+        if mem.host.is_some() {
+            Vec::new()
+        } else {
+            vec![IpcKind::Legacy]
+        }
     }
-    let h = hip()?;
-    mem.dev.bind()?;
-    // SAFETY: plain C struct.
-    let mut handle: hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer; ptr is the base of a hipMalloc allocation.
-    check("hipIpcGetMemHandle", unsafe {
-        (h.hipIpcGetMemHandle)(&mut handle, mem.ptr as usize as *mut c_void)
-    })?;
-    Ok(IpcDescriptor {
-        kind,
-        size: mem.size() as u64,
-        offset: 0,
-        pid: std::process::id(),
-        host_id: host_id(),
-        fd_id: 0,
-        handle: handle.reserved.iter().map(|c| *c as u8).collect(),
-    })
-}
 
-pub(super) fn import(dev: &RocmDevice, desc: &IpcDescriptor) -> Result<RocmImported> {
-    if desc.kind != IpcKind::Legacy {
-        return Err(Error::Unsupported {
-            op: "import",
-            backend: "rocm",
-            reason: format!("{:?} (ROCm imports Legacy handles)", desc.kind),
-        });
+    fn export(mem: &RocmMemory, kind: IpcKind) -> Result<IpcDescriptor> {
+        if kind != IpcKind::Legacy || mem.host.is_some() {
+            return Err(Error::Unsupported {
+                op: "export",
+                backend: "rocm",
+                reason: format!(
+                    "{kind:?} for {:?} memory (ROCm exports device memory as Legacy)",
+                    mem.kind()
+                ),
+            });
+        }
+        mem.dev.enter()?;
+        let handle = ipc::get_handle(mem.ptr)?;
+        Ok(IpcDescriptor {
+            kind,
+            size: mem.size() as u64,
+            offset: 0,
+            pid: std::process::id(),
+            host_id: host_id(),
+            fd_id: 0,
+            handle: ipc_handle_bytes(&handle),
+        })
     }
-    let key: [u8; 64] = desc.handle.as_slice().try_into().map_err(|_| {
-        Error::BadDescriptor(format!(
-            "Legacy: expected a 64-byte handle, got {}",
-            desc.handle.len()
-        ))
-    })?;
-    let size = usize::try_from(desc.size)
-        .map_err(|_| Error::BadDescriptor("size does not fit usize".into()))?;
-    dev.bind()?;
-    let mapping = cache().open(&key)?;
-    Ok(RocmImported {
-        mapping,
-        offset: desc.offset,
-        size,
-    })
+
+    fn import(dev: &RocmDevice, desc: &IpcDescriptor) -> Result<RocmImported> {
+        if desc.kind != IpcKind::Legacy {
+            return Err(Error::Unsupported {
+                op: "import",
+                backend: "rocm",
+                reason: format!("{:?} (ROCm imports Legacy handles)", desc.kind),
+            });
+        }
+        let key = ipc_key(desc)?;
+        let size = usize::try_from(desc.size)
+            .map_err(|_| Error::BadDescriptor("size does not fit usize".into()))?;
+        dev.enter()?;
+        let mapping = cache().open(&key)?;
+        Ok(RocmImported {
+            mapping,
+            offset: desc.offset,
+            size,
+        })
+    }
 }

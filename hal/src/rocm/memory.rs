@@ -1,18 +1,19 @@
 //! ROCm memory: hipMalloc (Device, and Physical rounded to its granularity: VMM export is not
 //! implemented on ROCm yet), hipExtMallocWithFlags(uncached) for Uncached (fine-grained),
 //! hipHostMalloc(mapped | portable) for HostMapped; caller-owned host memory pinned and mapped
-//! with hipHostRegister(mapped | portable).
+//! with hipHostRegister(mapped | portable) ([`crate::MemoryApi`] and
+//! [`crate::HostRegisterApi`] for [`Rocm`]).
 
-use super::conv::{check, hip, HIP_MEMCPY_DEFAULT};
+use super::conv::{
+    HIP_DEVICE_MALLOC_UNCACHED, HIP_HOST_MALLOC_MAPPED, HIP_HOST_MALLOC_PORTABLE,
+    HIP_HOST_REGISTER_MAPPED, HIP_HOST_REGISTER_PORTABLE,
+};
 use super::device::RocmDevice;
-use crate::{check_host_range, check_range, deferred, Buffer, Error, MemoryKind, Result};
+use super::result::mem;
+use super::Rocm;
+use crate::auxil::{check_host_range, check_range, deferred};
+use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use std::ffi::c_void;
-
-const HIP_HOST_MALLOC_PORTABLE: u32 = 0x1;
-const HIP_HOST_MALLOC_MAPPED: u32 = 0x2;
-const HIP_DEVICE_MALLOC_UNCACHED: u32 = 0x3;
-const HIP_HOST_REGISTER_PORTABLE: u32 = 0x1;
-const HIP_HOST_REGISTER_MAPPED: u32 = 0x2;
 
 /// A ROCm allocation; dropping it frees the memory.
 #[derive(Debug)]
@@ -50,16 +51,11 @@ impl Buffer for RocmMemory {
 
 impl Drop for RocmMemory {
     fn drop(&mut self) {
-        let r = hip().and_then(|h| {
-            self.dev.bind()?;
-            match self.host {
-                // SAFETY: p came from hipHostMalloc and is freed once.
-                Some(p) => check("hipHostFree", unsafe { (h.hipHostFree)(p.cast()) }),
-                // SAFETY: ptr came from hipMalloc/hipExtMallocWithFlags and is freed once.
-                None => check("hipFree", unsafe {
-                    (h.hipFree)(self.ptr as usize as *mut c_void)
-                }),
-            }
+        let r = self.dev.bind().and_then(|()| match self.host {
+            // SAFETY: p came from hipHostMalloc and is freed once.
+            Some(p) => unsafe { mem::host_free(p.cast()) },
+            // SAFETY: ptr came from hipMalloc/hipExtMallocWithFlags and is freed once.
+            None => unsafe { mem::free(self.ptr as usize as *mut c_void) },
         });
         if let Err(e) = r {
             deferred::record(e);
@@ -67,102 +63,118 @@ impl Drop for RocmMemory {
     }
 }
 
-pub(super) fn alloc(dev: &RocmDevice, size: usize, kind: MemoryKind) -> Result<RocmMemory> {
-    if size == 0 {
-        return Err(Error::invalid("alloc(rocm)", "a non-zero size", "0"));
-    }
-    let h = hip()?;
-    dev.bind()?;
-    let mut p: *mut c_void = std::ptr::null_mut();
-    let mut host = None;
-    match kind {
-        // SAFETY: valid out pointer (all three arms).
-        MemoryKind::Device => check("hipMalloc", unsafe { (h.hipMalloc)(&mut p, size) })?,
-        MemoryKind::Physical { granularity } => {
-            let g = granularity.max(1);
-            let len = size.div_ceil(g).checked_mul(g).ok_or_else(|| {
-                Error::invalid(
-                    "alloc(rocm)",
-                    "a size that fits when rounded",
-                    size.to_string(),
-                )
-            })?;
-            // SAFETY: valid out pointer.
-            check("hipMalloc", unsafe { (h.hipMalloc)(&mut p, len) })?
+impl MemoryApi for Rocm {
+    fn alloc(dev: &RocmDevice, size: usize, kind: MemoryKind) -> Result<RocmMemory> {
+        if size == 0 {
+            return Err(Error::invalid("alloc(rocm)", "a non-zero size", "0"));
         }
-        // SAFETY: valid out pointer.
-        MemoryKind::Uncached => check("hipExtMallocWithFlags(uncached)", unsafe {
-            (h.hipExtMallocWithFlags)(&mut p, size, HIP_DEVICE_MALLOC_UNCACHED)
-        })?,
-        MemoryKind::HostMapped => {
-            // SAFETY: valid out pointer.
-            check("hipHostMalloc", unsafe {
-                (h.hipHostMalloc)(
-                    &mut p,
-                    size,
-                    HIP_HOST_MALLOC_MAPPED | HIP_HOST_MALLOC_PORTABLE,
-                )
-            })?;
-            let mut d: *mut c_void = std::ptr::null_mut();
-            // SAFETY: p is a mapped host allocation.
-            if let Err(e) = check("hipHostGetDevicePointer", unsafe {
-                (h.hipHostGetDevicePointer)(&mut d, p, 0)
-            }) {
-                // SAFETY: undo the allocation above.
-                unsafe { (h.hipHostFree)(p) };
-                return Err(e);
+        dev.enter()?;
+        let mut host = None;
+        let p = match kind {
+            MemoryKind::Device => mem::malloc(size)?,
+            MemoryKind::Physical { granularity } => {
+                let g = granularity.max(1);
+                let len = size.div_ceil(g).checked_mul(g).ok_or_else(|| {
+                    Error::invalid(
+                        "alloc(rocm)",
+                        "a size that fits when rounded",
+                        size.to_string(),
+                    )
+                })?;
+                mem::malloc(len)?
             }
-            host = Some(p.cast::<u8>());
-            p = d;
+            MemoryKind::Uncached => mem::ext_malloc(
+                "hipExtMallocWithFlags(uncached)",
+                size,
+                HIP_DEVICE_MALLOC_UNCACHED,
+            )?,
+            MemoryKind::HostMapped => {
+                let h = mem::host_malloc(size, HIP_HOST_MALLOC_MAPPED | HIP_HOST_MALLOC_PORTABLE)?;
+                // SAFETY: h is a live mapped host allocation.
+                match unsafe { mem::host_device_pointer(h) } {
+                    Ok(d) => {
+                        host = Some(h.cast::<u8>());
+                        d
+                    }
+                    Err(e) => {
+                        // SAFETY: undo the allocation above.
+                        let _ = unsafe { mem::host_free(h) };
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        Ok(RocmMemory {
+            dev: *dev,
+            ptr: p as usize as u64,
+            host,
+            size,
+            kind,
+        })
+    }
+
+    fn memset(
+        dev: &RocmDevice,
+        dst: &impl Buffer,
+        offset: usize,
+        value: u8,
+        len: usize,
+    ) -> Result<()> {
+        check_range("memset(rocm)", dst.size(), offset, len)?;
+        dev.enter()?;
+        // SAFETY: range checked against a live buffer.
+        unsafe { mem::set(dst.device_ptr() + offset as u64, value, len) }
+    }
+
+    fn write(dev: &RocmDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
+        check_range("write(rocm)", dst.size(), offset, src.len())?;
+        dev.enter()?;
+        // SAFETY: range checked against a live buffer; src is a live host slice.
+        unsafe {
+            mem::copy(
+                "hipMemcpy(HtoD)",
+                dst.device_ptr() + offset as u64,
+                src.as_ptr() as usize as u64,
+                src.len(),
+            )
         }
     }
-    Ok(RocmMemory {
-        dev: *dev,
-        ptr: p as usize as u64,
-        host,
-        size,
-        kind,
-    })
-}
 
-pub(super) fn memset(
-    dev: &RocmDevice,
-    dst: &impl Buffer,
-    offset: usize,
-    value: u8,
-    len: usize,
-) -> Result<()> {
-    check_range("memset(rocm)", dst.size(), offset, len)?;
-    let h = hip()?;
-    dev.bind()?;
-    // SAFETY: range checked against a live buffer.
-    check("hipMemset", unsafe {
-        (h.hipMemset)(
-            (dst.device_ptr() as usize + offset) as *mut c_void,
-            i32::from(value),
-            len,
-        )
-    })
-}
+    fn read(dev: &RocmDevice, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range("read(rocm)", src.size(), offset, dst.len())?;
+        dev.enter()?;
+        // SAFETY: range checked against a live buffer; dst is a live host slice.
+        unsafe {
+            mem::copy(
+                "hipMemcpy(DtoH)",
+                dst.as_mut_ptr() as usize as u64,
+                src.device_ptr() + offset as u64,
+                dst.len(),
+            )
+        }
+    }
 
-pub(super) fn memcpy(
-    dev: &RocmDevice,
-    op: &'static str,
-    dst: u64,
-    src: u64,
-    len: usize,
-) -> Result<()> {
-    let h = hip()?;
-    dev.bind()?;
-    // SAFETY: callers pass ranges checked against live buffers or live host slices.
-    check(op, unsafe {
-        (h.hipMemcpy)(
-            dst as usize as *mut c_void,
-            src as usize as *const c_void,
-            len,
-            HIP_MEMCPY_DEFAULT,
-        )
-    })
+    fn copy(
+        dev: &RocmDevice,
+        dst: &impl Buffer,
+        dst_offset: usize,
+        src: &impl Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_range("copy(rocm) dst", dst.size(), dst_offset, len)?;
+        check_range("copy(rocm) src", src.size(), src_offset, len)?;
+        dev.enter()?;
+        // SAFETY: both ranges checked against live buffers.
+        unsafe {
+            mem::copy(
+                "hipMemcpy(DtoD)",
+                dst.device_ptr() + dst_offset as u64,
+                src.device_ptr() + src_offset as u64,
+                len,
+            )
+        }
+    }
 }
 
 /// Caller-owned host memory pinned with `hipHostRegister(Mapped | Portable)`; dropping it calls
@@ -202,53 +214,53 @@ impl RocmHostRegistration {
 
 impl Drop for RocmHostRegistration {
     fn drop(&mut self) {
-        let r = hip().and_then(|h| {
-            self.dev.bind()?;
-            // SAFETY: `host` was registered by `register_host` and is unregistered once.
-            check("hipHostUnregister", unsafe {
-                (h.hipHostUnregister)(self.host.cast())
-            })
-        });
+        // SAFETY: `host` was registered by `register_host` and is unregistered once.
+        let r = self
+            .dev
+            .bind()
+            .and_then(|()| unsafe { mem::host_unregister(self.host.cast()) });
         if let Err(e) = r {
             deferred::record(e);
         }
     }
 }
 
-/// Pins and maps `ptr..ptr+len` for device access from every device (Mapped | Portable).
-///
-/// # Safety
-/// As [`crate::Api::register_host`]: the range is one live host allocation that outlives the
-/// registration.
-pub(super) unsafe fn register_host(
-    dev: &RocmDevice,
-    ptr: *mut u8,
-    len: usize,
-) -> Result<RocmHostRegistration> {
-    check_host_range("register_host(rocm)", ptr, len)?;
-    let h = hip()?;
-    dev.bind()?;
-    // SAFETY: the caller guarantees a live host range; the device is current.
-    check("hipHostRegister", unsafe {
-        (h.hipHostRegister)(
-            ptr.cast(),
+impl HostRegisterApi for Rocm {
+    /// Pins and maps `ptr..ptr+len` for device access from every device (Mapped | Portable).
+    unsafe fn register_host(
+        dev: &RocmDevice,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<RocmHostRegistration> {
+        check_host_range("register_host(rocm)", ptr, len)?;
+        dev.enter()?;
+        let host: *mut c_void = ptr.cast();
+        // SAFETY: the caller guarantees a live host range that outlives the registration.
+        unsafe {
+            mem::host_register(
+                host,
+                len,
+                HIP_HOST_REGISTER_MAPPED | HIP_HOST_REGISTER_PORTABLE,
+            )
+        }?;
+        // SAFETY: ptr was just registered as mapped.
+        let d = match unsafe { mem::host_device_pointer(host) } {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: undo the registration made above.
+                let _ = unsafe { mem::host_unregister(host) };
+                return Err(e);
+            }
+        };
+        Ok(RocmHostRegistration {
+            dev: *dev,
+            host: ptr,
+            device_ptr: d as usize as u64,
             len,
-            HIP_HOST_REGISTER_MAPPED | HIP_HOST_REGISTER_PORTABLE,
-        )
-    })?;
-    let mut d: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out pointer; ptr was just registered as mapped; flags must be 0.
-    if let Err(e) = check("hipHostGetDevicePointer", unsafe {
-        (h.hipHostGetDevicePointer)(&mut d, ptr.cast(), 0)
-    }) {
-        // SAFETY: undo the registration made above.
-        unsafe { (h.hipHostUnregister)(ptr.cast()) };
-        return Err(e);
+        })
     }
-    Ok(RocmHostRegistration {
-        dev: *dev,
-        host: ptr,
-        device_ptr: d as usize as u64,
-        len,
-    })
+
+    fn host_registration_device_ptr(r: &RocmHostRegistration) -> u64 {
+        r.device_ptr()
+    }
 }

@@ -1,8 +1,12 @@
-//! ROCm streams and events; waits poll hipStreamQuery/hipEventQuery with a timeout.
+//! ROCm streams and events, and the work enqueued on a stream; waits poll
+//! hipStreamQuery/hipEventQuery with a timeout ([`crate::StreamApi`] for [`Rocm`]).
 
-use super::conv::{check, hip, HipEvent, HipStream, HIP_ERROR_NOT_READY};
 use super::device::RocmDevice;
-use crate::{deferred, poll_until, Result};
+use super::result::{event, mem, stream};
+use super::sys::{HipEvent, HipStream};
+use super::Rocm;
+use crate::auxil::{deferred, poll_until};
+use crate::{Result, StreamApi};
 use std::time::Duration;
 
 /// A non-blocking HIP stream; destroyed on drop.
@@ -31,13 +35,10 @@ unsafe impl Sync for RocmEvent {}
 impl Drop for RocmStream {
     fn drop(&mut self) {
         // SAFETY: raw came from hipStreamCreateWithFlags and is destroyed once.
-        let r = hip().and_then(|h| {
-            self.dev.bind().and_then(|_| {
-                check("hipStreamDestroy", unsafe {
-                    (h.hipStreamDestroy)(self.raw)
-                })
-            })
-        });
+        let r = self
+            .dev
+            .bind()
+            .and_then(|()| unsafe { stream::destroy(self.raw) });
         if let Err(e) = r {
             deferred::record(e);
         }
@@ -47,106 +48,76 @@ impl Drop for RocmStream {
 impl Drop for RocmEvent {
     fn drop(&mut self) {
         // SAFETY: raw came from hipEventCreate and is destroyed once.
-        let r = hip().and_then(|h| {
-            self.dev
-                .bind()
-                .and_then(|_| check("hipEventDestroy", unsafe { (h.hipEventDestroy)(self.raw) }))
-        });
+        let r = self
+            .dev
+            .bind()
+            .and_then(|()| unsafe { event::destroy(self.raw) });
         if let Err(e) = r {
             deferred::record(e);
         }
     }
 }
 
-fn ready(op: &'static str, rc: i32) -> Result<bool> {
-    if rc == HIP_ERROR_NOT_READY {
-        Ok(false)
-    } else {
-        check(op, rc).map(|_| true)
-    }
-}
-
-pub(super) fn create_stream(dev: &RocmDevice) -> Result<RocmStream> {
-    let h = hip()?;
-    dev.bind()?;
-    let mut s: HipStream = std::ptr::null_mut();
-    // SAFETY: valid out pointer; 1 = hipStreamNonBlocking.
-    check("hipStreamCreateWithFlags", unsafe {
-        (h.hipStreamCreateWithFlags)(&mut s, 1)
-    })?;
-    Ok(RocmStream { dev: *dev, raw: s })
-}
-
-pub(super) fn stream_synchronize(s: &RocmStream, timeout: Duration) -> Result<()> {
-    let h = hip()?;
-    s.dev.bind()?;
-    // SAFETY: live stream.
-    poll_until("hipStreamSynchronize", timeout, || {
-        ready("hipStreamQuery", unsafe { (h.hipStreamQuery)(s.raw) })
-    })
-}
-
-pub(super) fn create_event(dev: &RocmDevice) -> Result<RocmEvent> {
-    let h = hip()?;
-    dev.bind()?;
-    let mut e: HipEvent = std::ptr::null_mut();
-    // SAFETY: valid out pointer.
-    check("hipEventCreate", unsafe { (h.hipEventCreate)(&mut e) })?;
-    Ok(RocmEvent { dev: *dev, raw: e })
-}
-
-pub(super) fn record(e: &RocmEvent, s: &RocmStream) -> Result<()> {
-    let h = hip()?;
-    e.dev.bind()?;
-    // SAFETY: live event and stream.
-    check("hipEventRecord", unsafe {
-        (h.hipEventRecord)(e.raw, s.raw)
-    })
-}
-
-pub(super) fn event_synchronize(e: &RocmEvent, timeout: Duration) -> Result<()> {
-    let h = hip()?;
-    e.dev.bind()?;
-    // SAFETY: live event.
-    poll_until("hipEventSynchronize", timeout, || {
-        ready("hipEventQuery", unsafe { (h.hipEventQuery)(e.raw) })
-    })
-}
-
-pub(super) fn elapsed_ms(start: &RocmEvent, end: &RocmEvent) -> Result<f32> {
-    let h = hip()?;
-    let mut ms = 0f32;
-    // SAFETY: valid out pointer; live events.
-    check("hipEventElapsedTime", unsafe {
-        (h.hipEventElapsedTime)(&mut ms, start.raw, end.raw)
-    })?;
-    Ok(ms)
-}
-
-pub(super) fn device_synchronize(dev: &RocmDevice, timeout: Duration) -> Result<()> {
-    // hipDeviceSynchronize has no timeout: run it on a helper thread and stop waiting at the limit.
-    let d = *dev;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("mscclpp-hal-hipsync".into())
-        .spawn(move || {
-            // SAFETY: hipDeviceSynchronize has no preconditions beyond a current device.
-            let r = hip().and_then(|h| {
-                d.bind().and_then(|_| {
-                    check("hipDeviceSynchronize", unsafe {
-                        (h.hipDeviceSynchronize)()
-                    })
-                })
-            });
-            let _ = tx.send(r);
+impl StreamApi for Rocm {
+    fn create_stream(dev: &RocmDevice) -> Result<RocmStream> {
+        dev.enter()?;
+        Ok(RocmStream {
+            dev: *dev,
+            raw: stream::create_non_blocking()?,
         })
-        .map_err(|source| crate::Error::Os {
-            op: "spawn device sync thread",
-            source,
-        })?;
-    rx.recv_timeout(timeout)
-        .unwrap_or(Err(crate::Error::Timeout {
-            op: "hipDeviceSynchronize",
-            waited: timeout,
-        }))
+    }
+
+    fn stream_synchronize(s: &RocmStream, timeout: Duration) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the stream is live while `s` is borrowed.
+        poll_until("hipStreamSynchronize", timeout, || unsafe {
+            stream::query(s.raw)
+        })
+    }
+
+    fn create_event(dev: &RocmDevice) -> Result<RocmEvent> {
+        dev.enter()?;
+        Ok(RocmEvent {
+            dev: *dev,
+            raw: event::create()?,
+        })
+    }
+
+    fn record_event(e: &RocmEvent, s: &RocmStream) -> Result<()> {
+        e.dev.enter()?;
+        // SAFETY: both are live while borrowed.
+        unsafe { event::record(e.raw, s.raw) }
+    }
+
+    fn event_synchronize(e: &RocmEvent, timeout: Duration) -> Result<()> {
+        e.dev.enter()?;
+        // SAFETY: the event is live while `e` is borrowed.
+        poll_until("hipEventSynchronize", timeout, || unsafe {
+            event::query(e.raw)
+        })
+    }
+
+    fn event_elapsed_ms(start: &RocmEvent, end: &RocmEvent) -> Result<f32> {
+        start.dev.enter()?;
+        // SAFETY: both events are live while borrowed.
+        unsafe { event::elapsed_ms(start.raw, end.raw) }
+    }
+
+    unsafe fn memset_async(s: &RocmStream, dst: u64, value: u8, len: usize) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the caller keeps the range alive until the stream is done.
+        unsafe { mem::set_async(dst, value, len, s.raw) }
+    }
+
+    unsafe fn memcpy_async(s: &RocmStream, dst: u64, src: u64, len: usize) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the caller keeps both ranges alive until the stream is done.
+        unsafe { mem::copy_async(dst, src, len, s.raw) }
+    }
+
+    unsafe fn write_value64_async(s: &RocmStream, dst: u64, value: u64) -> Result<()> {
+        s.dev.enter()?;
+        // SAFETY: the caller keeps the aligned target alive until the stream is done.
+        unsafe { stream::write_value64(s.raw, dst, value) }
+    }
 }

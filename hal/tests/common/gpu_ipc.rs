@@ -8,7 +8,7 @@
 
 #![allow(dead_code)]
 
-use mscclpp_hal::{Api, Buffer, Gpu, IpcDescriptor, IpcKind, LaunchConfig, MemoryKind};
+use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor, IpcKind, LaunchConfig, MemoryKind};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -69,7 +69,7 @@ pub fn skip_reason() -> Option<String> {
     if <Gpu as Api>::NAME == "host" {
         return Some("built without a GPU backend (use --features cuda or rocm)".into());
     }
-    if mscclpp_hal::kernels::object("hal_test").is_none() {
+    if mscclpp_test_kernels::object("hal_test").is_none() {
         return Some("no embedded hal_test code object".into());
     }
     match Gpu::device_count() {
@@ -87,7 +87,7 @@ pub fn child() -> Result<(), String> {
     let ordinal: usize = get(DEV)?.parse().map_err(|e| format!("device: {e}"))?;
     let dev = Gpu::open_device(ordinal).map_err(|e| e.to_string())?;
     let imported = Gpu::import(&dev, &desc).map_err(|e| format!("import {:?}: {e}", desc.kind))?;
-    let code = mscclpp_hal::kernels::object("hal_test").ok_or("no hal_test code object")?;
+    let code = mscclpp_test_kernels::object("hal_test").ok_or("no hal_test code object")?;
     let module = Gpu::load_module(&dev, code).map_err(|e| e.to_string())?;
     let fill = Gpu::get_kernel(&module, "hal_fill_u32").map_err(|e| e.to_string())?;
     let stream = Gpu::create_stream(&dev).map_err(|e| e.to_string())?;

@@ -8,7 +8,7 @@ use mscclpp::{
     LocalMemory, MemoryDevice2DeviceSemaphore, RegisteredMemory, Transport,
 };
 use mscclpp_framework::*;
-use mscclpp_hal::{Api, Gpu};
+use mscclpp_hal::{prelude::*, Gpu};
 
 use super::bootstrap::{random_bytes, shared_seed};
 use crate::world::mp_env;

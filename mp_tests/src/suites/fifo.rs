@@ -1,5 +1,5 @@
 //! FifoTest and FifoPerfTest: the proxy FIFO on every rank independently. Device pushers are
-//! kernels/cuda/src/fifo_tests.cu on GPU builds, CPU threads (`mscclpp::device_emu`) on the host
+//! kernels/cuda/test_kernels/fifo_tests.cu on GPU builds, CPU threads (`mscclpp::device_emu`) on the host
 //! backend; the test thread is the host side (poll, check, pop).
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! MemoryChannelOneToOneTest: put/get ping-pong and LL8/LL16 packet ping-pong between rank r
 //! and r^1, data checked element by element with fresh data every round. On a GPU build the
-//! kernels of kernels/cuda/src/memory_channel_tests.cu run; on the host backend CPU threads play
+//! kernels of kernels/cuda/test_kernels/memory_channel_tests.cu run; on the host backend CPU threads play
 //! the device with `mscclpp::device_emu` (same protocol, std atomics). Also holds the helpers the
 //! other data-plane suites share (`common`).
 
@@ -23,7 +23,7 @@ pub(crate) mod common {
     use mscclpp::bootstrap::Bootstrap;
     use mscclpp::{Communicator, Context, Device, EndpointConfig, RegisteredMemory, Transport};
     use mscclpp_framework::*;
-    use mscclpp_hal::{Api, Gpu, LaunchConfig};
+    use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 
     use crate::world::mp_env;
 
@@ -156,7 +156,7 @@ pub(crate) mod common {
         }
     }
 
-    /// `testPattern` of kernels/cuda/src/test_pattern.hpp.
+    /// `testPattern` of kernels/cuda/test_kernels/test_pattern.hpp.
     pub(crate) fn test_pattern(seed: u64, round: u32, i: u64) -> u32 {
         let mut x = (seed as u32)
             ^ ((seed >> 32) as u32)
@@ -265,7 +265,7 @@ pub(crate) mod common {
     impl GpuKernel {
         /// Loads `name` from the code object `stem` on GPU `device.id`.
         pub fn load(device: Device, stem: &str, name: &str) -> Result<GpuKernel, String> {
-            let code = mscclpp_hal::kernels::object(stem)
+            let code = mscclpp_test_kernels::object(stem)
                 .ok_or_else(|| format!("this build embeds no code object `{stem}`"))?;
             let e = |what: &str, err: mscclpp_hal::Error| format!("{what}: {err}");
             let dev =

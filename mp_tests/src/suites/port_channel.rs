@@ -1,6 +1,6 @@
 //! PortChannelOneToOneTest: ping-pong through the proxy (CudaIpc and Ethernet connections),
 //! with wait or poll, LL16 packets moved by the proxy, and the perf figures (one-hop latency,
-//! bandwidth). Ranks r and r^1 pair up. GPU builds run kernels/cuda/src/port_channel_tests.cu;
+//! bandwidth). Ranks r and r^1 pair up. GPU builds run kernels/cuda/test_kernels/port_channel_tests.cu;
 //! the host backend runs the same protocol on CPU threads with `mscclpp::device_emu`. The helpers
 //! take an [`EndpointConfig`] and are shared with the IB variants (`port_channel_ib`), which
 //! run on `Device::CPU` endpoints and CPU threads whatever the build.

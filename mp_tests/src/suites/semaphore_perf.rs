@@ -1,6 +1,6 @@
 //! SemaphorePerfTest.SignalPingPong: one-hop latency of MemoryDevice2DeviceSemaphore signals
 //! between rank r and r^1 (one iteration = one one-way hop, as upstream counts). GPU builds run
-//! semaphore_ping_pong of kernels/cuda/src/semaphore_tests.cu, red-based and, for the seed's
+//! semaphore_ping_pong of kernels/cuda/test_kernels/semaphore_tests.cu, red-based and, for the seed's
 //! comparison, the old store-based signal; the host backend runs the same loop on a CPU thread
 //! with `mscclpp::device_emu`. Also a correctness test of signal counting.
 

@@ -11,7 +11,7 @@ use mscclpp::{
 };
 use mscclpp_framework::*;
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{numa, Api, Gpu};
+use mscclpp_hal::{auxil::numa, prelude::*, Gpu};
 
 use super::memory_channel::common::ok;
 use crate::world::mp_env;

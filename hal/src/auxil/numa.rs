@@ -2,30 +2,23 @@
 //! binding the calling thread to a node (the proxy thread binds to its GPU's node).
 //!
 //! The node topology comes from sysfs (`/sys/devices/system/node`); affinity is set and read
-//! with `sched_setaffinity`/`sched_getaffinity` on the calling thread, declared here by hand
-//! like the calls in `os.rs` so the HAL needs no extra crate. A NUMA node of -1 means
+//! with `sched_setaffinity`/`sched_getaffinity` on the calling thread through rustix, whose
+//! `CpuSet` holds CPUs below [`MAX_AFFINITY_CPUS`] (glibc's `cpu_set_t`: 1024). A NUMA node of -1 means
 //! "unknown" (GPUs on VMs report it): [`bind_current_thread_to_node`] then leaves the thread
 //! alone and says so by returning `Ok(false)`. A kernel built without NUMA support has no node
 //! directories; it is treated as one node, 0, holding every online CPU.
 
 use crate::{Error, Result};
-use std::ffi::{c_int, c_ulong};
+use rustix::thread::CpuSet;
 
 const NODE_DIR: &str = "/sys/devices/system/node";
 const CPU_ONLINE: &str = "/sys/devices/system/cpu/online";
 /// CPU numbers at or above this are rejected by the parser (no machine has a million CPUs; a
 /// larger number is a corrupt list, and would make an absurd affinity mask).
 const MAX_CPUS: usize = 1 << 20;
-/// `cpu_set_t` of glibc: 1024 bits. Masks start at this size and grow when the kernel needs more.
-const MIN_MASK_BITS: usize = 1024;
-const WORD_BITS: usize = c_ulong::BITS as usize;
-
-extern "C" {
-    /// <https://man7.org/linux/man-pages/man2/sched_setaffinity.2.html>
-    fn sched_setaffinity(pid: c_int, cpusetsize: usize, mask: *const c_ulong) -> c_int;
-    /// <https://man7.org/linux/man-pages/man2/sched_getaffinity.2.html>
-    fn sched_getaffinity(pid: c_int, cpusetsize: usize, mask: *mut c_ulong) -> c_int;
-}
+/// CPUs an affinity mask can name: those below this number (rustix's `CpuSet`, the size of
+/// glibc's `cpu_set_t`).
+pub const MAX_AFFINITY_CPUS: usize = CpuSet::MAX_CPU;
 
 /// The number of NUMA nodes (`node<N>` directories under `/sys/devices/system/node`); 1 on a
 /// kernel without NUMA support (or when sysfs cannot be read): the machine is one node.
@@ -147,11 +140,17 @@ pub fn bind_current_thread_to_node(node: i32) -> Result<bool> {
             "a node without CPUs (memory only)",
         ));
     }
-    let mask = cpu_mask(&cpus);
-    // SAFETY: `mask` is a live array of `mask.len()` words; pid 0 is the calling thread.
-    let rc = unsafe { sched_setaffinity(0, std::mem::size_of_val(mask.as_slice()), mask.as_ptr()) };
-    if rc != 0 {
-        let os = std::io::Error::last_os_error();
+    let mask = cpu_mask(&cpus).map_err(|e| match e {
+        Error::InvalidArgument { expected, got, .. } => Error::InvalidArgument {
+            op: "bind_current_thread_to_node",
+            expected: format!("{expected} (NUMA node {node})"),
+            got,
+        },
+        other => other,
+    })?;
+    // <https://man7.org/linux/man-pages/man2/sched_setaffinity.2.html>; None = this thread.
+    if let Err(e) = rustix::thread::sched_setaffinity(None, &mask) {
+        let os = std::io::Error::from(e);
         return Err(Error::Os {
             op: "sched_setaffinity",
             source: std::io::Error::new(
@@ -168,52 +167,33 @@ pub fn bind_current_thread_to_node(node: i32) -> Result<bool> {
 
 /// The CPUs the calling thread may run on, ascending (`sched_getaffinity`).
 pub fn current_thread_cpus() -> Result<Vec<usize>> {
-    let mut bits = MIN_MASK_BITS;
-    loop {
-        let mut mask: Vec<c_ulong> = vec![0; bits / WORD_BITS];
-        // SAFETY: `mask` is a live, writable array of `mask.len()` words; pid 0 is the
-        // calling thread.
-        let rc = unsafe {
-            sched_getaffinity(0, std::mem::size_of_val(mask.as_slice()), mask.as_mut_ptr())
-        };
-        if rc == 0 {
-            return Ok(mask_cpus(&mask));
-        }
-        let os = std::io::Error::last_os_error();
-        // EINVAL: the kernel's CPU mask is larger than ours; try a larger one.
-        if os.raw_os_error() == Some(22) && bits < MAX_CPUS {
-            bits *= 2;
-            continue;
-        }
-        return Err(Error::Os {
-            op: "sched_getaffinity",
-            source: os,
-        });
-    }
+    // <https://man7.org/linux/man-pages/man2/sched_getaffinity.2.html>; None = this thread.
+    let mask = rustix::thread::sched_getaffinity(None).map_err(|e| Error::Os {
+        op: "sched_getaffinity",
+        source: std::io::Error::from(e),
+    })?;
+    Ok(mask_cpus(&mask))
 }
 
-/// An affinity mask (at least `cpu_set_t` sized) with the bits of `cpus` set.
-fn cpu_mask(cpus: &[usize]) -> Vec<c_ulong> {
-    let highest = cpus.iter().copied().max().unwrap_or(0);
-    let bits = (highest + 1).next_multiple_of(WORD_BITS).max(MIN_MASK_BITS);
-    let mut mask: Vec<c_ulong> = vec![0; bits / WORD_BITS];
+/// An affinity mask with the bits of `cpus` set; an error names a CPU the mask cannot hold.
+fn cpu_mask(cpus: &[usize]) -> Result<CpuSet> {
+    let mut mask = CpuSet::new();
     for &c in cpus {
-        mask[c / WORD_BITS] |= 1 << (c % WORD_BITS);
+        if c >= MAX_AFFINITY_CPUS {
+            return Err(Error::invalid(
+                "cpu_mask",
+                format!("CPU numbers below {MAX_AFFINITY_CPUS} (what an affinity mask holds)"),
+                format!("CPU {c}"),
+            ));
+        }
+        mask.set(c);
     }
-    mask
+    Ok(mask)
 }
 
 /// The CPU numbers whose bits are set in `mask`, ascending.
-fn mask_cpus(mask: &[c_ulong]) -> Vec<usize> {
-    let mut cpus = Vec::new();
-    for (w, &word) in mask.iter().enumerate() {
-        for b in 0..WORD_BITS {
-            if word & (1 << b) != 0 {
-                cpus.push(w * WORD_BITS + b);
-            }
-        }
-    }
-    cpus
+fn mask_cpus(mask: &CpuSet) -> Vec<usize> {
+    (0..MAX_AFFINITY_CPUS).filter(|&c| mask.is_set(c)).collect()
 }
 
 /// `[0, 1, 2, 5]` -> `"0-2,5"` (for messages).
@@ -274,11 +254,14 @@ mod tests {
 
     #[test]
     fn numa_mask_round_trip_and_format() {
-        let cpus = vec![0, 1, 63, 64, 130, 2000];
-        let mask = cpu_mask(&cpus);
-        assert!(mask.len() * WORD_BITS >= 2001);
+        let cpus = vec![0, 1, 63, 64, 130, MAX_AFFINITY_CPUS - 1];
+        let mask = cpu_mask(&cpus).expect("CPUs inside the mask");
         assert_eq!(mask_cpus(&mask), cpus);
-        assert_eq!(cpu_mask(&[3]).len() * WORD_BITS, MIN_MASK_BITS);
+        let msg = cpu_mask(&[3, MAX_AFFINITY_CPUS])
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(&format!("CPU {MAX_AFFINITY_CPUS}")), "{msg}");
         assert_eq!(format_cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
         assert_eq!(format_cpu_list(&[]), "");
     }

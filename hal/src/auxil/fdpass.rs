@@ -10,10 +10,11 @@
 //! reply = magic `MFDR`, version u16 (1), status u8 (0 = ok and one fd attached, 1 = unknown
 //! id) (7 bytes).
 
-use crate::{os, Error, Result};
+use super::os;
+use crate::{Error, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +26,8 @@ const REP_MAGIC: &[u8; 4] = b"MFDR";
 const VERSION: u16 = 1;
 const REQ_LEN: usize = 14;
 const REP_LEN: usize = 7;
+/// How long imports wait for the exporter's fd server.
+pub(crate) const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for a client's request, and a client for the reply.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -136,7 +139,7 @@ fn answer(mut stream: UnixStream, table: &Table) -> Result<()> {
     match fd {
         Some(fd) => {
             reply[6] = 0;
-            os::send_with_fd(&stream, &reply, Some(fd.as_raw_fd()))
+            os::send_with_fd(&stream, &reply, Some(fd.as_fd()))
         }
         None => {
             reply[6] = 1;

@@ -1,0 +1,379 @@
+//! Compiling device code from build scripts, shared by `hal/build.rs` (the kernels the library
+//! launches, `kernels/cuda/src/`) and `mp_tests/test-kernels/build.rs` (the test kernels,
+//! `kernels/cuda/test_kernels/`), so the compiler discovery and architecture flags exist once.
+//!
+//! [`compile_tree`] compiles every `.cu` file under a folder (subfolders included, embedded
+//! as `folder/stem`) with nvcc into fatbins (sm_80, sm_90, sm_100 and compute_90 PTX, dropping
+//! what the nvcc at hand does not list) or with hipcc into AMD code objects (gfx90a, and gfx942
+//! where hipcc accepts it). [`write_index`] writes a Rust file declaring
+//! `KERNEL_OBJECTS: &[(&str, &[u8])]` that `include!`s them. Failures stop the build with a
+//! message naming the tool, the command and its output (build scripts report by panicking).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Which compiler a build uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// No device code (host-only build): nothing is compiled.
+    Host,
+    /// nvcc, fatbins.
+    Cuda,
+    /// hipcc, AMD code objects.
+    Rocm,
+}
+
+impl Backend {
+    /// The backend of the package whose build script is running, from its `cuda`/`rocm`
+    /// features (`cuda` wins when both are on, as in the HAL).
+    pub fn from_features() -> Backend {
+        let cuda = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
+        let rocm = std::env::var_os("CARGO_FEATURE_ROCM").is_some();
+        Backend::from_flags(cuda, rocm)
+    }
+
+    /// `cuda` wins over `rocm`; neither is [`Backend::Host`].
+    pub fn from_flags(cuda: bool, rocm: bool) -> Backend {
+        if cuda {
+            Backend::Cuda
+        } else if rocm {
+            Backend::Rocm
+        } else {
+            Backend::Host
+        }
+    }
+
+    /// The name the HAL publishes as its `gpu` build metadata (`cuda`, `rocm`, `host`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Host => "host",
+            Backend::Cuda => "cuda",
+            Backend::Rocm => "rocm",
+        }
+    }
+
+    /// The backend named by [`Backend::name`]; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        match name {
+            "host" => Some(Backend::Host),
+            "cuda" => Some(Backend::Cuda),
+            "rocm" => Some(Backend::Rocm),
+            _ => None,
+        }
+    }
+}
+
+/// The `kernels/` folder of the workspace, from a package directory `levels` folders below
+/// the workspace root (`hal` is 1, `mp_tests/test-kernels` is 2).
+pub fn kernels_dir(levels: usize) -> PathBuf {
+    let mut dir =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    for _ in 0..levels {
+        dir.push("..");
+    }
+    dir.join("kernels")
+}
+
+/// Tells cargo to rerun the build script when `dirs` or the compiler environment change.
+pub fn rerun_if_changed(dirs: &[&Path]) {
+    println!("cargo::rerun-if-changed=build.rs");
+    for dir in dirs {
+        println!("cargo::rerun-if-changed={}", dir.display());
+    }
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "HIPCC",
+        "ROCM_PATH",
+        "PATH",
+    ] {
+        println!("cargo::rerun-if-env-changed={var}");
+    }
+}
+
+/// Compiles every `.cu` under `src_root` for `backend` into `out`; returns (stem, object
+/// path) pairs, sorted by stem. The include folders are `kernels/cuda/include` (and
+/// `kernels/hip/include` for ROCm) under `kernels`.
+pub fn compile_tree(
+    backend: Backend,
+    kernels: &Path,
+    src_root: &Path,
+    out: &Path,
+) -> Vec<(String, PathBuf)> {
+    let sources = list_sources(src_root);
+    if sources.is_empty() || backend == Backend::Host {
+        return Vec::new();
+    }
+    let cuda_inc = kernels.join("cuda").join("include");
+    let hip_inc = kernels.join("hip").join("include");
+    let mut objects = Vec::new();
+    match backend {
+        Backend::Host => {}
+        Backend::Cuda => {
+            let nvcc = find_nvcc().unwrap_or_else(|tried| {
+                fail(&format!(
+                    "feature `cuda` needs nvcc; tried {tried}. Install it (see TOOLCHAIN.md: pinned PyPI nvidia-cuda-nvcc) and set NVCC or PATH"
+                ))
+            });
+            let gencode = nvcc_gencode(&nvcc);
+            for src in &sources {
+                let stem = stem_of(src, src_root);
+                let dst = out.join(format!("{}.fatbin", stem.replace('/', "__")));
+                let mut cmd = Command::new(&nvcc);
+                cmd.arg("-I")
+                    .arg(&cuda_inc)
+                    .arg("-fatbin")
+                    .args(&gencode)
+                    .args(["-O3", "-std=c++17", "-o"])
+                    .arg(&dst)
+                    .arg(src);
+                run(cmd, &format!("nvcc {}", src.display()));
+                objects.push((stem, dst));
+            }
+        }
+        Backend::Rocm => {
+            let hipcc = find_tool("HIPCC", &["ROCM_PATH"], "hipcc", &["/opt/rocm/bin/hipcc"])
+                .unwrap_or_else(|tried| {
+                    fail(&format!(
+                        "feature `rocm` needs hipcc; tried {tried}. Install it (apt-get install hipcc) or set HIPCC"
+                    ))
+                });
+            let archs = hip_archs(&hipcc, out);
+            for src in &sources {
+                let stem = stem_of(src, src_root);
+                let dst = out.join(format!("{}.hsaco", stem.replace('/', "__")));
+                let mut cmd = Command::new(&hipcc);
+                // hipcc picks the NVIDIA platform when it finds nvcc (PATH, /usr/local/cuda);
+                // we always want AMD code objects here.
+                cmd.env("HIP_PLATFORM", "amd");
+                cmd.args(["-x", "hip"])
+                    .args(&archs)
+                    .args(["--genco", "-O3", "-std=c++17", "-I"])
+                    .arg(&hip_inc)
+                    .arg("-I")
+                    .arg(&cuda_inc);
+                cmd.arg("-o").arg(&dst).arg(src);
+                run(cmd, &format!("hipcc {}", src.display()));
+                objects.push((stem, dst));
+            }
+        }
+    }
+    objects
+}
+
+/// Writes `file`, a Rust source declaring `pub static KERNEL_OBJECTS: &[(&str, &[u8])]` with
+/// one `include_bytes!` per object.
+pub fn write_index(file: &Path, objects: &[(String, PathBuf)]) {
+    let mut gen = String::from(
+        "/// (file stem, code object bytes) of every compiled kernel source.\npub static KERNEL_OBJECTS: &[(&str, &[u8])] = &[\n",
+    );
+    for (stem, path) in objects {
+        gen.push_str(&format!(
+            "    ({stem:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    gen.push_str("];\n");
+    if let Err(e) = std::fs::write(file, gen) {
+        fail(&format!("writing {}: {e}", file.display()));
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    panic!("{msg}");
+}
+
+/// Every `.cu` file under `dir`, subfolders included (`collectives/allreduce.cu`), sorted.
+pub fn list_sources(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "cu") {
+                v.push(p);
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+/// The embedded name of a source: its path under `root` without `.cu`, folders joined by `/`
+/// (`collectives/allreduce`).
+pub fn stem_of(p: &Path, root: &Path) -> String {
+    let rel = p.strip_prefix(root).unwrap_or(p).with_extension("");
+    rel.components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn run(mut cmd: Command, what: &str) {
+    match cmd.output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => fail(&format!(
+            "{what} failed ({}):\n{:?}\n{}{}",
+            o.status,
+            cmd,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )),
+        Err(e) => fail(&format!("{what}: cannot run {:?}: {e}", cmd.get_program())),
+    }
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `$VAR`, then `$HOME_VAR/bin/name` for each home variable, then PATH, then fixed fallbacks.
+fn find_tool(var: &str, homes: &[&str], name: &str, fallbacks: &[&str]) -> Result<PathBuf, String> {
+    let mut tried = Vec::new();
+    if let Some(v) = std::env::var_os(var) {
+        let p = PathBuf::from(v);
+        if p.is_file() || on_path(&p.to_string_lossy()).is_some() {
+            return Ok(p);
+        }
+        tried.push(format!("${var}={}", p.display()));
+    }
+    for home in homes {
+        if let Some(h) = std::env::var_os(home) {
+            let p = PathBuf::from(h).join("bin").join(name);
+            if p.is_file() {
+                return Ok(p);
+            }
+            tried.push(p.display().to_string());
+        }
+    }
+    if let Some(p) = on_path(name) {
+        return Ok(p);
+    }
+    tried.push(format!("{name} on PATH"));
+    for f in fallbacks {
+        if Path::new(f).is_file() {
+            return Ok(PathBuf::from(f));
+        }
+        tried.push((*f).to_string());
+    }
+    Err(tried.join(", "))
+}
+
+fn find_nvcc() -> Result<PathBuf, String> {
+    find_tool(
+        "NVCC",
+        &["CUDA_HOME", "CUDA_PATH"],
+        "nvcc",
+        &["/usr/local/cuda/bin/nvcc"],
+    )
+    .or_else(|tried| {
+        // cc's own discovery (it also honours NVCC); accept it only if it resolves to a file.
+        let c = cc::Build::new()
+            .cuda(true)
+            .cargo_metadata(false)
+            .get_compiler();
+        let p = c.path().to_path_buf();
+        if p.is_file() || on_path(&p.to_string_lossy()).is_some() {
+            Ok(p)
+        } else {
+            Err(format!("{tried}, cc's discovery ({})", p.display()))
+        }
+    })
+}
+
+/// The -gencode flags, dropping (with a warning) any arch this nvcc does not list.
+fn nvcc_gencode(nvcc: &Path) -> Vec<String> {
+    let wanted = [
+        ("compute_80", "sm_80"),
+        ("compute_90", "sm_90"),
+        ("compute_100", "sm_100"),
+        ("compute_90", "compute_90"),
+    ];
+    let listed = Command::new(nvcc)
+        .arg("--list-gpu-arch")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let mut flags = Vec::new();
+    for (virt, code) in wanted {
+        let ok = match &listed {
+            Some(text) => text.split_whitespace().any(|a| a == virt),
+            None => true,
+        };
+        if ok {
+            flags.push("-gencode".to_string());
+            flags.push(format!("arch={virt},code={code}"));
+        } else {
+            println!(
+                "cargo::warning=nvcc {} does not support {virt}; skipping code={code}",
+                nvcc.display()
+            );
+        }
+    }
+    flags
+}
+
+/// `--offload-arch` flags: gfx90a always, gfx942 when this hipcc accepts it.
+fn hip_archs(hipcc: &Path, out: &Path) -> Vec<String> {
+    let mut archs = vec!["--offload-arch=gfx90a".to_string()];
+    let probe = out.join("hal_probe_gfx942.hip");
+    let ok = std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_ok()
+        && Command::new(hipcc)
+            .env("HIP_PLATFORM", "amd")
+            .args(["-x", "hip", "--offload-arch=gfx942", "--genco", "-o"])
+            .arg(out.join("hal_probe_gfx942.hsaco"))
+            .arg(&probe)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+    if ok {
+        archs.push("--offload-arch=gfx942".to_string());
+    } else {
+        println!(
+            "cargo::warning=hipcc {} rejects gfx942; building gfx90a only",
+            hipcc.display()
+        );
+    }
+    archs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stems_keep_subfolders_and_sources_are_found_recursively() {
+        let root = std::env::temp_dir().join(format!("kernel-build-test-{}", std::process::id()));
+        let sub = root.join("collectives");
+        std::fs::create_dir_all(&sub).expect("temp dirs");
+        for f in [root.join("b.cu"), sub.join("a.cu"), root.join("x.hpp")] {
+            std::fs::write(&f, "").expect("temp file");
+        }
+        let found = list_sources(&root);
+        let stems: Vec<String> = found.iter().map(|p| stem_of(p, &root)).collect();
+        assert_eq!(stems, vec!["b".to_string(), "collectives/a".to_string()]);
+        assert!(list_sources(&root.join("missing")).is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn backend_names_round_trip() {
+        for b in [Backend::Host, Backend::Cuda, Backend::Rocm] {
+            assert_eq!(Backend::from_name(b.name()), Some(b));
+        }
+        assert_eq!(Backend::from_name("vulkan"), None);
+        assert_eq!(Backend::from_flags(true, true), Backend::Cuda);
+        assert_eq!(Backend::from_flags(false, true), Backend::Rocm);
+        assert_eq!(Backend::from_flags(false, false), Backend::Host);
+    }
+}

@@ -1,0 +1,20 @@
+//! Helpers shared by the backends that are not part of the HAL contract: system calls
+//! ([`os`], through rustix), fd passing between processes ([`fdpass`]), NUMA placement
+//! ([`numa`]), drop-time failures surfaced later ([`deferred`]), the polling back-off
+//! ([`Backoff`], [`poll_until`]), the driver-call count ([`driver_calls_on_this_thread`]) and
+//! argument range checks.
+
+pub(crate) mod deferred;
+pub mod fdpass;
+pub mod numa;
+pub(crate) mod os;
+
+mod backoff;
+mod calls;
+mod range;
+
+pub use backoff::{poll_until, Backoff};
+#[allow(unused_imports)] // used only by the GPU backends
+pub(crate) use calls::count_driver_call;
+pub use calls::driver_calls_on_this_thread;
+pub(crate) use range::{check_host_range, check_range};

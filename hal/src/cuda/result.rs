@@ -1,0 +1,413 @@
+//! Thin checked wrappers over `cudarc::driver::sys`, grouped by topic: each turns the
+//! `CUresult` into a [`Result`] (an [`Error::Driver`] naming the call), fills its
+//! out-parameters and returns them, and links the CUDA driver API page of the call it wraps.
+//! The safe types of this backend call the driver only through these functions.
+//!
+//! Every call goes through [`call`], the one choke point, which counts it
+//! ([`crate::auxil::driver_calls_on_this_thread`]). A wrapper is `unsafe` when a stale or
+//! foreign handle or pointer it takes could make the driver touch freed memory; the caller
+//! then promises what the `# Safety` section says.
+
+use crate::auxil::count_driver_call;
+use crate::Result;
+use cudarc::driver::sys;
+use std::ffi::{c_char, c_void};
+
+/// Runs one driver call and counts it: the choke point every wrapper goes through.
+fn call(f: impl FnOnce() -> sys::CUresult) -> sys::CUresult {
+    count_driver_call();
+    f()
+}
+
+/// Turns a `CUresult` into `Ok` or an [`Error::Driver`] naming `op`.
+fn check(op: &'static str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(super::conv::driver_error(op, r))
+    }
+}
+
+/// Runs `f` through [`call`] and checks its status.
+fn checked(op: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+    check(op, call(f))
+}
+
+/// Reads a NUL-terminated name the driver wrote into `buf`.
+fn c_string(buf: &[c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Initialization. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__INITIALIZE.html>
+pub(super) mod init {
+    use super::*;
+
+    /// `cuInit(0)`. The library must be present (`sys::is_culib_present`).
+    pub(in crate::cuda) fn init() -> Result<()> {
+        // SAFETY: cuInit has no preconditions; the caller checked that the library loads.
+        checked("cuInit", || unsafe { sys::cuInit(0) })
+    }
+}
+
+/// Devices and their attributes.
+/// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__DEVICE.html>
+pub(super) mod device {
+    use super::*;
+
+    /// `cuDeviceGetCount`.
+    pub(in crate::cuda) fn count() -> Result<i32> {
+        let mut n = 0i32;
+        // SAFETY: valid out pointer.
+        checked("cuDeviceGetCount", || unsafe {
+            sys::cuDeviceGetCount(&mut n)
+        })?;
+        Ok(n)
+    }
+
+    /// `cuDeviceGet`.
+    pub(in crate::cuda) fn get(ordinal: i32) -> Result<sys::CUdevice> {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: valid out pointer; an out-of-range ordinal is an error status.
+        checked("cuDeviceGet", || unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal)
+        })?;
+        Ok(dev)
+    }
+
+    /// `cuDeviceGetAttribute`; `op` names the attribute in errors.
+    pub(in crate::cuda) fn attribute(
+        dev: sys::CUdevice,
+        attr: sys::CUdevice_attribute,
+        op: &'static str,
+    ) -> Result<i32> {
+        let mut v = 0i32;
+        // SAFETY: valid out pointer; a bad device or attribute is an error status.
+        checked(op, || unsafe {
+            sys::cuDeviceGetAttribute(&mut v, attr, dev)
+        })?;
+        Ok(v)
+    }
+
+    /// `cuDeviceGetName`.
+    pub(in crate::cuda) fn name(dev: sys::CUdevice) -> Result<String> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer holds 256 chars; the driver NUL-terminates within that length.
+        checked("cuDeviceGetName", || unsafe {
+            sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, dev)
+        })?;
+        Ok(c_string(&buf))
+    }
+
+    /// `cuDeviceGetPCIBusId` (documented with memory management:
+    /// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>).
+    pub(in crate::cuda) fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: as for the name: 64 chars, NUL-terminated by the driver.
+        checked("cuDeviceGetPCIBusId", || unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev)
+        })?;
+        Ok(c_string(&buf))
+    }
+}
+
+/// Primary contexts and the current context.
+/// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PRIMARY__CTX.html>,
+/// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html>
+pub(super) mod ctx {
+    use super::*;
+
+    /// `cuDevicePrimaryCtxRetain`.
+    pub(in crate::cuda) fn primary_retain(dev: sys::CUdevice) -> Result<sys::CUcontext> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; a bad device is an error status.
+        checked("cuDevicePrimaryCtxRetain", || unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        })?;
+        Ok(ctx)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`.
+    ///
+    /// # Safety
+    /// Balances one [`primary_retain`] of `dev`; no handle of that context is used afterwards
+    /// unless another retain holds it.
+    pub(in crate::cuda) unsafe fn primary_release(dev: sys::CUdevice) -> Result<()> {
+        // SAFETY: the caller balances a retain.
+        checked("cuDevicePrimaryCtxRelease", || unsafe {
+            sys::cuDevicePrimaryCtxRelease_v2(dev)
+        })
+    }
+
+    /// `cuCtxSetCurrent`.
+    ///
+    /// # Safety
+    /// `ctx` is a live (retained) context.
+    pub(in crate::cuda) unsafe fn set_current(ctx: sys::CUcontext) -> Result<()> {
+        // SAFETY: the caller keeps the context alive.
+        checked("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) })
+    }
+
+    /// `cuCtxSynchronize` of the current context (blocks without a timeout).
+    pub(in crate::cuda) fn synchronize() -> Result<()> {
+        // SAFETY: no arguments; without a current context it is an error status.
+        checked("cuCtxSynchronize", || unsafe { sys::cuCtxSynchronize() })
+    }
+}
+
+/// Peer access. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__PEER__ACCESS.html>
+pub(super) mod peer {
+    use super::*;
+
+    /// `cuDeviceCanAccessPeer`.
+    pub(in crate::cuda) fn can_access(dev: sys::CUdevice, peer: sys::CUdevice) -> Result<bool> {
+        let mut v = 0i32;
+        // SAFETY: valid out pointer; bad devices are an error status.
+        checked("cuDeviceCanAccessPeer", || unsafe {
+            sys::cuDeviceCanAccessPeer(&mut v, dev, peer)
+        })?;
+        Ok(v != 0)
+    }
+
+    /// `cuCtxEnablePeerAccess(peer_ctx, 0)` from the current context; "already enabled" is
+    /// success.
+    ///
+    /// # Safety
+    /// `peer_ctx` is a live (retained) context.
+    pub(in crate::cuda) unsafe fn enable(peer_ctx: sys::CUcontext) -> Result<()> {
+        // SAFETY: the caller keeps the peer context alive; flags must be 0.
+        let r = call(|| unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) });
+        if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        check("cuCtxEnablePeerAccess", r)
+    }
+}
+
+pub(super) mod mem;
+
+pub(super) mod vmm;
+
+pub(super) mod ipc;
+
+/// Streams. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html>,
+/// stream memory operations <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEMOP.html>
+pub(super) mod stream {
+    use super::*;
+
+    /// `cuStreamCreate(NON_BLOCKING)` in the current context.
+    pub(in crate::cuda) fn create_non_blocking() -> Result<sys::CUstream> {
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        checked("cuStreamCreate", || unsafe {
+            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(s)
+    }
+
+    /// `cuStreamDestroy`.
+    ///
+    /// # Safety
+    /// `s` came from [`create_non_blocking`] and is destroyed once.
+    pub(in crate::cuda) unsafe fn destroy(s: sys::CUstream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked("cuStreamDestroy", || unsafe { sys::cuStreamDestroy_v2(s) })
+    }
+
+    /// `cuStreamQuery`: `Ok(true)` when all its work is done, `Ok(false)` while not ready.
+    ///
+    /// # Safety
+    /// `s` is a live stream.
+    pub(in crate::cuda) unsafe fn query(s: sys::CUstream) -> Result<bool> {
+        // SAFETY: forwarded from the caller.
+        ready("cuStreamQuery", call(|| unsafe { sys::cuStreamQuery(s) }))
+    }
+
+    /// `cuStreamSynchronize` (blocks; the null stream is the legacy default stream).
+    ///
+    /// # Safety
+    /// `s` is a live stream or null.
+    pub(in crate::cuda) unsafe fn synchronize(op: &'static str, s: sys::CUstream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked(op, || unsafe { sys::cuStreamSynchronize(s) })
+    }
+
+    /// `cuStreamWriteValue64(s, dst, value, 0)`: flags 0 (`CU_STREAM_WRITE_VALUE_DEFAULT`)
+    /// flush prior writes before the store.
+    ///
+    /// # Safety
+    /// `dst` is 8-byte aligned device memory alive until `s` is done; `s` is live.
+    pub(in crate::cuda) unsafe fn write_value64(
+        s: sys::CUstream,
+        dst: sys::CUdeviceptr,
+        value: u64,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked("cuStreamWriteValue64", || unsafe {
+            sys::cuStreamWriteValue64_v2(s, dst, value, 0)
+        })
+    }
+}
+
+/// `NOT_READY` is `Ok(false)`, success `Ok(true)`, anything else an error.
+fn ready(op: &'static str, r: sys::CUresult) -> Result<bool> {
+    if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+        Ok(false)
+    } else {
+        check(op, r).map(|_| true)
+    }
+}
+
+/// Events. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html>
+pub(super) mod event {
+    use super::*;
+
+    /// `cuEventCreate(DEFAULT)` in the current context (timing enabled).
+    pub(in crate::cuda) fn create() -> Result<sys::CUevent> {
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        checked("cuEventCreate", || unsafe {
+            sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
+        })?;
+        Ok(e)
+    }
+
+    /// `cuEventDestroy`.
+    ///
+    /// # Safety
+    /// `e` came from [`create`] and is destroyed once.
+    pub(in crate::cuda) unsafe fn destroy(e: sys::CUevent) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked("cuEventDestroy", || unsafe { sys::cuEventDestroy_v2(e) })
+    }
+
+    /// `cuEventRecord`.
+    ///
+    /// # Safety
+    /// `e` and `s` are live.
+    pub(in crate::cuda) unsafe fn record(e: sys::CUevent, s: sys::CUstream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked("cuEventRecord", || unsafe { sys::cuEventRecord(e, s) })
+    }
+
+    /// `cuEventQuery`: `Ok(true)` once the recorded work is done.
+    ///
+    /// # Safety
+    /// `e` is live.
+    pub(in crate::cuda) unsafe fn query(e: sys::CUevent) -> Result<bool> {
+        // SAFETY: forwarded from the caller.
+        ready("cuEventQuery", call(|| unsafe { sys::cuEventQuery(e) }))
+    }
+
+    /// `cuEventElapsedTime` in milliseconds.
+    ///
+    /// # Safety
+    /// Both events are live.
+    pub(in crate::cuda) unsafe fn elapsed_ms(
+        start: sys::CUevent,
+        end: sys::CUevent,
+    ) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: valid out pointer; the caller vouches for the events.
+        checked("cuEventElapsedTime", || unsafe {
+            sys::cuEventElapsedTime_v2(&mut ms, start, end)
+        })?;
+        Ok(ms)
+    }
+}
+
+/// Modules and kernels. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MODULE.html>,
+/// launch and parameter layout <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EXEC.html>
+pub(super) mod module {
+    use super::*;
+    use std::ffi::CStr;
+
+    /// `cuModuleLoadData` of an image (fatbin, cubin or NUL-terminated PTX).
+    ///
+    /// # Safety
+    /// `image` points at a complete code object, suitably aligned (8 bytes), alive for the call.
+    pub(in crate::cuda) unsafe fn load_data(image: *const c_void) -> Result<sys::CUmodule> {
+        let mut m: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: valid out pointer; the caller vouches for the image.
+        checked("cuModuleLoadData", || unsafe {
+            sys::cuModuleLoadData(&mut m, image)
+        })?;
+        Ok(m)
+    }
+
+    /// `cuModuleUnload`.
+    ///
+    /// # Safety
+    /// `m` came from [`load_data`], is unloaded once, and none of its kernels runs or is used
+    /// afterwards.
+    pub(in crate::cuda) unsafe fn unload(m: sys::CUmodule) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked("cuModuleUnload", || unsafe { sys::cuModuleUnload(m) })
+    }
+
+    /// `cuModuleGetFunction`.
+    ///
+    /// # Safety
+    /// `m` is a live module.
+    pub(in crate::cuda) unsafe fn get_function(
+        m: sys::CUmodule,
+        name: &CStr,
+    ) -> Result<sys::CUfunction> {
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: valid out pointer; NUL-terminated name; the caller vouches for the module.
+        checked("cuModuleGetFunction", || unsafe {
+            sys::cuModuleGetFunction(&mut f, m, name.as_ptr())
+        })?;
+        Ok(f)
+    }
+
+    /// `cuFuncGetParamInfo`: (offset, size) of parameter `index`, `None` past the last one.
+    ///
+    /// # Safety
+    /// `f` is a function of a live module.
+    pub(in crate::cuda) unsafe fn param_info(
+        f: sys::CUfunction,
+        index: usize,
+    ) -> Option<(usize, usize)> {
+        let (mut off, mut size) = (0usize, 0usize);
+        // SAFETY: valid out pointers; an index past the last parameter is an error status.
+        let r = call(|| unsafe { sys::cuFuncGetParamInfo(f, index, &mut off, &mut size) });
+        (r == sys::CUresult::CUDA_SUCCESS).then_some((off, size))
+    }
+
+    /// `cuLaunchKernel` with `params` pointing at each parameter's bytes.
+    ///
+    /// # Safety
+    /// `f` and `stream` are live; `params` has one pointer per kernel parameter, each to a
+    /// value of that parameter's size (the driver copies them at launch); device pointers
+    /// among them stay valid until the kernel finishes.
+    pub(in crate::cuda) unsafe fn launch(
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        stream: sys::CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked("cuLaunchKernel", || unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                shared_mem_bytes,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! Linear allocations, pinned host memory, synchronous and stream-ordered copies and sets.
+//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>
+
+use super::*;
+
+/// `cuMemAlloc` in the current context.
+pub(in crate::cuda) fn alloc(size: usize) -> Result<sys::CUdeviceptr> {
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer.
+    checked("cuMemAlloc", || unsafe { sys::cuMemAlloc_v2(&mut p, size) })?;
+    Ok(p)
+}
+
+/// `cuMemFree`.
+///
+/// # Safety
+/// `ptr` came from [`alloc`], is freed once, and no work uses it any more.
+pub(in crate::cuda) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemFree", || unsafe { sys::cuMemFree_v2(ptr) })
+}
+
+/// `cuMemHostAlloc(size, flags)` in the current context.
+pub(in crate::cuda) fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void> {
+    let mut h: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    checked("cuMemHostAlloc", || unsafe {
+        sys::cuMemHostAlloc(&mut h, size, flags)
+    })?;
+    Ok(h)
+}
+
+/// `cuMemFreeHost`.
+///
+/// # Safety
+/// `p` came from [`host_alloc`], is freed once, and nothing uses it any more.
+pub(in crate::cuda) unsafe fn free_host(p: *mut c_void) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemFreeHost", || unsafe { sys::cuMemFreeHost(p) })
+}
+
+/// `cuMemHostGetDevicePointer(p, 0)`.
+///
+/// # Safety
+/// `p` is live host memory allocated or registered with DEVICEMAP.
+pub(in crate::cuda) unsafe fn host_device_pointer(p: *mut c_void) -> Result<sys::CUdeviceptr> {
+    let mut d: sys::CUdeviceptr = 0;
+    // SAFETY: valid out pointer; the caller vouches for `p`; flags must be 0.
+    checked("cuMemHostGetDevicePointer", || unsafe {
+        sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0)
+    })?;
+    Ok(d)
+}
+
+/// `cuMemHostRegister(p, len, flags)`.
+///
+/// # Safety
+/// `p..p+len` is one live host allocation that outlives the registration.
+pub(in crate::cuda) unsafe fn host_register(p: *mut c_void, len: usize, flags: u32) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemHostRegister", || unsafe {
+        sys::cuMemHostRegister_v2(p, len, flags)
+    })
+}
+
+/// `cuMemHostUnregister`.
+///
+/// # Safety
+/// `p` was registered by [`host_register`] and no device work uses it any more.
+pub(in crate::cuda) unsafe fn host_unregister(p: *mut c_void) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemHostUnregister", || unsafe {
+        sys::cuMemHostUnregister(p)
+    })
+}
+
+/// `cuMemsetD8` (may return before the device is done; see the legacy-stream sync).
+///
+/// # Safety
+/// `dst..dst+len` is live device memory.
+pub(in crate::cuda) unsafe fn set_d8(dst: sys::CUdeviceptr, value: u8, len: usize) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemsetD8", || unsafe {
+        sys::cuMemsetD8_v2(dst, value, len)
+    })
+}
+
+/// `cuMemcpyHtoD`.
+///
+/// # Safety
+/// `dst..dst+src.len()` is live device memory.
+pub(in crate::cuda) unsafe fn copy_htod(dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
+    // SAFETY: forwarded from the caller; `src` is a live host slice.
+    checked("cuMemcpyHtoD", || unsafe {
+        sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
+    })
+}
+
+/// `cuMemcpyDtoH`.
+///
+/// # Safety
+/// `src..src+dst.len()` is live device memory.
+pub(in crate::cuda) unsafe fn copy_dtoh(dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
+    // SAFETY: forwarded from the caller; `dst` is a live host slice.
+    checked("cuMemcpyDtoH", || unsafe {
+        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+    })
+}
+
+/// `cuMemcpy` between unified addresses.
+///
+/// # Safety
+/// Both ranges of `len` bytes are live memory the device can reach.
+pub(in crate::cuda) unsafe fn copy(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    len: usize,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemcpy", || unsafe { sys::cuMemcpy(dst, src, len) })
+}
+
+/// `cuMemsetD8Async`.
+///
+/// # Safety
+/// `dst..dst+len` stays live device memory until `stream` has done this work; `stream`
+/// is live.
+pub(in crate::cuda) unsafe fn set_d8_async(
+    dst: sys::CUdeviceptr,
+    value: u8,
+    len: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemsetD8Async", || unsafe {
+        sys::cuMemsetD8Async(dst, value, len, stream)
+    })
+}
+
+/// `cuMemcpyAsync` between unified addresses.
+///
+/// # Safety
+/// Both ranges stay live until `stream` has done this work; `stream` is live.
+pub(in crate::cuda) unsafe fn copy_async(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    len: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuMemcpyAsync", || unsafe {
+        sys::cuMemcpyAsync(dst, src, len, stream)
+    })
+}
