@@ -10,11 +10,13 @@ use std::sync::Arc;
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 
 const USAGE: &str = "mp_unit_tests options (besides the framework's):
-  --ip_port=IP:PORT     rendezvous address of rank 0 (default 127.0.0.1:50053);
+  --ip_port=IP:PORT     rendezvous address of rank 0 (default 127.0.0.1:29053, below the
+                        ephemeral port range);
                         IFNAME:IP:PORT picks the interface
   --np=N                start N local ranks of this binary (no mpirun needed)
   --ib_gid_index=N      GID index for the IB tests
-  --timeout=SECONDS     timeout of setup and of each blocking test step (default 60)
+  --timeout=SECONDS     timeout of setup and of each blocking test step, 1 to 86400
+                        (default 60); a rank silent that long is reported lost
 Ranks come from Open MPI, MPICH/Hydra (PMI_*), Slurm or torchrun variables.";
 
 fn real_main() -> i32 {
@@ -26,6 +28,12 @@ fn real_main() -> i32 {
             return 2;
         }
     };
+    // The framework's arguments and the test selection are checked before anything starts
+    // (ranks, a bootstrap): a typo is exit 2 at once, never a run that reads as success.
+    if let Err(e) = mscclpp_framework::checked_selection(&opts.rest) {
+        eprintln!("mp_unit_tests: {e}\n{USAGE}\n{}", mscclpp_framework::USAGE);
+        return 2;
+    }
     let info_only = opts.rest.iter().any(|a| a == "--list" || a == "--help");
     let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
         Ok(p) => p,
@@ -71,17 +79,17 @@ fn real_main() -> i32 {
             source: "single process",
         },
     };
-    let ip_port = if placement.size == 1 && opts.ip_port == launcher::DEFAULT_IP_PORT {
+    let ip_port = match (&opts.ip_port, placement.size) {
+        (Some(a), _) => a.clone(),
         // A lone rank needs no well-known port; don't collide with a concurrent run.
-        match launcher::free_loopback_port() {
+        (None, 1) => match launcher::free_loopback_port() {
             Ok(p) => format!("127.0.0.1:{p}"),
             Err(e) => {
                 eprintln!("mp_unit_tests: {e}");
                 return 1;
             }
-        }
-    } else {
-        opts.ip_port.clone()
+        },
+        (None, _) => launcher::default_ip_port(),
     };
     let bootstrap = match TcpBootstrap::new(placement.rank, placement.size).and_then(|mut b| {
         b.initialize_with_addr(&ip_port, opts.timeout)?;
