@@ -60,6 +60,23 @@ impl World for BootstrapWorld {
     }
 }
 
+/// The GPU ordinal of the rank with `local_rank` on a host with `gpus` visible GPUs:
+/// `local_rank % gpus`, so several ranks share a GPU when there are fewer GPUs than local
+/// ranks (two processes on one GPU is how one-GPU users try the library). `None` without GPUs.
+pub fn gpu_ordinal(local_rank: usize, gpus: usize) -> Option<usize> {
+    (gpus > 0).then(|| local_rank % gpus)
+}
+
+/// This rank's GPU on a GPU build (`local_rank % visible GPUs`), or why there is none.
+pub fn rank_gpu() -> Result<mscclpp::Device, String> {
+    let n = visible_gpus()?;
+    let ordinal = gpu_ordinal(mp_env().placement.local_rank, n)
+        .ok_or_else(|| "no GPU visible".to_string())?;
+    i32::try_from(ordinal)
+        .map(mscclpp::Device::gpu)
+        .map_err(|_| format!("GPU ordinal {ordinal} does not fit an i32"))
+}
+
 /// GPUs this rank can use on a GPU build, or why a GPU test must skip: none visible, or no
 /// driver at all (a CUDA/ROCm binary on a machine without GPUs).
 pub fn visible_gpus() -> Result<usize, String> {
@@ -69,5 +86,23 @@ pub fn visible_gpus() -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e @ mscclpp_hal::Error::NoDriver { .. }) => Err(format!("no GPU driver: {e}")),
         Err(e) => Err(format!("counting GPUs failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_ordinal;
+
+    #[test]
+    fn ranks_share_gpus_round_robin() {
+        // Two ranks on one GPU both get GPU 0 (rank 1 used to get the CPU).
+        assert_eq!(gpu_ordinal(0, 1), Some(0));
+        assert_eq!(gpu_ordinal(1, 1), Some(0));
+        // Four ranks on two GPUs: 0, 1, 0, 1.
+        let on_two: Vec<_> = (0..4).map(|r| gpu_ordinal(r, 2)).collect();
+        assert_eq!(on_two, vec![Some(0), Some(1), Some(0), Some(1)]);
+        // One GPU per rank: the identity.
+        assert_eq!(gpu_ordinal(7, 8), Some(7));
+        assert_eq!(gpu_ordinal(3, 0), None);
     }
 }
