@@ -1,10 +1,8 @@
 //! Where a rank comes from: the launcher's environment (Open MPI, MPICH/Hydra, Slurm,
-//! torchrun) or our own `--np N` self-launch, and the command-line options that
+//! torchrun) or our own `--np N` self-launch (`spawn.rs`), and the command-line options that
 //! `mp_unit_tests` adds to the framework's.
 
-use std::collections::HashMap;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Rank placement as the launcher describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +17,7 @@ pub struct Placement {
 
 /// The variables of each launcher, in the order they are tried:
 /// (name, rank, size, local rank, local size).
-const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[
+pub(crate) const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[
     (
         "Open MPI",
         "OMPI_COMM_WORLD_RANK",
@@ -223,97 +221,10 @@ pub fn free_loopback_port() -> Result<u16, String> {
         .map_err(|e| format!("could not read the reserved port: {e}"))
 }
 
-/// `--np N`: starts N copies of this binary as ranks 0..N (torchrun-style variables),
-/// waits for all of them and returns the worst exit status. A rank that fails makes the
-/// others get a grace period and then be killed, so a broken run never hangs.
-pub fn self_launch(np: usize, opts: &MpOptions, grace: Duration) -> Result<i32, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
-    let ip_port = match &opts.ip_port {
-        Some(a) => a.clone(),
-        None => format!("127.0.0.1:{}", free_loopback_port()?),
-    };
-    let mut children: Vec<Child> = Vec::with_capacity(np);
-    let mut extra_env: HashMap<&str, String> = HashMap::new();
-    extra_env.insert("WORLD_SIZE", np.to_string());
-    extra_env.insert("LOCAL_WORLD_SIZE", np.to_string());
-    for rank in 0..np {
-        let mut cmd = Command::new(&exe);
-        cmd.arg(format!("--ip_port={ip_port}"));
-        cmd.arg(format!("--timeout={}", opts.timeout.as_secs()));
-        if let Some(g) = opts.ib_gid_index {
-            cmd.arg(format!("--ib_gid_index={g}"));
-        }
-        cmd.args(&opts.rest);
-        // Remove any launcher variables we inherited so the child sees only ours.
-        for &(_, r, s, lr, ls) in LAUNCHERS {
-            for v in [r, s, lr, ls] {
-                cmd.env_remove(v);
-            }
-        }
-        cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
-        cmd.env("RANK", rank.to_string());
-        cmd.env("LOCAL_RANK", rank.to_string());
-        match cmd.spawn() {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                for c in children.iter_mut() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                return Err(format!(
-                    "could not start rank {rank} ({}): {e}",
-                    exe.display()
-                ));
-            }
-        }
-    }
-    let mut status: Vec<Option<i32>> = vec![None; np];
-    let mut first_failure: Option<Instant> = None;
-    loop {
-        for (i, c) in children.iter_mut().enumerate() {
-            if status[i].is_none() {
-                match c.try_wait() {
-                    Ok(Some(st)) => {
-                        let code = st.code().unwrap_or(128 + 9);
-                        if code != 0 && first_failure.is_none() {
-                            first_failure = Some(Instant::now());
-                        }
-                        status[i] = Some(code);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        eprintln!("mp_unit_tests: waiting for rank {i}: {e}");
-                        status[i] = Some(1);
-                    }
-                }
-            }
-        }
-        if status.iter().all(Option::is_some) {
-            break;
-        }
-        if let Some(t) = first_failure {
-            if t.elapsed() > grace {
-                for (i, c) in children.iter_mut().enumerate() {
-                    if status[i].is_none() {
-                        eprintln!(
-                            "mp_unit_tests: rank {i} still running {grace:?} after another rank failed; killing it"
-                        );
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        status[i] = Some(1);
-                    }
-                }
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(status.into_iter().flatten().max().unwrap_or(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs

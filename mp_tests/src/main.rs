@@ -2,6 +2,8 @@
 //! or let it start its own ranks with `--np N`.
 
 mod launcher;
+mod liveness;
+mod spawn;
 mod suites;
 mod world;
 
@@ -55,7 +57,7 @@ fn real_main() -> i32 {
     let placement = match (placement, opts.np) {
         (None, Some(np)) => {
             let grace = std::time::Duration::from_secs(10);
-            return match launcher::self_launch(np, &opts, grace) {
+            return match spawn::self_launch(np, &opts, grace) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("mp_unit_tests: {e}");
@@ -104,12 +106,20 @@ fn real_main() -> i32 {
             return 1;
         }
     };
+    let liveness = match liveness::Liveness::start(bootstrap.clone(), opts.timeout) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mp_unit_tests: rank {}: {e}", placement.rank);
+            return 1;
+        }
+    };
     let env = world::MpEnv {
         placement,
         bootstrap: bootstrap.clone() as Arc<dyn Bootstrap>,
         ip_port,
         ib_gid_index: opts.ib_gid_index,
         timeout: opts.timeout,
+        liveness,
     };
     if let Err(e) = world::install(env) {
         eprintln!("mp_unit_tests: {e}");
@@ -117,8 +127,8 @@ fn real_main() -> i32 {
     }
     let code = mscclpp_framework::run(&opts.rest, &world::BootstrapWorld, vec![]);
     // Leave together so no rank tears its sockets down under a peer still finishing.
-    if let Err(e) = bootstrap.barrier() {
-        eprintln!("mp_unit_tests: final barrier: {e}");
+    if let Err(e) = world::leave_together() {
+        eprintln!("mp_unit_tests: rank {}: leaving: {e}", bootstrap.rank());
         return code.max(1);
     }
     code
