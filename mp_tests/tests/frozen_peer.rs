@@ -53,8 +53,8 @@ fn survivors_of_a_frozen_rank_report_after_one_timeout() {
         .collect();
     // Generous for a loaded machine, well below the old 3 x --timeout.
     let limit = Duration::from_secs(2 * TIMEOUT_S + 3);
-    let mut took = vec![None; NP];
-    let mut codes = vec![None; NP];
+    let mut took: [Option<Duration>; NP] = [None; NP];
+    let mut codes: [Option<i32>; NP] = [None; NP];
     while start.elapsed() < Duration::from_secs(4 * TIMEOUT_S) {
         for r in 0..NP {
             if r == FROZEN || took[r].is_some() {

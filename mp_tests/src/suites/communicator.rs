@@ -143,15 +143,13 @@ fn verify_round(m: &Mesh, seed: u64, round: u64) {
 }
 
 /// The device for IPC data tests: this rank's GPU on a GPU build (`local_rank % GPUs`, so
-/// ranks may share one), the CPU on the host backend; a GPU build without a usable GPU skips.
+/// ranks may share one), else the CPU (host backend, or a GPU build on a machine without GPUs,
+/// where the CPU path of the same connection code still runs).
 fn data_device() -> Device {
     if Gpu::NAME == "host" {
         return Device::CPU;
     }
-    match crate::world::rank_gpu() {
-        Ok(d) => d,
-        Err(reason) => SKIP!("{}", reason),
-    }
+    crate::world::rank_gpu().unwrap_or(Device::CPU)
 }
 
 TEST!(CommunicatorTest, BasicWrite, |_ctx| {
