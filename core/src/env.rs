@@ -161,12 +161,8 @@ impl Env {
             },
         };
 
-        let nccl_nvls_off = matches!(non_empty(lookup("NCCL_NVLS_ENABLE")).as_deref(), Some("0"));
-        let force_disable_nvls = parse_bool(
-            "MSCCLPP_FORCE_DISABLE_NVLS",
-            lookup("MSCCLPP_FORCE_DISABLE_NVLS"),
-        )
-        .map(|b| b || nccl_nvls_off);
+        // One parser for the NVLS switches: the HAL's, which also guards multicast creation.
+        let force_disable_nvls = mscclpp_hal::parse_nvls_switches(&lookup);
 
         let cache_dir = match non_empty(lookup("MSCCLPP_CACHE_DIR")) {
             Some(v) => Ok(PathBuf::from(v)),
@@ -259,7 +255,9 @@ impl Env {
     pub fn socket_family(&self) -> Result<Option<SocketFamily>> {
         Self::typed(&self.socket_family)
     }
-    /// `MSCCLPP_FORCE_DISABLE_NVLS`, also true when `NCCL_NVLS_ENABLE=0`.
+    /// `MSCCLPP_FORCE_DISABLE_NVLS`, also true when `NCCL_NVLS_ENABLE=0`
+    /// ([`mscclpp_hal::parse_nvls_switches`]). A malformed value is an error here, and the
+    /// library keeps NVLS disabled meanwhile (fail closed).
     pub fn force_disable_nvls(&self) -> Result<bool> {
         Self::typed(&self.force_disable_nvls)
     }

@@ -191,3 +191,36 @@ fn process_env_is_read_once() {
     let b = mscclpp::env::env() as *const Env;
     assert_eq!(a, b);
 }
+
+#[test]
+fn nvls_switches_have_one_parser_that_fails_closed() {
+    // Env and the HAL (which guards multicast creation) answer alike for every value, and a
+    // value nobody documented is an error, never "NVLS allowed".
+    for v in [
+        "", "0", "1", "true", "FALSE", " yes ", "no", "on", "off", "maybe", "2", "-1", "disable",
+    ] {
+        for nccl in [None, Some("0"), Some("1"), Some("2"), Some("off")] {
+            let mut pairs = vec![("MSCCLPP_FORCE_DISABLE_NVLS", v)];
+            if let Some(n) = nccl {
+                pairs.push(("NCCL_NVLS_ENABLE", n));
+            }
+            let env = env_of(&pairs);
+            let hal = mscclpp_hal::parse_nvls_switches(|name| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, x)| x.to_string())
+            });
+            match (env.force_disable_nvls(), &hal) {
+                (Ok(a), Ok(b)) => assert_eq!(a, *b, "{pairs:?}"),
+                (Err(a), Err(b)) => assert!(a.to_string().contains(b.as_str()), "{a} / {b}"),
+                (a, b) => panic!("{pairs:?}: env says {a:?}, the HAL {b:?}"),
+            }
+        }
+    }
+    let e = env_of(&[("MSCCLPP_FORCE_DISABLE_NVLS", "maybe")])
+        .force_disable_nvls()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("NVLS stays disabled"), "{e}");
+}

@@ -38,7 +38,8 @@
 //! and stops the run with exit 1 instead of hanging. [`SingleProcessWorld`] is rank 0 of 1.
 //!
 //! **Runner.** [`run`] parses the CLI (`--filter`, `--exclude-perf-tests`,
-//! `--only-perf-tests`, `--list`, `--help`; anything else exits 2), sets up the
+//! `--only-perf-tests`, `--list`, `--help`; anything else exits 2, and so does a selection that
+//! matches no registered test), sets up the
 //! [`Environment`]s in order (a failure exits 1), runs the tests, tears the environments down
 //! in reverse, prints the `[   PERF   ]` block of perf results reported on rank 0, the list of
 //! failed tests, and as the very last line `N passed, N failed, N skipped`. Every line is
@@ -56,7 +57,8 @@ mod state;
 mod verdict;
 
 pub use runner::{
-    parse_args, run, run_main, select_tests, Environment, Filter, Options, PerfSelection, USAGE,
+    checked_selection, parse_args, run, run_main, select_tests, Environment, Filter, Options,
+    PerfSelection, USAGE,
 };
 #[doc(hidden)]
 pub use state::__private;

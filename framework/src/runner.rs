@@ -78,7 +78,8 @@ Options:
   --only-perf-tests           run only PERF_TEST tests
   --list                      print the selected tests ('Suite.Name: test') and exit
   --help                      print this help and exit
-Exit status: 0 all passed or skipped, 1 a test failed, 2 bad arguments.";
+Exit status: 0 all passed or skipped, 1 a test failed, 2 bad arguments (also a --filter or
+perf switch that selects no test).";
 
 /// Parses the runner's arguments (without the program name).
 pub fn parse_args(args: &[String]) -> Result<Options, String> {
@@ -123,6 +124,41 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
         (false, false) => PerfSelection::Both,
     };
     Ok(opts)
+}
+
+/// What a selection that matches nothing is told: the filter and perf switches that
+/// emptied it and how many tests there are.
+fn empty_selection_message(opts: &Options, registered: usize) -> String {
+    let filter = match &opts.filter {
+        Filter::All => None,
+        Filter::Include(p) => Some(format!("--filter={}", p.join(","))),
+        Filter::Exclude(p) => Some(format!("--filter=-{}", p.join(","))),
+    };
+    let perf = match opts.perf {
+        PerfSelection::Both => None,
+        PerfSelection::ExcludePerf => Some("--exclude-perf-tests".to_owned()),
+        PerfSelection::OnlyPerf => Some("--only-perf-tests".to_owned()),
+    };
+    let given: Vec<String> = filter.into_iter().chain(perf).collect();
+    format!(
+        "no test matches {} (0 of {registered} registered tests selected; --list alone \
+         lists them all)",
+        given.join(" ")
+    )
+}
+
+/// Parses the arguments and selects the tests, as [`run`] does before running anything:
+/// bad arguments and a selection that matches none of the registered tests are errors
+/// (exit status 2), so a typo in `--filter` never reads as a passing run. Binaries that start
+/// expensive setup (a bootstrap) call this first.
+pub fn checked_selection(args: &[String]) -> Result<(Options, Vec<TestCase>), String> {
+    let opts = parse_args(args)?;
+    let registered = state::registered_tests();
+    let tests = select_tests(&registered, &opts);
+    if tests.is_empty() && !registered.is_empty() && !opts.help {
+        return Err(empty_selection_message(&opts, registered.len()));
+    }
+    Ok((opts, tests))
 }
 
 /// The registered tests that `opts` selects, in run order.
@@ -221,7 +257,7 @@ pub fn run(args: &[String], world: &dyn World, mut envs: Vec<Box<dyn Environment
     state::set_rank(rank);
     state::install_panic_hook();
 
-    let opts = match parse_args(args) {
+    let (opts, tests) = match checked_selection(args) {
         Ok(o) => o,
         Err(e) => {
             warn(rank, &format!("error: {e}\n{USAGE}"));
@@ -232,7 +268,6 @@ pub fn run(args: &[String], world: &dyn World, mut envs: Vec<Box<dyn Environment
         say(rank, USAGE);
         return 0;
     }
-    let tests = select_tests(&state::registered_tests(), &opts);
     if opts.list {
         for t in &tests {
             say(rank, &format!("{}: test", t.full_name()));

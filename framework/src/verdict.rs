@@ -56,19 +56,19 @@ impl Verdict {
         let body = &bytes[HEADER_LEN..];
         if body.len() != len {
             return Err(format!(
-                "verdict: header announces a {len}-byte reason, but {} bytes follow",
+                "verdict: expected the {len}-byte reason the header announces, got {} bytes",
                 body.len()
             ));
         }
         match tag {
             TAG_PASSED | TAG_FAILED if len != 0 => Err(format!(
-                "verdict: tag {tag} (passed/failed) must carry no reason, got {len} bytes"
+                "verdict: expected no reason with tag {tag} (passed/failed), got {len} bytes"
             )),
             TAG_PASSED => Ok(Verdict::Passed),
             TAG_FAILED => Ok(Verdict::Failed),
             TAG_SKIPPED => match std::str::from_utf8(body) {
                 Ok(s) => Ok(Verdict::Skipped(s.to_owned())),
-                Err(e) => Err(format!("verdict: skip reason is not UTF-8: {e}")),
+                Err(e) => Err(format!("verdict: expected a UTF-8 skip reason: {e}")),
             },
             other => Err(format!(
                 "verdict: expected tag {TAG_PASSED}, {TAG_FAILED} or {TAG_SKIPPED}, got {other}"

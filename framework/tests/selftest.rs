@@ -428,6 +428,37 @@ fn bad_arguments_exit_2() {
 }
 
 #[test]
+fn a_selection_matching_nothing_exits_2_with_a_message() {
+    for (args, names) in [
+        (&["--filter=NoSuchSuite"][..], "--filter=NoSuchSuite"),
+        (&["--filter=NoSuch", "--list"][..], "--filter=NoSuch"),
+        (
+            &["--filter=Pass.", "--only-perf-tests"][..],
+            "--filter=Pass. --only-perf-tests",
+        ),
+        (&["--filter=-."][..], "--filter=-."),
+    ] {
+        let o = run_fixture("nomatch", args, &[]);
+        assert_eq!(
+            o.code, 2,
+            "{args:?}: a typo in --filter must not read as success"
+        );
+        assert!(o.ran().is_empty(), "{args:?}");
+        assert!(
+            o.stderr.contains(&format!(
+                "error: no test matches {names} (0 of 17 registered"
+            )),
+            "{args:?}: {}",
+            o.stderr
+        );
+    }
+    // --help still answers whatever the filter.
+    let o = run_fixture("nomatch-help", &["--filter=NoSuch", "--help"], &[]);
+    assert_eq!(o.code, 0);
+    assert!(o.stdout.contains("--filter") && o.stdout.contains("--only-perf-tests"));
+}
+
+#[test]
 fn nonzero_rank_prints_failures_and_skips_on_stderr_only() {
     let env = [("FW_RANK", "1"), ("FW_SIZE", "2")];
     let o = run_fixture(

@@ -52,7 +52,7 @@ pub mod rocm;
 pub use auxil::deferred::take_deferred_errors;
 pub use error::{Error, Result};
 pub use ipc::{IpcDescriptor, IpcKind};
-pub use nvls::{nvls_disabled_by_env, nvls_supported};
+pub use nvls::{nvls_disabled_by_env, nvls_supported, parse_nvls_switches};
 
 use std::time::Duration;
 

@@ -5,24 +5,63 @@
 use crate::prelude::*;
 use crate::Gpu;
 
-/// True when `MSCCLPP_FORCE_DISABLE_NVLS` is `1`/`true`/`yes` or `NCCL_NVLS_ENABLE` is `0`.
+/// The one parser of the NVLS switches (core's `Env` uses it too): `Ok(true)` when
+/// `MSCCLPP_FORCE_DISABLE_NVLS` is `1`/`true`/`yes`/`on` or `NCCL_NVLS_ENABLE` is `0`,
+/// `Ok(false)` when neither disables it (unset, empty, `0`/`false`/`no`/`off`, another
+/// integer for `NCCL_NVLS_ENABLE`), and `Err` naming the variable, the value and what was
+/// expected for anything else. A malformed switch is a safety switch nobody can read:
+/// every caller treats `Err` as disabled (fail closed).
+pub fn parse_nvls_switches(lookup: impl Fn(&str) -> Option<String>) -> Result<bool, String> {
+    let mut errors = Vec::new();
+    let force = match lookup("MSCCLPP_FORCE_DISABLE_NVLS") {
+        None => false,
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" | "0" | "false" | "no" | "off" => false,
+            "1" | "true" | "yes" | "on" => true,
+            _ => {
+                errors.push(format!(
+                    "MSCCLPP_FORCE_DISABLE_NVLS={v}: expected a boolean (1, 0, true, false, yes, \
+                     no, on, off)"
+                ));
+                true
+            }
+        },
+    };
+    let nccl_off = match lookup("NCCL_NVLS_ENABLE") {
+        None => false,
+        Some(v) if v.trim().is_empty() => false,
+        Some(v) => match v.trim().parse::<i64>() {
+            Ok(n) => n == 0,
+            Err(_) => {
+                errors.push(format!(
+                    "NCCL_NVLS_ENABLE={v}: expected an integer (0 disables NVLS)"
+                ));
+                true
+            }
+        },
+    };
+    if errors.is_empty() {
+        Ok(force || nccl_off)
+    } else {
+        Err(format!("{}; NVLS stays disabled", errors.join("; ")))
+    }
+}
+
+/// True when the environment disables NVLS ([`parse_nvls_switches`]), also when a switch is
+/// malformed: then the reason is printed once and NVLS stays off.
 pub fn nvls_disabled_by_env() -> bool {
     disabled_by(|name| std::env::var(name).ok())
 }
 
 fn disabled_by(lookup: impl Fn(&str) -> Option<String>) -> bool {
-    let force = lookup("MSCCLPP_FORCE_DISABLE_NVLS")
-        .map(|v| {
-            matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "1" | "true" | "yes" | "on"
-            )
-        })
-        .unwrap_or(false);
-    let nccl_off = lookup("NCCL_NVLS_ENABLE")
-        .map(|v| v.trim() == "0")
-        .unwrap_or(false);
-    force || nccl_off
+    match parse_nvls_switches(lookup) {
+        Ok(disabled) => disabled,
+        Err(msg) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| eprintln!("mscclpp-hal: {msg}"));
+            true
+        }
+    }
 }
 
 /// Whether NVLS may be used: false when disabled by the environment (checked before any driver
@@ -66,6 +105,33 @@ mod tests {
             ("NCCL_NVLS_ENABLE", "1"),
             ("MSCCLPP_FORCE_DISABLE_NVLS", "1")
         ])));
+        assert!(!disabled_by(env(&[(
+            "MSCCLPP_FORCE_DISABLE_NVLS",
+            " off "
+        )])));
+        assert!(!disabled_by(env(&[("MSCCLPP_FORCE_DISABLE_NVLS", "")])));
+    }
+
+    #[test]
+    fn malformed_switches_fail_closed() {
+        // The safety switch must never read an unknown value as "not disabled".
+        for (var, value) in [
+            ("MSCCLPP_FORCE_DISABLE_NVLS", "maybe"),
+            ("MSCCLPP_FORCE_DISABLE_NVLS", "2"),
+            ("MSCCLPP_FORCE_DISABLE_NVLS", "disable"),
+            ("NCCL_NVLS_ENABLE", "off"),
+        ] {
+            assert!(disabled_by(env(&[(var, value)])), "{var}={value}");
+            let e = super::parse_nvls_switches(env(&[(var, value)])).unwrap_err();
+            assert!(e.starts_with(&format!("{var}={value}: expected")), "{e}");
+            assert!(e.ends_with("NVLS stays disabled"), "{e}");
+        }
+        // A malformed value is an error even when the other switch disables NVLS anyway.
+        assert!(super::parse_nvls_switches(env(&[
+            ("MSCCLPP_FORCE_DISABLE_NVLS", "maybe"),
+            ("NCCL_NVLS_ENABLE", "0")
+        ]))
+        .is_err());
     }
 
     #[test]

@@ -1,10 +1,8 @@
 //! Where a rank comes from: the launcher's environment (Open MPI, MPICH/Hydra, Slurm,
-//! torchrun) or our own `--np N` self-launch, and the command-line options that
+//! torchrun) or our own `--np N` self-launch (`spawn.rs`), and the command-line options that
 //! `mp_unit_tests` adds to the framework's.
 
-use std::collections::HashMap;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Rank placement as the launcher describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +17,7 @@ pub struct Placement {
 
 /// The variables of each launcher, in the order they are tried:
 /// (name, rank, size, local rank, local size).
-const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[
+pub(crate) const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[
     (
         "Open MPI",
         "OMPI_COMM_WORLD_RANK",
@@ -112,7 +110,8 @@ pub fn detect_placement(
 /// Options `mp_unit_tests` handles itself; the rest go to the framework.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MpOptions {
-    pub ip_port: String,
+    /// `--ip_port` as given (checked by the library's address parser), `None` when not given.
+    pub ip_port: Option<String>,
     pub np: Option<usize>,
     pub ib_gid_index: Option<u32>,
     pub timeout: Duration,
@@ -120,15 +119,30 @@ pub struct MpOptions {
     pub rest: Vec<String>,
 }
 
-pub const DEFAULT_IP_PORT: &str = "127.0.0.1:50053";
+/// The rendezvous port used when `--ip_port` is not given: below Linux's ephemeral range
+/// (32768-60999 by default, where the kernel hands out the local ports of outgoing
+/// connections, so a default there can find its port taken by someone's connection) and
+/// above the well-known ports.
+pub const DEFAULT_PORT: u16 = 29053;
+/// The rendezvous address used when `--ip_port` is not given (and the world is larger than
+/// one rank, which needs no agreed port).
+pub fn default_ip_port() -> String {
+    format!("127.0.0.1:{DEFAULT_PORT}")
+}
+/// The default `--timeout`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The largest `--timeout` accepted (one day): every wait adds to it, so it must not overflow.
+pub const MAX_TIMEOUT_SECS: u64 = 86_400;
 
 /// Splits our own options from the framework's. Both `--opt=value` and `--opt value`.
+/// Every malformed value is an error naming the option, what came and what was expected
+/// (`mp_unit_tests` exits 2 on it before starting anything).
 pub fn parse_options(args: &[String]) -> Result<MpOptions, String> {
     let mut out = MpOptions {
-        ip_port: DEFAULT_IP_PORT.to_string(),
+        ip_port: None,
         np: None,
         ib_gid_index: None,
-        timeout: Duration::from_secs(60),
+        timeout: DEFAULT_TIMEOUT,
         rest: Vec::new(),
     };
     let mut i = 0;
@@ -158,12 +172,11 @@ pub fn parse_options(args: &[String]) -> Result<MpOptions, String> {
         };
         match key.as_str() {
             "--ip_port" => {
-                if !value.contains(':') {
-                    return Err(format!(
-                        "--ip_port={value}: expected ip:port or ifname:ip:port"
-                    ));
+                // The library's own parser: what it would refuse at bootstrap is refused here.
+                if let Err(e) = mscclpp::InitAddr::parse(&value) {
+                    return Err(format!("--ip_port={value}: {e}"));
                 }
-                out.ip_port = value;
+                out.ip_port = Some(value);
             }
             "--np" => {
                 let n: usize = value
@@ -180,10 +193,17 @@ pub fn parse_options(args: &[String]) -> Result<MpOptions, String> {
                 })?);
             }
             "--timeout" => {
-                let secs: u64 = value
-                    .parse()
-                    .map_err(|_| format!("--timeout={value}: expected seconds"))?;
-                out.timeout = Duration::from_secs(secs.max(1));
+                let secs = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|s| (1..=MAX_TIMEOUT_SECS).contains(s))
+                    .ok_or_else(|| {
+                        format!(
+                            "--timeout={value}: expected a whole number of seconds from 1 to \
+                             {MAX_TIMEOUT_SECS}"
+                        )
+                    })?;
+                out.timeout = Duration::from_secs(secs);
             }
             _ => unreachable!("matched above"),
         }
@@ -201,98 +221,10 @@ pub fn free_loopback_port() -> Result<u16, String> {
         .map_err(|e| format!("could not read the reserved port: {e}"))
 }
 
-/// `--np N`: starts N copies of this binary as ranks 0..N (torchrun-style variables),
-/// waits for all of them and returns the worst exit status. A rank that fails makes the
-/// others get a grace period and then be killed, so a broken run never hangs.
-pub fn self_launch(np: usize, opts: &MpOptions, grace: Duration) -> Result<i32, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my own binary: {e}"))?;
-    let ip_port = if opts.ip_port == DEFAULT_IP_PORT {
-        format!("127.0.0.1:{}", free_loopback_port()?)
-    } else {
-        opts.ip_port.clone()
-    };
-    let mut children: Vec<Child> = Vec::with_capacity(np);
-    let mut extra_env: HashMap<&str, String> = HashMap::new();
-    extra_env.insert("WORLD_SIZE", np.to_string());
-    extra_env.insert("LOCAL_WORLD_SIZE", np.to_string());
-    for rank in 0..np {
-        let mut cmd = Command::new(&exe);
-        cmd.arg(format!("--ip_port={ip_port}"));
-        cmd.arg(format!("--timeout={}", opts.timeout.as_secs()));
-        if let Some(g) = opts.ib_gid_index {
-            cmd.arg(format!("--ib_gid_index={g}"));
-        }
-        cmd.args(&opts.rest);
-        // Remove any launcher variables we inherited so the child sees only ours.
-        for &(_, r, s, lr, ls) in LAUNCHERS {
-            for v in [r, s, lr, ls] {
-                cmd.env_remove(v);
-            }
-        }
-        cmd.envs(extra_env.iter().map(|(k, v)| (*k, v.as_str())));
-        cmd.env("RANK", rank.to_string());
-        cmd.env("LOCAL_RANK", rank.to_string());
-        match cmd.spawn() {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                for c in children.iter_mut() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                return Err(format!(
-                    "could not start rank {rank} ({}): {e}",
-                    exe.display()
-                ));
-            }
-        }
-    }
-    let mut status: Vec<Option<i32>> = vec![None; np];
-    let mut first_failure: Option<Instant> = None;
-    loop {
-        for (i, c) in children.iter_mut().enumerate() {
-            if status[i].is_none() {
-                match c.try_wait() {
-                    Ok(Some(st)) => {
-                        let code = st.code().unwrap_or(128 + 9);
-                        if code != 0 && first_failure.is_none() {
-                            first_failure = Some(Instant::now());
-                        }
-                        status[i] = Some(code);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        eprintln!("mp_unit_tests: waiting for rank {i}: {e}");
-                        status[i] = Some(1);
-                    }
-                }
-            }
-        }
-        if status.iter().all(Option::is_some) {
-            break;
-        }
-        if let Some(t) = first_failure {
-            if t.elapsed() > grace {
-                for (i, c) in children.iter_mut().enumerate() {
-                    if status[i].is_none() {
-                        eprintln!(
-                            "mp_unit_tests: rank {i} still running {grace:?} after another rank failed; killing it"
-                        );
-                        let _ = c.kill();
-                        let _ = c.wait();
-                        status[i] = Some(1);
-                    }
-                }
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(status.into_iter().flatten().max().unwrap_or(0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs
@@ -362,7 +294,7 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         let o = parse_options(&args).unwrap();
-        assert_eq!(o.ip_port, "10.0.0.1:1234");
+        assert_eq!(o.ip_port.as_deref(), Some("10.0.0.1:1234"));
         assert_eq!(o.np, Some(3));
         assert_eq!(o.ib_gid_index, Some(3));
         assert_eq!(o.rest, vec!["--filter=Bootstrap", "--exclude-perf-tests"]);
@@ -370,5 +302,50 @@ mod tests {
         assert!(parse_options(&["--np".to_string()]).is_err());
         assert!(parse_options(&["--ip_port=nocolon".to_string()]).is_err());
         assert!(parse_options(&["--ib_gid_index=-1".to_string()]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_errors_naming_the_option() {
+        for (arg, want) in [
+            (
+                "--timeout=0",
+                "--timeout=0: expected a whole number of seconds from 1 to",
+            ),
+            ("--timeout=-1", "--timeout=-1: expected"),
+            ("--timeout=1.5", "--timeout=1.5: expected"),
+            ("--timeout=86401", "--timeout=86401: expected"),
+            ("--ip_port=1.2.3.4:99999", "--ip_port=1.2.3.4:99999: "),
+            ("--ip_port=1.2.3.4:0", "--ip_port=1.2.3.4:0: "),
+            ("--ip_port=:", "--ip_port=:: "),
+            ("--ip_port=999.1.1.1:5", "--ip_port=999.1.1.1:5: "),
+            ("--np=-2", "--np=-2: expected a positive integer"),
+        ] {
+            let e = parse_options(&[arg.to_string()]).expect_err(arg);
+            assert!(e.starts_with(want), "{arg}: {e}");
+        }
+        let o = parse_options(&["--timeout=1".to_string()]).unwrap();
+        assert_eq!(o.timeout, Duration::from_secs(1));
+        assert_eq!(parse_options(&[]).unwrap().ip_port, None);
+        assert_eq!(parse_options(&[]).unwrap().timeout, DEFAULT_TIMEOUT);
+        assert_eq!(default_ip_port(), "127.0.0.1:29053");
+    }
+
+    #[test]
+    fn default_port_is_outside_the_ephemeral_range() {
+        // Linux hands out 32768-60999 by default; ports below 1024 are well-known.
+        assert!((1024..32768).contains(&DEFAULT_PORT), "{DEFAULT_PORT}");
+        // Where this machine says otherwise, the default must be outside its range too.
+        if let Ok(r) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") {
+            let v: Vec<u16> = r
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if let [lo, hi] = v[..] {
+                assert!(
+                    !(lo..=hi).contains(&DEFAULT_PORT),
+                    "{DEFAULT_PORT} in {lo}-{hi}"
+                );
+            }
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! or let it start its own ranks with `--np N`.
 
 mod launcher;
+mod liveness;
+mod spawn;
 mod suites;
 mod world;
 
@@ -10,11 +12,13 @@ use std::sync::Arc;
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 
 const USAGE: &str = "mp_unit_tests options (besides the framework's):
-  --ip_port=IP:PORT     rendezvous address of rank 0 (default 127.0.0.1:50053);
+  --ip_port=IP:PORT     rendezvous address of rank 0 (default 127.0.0.1:29053, below the
+                        ephemeral port range);
                         IFNAME:IP:PORT picks the interface
   --np=N                start N local ranks of this binary (no mpirun needed)
   --ib_gid_index=N      GID index for the IB tests
-  --timeout=SECONDS     timeout of setup and of each blocking test step (default 60)
+  --timeout=SECONDS     timeout of setup and of each blocking test step, 1 to 86400
+                        (default 60); a rank silent that long is reported lost
 Ranks come from Open MPI, MPICH/Hydra (PMI_*), Slurm or torchrun variables.";
 
 fn real_main() -> i32 {
@@ -26,6 +30,12 @@ fn real_main() -> i32 {
             return 2;
         }
     };
+    // The framework's arguments and the test selection are checked before anything starts
+    // (ranks, a bootstrap): a typo is exit 2 at once, never a run that reads as success.
+    if let Err(e) = mscclpp_framework::checked_selection(&opts.rest) {
+        eprintln!("mp_unit_tests: {e}\n{USAGE}\n{}", mscclpp_framework::USAGE);
+        return 2;
+    }
     let info_only = opts.rest.iter().any(|a| a == "--list" || a == "--help");
     let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
         Ok(p) => p,
@@ -47,7 +57,7 @@ fn real_main() -> i32 {
     let placement = match (placement, opts.np) {
         (None, Some(np)) => {
             let grace = std::time::Duration::from_secs(10);
-            return match launcher::self_launch(np, &opts, grace) {
+            return match spawn::self_launch(np, &opts, grace) {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("mp_unit_tests: {e}");
@@ -71,17 +81,17 @@ fn real_main() -> i32 {
             source: "single process",
         },
     };
-    let ip_port = if placement.size == 1 && opts.ip_port == launcher::DEFAULT_IP_PORT {
+    let ip_port = match (&opts.ip_port, placement.size) {
+        (Some(a), _) => a.clone(),
         // A lone rank needs no well-known port; don't collide with a concurrent run.
-        match launcher::free_loopback_port() {
+        (None, 1) => match launcher::free_loopback_port() {
             Ok(p) => format!("127.0.0.1:{p}"),
             Err(e) => {
                 eprintln!("mp_unit_tests: {e}");
                 return 1;
             }
-        }
-    } else {
-        opts.ip_port.clone()
+        },
+        (None, _) => launcher::default_ip_port(),
     };
     let bootstrap = match TcpBootstrap::new(placement.rank, placement.size).and_then(|mut b| {
         b.initialize_with_addr(&ip_port, opts.timeout)?;
@@ -96,12 +106,20 @@ fn real_main() -> i32 {
             return 1;
         }
     };
+    let liveness = match liveness::Liveness::start(bootstrap.clone(), opts.timeout) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("mp_unit_tests: rank {}: {e}", placement.rank);
+            return 1;
+        }
+    };
     let env = world::MpEnv {
         placement,
         bootstrap: bootstrap.clone() as Arc<dyn Bootstrap>,
         ip_port,
         ib_gid_index: opts.ib_gid_index,
         timeout: opts.timeout,
+        liveness,
     };
     if let Err(e) = world::install(env) {
         eprintln!("mp_unit_tests: {e}");
@@ -109,8 +127,8 @@ fn real_main() -> i32 {
     }
     let code = mscclpp_framework::run(&opts.rest, &world::BootstrapWorld, vec![]);
     // Leave together so no rank tears its sockets down under a peer still finishing.
-    if let Err(e) = bootstrap.barrier() {
-        eprintln!("mp_unit_tests: final barrier: {e}");
+    if let Err(e) = world::leave_together() {
+        eprintln!("mp_unit_tests: rank {}: leaving: {e}", bootstrap.rank());
         return code.max(1);
     }
     code

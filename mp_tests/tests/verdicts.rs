@@ -83,7 +83,7 @@ fn passing_run_prints_one_summary() {
     );
     let lines = summary_lines(&stdout);
     assert_eq!(lines.len(), 1, "only rank 0 prints the summary:\n{stdout}");
-    assert_eq!(lines[0], "3 passed, 0 failed, 1 skipped");
+    assert_eq!(lines[0], "3 passed, 0 failed, 2 skipped");
     // Every rank says why the injected-failure test skipped (rank 0 on stdout).
     assert!(
         stdout.contains("MSCCLPP_TEST_INJECT_FAILURE_RANK is not set"),

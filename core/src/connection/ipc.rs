@@ -11,7 +11,7 @@ use mscclpp_hal::{prelude::*, Gpu};
 
 use super::BaseConnection;
 use crate::error::Result;
-use crate::memory::{hal_err, host_addressable, write_to};
+use crate::memory::{default_gpu, gpu_device, hal_err, host_addressable, write_to, RawBuf};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, DeviceType, Transport};
 
@@ -19,6 +19,27 @@ use crate::transport::{Device, DeviceType, Transport};
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Pending stream operations after which the connection synchronizes its stream.
 const MAX_IN_FLIGHT: usize = 4096;
+
+/// How a CudaIpc write moves its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyRoute {
+    /// Both sides are host-addressable: a host memcpy.
+    Host,
+    /// A GPU side and a stream of ours: an asynchronous copy on it (`flush` waits).
+    Stream,
+    /// A GPU side but no stream (the local endpoint is the CPU): a blocking copy through the
+    /// GPU driver. Never a host memcpy onto a device address.
+    GpuBlocking,
+}
+
+/// The route of a write whose destination and source are (or are not) host-addressable.
+pub(crate) fn copy_route(has_stream: bool, dst_host: bool, src_host: bool) -> CopyRoute {
+    match (dst_host && src_host, has_stream) {
+        (true, _) => CopyRoute::Host,
+        (false, true) => CopyRoute::Stream,
+        (false, false) => CopyRoute::GpuBlocking,
+    }
+}
 
 pub(crate) struct IpcConnection {
     local_device: Device,
@@ -41,13 +62,16 @@ impl IpcConnection {
     }
 
     /// The device whose context maps `mem` in this process: imports are mapped on our own
-    /// GPU, so a remote memory is written through the local device, never by opening the
-    /// exporter's GPU here.
+    /// GPU (the local endpoint's, or for a CPU endpoint the GPU the process used last, as
+    /// `RegisteredMemory` maps them), never the exporter's ordinal opened here.
     fn local_device_for(&self, mem: &RegisteredMemory) -> Device {
-        if mem.is_local() || self.local_device.kind == DeviceType::Cpu {
-            mem.device()
-        } else {
+        let dev = mem.device();
+        if mem.is_local() || dev.kind == DeviceType::Cpu {
+            dev
+        } else if self.local_device.kind == DeviceType::Gpu {
             self.local_device
+        } else {
+            Device::gpu(default_gpu())
         }
     }
 
@@ -90,18 +114,38 @@ impl BaseConnection for IpcConnection {
         let d = dst.data() + dst_offset;
         let s = src.data() + src_offset;
         let len = size as usize;
-        match &self.stream {
-            Some(stream) if !(host_addressable(dst.device()) && host_addressable(src.device())) => {
+        let route = copy_route(
+            self.stream.is_some(),
+            host_addressable(dst.device()),
+            host_addressable(src.device()),
+        );
+        match (route, &self.stream) {
+            (CopyRoute::Stream, Some(stream)) => {
                 // SAFETY: both ranges lie inside live mappings (the memories are kept alive in
                 // `in_flight` until the stream is synchronized by flush).
                 unsafe { Gpu::memcpy_async(stream, d, s, len) }
                     .map_err(|e| hal_err("CudaIpc write", e))?;
                 self.keep_alive((dst.clone(), src.clone()))?;
             }
-            _ => {
+            (CopyRoute::Host, _) => {
                 // SAFETY: both ranges lie inside host-addressable live mappings held by the
                 // borrowed memories; `copy` tolerates overlap (a memory written to itself).
                 unsafe { std::ptr::copy(s as usize as *const u8, d as usize as *mut u8, len) };
+            }
+            _ => {
+                // A CPU endpoint with a GPU side: a blocking driver copy (unified addressing)
+                // in the context of the GPU that maps the device side here.
+                let gpu_side = if host_addressable(dst.device()) {
+                    src
+                } else {
+                    dst
+                };
+                let dev = gpu_device(self.local_device_for(gpu_side).id)?;
+                let host = <Gpu as Api>::HOST_ADDRESSABLE;
+                let dst_buf = RawBuf { ptr: d, len, host };
+                let src_buf = RawBuf { ptr: s, len, host };
+                Gpu::copy(&dev, &dst_buf, 0, &src_buf, 0, len)
+                    .map_err(|e| hal_err("CudaIpc write (CPU endpoint, GPU memory)", e))?;
             }
         }
         Ok(())
@@ -153,5 +197,30 @@ impl BaseConnection for IpcConnection {
     }
     fn local_device(&self) -> Device {
         self.local_device
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{copy_route, CopyRoute};
+
+    #[test]
+    fn device_sides_never_take_the_host_memcpy() {
+        // Both host-addressable: memcpy, with or without a stream.
+        assert_eq!(copy_route(false, true, true), CopyRoute::Host);
+        assert_eq!(copy_route(true, true, true), CopyRoute::Host);
+        // A GPU side with a stream: the stream.
+        for (d, s) in [(false, true), (true, false), (false, false)] {
+            assert_eq!(copy_route(true, d, s), CopyRoute::Stream, "dst {d} src {s}");
+        }
+        // A GPU side without a stream (the CPU endpoint of CommunicatorTest.BasicWrite with
+        // two ranks on one GPU): through the driver, never a host memcpy onto device memory.
+        for (d, s) in [(false, true), (true, false), (false, false)] {
+            assert_eq!(
+                copy_route(false, d, s),
+                CopyRoute::GpuBlocking,
+                "dst {d} src {s}"
+            );
+        }
     }
 }

@@ -196,12 +196,14 @@ TEST!(BootstrapTest, ExitBeforeConnect, |_ctx| {
 
 TEST!(BootstrapTest, TimeoutWithId, |_ctx| {
     let env = mp_env();
-    // Every rank uses its own id: nobody meets anybody, every rank times out.
+    // Every rank uses its own id for a group one larger than the world: nobody meets anybody
+    // and no group can ever be complete, so every rank times out, also in a world of one
+    // (where a group of `n` would be rank 0 alone, complete at once).
     let id = ok!(TcpBootstrap::create_unique_id(), "create_unique_id");
     let (rank, n) = (env.bootstrap.rank(), env.bootstrap.nranks());
     let timeout = Duration::from_secs(1);
     let start = Instant::now();
-    let mut b = ok!(TcpBootstrap::new(rank, n), "new");
+    let mut b = ok!(TcpBootstrap::new(rank, n + 1), "new");
     let r = b.initialize(InitAddr::Id(id), timeout);
     let waited = start.elapsed();
     TcpBootstrap::release_unique_id(&id);

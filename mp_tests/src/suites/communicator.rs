@@ -142,15 +142,14 @@ fn verify_round(m: &Mesh, seed: u64, round: u64) {
     }
 }
 
-/// The device for IPC data tests: this rank's GPU on a GPU build with one per local rank,
-/// else the CPU (host backend).
+/// The device for IPC data tests: this rank's GPU on a GPU build (`local_rank % GPUs`, so
+/// ranks may share one), else the CPU (host backend, or a GPU build on a machine without GPUs,
+/// where the CPU path of the same connection code still runs).
 fn data_device() -> Device {
-    let local = mp_env().placement.local_rank;
-    if Gpu::NAME != "host" && Gpu::device_count().unwrap_or(0) > local {
-        Device::gpu(local as i32)
-    } else {
-        Device::CPU
+    if Gpu::NAME == "host" {
+        return Device::CPU;
     }
+    crate::world::rank_gpu().unwrap_or(Device::CPU)
 }
 
 TEST!(CommunicatorTest, BasicWrite, |_ctx| {
@@ -286,22 +285,32 @@ TEST!(CommunicatorTest, FutureOrdering, |_ctx| {
 TEST!(CommunicatorTest, WriteWithDeviceSemaphores, |_ctx| {
     let env = mp_env();
     if Gpu::NAME == "host" {
-        SKIP!("host backend: device semaphores are waited by kernels (build with --features cuda or rocm on a machine with one GPU per rank)");
+        SKIP!("host backend: device semaphores are waited by kernels (build with --features cuda or rocm on a machine with a GPU; ranks may share it)");
     }
-    let gpus = Gpu::device_count().unwrap_or(0);
-    let local = env.placement.local_rank;
-    // Every rank decides the same way.
+    // Ranks share GPUs round-robin (`local_rank % GPUs`); every rank decides the same way.
+    let gpu = crate::world::rank_gpu();
     let enough = ok!(
         env.bootstrap.all_gather(&[u8::from(
-            gpus > local && env.bootstrap.nranks_per_node() == env.bootstrap.nranks()
+            gpu.is_ok() && env.bootstrap.nranks_per_node() == env.bootstrap.nranks()
         )]),
         "all_gather"
     );
     if enough.iter().any(|b| b.first() != Some(&1)) {
-        SKIP!("needs one GPU per rank on one host");
+        let mine = match &gpu {
+            Ok(d) => format!("GPU {}", d.id),
+            Err(reason) => reason.clone(),
+        };
+        SKIP!(
+            "needs a GPU on every rank and all ranks on one host (this rank: {}, {} of {} ranks on this host)",
+            mine,
+            env.bootstrap.nranks_per_node(),
+            env.bootstrap.nranks()
+        );
     }
     let seed = shared_seed();
-    let device = Device::gpu(local as i32);
+    let Ok(device) = gpu else {
+        FAIL!("rank_gpu changed its answer")
+    };
     let m = build_mesh(Transport::CudaIpc, device, 500);
     let staging = ok!(LocalMemory::alloc(device, m.buffer.size()), "alloc staging");
     let staging_reg = ok!(

@@ -31,11 +31,10 @@ fn test_trigger(k: u64) -> ProxyTrigger {
 }
 
 fn gpu_device() -> Device {
-    let n = match crate::world::visible_gpus() {
-        Ok(n) => n,
+    match crate::world::rank_gpu() {
+        Ok(d) => d,
         Err(reason) => SKIP!("{}", reason),
-    };
-    Device::gpu((mp_env().placement.local_rank % n) as i32)
+    }
 }
 
 fn new_fifo(size: u32, k: Option<&GpuKernel>) -> Fifo {

@@ -13,10 +13,18 @@ use mscclpp_framework::*;
 use super::memory_channel::common::*;
 use crate::world::mp_env;
 
-/// Skips the test when no IB device is usable.
+/// Skips the test when no IB device is usable, but fails it when `MSCCLPP_IBV_SO` names a
+/// verbs library that gives none (it does not load, or lists no device): asking for a
+/// provider that is not there is a misconfiguration, never a skip that reads as success.
 pub(crate) fn require_ib() {
     if let Some(reason) = mscclpp::ib::ib_unavailable_reason() {
-        SKIP!("IB tests need an IB device: {reason}");
+        match mscclpp::env().ibv_so() {
+            Some(so) => FAIL!(
+                "MSCCLPP_IBV_SO={} is set, but gives no usable IB device: {reason}",
+                so.display()
+            ),
+            None => SKIP!("IB tests need an IB device: {reason}"),
+        }
     }
 }
 

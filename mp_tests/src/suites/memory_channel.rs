@@ -64,11 +64,10 @@ pub(crate) mod common {
             SKIP!("rank {rank} has no partner in a world of {size} (ranks pair up as r, r^1)");
         }
         let device = if is_gpu_build() {
-            let n = match crate::world::visible_gpus() {
-                Ok(n) => n,
+            match crate::world::rank_gpu() {
+                Ok(d) => d,
                 Err(reason) => SKIP!("{}", reason),
-            };
-            Device::gpu((env.placement.local_rank % n) as i32)
+            }
         } else {
             Device::CPU
         };

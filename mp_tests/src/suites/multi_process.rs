@@ -93,3 +93,26 @@ TEST!(MultiProcessTest, InjectedFailure, |ctx| {
     let target: usize = var.parse().unwrap_or(usize::MAX);
     EXPECT_NE!(ctx.rank(), target, "failure injected on rank {}", target);
 });
+
+// A rank that freezes (SIGSTOP, as under a debugger or on a stalled host) inside a test: the
+// others' wait there times out after --timeout, and the framework's own waits then know the
+// rank is lost at once (no second and third --timeout). Driven by mp_tests/tests/frozen_peer.rs,
+// which sets the variable; skipped otherwise.
+TEST!(MultiProcessTest, FrozenRank, |ctx| {
+    let Ok(var) = std::env::var("MSCCLPP_TEST_FREEZE_RANK") else {
+        SKIP!("MSCCLPP_TEST_FREEZE_RANK is not set (the frozen-peer self-test sets it)");
+    };
+    let target: usize = var.parse().unwrap_or(usize::MAX);
+    if ctx.rank() == target {
+        // Stops the whole process until someone sends SIGCONT or SIGKILL.
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
+    }
+    let r = mp_env().bootstrap.barrier();
+    EXPECT_TRUE!(
+        r.is_ok(),
+        "barrier with rank {} frozen: {:?}",
+        target,
+        r.err()
+    );
+});
