@@ -29,7 +29,7 @@ const PKT: usize = 16;
 /// Words per slice.
 fn slice_words(call: &Call, n: usize) -> usize {
     let epw = WORD / call.dtype.size_in_bytes();
-    call.count.div_ceil(n).next_multiple_of(epw) / epw
+    call.count.div_ceil(n).div_ceil(epw)
 }
 
 impl Algorithm for Packet {
