@@ -37,6 +37,7 @@ pub mod auxil;
 mod error;
 
 pub mod gdr;
+pub mod graph;
 pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
@@ -51,6 +52,7 @@ pub mod rocm;
 
 pub use auxil::deferred::take_deferred_errors;
 pub use error::{Error, Result};
+pub use graph::StreamInterop;
 pub use ipc::{IpcDescriptor, IpcKind};
 pub use nvls::{nvls_disabled_by_env, nvls_supported, parse_nvls_switches};
 

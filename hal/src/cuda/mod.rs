@@ -14,6 +14,7 @@
 
 mod conv;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
@@ -21,6 +22,7 @@ mod result;
 mod stream;
 
 pub use device::CudaDevice;
+pub use graph::CudaGraph;
 pub use ipc::CudaImported;
 pub use memory::{CudaHostRegistration, CudaMemory};
 pub use module::{CudaKernel, CudaModule};

@@ -11,12 +11,14 @@
 //! in `stream.rs`, [`crate::ModuleApi`] in `module.rs`, [`crate::IpcApi`] in `ipc.rs`.
 
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
 mod stream;
 
 pub use device::HostDevice;
+pub use graph::HostGraph;
 pub use ipc::HostImported;
 pub use memory::{HostMemory, HostRegistration};
 pub use module::{HostKernel, HostModule};

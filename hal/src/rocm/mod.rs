@@ -13,6 +13,7 @@
 
 mod conv;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
@@ -21,6 +22,7 @@ mod stream;
 mod sys;
 
 pub use device::RocmDevice;
+pub use graph::RocmGraph;
 pub use ipc::HipOpener;
 pub use ipc::RocmImported;
 pub use memory::{RocmHostRegistration, RocmMemory};
