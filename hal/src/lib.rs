@@ -175,6 +175,10 @@ pub trait Api: Sized + Send + Sync + 'static {
     fn device_ordinal(dev: &Self::Device) -> usize;
     /// Makes `dev` current on the calling thread (CUDA: sets its context).
     fn set_current(dev: &Self::Device) -> Result<()>;
+    /// The ordinal of the calling thread's current device (CUDA: the device of the current
+    /// context; HIP: `hipGetDevice`), `None` when the thread has none yet. The host backend
+    /// always answers device 0.
+    fn current_ordinal() -> Result<Option<usize>>;
     /// Name, SM count, compute capability, PCI bus id, NUMA node.
     fn properties(dev: &Self::Device) -> Result<DeviceProperties>;
     /// Whether `dev` can map memory of `peer` directly.

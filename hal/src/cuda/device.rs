@@ -73,6 +73,23 @@ pub(super) fn count() -> Result<usize> {
     Ok(n.max(0) as usize)
 }
 
+/// The device of the calling thread's current context (`cuCtxGetCurrent`, `cuCtxGetDevice`);
+/// `None` when the thread has no current context.
+pub(super) fn current_ordinal() -> Result<Option<usize>> {
+    ensure_driver()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out pointer.
+    check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut ctx) })?;
+    if ctx.is_null() {
+        return Ok(None);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: valid out pointer; a context is current.
+    check("cuCtxGetDevice", unsafe { sys::cuCtxGetDevice(&mut dev) })?;
+    // A CUdevice is the device's ordinal.
+    Ok(usize::try_from(dev).ok())
+}
+
 pub(super) fn open(ordinal: usize) -> Result<CudaDevice> {
     let n = count()?;
     if ordinal >= n {

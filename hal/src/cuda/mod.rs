@@ -57,6 +57,10 @@ impl Api for Cuda {
         deferred::check()?;
         dev.bind()
     }
+    fn current_ordinal() -> Result<Option<usize>> {
+        deferred::check()?;
+        device::current_ordinal()
+    }
     fn properties(dev: &CudaDevice) -> Result<DeviceProperties> {
         deferred::check()?;
         device::properties(dev)

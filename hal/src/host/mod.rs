@@ -54,6 +54,10 @@ impl Api for Host {
     fn set_current(_dev: &HostDevice) -> Result<()> {
         deferred::check()
     }
+    fn current_ordinal() -> Result<Option<usize>> {
+        deferred::check()?;
+        Ok(Some(0))
+    }
     fn properties(_dev: &HostDevice) -> Result<DeviceProperties> {
         deferred::check()?;
         Ok(device::properties())

@@ -38,6 +38,15 @@ pub(super) fn count() -> Result<usize> {
     Ok(n.max(0) as usize)
 }
 
+/// `hipGetDevice`: the calling thread's device (HIP always has one, device 0 by default).
+pub(super) fn current_ordinal() -> Result<Option<usize>> {
+    let h = hip()?;
+    let mut d = 0;
+    // SAFETY: valid out pointer.
+    check("hipGetDevice", unsafe { (h.hipGetDevice)(&mut d) })?;
+    Ok(usize::try_from(d).ok())
+}
+
 pub(super) fn open(ordinal: usize) -> Result<RocmDevice> {
     let n = count()?;
     if ordinal >= n {

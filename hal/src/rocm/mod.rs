@@ -56,6 +56,10 @@ impl Api for Rocm {
         deferred::check()?;
         dev.bind()
     }
+    fn current_ordinal() -> Result<Option<usize>> {
+        deferred::check()?;
+        device::current_ordinal()
+    }
     fn properties(dev: &RocmDevice) -> Result<DeviceProperties> {
         deferred::check()?;
         device::properties(dev)
