@@ -1,6 +1,7 @@
 //! MSCCL++ in Rust: bootstrap, connections, registered memory, semaphores, channels, proxy.
 
 pub mod bootstrap;
+pub mod collectives;
 pub mod communicator;
 pub mod connection;
 pub mod context;

@@ -33,6 +33,7 @@ mod os;
 
 pub mod fdpass;
 pub mod gdr;
+pub mod graph;
 pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
@@ -48,6 +49,7 @@ pub mod rocm;
 
 pub use deferred::take_deferred_errors;
 pub use error::{Error, Result};
+pub use graph::StreamInterop;
 pub use ipc::{IpcDescriptor, IpcKind};
 pub use nvls::{nvls_disabled_by_env, nvls_supported};
 

@@ -7,12 +7,14 @@
 
 mod conv;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
 mod stream;
 
 pub use device::CudaDevice;
+pub use graph::CudaGraph;
 pub use ipc::CudaImported;
 pub use memory::{CudaHostRegistration, CudaMemory};
 pub use module::{CudaKernel, CudaModule};

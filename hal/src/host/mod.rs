@@ -7,12 +7,14 @@
 //! work across processes.
 
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
 mod stream;
 
 pub use device::HostDevice;
+pub use graph::HostGraph;
 pub use ipc::HostImported;
 pub use memory::{HostMemory, HostRegistration};
 pub use module::{HostKernel, HostModule};

@@ -6,12 +6,14 @@
 
 mod conv;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
 mod stream;
 
 pub use device::RocmDevice;
+pub use graph::RocmGraph;
 pub use ipc::HipOpener;
 pub use ipc::RocmImported;
 pub use memory::{RocmHostRegistration, RocmMemory};

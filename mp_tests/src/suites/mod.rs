@@ -1,6 +1,8 @@
 //! The suites of `mp_unit_tests`, one file per upstream suite family.
 
+mod allreduce;
 mod bootstrap;
+mod coll_common;
 mod communicator;
 mod fifo;
 mod ib;

@@ -1,0 +1,3 @@
+//! All-reduce algorithms, one file each (upstream names).
+
+pub mod allpair_packet;

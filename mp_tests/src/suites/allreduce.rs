@@ -1,0 +1,325 @@
+//! AllReduceTest: every all-reduce algorithm x data type x op x in/out of place x sizes that
+//! are not multiples of the vector width or the rank count, against a host reference (exact
+//! for integers); outputs poisoned with a guard zone; 1000 repeated calls with changing data;
+//! a CUDA-graph capture + replay test (GPU only); argument errors.
+
+use mscclpp::collectives::{algorithm_names, CollectiveKind, DataType, ReduceOp};
+use mscclpp_framework::*;
+use mscclpp_hal::{Gpu, StreamInterop};
+
+use super::coll_common::*;
+use super::memory_channel::common::{is_gpu_build, ok};
+
+/// Element counts every combination runs.
+const SMALL: [usize; 4] = [1, 7, 1023, 4099];
+
+/// Runs one all-reduce of `count` elements and returns the mismatches (plus the guard zone).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn one_call(
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    count: usize,
+    seed: u64,
+    call: u32,
+    errors: &mut Vec<String>,
+) -> usize {
+    let env = coll_env();
+    let (rank, n) = (env.coll.rank(), env.coll.nranks());
+    let bytes = count * dtype.size_in_bytes();
+    let send = poisoned(env.device, bytes);
+    fill(&send, 0, dtype, op, seed, call, rank, 0, count);
+    let recv = if in_place {
+        None
+    } else {
+        Some(poisoned(env.device, bytes))
+    };
+    let out = recv.as_ref().unwrap_or(&send);
+    // SAFETY: both buffers hold `bytes` (+ guard) and live until after the sync below.
+    let r = unsafe {
+        env.coll
+            .all_reduce(send.data(), out.data(), count, dtype, op, env.raw_stream())
+    };
+    ok!(r, "all_reduce of {count} {dtype} ({op})");
+    ok!(env.sync(), "waiting for the stream");
+    let mut got = vec![0u8; bytes];
+    ok!(out.copy_to_host(0, &mut got), "reading the result");
+    let mut bad = compare(
+        dtype,
+        &got,
+        0,
+        |i| {
+            let vals: Vec<f64> = (0..n)
+                .map(|r| gen_value(dtype, op, seed, call, r, i))
+                .collect();
+            reference(dtype, op, &vals)
+        },
+        errors,
+    );
+    if !guard_intact(out, bytes) {
+        bad += 1;
+        errors.push("the guard zone after the output was overwritten".into());
+    }
+    bad
+}
+
+/// Every combination with `algo` forced.
+fn algo_matrix(ctx: &TestContext, algo: &str) {
+    let env = coll_env();
+    let _ = ctx;
+    ok!(
+        env.coll
+            .force_algorithm(CollectiveKind::AllReduce, Some(algo)),
+        "forcing {algo}"
+    );
+    let seed = agreed_seed();
+    let mut call = 0u32;
+    let big = |dtype: DataType| (1usize << 20) / dtype.size_in_bytes() + 3;
+    for dtype in DataType::ALL {
+        for op in ReduceOp::ALL {
+            for in_place in [false, true] {
+                let mut sizes: Vec<usize> = SMALL.to_vec();
+                let representative =
+                    matches!(dtype, DataType::F32 | DataType::I32) && op == ReduceOp::Sum;
+                if exhaustive() || representative {
+                    sizes.push(big(dtype));
+                }
+                for count in sizes {
+                    let res = env.coll.resources();
+                    let probe = mscclpp::collectives::Call {
+                        kind: CollectiveKind::AllReduce,
+                        send: 1,
+                        recv: 1,
+                        count,
+                        dtype,
+                        op,
+                        root: 0,
+                    };
+                    let a = ok!(
+                        mscclpp::collectives::find_algorithm(CollectiveKind::AllReduce, algo),
+                        "finding {algo}"
+                    );
+                    if env.coll.nranks() > 1 && a.check(res, &probe).is_err() {
+                        continue; // beyond this algorithm's scratch: the selector never picks it there
+                    }
+                    call += 1;
+                    let mut errors = Vec::new();
+                    let bad = one_call(dtype, op, in_place, count, seed, call, &mut errors);
+                    EXPECT_EQ!(
+                        bad,
+                        0,
+                        "{algo} {dtype} {op} {} count {count}: {}",
+                        if in_place { "in place" } else { "out of place" },
+                        errors.join("; ")
+                    );
+                }
+            }
+        }
+    }
+    ok!(
+        env.coll.force_algorithm(CollectiveKind::AllReduce, None),
+        "un-forcing {algo}"
+    );
+}
+
+/// The test of one algorithm; at world size 1 every algorithm name resolves to the copy.
+fn algo_test(ctx: &TestContext, algo: &str) {
+    let env = coll_env();
+    if !algorithm_names(CollectiveKind::AllReduce).contains(&algo) {
+        FAIL!(
+            "{algo} is not registered (registered: {:?})",
+            algorithm_names(CollectiveKind::AllReduce)
+        );
+    }
+    if env.coll.nranks() == 1 && algo != "copy" {
+        SKIP!("world size 1 always copies (AllReduceTest.Copy covers it)");
+    }
+    if env.coll.nranks() > 1 && algo == "copy" {
+        SKIP!(
+            "the copy is the world-size-1 algorithm; this world has {} ranks",
+            env.coll.nranks()
+        );
+    }
+    algo_matrix(ctx, algo);
+}
+
+TEST!(AllReduceTest, Copy, |ctx| algo_test(ctx, "copy"));
+TEST!(AllReduceTest, AllpairPacket, |ctx| algo_test(
+    ctx,
+    "allpair_packet"
+));
+
+TEST!(AllReduceTest, RepeatedCalls, |ctx| {
+    let env = coll_env();
+    let _ = ctx;
+    let seed = agreed_seed();
+    let algos: Vec<&str> = algorithm_names(CollectiveKind::AllReduce)
+        .into_iter()
+        .filter(|a| (*a == "copy") == (env.coll.nranks() == 1))
+        .collect();
+    let cases = [
+        (DataType::I32, 1023usize),
+        (DataType::F16, 7),
+        (DataType::I32, 4099),
+    ];
+    let mut bad_total = 0;
+    let mut errors = Vec::new();
+    for call in 0..1000u32 {
+        let algo = algos[call as usize % algos.len()];
+        ok!(
+            env.coll
+                .force_algorithm(CollectiveKind::AllReduce, Some(algo)),
+            "forcing {algo}"
+        );
+        let (dtype, count) = cases[(call as usize / algos.len()) % cases.len()];
+        bad_total += one_call(
+            dtype,
+            ReduceOp::Sum,
+            call % 2 == 1,
+            count,
+            seed,
+            call,
+            &mut errors,
+        );
+    }
+    ok!(
+        env.coll.force_algorithm(CollectiveKind::AllReduce, None),
+        "un-forcing"
+    );
+    EXPECT_EQ!(
+        bad_total,
+        0,
+        "mismatches over 1000 calls ({:?}): {}",
+        algos,
+        errors.join("; ")
+    );
+});
+
+TEST!(AllReduceTest, GraphReplay, |ctx| {
+    let _ = ctx;
+    if !is_gpu_build() {
+        SKIP!("graph capture needs a GPU build: the host backend completes every call before it returns");
+    }
+    let env = coll_env();
+    let Some(stream) = env.stream.as_ref() else {
+        SKIP!("no stream")
+    };
+    let seed = agreed_seed();
+    let (dtype, op) = (DataType::F16, ReduceOp::Sum);
+    let algos: Vec<&str> = algorithm_names(CollectiveKind::AllReduce)
+        .into_iter()
+        .filter(|a| (*a == "copy") == (env.coll.nranks() == 1))
+        .collect();
+    for algo in algos {
+        ok!(
+            env.coll
+                .force_algorithm(CollectiveKind::AllReduce, Some(algo)),
+            "forcing {algo}"
+        );
+        let count = 1023;
+        let bytes = count * dtype.size_in_bytes();
+        let send = poisoned(env.device, bytes);
+        let recv = poisoned(env.device, bytes);
+        // Seen once outside capture (registration, kernels loaded), then captured.
+        // SAFETY: buffers live until the end of this scope, after the final sync.
+        ok!(
+            unsafe {
+                env.coll
+                    .all_reduce(send.data(), recv.data(), count, dtype, op, env.raw_stream())
+            },
+            "warm-up"
+        );
+        ok!(env.sync(), "warm-up sync");
+        ok!(Gpu::begin_capture(stream), "beginning the capture");
+        // SAFETY: as above.
+        let r = unsafe {
+            env.coll
+                .all_reduce(send.data(), recv.data(), count, dtype, op, env.raw_stream())
+        };
+        let graph = Gpu::end_capture(stream);
+        ok!(r, "all_reduce under capture");
+        let graph = ok!(graph, "ending the capture");
+        let rank = env.coll.rank();
+        let n = env.coll.nranks();
+        let mut bad = 0;
+        let mut errors = Vec::new();
+        for replay in 0..20u32 {
+            fill(&send, 0, dtype, op, seed, replay, rank, 0, count);
+            ok!(Gpu::launch_graph(&graph, stream), "replaying");
+            ok!(env.sync(), "waiting for the replay");
+            let mut got = vec![0u8; bytes];
+            ok!(recv.copy_to_host(0, &mut got), "reading");
+            bad += compare(
+                dtype,
+                &got,
+                0,
+                |i| {
+                    let vals: Vec<f64> = (0..n)
+                        .map(|r| gen_value(dtype, op, seed, replay, r, i))
+                        .collect();
+                    reference(dtype, op, &vals)
+                },
+                &mut errors,
+            );
+        }
+        EXPECT_EQ!(
+            bad,
+            0,
+            "{algo}: mismatches over 20 replays: {}",
+            errors.join("; ")
+        );
+    }
+    ok!(
+        env.coll.force_algorithm(CollectiveKind::AllReduce, None),
+        "un-forcing"
+    );
+});
+
+TEST!(AllReduceTest, BadArguments, |ctx| {
+    let _ = ctx;
+    let env = coll_env();
+    let e = env
+        .coll
+        .force_algorithm(CollectiveKind::AllReduce, Some("no_such_algo"));
+    match e {
+        Err(e) => {
+            let m = e.to_string();
+            EXPECT_TRUE!(
+                m.contains("no_such_algo") && m.contains("allpair_packet"),
+                "message lists the valid names: {m}"
+            );
+        }
+        Ok(()) => FAIL!("an unknown algorithm name was accepted"),
+    }
+    // SAFETY: null buffers are refused before anything touches them.
+    let r = unsafe {
+        env.coll
+            .all_reduce(0, 0, 4, DataType::F32, ReduceOp::Sum, env.raw_stream())
+    };
+    EXPECT_TRUE!(r.is_err(), "null buffers are refused");
+    // SAFETY: refused before any access (the count overflows).
+    let r = unsafe {
+        env.coll.all_reduce(
+            8,
+            8,
+            usize::MAX / 2,
+            DataType::F32,
+            ReduceOp::Sum,
+            env.raw_stream(),
+        )
+    };
+    EXPECT_TRUE!(r.is_err(), "an overflowing count is refused");
+    // SAFETY: refused before any access (bad root).
+    let r = unsafe {
+        env.coll
+            .broadcast(8, 8, 1, DataType::U8, env.coll.nranks(), env.raw_stream())
+    };
+    EXPECT_TRUE!(r.is_err(), "a root outside the world is refused");
+    // Count 0 is a no-op that touches nothing.
+    // SAFETY: nothing is accessed for count 0.
+    let r = unsafe {
+        env.coll
+            .all_reduce(8, 8, 0, DataType::F32, ReduceOp::Sum, env.raw_stream())
+    };
+    EXPECT_TRUE!(r.is_ok(), "count 0 is a no-op");
+});
