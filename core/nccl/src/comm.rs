@@ -27,8 +27,10 @@ pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"MSCLNCCL");
 /// Bootstrap tag of the "this rank leaves on purpose" message (below the communicator's
 /// tags, so it never meets them).
 pub const TAG_BYE: u64 = 0x4e43_434c_0000_0001;
-/// Bootstrap tags of split/shrink id hand-outs: `TAG_SPLIT_BASE + sequence number`.
+/// Bootstrap tags of split id hand-outs: `TAG_SPLIT_BASE + sequence number`.
 pub const TAG_SPLIT_BASE: u64 = 0x4e43_434c_0001_0000;
+/// Bootstrap tags of shrink id hand-outs (counted apart: excluded ranks never call shrink).
+pub const TAG_SHRINK_BASE: u64 = 0x4e43_434c_0002_0000;
 
 /// How long an abort waits for teardown before it returns anyway (the rest continues on a
 /// background thread).
@@ -72,8 +74,10 @@ pub struct Ready {
     pub forced: OpSet,
     /// Peers that said goodbye (left on purpose): their closed connection is not an error.
     departed: Mutex<Vec<bool>>,
-    /// Split/shrink calls so far (names the tag of the next one's id hand-out).
+    /// Split calls so far (names the tag of the next one's id hand-out).
     pub split_seq: AtomicU64,
+    /// Shrink calls so far (every remaining rank calls each shrink).
+    pub shrink_seq: AtomicU64,
     /// Why there is no fallback although one was asked for (for error messages).
     pub fallback_note: Option<String>,
     /// Operators made by `ncclRedOpCreatePreMulSum` (the fallback's ids).
@@ -100,6 +104,7 @@ impl Ready {
             forced,
             departed: Mutex::new(vec![false; n]),
             split_seq: AtomicU64::new(0),
+            shrink_seq: AtomicU64::new(0),
             fallback_note: None,
             custom_ops: Mutex::new(HashSet::new()),
         }

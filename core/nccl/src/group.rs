@@ -15,7 +15,7 @@ use crate::abi::{self, NcclResult};
 use crate::comm::{Comm, Ready};
 use crate::error::{NResult, NcclError};
 use crate::fallback::FallbackComm;
-use crate::native::{self, CollArgs};
+use crate::native::CollArgs;
 use crate::ops::{P2pCall, Route};
 use crate::options::Op;
 use crate::p2p::{Dir, P2pOp};
@@ -267,7 +267,7 @@ fn run_p2p(comm: &Comm, ready: &Ready, calls: &[P2pCall]) -> NResult<()> {
     if !crate::HOST_BACKEND {
         // GPU builds route only sends to self here (see Ready::native_p2p): copies in the
         // receiving call's stream order.
-        return device_self_copies(calls, comm.rank);
+        return device_self_copies(ready, calls, comm.rank);
     }
     match &ready.p2p {
         // SAFETY: host buffers the caller vouched for, valid until the group ends.
@@ -281,7 +281,7 @@ fn run_p2p(comm: &Comm, ready: &Ready, calls: &[P2pCall]) -> NResult<()> {
     }
 }
 
-fn device_self_copies(calls: &[P2pCall], rank: usize) -> NResult<()> {
+fn device_self_copies(ready: &Ready, calls: &[P2pCall], rank: usize) -> NResult<()> {
     let sends: Vec<&P2pCall> = calls.iter().filter(|c| c.op.dir == Dir::Send).collect();
     let recvs: Vec<&P2pCall> = calls.iter().filter(|c| c.op.dir == Dir::Recv).collect();
     if sends.len() != recvs.len() || calls.iter().any(|c| c.op.peer != rank) {
@@ -297,7 +297,11 @@ fn device_self_copies(calls: &[P2pCall], rank: usize) -> NResult<()> {
             )));
         }
         // SAFETY: device buffers the caller vouched for.
-        unsafe { native::copy(r.op.buf, s.op.buf, r.op.bytes, r.stream)? };
+        unsafe {
+            ready
+                .native
+                .copy(r.op.buf, s.op.buf, r.op.bytes, r.stream)?
+        };
     }
     Ok(())
 }

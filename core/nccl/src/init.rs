@@ -93,8 +93,17 @@ fn nonblocking(config: &Option<NcclConfig>) -> bool {
     matches!(config, Some(c) if c.blocking == 0)
 }
 
-/// Builds one rank's ready state (collective over the new communicator's ranks).
+/// Builds one rank's ready state (collective over the new communicator's ranks). On failure
+/// the root port this process may have reserved for the id is released.
 pub fn build(p: &InitParams) -> NResult<Arc<Ready>> {
+    let r = build_ready(p);
+    if r.is_err() {
+        TcpBootstrap::release_unique_id(&p.id);
+    }
+    r
+}
+
+fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
     crate::backend::bind_device(p.device)?;
     let forced = OpSet::from_env().map_err(NcclError::arg)?;
     let mut bootstrap = TcpBootstrap::new(p.rank, p.nranks).map_err(NcclError::from)?;
@@ -105,7 +114,7 @@ pub fn build(p: &InitParams) -> NResult<Arc<Ready>> {
     let context = Context::new().map_err(NcclError::from)?;
     let dyn_bootstrap: Arc<dyn Bootstrap> = bootstrap.clone();
     let communicator = Arc::new(Communicator::new(dyn_bootstrap, context));
-    let native = Native::new(p.rank, p.nranks)?;
+    let native = Native::new(&communicator, crate::backend::device(p.device))?;
     let p2p = if crate::HOST_BACKEND && p.nranks > 1 {
         Some(P2p::setup(&communicator, &bootstrap)?)
     } else {

@@ -3,7 +3,8 @@
 //!
 //! Split and shrink agree on the members over the parent's bootstrap; the new communicator's
 //! rank 0 makes a fresh unique id and hands it to the other members over the parent's
-//! bootstrap (tag `TAG_SPLIT_BASE + n` for the parent's n-th split or shrink), then every member
+//! bootstrap (tag `TAG_SPLIT_BASE + n` for the parent's n-th split, `TAG_SHRINK_BASE + n` for
+//! its n-th shrink, counted apart because excluded ranks never call shrink), then every member
 //! runs a normal init.
 
 use std::ffi::c_int;
@@ -13,16 +14,15 @@ use std::sync::Arc;
 use mscclpp::{Bootstrap, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclConfig, NcclResult, NcclUniqueId};
-use crate::comm::{self, Comm, Ready, TAG_SPLIT_BASE};
+use crate::comm::{self, Comm, Ready, TAG_SHRINK_BASE, TAG_SPLIT_BASE};
 use crate::error::{NResult, NcclError};
 use crate::init::{self, InitParams};
 use crate::ops::ready_comm;
 use crate::options::INIT_TIMEOUT;
 
-/// Hands a fresh id from `members[0]` to the other members; returns it.
-fn hand_out_id(ready: &Ready, members: &[usize], seq: u64) -> NResult<UniqueId> {
+/// Hands a fresh id from `members[0]` to the other members under `tag`; returns it.
+fn hand_out_id(ready: &Ready, members: &[usize], tag: u64) -> NResult<UniqueId> {
     let me = ready.bootstrap.rank();
-    let tag = TAG_SPLIT_BASE + seq;
     if members.first() == Some(&me) {
         let id = TcpBootstrap::create_unique_id().map_err(NcclError::from)?;
         for &m in &members[1..] {
@@ -116,7 +116,7 @@ pub unsafe fn split(
         .iter()
         .position(|&r| r == parent.rank)
         .ok_or_else(|| NcclError::internal("the calling rank is missing from its own color"))?;
-    let id = hand_out_id(&ready, &members, seq)?;
+    let id = hand_out_id(&ready, &members, TAG_SPLIT_BASE + seq)?;
     let p = InitParams {
         nranks: members.len(),
         rank,
@@ -181,8 +181,8 @@ pub unsafe fn shrink(
     let (cfg, nonblocking) = unsafe { child_config(&parent, config)? };
     let members: Vec<usize> = (0..parent.nranks).filter(|&r| !excluded[r]).collect();
     let rank = members.iter().position(|&r| r == parent.rank).unwrap_or(0);
-    let seq = ready.split_seq.fetch_add(1, Ordering::AcqRel);
-    let id = hand_out_id(&ready, &members, seq)?;
+    let seq = ready.shrink_seq.fetch_add(1, Ordering::AcqRel);
+    let id = hand_out_id(&ready, &members, TAG_SHRINK_BASE + seq)?;
     let p = InitParams {
         nranks: members.len(),
         rank,
