@@ -170,7 +170,9 @@ nccl_export! {
 nccl_export! {
     /// The text of a result code (a static string).
     fn ncclGetErrorString, pncclGetErrorString(result: NcclResult) -> *const c_char {
-        abi::error_string(result).as_ptr()
+        guard_value("ncclGetErrorString", c"unknown result code".as_ptr(), || {
+            abi::error_string(result).as_ptr()
+        })
     }
 }
 
@@ -183,7 +185,9 @@ nccl_export! {
 
 nccl_export! {
     /// Logging is configured once from `MSCCLPP_LOG_*`; there is nothing to reload.
-    fn ncclResetDebugInit, pncclResetDebugInit() -> () {}
+    fn ncclResetDebugInit, pncclResetDebugInit() -> () {
+        guard_value("ncclResetDebugInit", (), || ())
+    }
 }
 
 nccl_export! {

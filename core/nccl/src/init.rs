@@ -121,6 +121,20 @@ fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
         None
     };
     let (fallback, note) = init_fallback(&bootstrap, p)?;
+    mscclpp::log_info!(
+        "NCCL",
+        "libmscclpp_nccl: rank {} of {} on device {} (native collectives: {}; fallback NCCL: {})",
+        p.rank,
+        p.nranks,
+        p.device,
+        native
+            .available()
+            .map_or_else(|why| format!("none: {why}"), |()| "yes".into()),
+        fallback.as_ref().map_or_else(
+            || note.clone().unwrap_or_else(|| "none".into()),
+            |f| format!("{} (version {})", f.lib.path, f.lib.version)
+        )
+    );
     let mut ready = Ready::new(bootstrap, communicator, native, p2p, fallback, forced);
     ready.fallback_note = note;
     Ok(Arc::new(ready))

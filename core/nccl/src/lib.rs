@@ -8,7 +8,8 @@
 //! an unsupported call returns `ncclInvalidUsage` and `ncclGetLastError` says which call and why.
 //!
 //! The `extern "C"` functions in [`exports`] and [`exports_ops`] are the only C interface of
-//! mscclpp-rs's core: the NCCL ABI, nothing else.
+//! mscclpp-rs's core: the NCCL ABI, nothing else (`fallback` holds the same ABI's function
+//! pointer types, to call a real NCCL).
 
 /// Defines an exported C function `$name` and its profiling twin `$pname` (which calls it).
 macro_rules! nccl_export {

@@ -118,6 +118,11 @@ impl Native {
         })
     }
 
+    /// `Ok` when the collectives are set up, else why not.
+    pub fn available(&self) -> Result<(), String> {
+        self.coll.as_ref().map(|_| ()).map_err(Clone::clone)
+    }
+
     fn call_of(args: &CollArgs) -> Result<Call, String> {
         let kind = match args.op {
             Op::AllReduce | Op::Reduce => CollectiveKind::AllReduce,
