@@ -8,14 +8,13 @@ use mscclpp_framework::*;
 use mscclpp_hal::{Gpu, StreamInterop};
 
 use super::coll_common::*;
+use super::coll_matrix::{matrix, one_call};
 use super::memory_channel::common::{is_gpu_build, ok};
 
-/// Element counts every combination runs.
-const SMALL: [usize; 4] = [1, 7, 1023, 4099];
+const AR: CollectiveKind = CollectiveKind::AllReduce;
 
-/// Runs one all-reduce of `count` elements and returns the mismatches (plus the guard zone).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn one_call(
+/// One all-reduce (see [`coll_matrix::one_call`]).
+fn one_ar(
     dtype: DataType,
     op: ReduceOp,
     in_place: bool,
@@ -24,123 +23,11 @@ pub(crate) fn one_call(
     call: u32,
     errors: &mut Vec<String>,
 ) -> usize {
-    let env = coll_env();
-    let (rank, n) = (env.coll.rank(), env.coll.nranks());
-    let bytes = count * dtype.size_in_bytes();
-    let send = poisoned(env.device, bytes);
-    fill(&send, 0, dtype, op, seed, call, rank, 0, count);
-    let recv = if in_place {
-        None
-    } else {
-        Some(poisoned(env.device, bytes))
-    };
-    let out = recv.as_ref().unwrap_or(&send);
-    // SAFETY: both buffers hold `bytes` (+ guard) and live until after the sync below.
-    let r = unsafe {
-        env.coll
-            .all_reduce(send.data(), out.data(), count, dtype, op, env.raw_stream())
-    };
-    ok!(r, "all_reduce of {count} {dtype} ({op})");
-    ok!(env.sync(), "waiting for the stream");
-    let mut got = vec![0u8; bytes];
-    ok!(out.copy_to_host(0, &mut got), "reading the result");
-    let mut bad = compare(
-        dtype,
-        &got,
-        0,
-        |i| {
-            let vals: Vec<f64> = (0..n)
-                .map(|r| gen_value(dtype, op, seed, call, r, i))
-                .collect();
-            reference(dtype, op, &vals)
-        },
-        errors,
-    );
-    if !guard_intact(out, bytes) {
-        bad += 1;
-        errors.push("the guard zone after the output was overwritten".into());
-    }
-    bad
+    one_call(AR, dtype, op, in_place, count, 0, seed, call, errors)
 }
 
-/// Every combination with `algo` forced.
-fn algo_matrix(ctx: &TestContext, algo: &str) {
-    let env = coll_env();
-    let _ = ctx;
-    ok!(
-        env.coll
-            .force_algorithm(CollectiveKind::AllReduce, Some(algo)),
-        "forcing {algo}"
-    );
-    let seed = agreed_seed();
-    let mut call = 0u32;
-    let big = |dtype: DataType| (1usize << 20) / dtype.size_in_bytes() + 3;
-    for dtype in DataType::ALL {
-        for op in ReduceOp::ALL {
-            for in_place in [false, true] {
-                let mut sizes: Vec<usize> = SMALL.to_vec();
-                let representative =
-                    matches!(dtype, DataType::F32 | DataType::I32) && op == ReduceOp::Sum;
-                if exhaustive() || representative {
-                    sizes.push(big(dtype));
-                }
-                for count in sizes {
-                    let res = env.coll.resources();
-                    let probe = mscclpp::collectives::Call {
-                        kind: CollectiveKind::AllReduce,
-                        send: 1,
-                        recv: 1,
-                        count,
-                        dtype,
-                        op,
-                        root: 0,
-                    };
-                    let a = ok!(
-                        mscclpp::collectives::find_algorithm(CollectiveKind::AllReduce, algo),
-                        "finding {algo}"
-                    );
-                    if env.coll.nranks() > 1 && a.check(res, &probe).is_err() {
-                        continue; // beyond this algorithm's scratch: the selector never picks it there
-                    }
-                    call += 1;
-                    let mut errors = Vec::new();
-                    let bad = one_call(dtype, op, in_place, count, seed, call, &mut errors);
-                    EXPECT_EQ!(
-                        bad,
-                        0,
-                        "{algo} {dtype} {op} {} count {count}: {}",
-                        if in_place { "in place" } else { "out of place" },
-                        errors.join("; ")
-                    );
-                }
-            }
-        }
-    }
-    ok!(
-        env.coll.force_algorithm(CollectiveKind::AllReduce, None),
-        "un-forcing {algo}"
-    );
-}
-
-/// The test of one algorithm; at world size 1 every algorithm name resolves to the copy.
-fn algo_test(ctx: &TestContext, algo: &str) {
-    let env = coll_env();
-    if !algorithm_names(CollectiveKind::AllReduce).contains(&algo) {
-        FAIL!(
-            "{algo} is not registered (registered: {:?})",
-            algorithm_names(CollectiveKind::AllReduce)
-        );
-    }
-    if env.coll.nranks() == 1 && algo != "copy" {
-        SKIP!("world size 1 always copies (AllReduceTest.Copy covers it)");
-    }
-    if env.coll.nranks() > 1 && algo == "copy" {
-        SKIP!(
-            "the copy is the world-size-1 algorithm; this world has {} ranks",
-            env.coll.nranks()
-        );
-    }
-    algo_matrix(ctx, algo);
+fn algo_test(_ctx: &TestContext, algo: &str) {
+    matrix(AR, algo)
 }
 
 TEST!(AllReduceTest, Copy, |ctx| algo_test(ctx, "copy"));
@@ -148,6 +35,8 @@ TEST!(AllReduceTest, AllpairPacket, |ctx| algo_test(
     ctx,
     "allpair_packet"
 ));
+TEST!(AllReduceTest, Packet, |ctx| algo_test(ctx, "packet"));
+TEST!(AllReduceTest, Rsag, |ctx| algo_test(ctx, "rsag"));
 
 TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     let env = coll_env();
@@ -172,7 +61,7 @@ TEST!(AllReduceTest, RepeatedCalls, |ctx| {
             "forcing {algo}"
         );
         let (dtype, count) = cases[(call as usize / algos.len()) % cases.len()];
-        bad_total += one_call(
+        bad_total += one_ar(
             dtype,
             ReduceOp::Sum,
             call % 2 == 1,
@@ -244,7 +133,8 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
         let mut bad = 0;
         let mut errors = Vec::new();
         for replay in 0..20u32 {
-            fill(&send, 0, dtype, op, seed, replay, rank, 0, count);
+            let vals = all_values(dtype, op, seed, replay, n, count);
+            write_values(&send, 0, dtype, &vals[rank]);
             ok!(Gpu::launch_graph(&graph, stream), "replaying");
             ok!(env.sync(), "waiting for the replay");
             let mut got = vec![0u8; bytes];
@@ -254,10 +144,8 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
                 &got,
                 0,
                 |i| {
-                    let vals: Vec<f64> = (0..n)
-                        .map(|r| gen_value(dtype, op, seed, replay, r, i))
-                        .collect();
-                    reference(dtype, op, &vals)
+                    let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
+                    reference(dtype, op, &column)
                 },
                 &mut errors,
             );

@@ -4,12 +4,13 @@
 
 use std::sync::{Arc, OnceLock};
 
-use mscclpp::collectives::{Collectives, CollectivesConfig, DataType, ReduceOp};
+use mscclpp::collectives::{Collectives, CollectivesConfig, DataType};
 use mscclpp::{Communicator, Context, Device, GpuBuffer};
 use mscclpp_framework::*;
 use mscclpp_hal::{Api, Gpu, StreamInterop};
 
-use super::memory_channel::common::{is_gpu_build, ok, test_pattern};
+use super::memory_channel::common::{is_gpu_build, ok};
+pub(crate) use crate::coll_data::*;
 use crate::world::mp_env;
 
 /// Bytes of poison checked after the end of every output.
@@ -82,139 +83,6 @@ pub(crate) fn coll_env() -> &'static CollEnv {
     }
 }
 
-/// A deterministic value of `dtype` for element `i` of `rank` in call `call`, as f64, in a
-/// range where `op` over 8 ranks stays exact (integers) or well-conditioned (floats).
-pub(crate) fn gen_value(
-    dtype: DataType,
-    op: ReduceOp,
-    seed: u64,
-    call: u32,
-    rank: usize,
-    i: usize,
-) -> f64 {
-    let h = test_pattern(seed ^ ((rank as u64) << 40), call, i as u64);
-    let unit = f64::from(h % 1024) / 1024.0;
-    let v = if dtype.is_float() {
-        match op {
-            ReduceOp::Prod => 0.5 + unit,
-            _ => (unit - 0.5) * 8.0,
-        }
-    } else {
-        let signed = matches!(dtype, DataType::I8 | DataType::I32 | DataType::I64);
-        let r = f64::from(h % 16);
-        match (op, signed) {
-            (ReduceOp::Prod, true) => r - 8.0,
-            (ReduceOp::Prod, false) => r,
-            (_, true) => r - 8.0,
-            (_, false) => r,
-        }
-    };
-    // Round through the type so the reference sees exactly what the kernel sees.
-    decode(dtype, &encode(dtype, v))
-}
-
-/// `v` as the bytes of one `dtype` element.
-pub(crate) fn encode(dtype: DataType, v: f64) -> Vec<u8> {
-    match dtype {
-        DataType::I8 => (v as i8).to_le_bytes().to_vec(),
-        DataType::U8 => (v as u8).to_le_bytes().to_vec(),
-        DataType::I32 => (v as i32).to_le_bytes().to_vec(),
-        DataType::U32 => (v as u32).to_le_bytes().to_vec(),
-        DataType::I64 => (v as i64).to_le_bytes().to_vec(),
-        DataType::U64 => (v as u64).to_le_bytes().to_vec(),
-        DataType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
-        DataType::F32 => (v as f32).to_le_bytes().to_vec(),
-        DataType::F64 => v.to_le_bytes().to_vec(),
-        DataType::Bf16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-        DataType::Fp8E4M3 => vec![float8::F8E4M3::from_f64(v).to_bits()],
-        DataType::Fp8E5M2 => vec![float8::F8E5M2::from_f64(v).to_bits()],
-    }
-}
-
-/// One `dtype` element at the start of `b` as f64 (integers exactly).
-pub(crate) fn decode(dtype: DataType, b: &[u8]) -> f64 {
-    let a2 = || [b[0], b[1]];
-    let a4 = || [b[0], b[1], b[2], b[3]];
-    let a8 = || [b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]];
-    match dtype {
-        DataType::I8 => f64::from(b[0] as i8),
-        DataType::U8 => f64::from(b[0]),
-        DataType::I32 => f64::from(i32::from_le_bytes(a4())),
-        DataType::U32 => f64::from(u32::from_le_bytes(a4())),
-        DataType::I64 => i64::from_le_bytes(a8()) as f64,
-        DataType::U64 => u64::from_le_bytes(a8()) as f64,
-        DataType::F16 => half::f16::from_le_bytes(a2()).to_f64(),
-        DataType::F32 => f64::from(f32::from_le_bytes(a4())),
-        DataType::F64 => f64::from_le_bytes(a8()),
-        DataType::Bf16 => half::bf16::from_le_bytes(a2()).to_f64(),
-        DataType::Fp8E4M3 => float8::F8E4M3::from_bits(b[0]).to_f64(),
-        DataType::Fp8E5M2 => float8::F8E5M2::from_bits(b[0]).to_f64(),
-    }
-}
-
-fn int_bits(dtype: DataType) -> (u32, bool) {
-    let signed = matches!(dtype, DataType::I8 | DataType::I32 | DataType::I64);
-    ((dtype.size_in_bytes() * 8) as u32, signed)
-}
-
-/// Wraps an integer to the width and signedness of `dtype`.
-fn wrap(dtype: DataType, v: i128) -> i128 {
-    let (bits, signed) = int_bits(dtype);
-    let m = v.rem_euclid(1i128 << bits);
-    if signed && m >= 1i128 << (bits - 1) {
-        m - (1i128 << bits)
-    } else {
-        m
-    }
-}
-
-/// The reference reduction of `vals` (one per rank) under `op` for `dtype`.
-pub(crate) fn reference(dtype: DataType, op: ReduceOp, vals: &[f64]) -> f64 {
-    let n = vals.len();
-    if dtype.is_float() {
-        let r = match op {
-            ReduceOp::Sum | ReduceOp::Avg => vals.iter().sum::<f64>(),
-            ReduceOp::Prod => vals.iter().product::<f64>(),
-            ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
-            ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        };
-        if op == ReduceOp::Avg {
-            r / n as f64
-        } else {
-            r
-        }
-    } else {
-        let iv: Vec<i128> = vals.iter().map(|v| *v as i128).collect();
-        let r = match op {
-            ReduceOp::Sum | ReduceOp::Avg => wrap(dtype, iv.iter().sum()),
-            ReduceOp::Prod => iv.iter().fold(1i128, |a, b| wrap(dtype, a * b)),
-            ReduceOp::Min => *iv.iter().min().unwrap_or(&0),
-            ReduceOp::Max => *iv.iter().max().unwrap_or(&0),
-        };
-        let r = if op == ReduceOp::Avg {
-            r / n as i128
-        } else {
-            r
-        };
-        r as f64
-    }
-}
-
-/// Whether `got` matches `want` for `dtype` (integers exactly; floats within what one final
-/// rounding to `dtype` after f32 accumulation can lose).
-pub(crate) fn close(dtype: DataType, got: f64, want: f64) -> bool {
-    let rel = match dtype {
-        DataType::F64 => 1e-12,
-        DataType::F32 => 1e-5,
-        DataType::F16 => 2e-3,
-        DataType::Bf16 => 1.6e-2,
-        DataType::Fp8E4M3 => 0.13,
-        DataType::Fp8E5M2 => 0.26,
-        _ => return got == want,
-    };
-    (got - want).abs() <= rel * want.abs().max(1.0) + 1e-6
-}
-
 /// A device buffer of `bytes` plus the guard zone, filled with poison.
 pub(crate) fn poisoned(device: Device, bytes: usize) -> GpuBuffer<u8> {
     let b: GpuBuffer<u8> = ok!(
@@ -229,24 +97,26 @@ pub(crate) fn poisoned(device: Device, bytes: usize) -> GpuBuffer<u8> {
     b
 }
 
-/// Fills elements `[first, first + n)` of `buf` (element offset `at`) with this rank's
-/// values for `call`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fill(
-    buf: &GpuBuffer<u8>,
-    at: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    seed: u64,
-    call: u32,
-    rank: usize,
-    first: usize,
-    n: usize,
-) {
-    let mut bytes = Vec::with_capacity(n * dtype.size_in_bytes());
-    for i in first..first + n {
-        bytes.extend(encode(dtype, gen_value(dtype, op, seed, call, rank, i)));
+/// Two reusable device buffers (send, recv) of at least `bytes` + guard, poisoned over
+/// `bytes` + guard. Grown (reallocated) when too small.
+pub(crate) fn buffers(device: Device, bytes: usize) -> (GpuBuffer<u8>, GpuBuffer<u8>) {
+    static CACHE: std::sync::Mutex<Option<(GpuBuffer<u8>, GpuBuffer<u8>)>> =
+        std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if c.as_ref().is_none_or(|(s, _)| s.len() < bytes + GUARD) {
+        let cap = (bytes + GUARD).max(1 << 16);
+        *c = Some((poisoned(device, cap), poisoned(device, cap)));
     }
+    let (s, r) = c.clone().unwrap_or_else(|| FAIL!("buffer cache empty"));
+    let poison = vec![POISON; bytes + GUARD];
+    ok!(s.copy_from_host(0, &poison), "poisoning");
+    ok!(r.copy_from_host(0, &poison), "poisoning");
+    (s, r)
+}
+
+/// Writes `vals` as `dtype` elements at element offset `at` of `buf`.
+pub(crate) fn write_values(buf: &GpuBuffer<u8>, at: usize, dtype: DataType, vals: &[f64]) {
+    let bytes = encode_all(dtype, vals);
     ok!(
         buf.copy_from_host(at * dtype.size_in_bytes(), &bytes),
         "writing the input"
@@ -259,7 +129,7 @@ pub(crate) fn compare(
     dtype: DataType,
     got: &[u8],
     first: usize,
-    want: impl Fn(usize) -> f64,
+    mut want: impl FnMut(usize) -> f64,
     first_errors: &mut Vec<String>,
 ) -> usize {
     let s = dtype.size_in_bytes();
