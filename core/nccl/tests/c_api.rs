@@ -14,7 +14,7 @@ use common::{compile_c, out_dir, run_with_limit};
 
 /// Collectives that must run natively on the host backend (a "not supported here" for one of
 /// these fails the test; for others it is a skip the program reports with its reason).
-const REQUIRED_NATIVE: &str = "allreduce,alltoall,gather,scatter,sendrecv";
+const REQUIRED_NATIVE: &str = "allreduce,allreduce_large,alltoall,gather,scatter,sendrecv";
 
 fn programs() -> &'static (PathBuf, PathBuf) {
     static P: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();

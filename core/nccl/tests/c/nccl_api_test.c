@@ -222,11 +222,24 @@ static void check_derived(ncclComm_t c) {
     int saved = g_nranks, saved_rank = g_rank;
     g_nranks = 1;
     g_rank = 0;
+    /* At world size 1 every collective is a copy: none may be skipped. */
+    const char* req = getenv("NCCL_TEST_REQUIRE");
+    char* saved_req = req ? strdup(req) : NULL;
+    setenv("NCCL_TEST_REQUIRE", "all", 1);
     check_allreduce(one, ncclFloat32, ncclSum, 1000, 0);
     check_allgather(one, ncclInt8, 100, 0);
     check_reducescatter(one, ncclFloat64, ncclMax, 100, 0);
     check_broadcast(one, ncclFloat16, 100, 0, 0, 0);
+    check_reduce(one, ncclFloat32, ncclMin, 100, 0, 0, 0);
+    check_broadcast(one, ncclInt32, 10, 0, 1, 1);
+    check_alltoall_gather_scatter(one, 10, 0);
     check_group_sendrecv(one, 100, 0);
+    if (saved_req) {
+      setenv("NCCL_TEST_REQUIRE", saved_req, 1);
+      free(saved_req);
+    } else {
+      unsetenv("NCCL_TEST_REQUIRE");
+    }
     g_nranks = saved;
     g_rank = saved_rank;
     NCCLOK(ncclCommDestroy(one));

@@ -64,7 +64,10 @@ pub fn compile_c(sources: &[&str], out: &Path, shared: bool) {
             lib.display()
         );
         cmd.arg("-L").arg(&lib).arg("-lmscclpp_nccl");
-        cmd.arg(format!("-Wl,-rpath,{}", lib.display()));
+        // DT_RPATH (not RUNPATH) so it wins over LD_LIBRARY_PATH, which cargo points at
+        // target/debug too, where an older uplifted copy of the library may lie.
+        cmd.arg("-Wl,--disable-new-dtags")
+            .arg(format!("-Wl,-rpath,{}", lib.display()));
     }
     cmd.arg("-lm").arg("-o").arg(out);
     let o = cmd.output().expect("run the C compiler");
