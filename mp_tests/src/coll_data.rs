@@ -29,7 +29,17 @@ pub fn gen_value(
     rank: usize,
     i: usize,
 ) -> f64 {
-    let h = mix(seed ^ ((rank as u64) << 40), call, i as u64);
+    value_of(dtype, op, per_rank(mix(seed, call, i as u64), rank))
+}
+
+/// The per-rank hash derived from an element's hash (one multiply: cheap, so the reference,
+/// which needs every rank's value of every element, costs one `mix` per element).
+fn per_rank(h: u32, rank: usize) -> u32 {
+    let x = (h ^ (rank as u32).wrapping_mul(0x9E37_79B9)).wrapping_mul(0x85EB_CA6B);
+    x ^ (x >> 15)
+}
+
+fn value_of(dtype: DataType, op: ReduceOp, h: u32) -> f64 {
     let unit = f64::from(h % 1024) / 1024.0;
     let v = if dtype.is_float() {
         match op {
@@ -39,11 +49,10 @@ pub fn gen_value(
     } else {
         let signed = matches!(dtype, DataType::I8 | DataType::I32 | DataType::I64);
         let r = f64::from(h % 16);
-        match (op, signed) {
-            (ReduceOp::Prod, true) => r - 8.0,
-            (ReduceOp::Prod, false) => r,
-            (_, true) => r - 8.0,
-            (_, false) => r,
+        if signed {
+            r - 8.0
+        } else {
+            r
         }
     };
     // Round through the type so the reference sees exactly what the kernel sees.
@@ -134,12 +143,12 @@ pub fn reference(dtype: DataType, op: ReduceOp, vals: &[f64]) -> f64 {
             r
         }
     } else {
-        let iv: Vec<i128> = vals.iter().map(|v| *v as i128).collect();
+        let iv = vals.iter().map(|v| *v as i128);
         let r = match op {
-            ReduceOp::Sum | ReduceOp::Avg => wrap(dtype, iv.iter().sum()),
-            ReduceOp::Prod => iv.iter().fold(1i128, |a, b| wrap(dtype, a * b)),
-            ReduceOp::Min => *iv.iter().min().unwrap_or(&0),
-            ReduceOp::Max => *iv.iter().max().unwrap_or(&0),
+            ReduceOp::Sum | ReduceOp::Avg => wrap(dtype, iv.sum()),
+            ReduceOp::Prod => iv.fold(1i128, |a, b| wrap(dtype, a * b)),
+            ReduceOp::Min => iv.min().unwrap_or(0),
+            ReduceOp::Max => iv.max().unwrap_or(0),
         };
         let r = if op == ReduceOp::Avg {
             r / n as i128
@@ -174,13 +183,14 @@ pub fn all_values(
     n: usize,
     count: usize,
 ) -> Vec<Vec<f64>> {
-    (0..n)
-        .map(|r| {
-            (0..count)
-                .map(|i| gen_value(dtype, op, seed, call, r, i))
-                .collect()
-        })
-        .collect()
+    let mut out = vec![Vec::with_capacity(count); n];
+    for i in 0..count {
+        let h = mix(seed, call, i as u64);
+        for (r, v) in out.iter_mut().enumerate() {
+            v.push(value_of(dtype, op, per_rank(h, r)));
+        }
+    }
+    out
 }
 
 /// `vals` as the bytes of `dtype` elements.

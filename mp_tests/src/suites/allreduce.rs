@@ -10,6 +10,7 @@ use mscclpp_hal::{Gpu, StreamInterop};
 use super::coll_common::*;
 use super::coll_matrix::{matrix, one_call};
 use super::memory_channel::common::{is_gpu_build, ok};
+use crate::world::mp_env;
 
 const AR: CollectiveKind = CollectiveKind::AllReduce;
 
@@ -210,4 +211,65 @@ TEST!(AllReduceTest, BadArguments, |ctx| {
             .all_reduce(8, 8, 0, DataType::F32, ReduceOp::Sum, env.raw_stream())
     };
     EXPECT_TRUE!(r.is_ok(), "count 0 is a no-op");
+});
+
+TEST!(AllReduceTest, UserBufferRegistration, |_ctx| {
+    let env = coll_env();
+    let res = env.coll.resources();
+    let (rank, n) = (env.coll.rank(), env.coll.nranks());
+    let cache = &res.user_buffers;
+    let buf: mscclpp::GpuBuffer<u64> = ok!(mscclpp::GpuBuffer::new(env.device, 16), "allocating");
+    ok!(
+        buf.copy_from_host(0, &[0xC0DE_0000 + rank as u64]),
+        "writing"
+    );
+    let before = cache.len();
+    let reg = ok!(
+        cache.get_or_register(&res.comm, env.device, buf.data(), buf.bytes(), false),
+        "registering a library allocation"
+    );
+    let Some(reg) = reg else {
+        FAIL!("a GpuBuffer could not be registered for zero-copy")
+    };
+    EXPECT_EQ!(reg.bases.len(), n);
+    EXPECT_EQ!(reg.bases[rank], buf.data());
+    ok!(mp_env().bootstrap.barrier(), "barrier");
+    if !is_gpu_build() {
+        // Host backend: the peers' mappings are host addresses of the same memfd pages.
+        for (p, base) in reg.bases.iter().enumerate() {
+            // SAFETY: `base` maps rank p's live 16-element buffer (kept alive by the entry).
+            let v = unsafe { (*base as usize as *const u64).read_volatile() };
+            EXPECT_EQ!(
+                v,
+                0xC0DE_0000 + p as u64,
+                "rank {p}'s buffer seen through its mapping"
+            );
+        }
+    }
+    // A second lookup hits the cache (no traffic, same entry).
+    let again = ok!(
+        cache.get_or_register(&res.comm, env.device, buf.data(), buf.bytes(), false),
+        "looking up again"
+    );
+    EXPECT_TRUE!(again.is_some_and(|a| std::sync::Arc::ptr_eq(&a, &reg)));
+    EXPECT_EQ!(cache.len(), before + 1);
+    // A miss during capture registers nothing and talks to nobody.
+    let other: mscclpp::GpuBuffer<u64> = ok!(mscclpp::GpuBuffer::new(env.device, 16), "allocating");
+    let captured = ok!(
+        cache.get_or_register(&res.comm, env.device, other.data(), other.bytes(), true),
+        "lookup under capture"
+    );
+    EXPECT_TRUE!(captured.is_none(), "a miss under capture falls back");
+    // Memory the library did not allocate cannot be registered: every rank falls back.
+    let foreign = [0u64; 16];
+    let r = ok!(
+        cache.get_or_register(&res.comm, env.device, foreign.as_ptr() as u64, 128, false),
+        "registering foreign memory"
+    );
+    EXPECT_TRUE!(
+        r.is_none(),
+        "foreign memory falls back to copying on every rank"
+    );
+    drop(reg);
+    ok!(mp_env().bootstrap.barrier(), "barrier");
 });

@@ -62,7 +62,7 @@ impl Algorithm for Packet {
         let threads = 512u32;
         let blocks = (sw * (res.nranks - 1))
             .div_ceil(threads as usize)
-            .clamp(1, res.sm_count.max(1) as usize) as u32;
+            .clamp(1, res.max_waiting_blocks()) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = sw as u64;
         let name = kernel_name("allreduce_packet", call.dtype, call.op);
