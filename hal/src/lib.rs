@@ -205,6 +205,10 @@ pub trait DeviceApi {
     fn set_current(dev: &<Self as Api>::Device) -> Result<()>
     where
         Self: Api;
+    /// The ordinal of the calling thread's current device (CUDA: the device of the current
+    /// context; HIP: `hipGetDevice`), `None` when the thread has none yet. The host backend
+    /// always answers device 0.
+    fn current_ordinal() -> Result<Option<usize>>;
     /// Name, SM count, compute capability, PCI bus id, NUMA node.
     fn properties(dev: &<Self as Api>::Device) -> Result<DeviceProperties>
     where

@@ -124,6 +124,12 @@ impl DeviceApi for Cuda {
         dev.enter()
     }
 
+    fn current_ordinal() -> Result<Option<usize>> {
+        crate::auxil::deferred::check()?;
+        // A CUdevice is the device's ordinal.
+        Ok(ctx::current_device()?.and_then(|d| usize::try_from(d).ok()))
+    }
+
     fn properties(d: &CudaDevice) -> Result<DeviceProperties> {
         use sys::CUdevice_attribute as A;
         d.enter()?;

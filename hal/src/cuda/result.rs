@@ -152,6 +152,26 @@ pub(super) mod ctx {
         checked("cuCtxSetCurrent", || unsafe { sys::cuCtxSetCurrent(ctx) })
     }
 
+    /// `cuCtxGetCurrent` then `cuCtxGetDevice`: the device of the calling thread's current
+    /// context, `None` without one.
+    /// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html>
+    pub(in crate::cuda) fn current_device() -> Result<Option<sys::CUdevice>> {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        checked("cuCtxGetCurrent", || unsafe {
+            sys::cuCtxGetCurrent(&mut ctx)
+        })?;
+        if ctx.is_null() {
+            return Ok(None);
+        }
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: valid out pointer; a context is current.
+        checked("cuCtxGetDevice", || unsafe {
+            sys::cuCtxGetDevice(&mut dev)
+        })?;
+        Ok(Some(dev))
+    }
+
     /// `cuCtxSynchronize` of the current context (blocks without a timeout).
     pub(in crate::cuda) fn synchronize() -> Result<()> {
         // SAFETY: no arguments; without a current context it is an error status.

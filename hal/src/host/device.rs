@@ -40,6 +40,10 @@ impl DeviceApi for Host {
     fn set_current(_dev: &HostDevice) -> Result<()> {
         HostDevice::enter()
     }
+    fn current_ordinal() -> Result<Option<usize>> {
+        HostDevice::enter()?;
+        Ok(Some(0))
+    }
     fn properties(_dev: &HostDevice) -> Result<DeviceProperties> {
         HostDevice::enter()?;
         let cpus = std::thread::available_parallelism()

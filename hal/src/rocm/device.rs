@@ -62,6 +62,11 @@ impl DeviceApi for Rocm {
         dev.enter()
     }
 
+    fn current_ordinal() -> Result<Option<usize>> {
+        crate::auxil::deferred::check()?;
+        Ok(usize::try_from(device::current()?).ok())
+    }
+
     fn properties(d: &RocmDevice) -> Result<DeviceProperties> {
         d.enter()?;
         let name = device::name(d.ordinal)?;

@@ -93,6 +93,14 @@ pub(super) mod device {
         Ok(n)
     }
 
+    /// `hipGetDevice`: the calling thread's device (HIP always has one, device 0 by default).
+    pub(in crate::rocm) fn current() -> Result<i32> {
+        let mut d = 0;
+        // SAFETY: valid out pointer.
+        checked("hipGetDevice", |h| unsafe { (h.hipGetDevice)(&mut d) })?;
+        Ok(d)
+    }
+
     /// `hipSetDevice`.
     pub(in crate::rocm) fn set(ordinal: i32) -> Result<()> {
         // SAFETY: a bad ordinal is an error status.

@@ -56,6 +56,7 @@ hip_table! {
     hipGetErrorName: fn(c_int) -> *const c_char;
     hipGetDeviceCount: fn(*mut c_int) -> c_int;
     hipSetDevice: fn(c_int) -> c_int;
+    hipGetDevice: fn(*mut c_int) -> c_int;
     hipDeviceGetAttribute: fn(*mut c_int, c_int, c_int) -> c_int;
     hipDeviceGetName: fn(*mut c_char, c_int, c_int) -> c_int;
     hipDeviceGetPCIBusId: fn(*mut c_char, c_int, c_int) -> c_int;

@@ -1,0 +1,383 @@
+//! The communicator behind an `ncclComm_t`: the handle type, the registry that validates
+//! every handle before use, liveness of peers, and teardown (finalize, destroy, abort).
+//!
+//! A handle is the address of a [`Comm`] kept alive by an `Arc` in the registry. Every entry
+//! point looks the address up ([`lookup`]) before touching it, so a NULL, foreign (e.g. a real
+//! NCCL's), destroyed or corrupted handle is an `ncclInvalidArgument`, never a dereference;
+//! the magic at the start of the struct is checked as well.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use mscclpp::{Bootstrap, Communicator, TcpBootstrap};
+
+use crate::abi::{self, NcclResult};
+use crate::error::{NResult, NcclError};
+use crate::fallback::FallbackComm;
+use crate::native::Native;
+use crate::options::OpSet;
+use crate::p2p::P2p;
+
+/// The first 8 bytes of every [`Comm`]: `MSCLNCCL`.
+pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"MSCLNCCL");
+
+/// Bootstrap tag of the "this rank leaves on purpose" message (below the communicator's
+/// tags, so it never meets them).
+pub const TAG_BYE: u64 = 0x4e43_434c_0000_0001;
+/// Bootstrap tags of split id hand-outs: `TAG_SPLIT_BASE + sequence number`.
+pub const TAG_SPLIT_BASE: u64 = 0x4e43_434c_0001_0000;
+/// Bootstrap tags of shrink id hand-outs (counted apart: excluded ranks never call shrink).
+pub const TAG_SHRINK_BASE: u64 = 0x4e43_434c_0002_0000;
+
+/// How long an abort waits for teardown before it returns anyway (the rest continues on a
+/// background thread).
+const ABORT_WAIT: Duration = Duration::from_millis(800);
+
+/// One communicator. `#[repr(C)]` so [`COMM_MAGIC`] is at offset 0.
+#[repr(C)]
+pub struct Comm {
+    magic: u64,
+    /// This rank, as given to init.
+    pub rank: usize,
+    /// The number of ranks, as given to init.
+    pub nranks: usize,
+    /// The device ordinal (`ncclCommCuDevice`); 0 on the host backend.
+    pub device: i32,
+    /// Whether init was non-blocking (`config.blocking == 0`).
+    pub nonblocking: bool,
+    /// Set once, by init: the ready state or why init failed.
+    state: OnceLock<NResult<Arc<Ready>>>,
+    /// Set by `ncclCommAbort`: blocking loops stop and every later call fails.
+    aborted: AtomicBool,
+    /// Set by `ncclCommFinalize`.
+    finalized: AtomicBool,
+    /// The first asynchronous error seen (`ncclSuccess` while none).
+    async_error: AtomicI32,
+}
+
+/// What an initialized communicator owns.
+pub struct Ready {
+    /// The bootstrap (also inside `communicator`), kept concretely for liveness probes.
+    pub bootstrap: Arc<TcpBootstrap>,
+    /// Connections, memory exchange, semaphores.
+    pub communicator: Arc<Communicator>,
+    /// The native collectives and copies.
+    pub native: Native,
+    /// Point-to-point over connections (host backend), when there are peers.
+    pub p2p: Option<Mutex<P2p>>,
+    /// The real NCCL's communicator, when a fallback library was loaded.
+    pub fallback: Option<FallbackComm>,
+    /// Operations `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` sends to the fallback.
+    pub forced: OpSet,
+    /// Peers that said goodbye (left on purpose): their closed connection is not an error.
+    departed: Mutex<Vec<bool>>,
+    /// Split calls so far (names the tag of the next one's id hand-out).
+    pub split_seq: AtomicU64,
+    /// Shrink calls so far (every remaining rank calls each shrink).
+    pub shrink_seq: AtomicU64,
+    /// Why there is no fallback although one was asked for (for error messages).
+    pub fallback_note: Option<String>,
+    /// Operators made by `ncclRedOpCreatePreMulSum` (the fallback's ids).
+    custom_ops: Mutex<HashSet<c_int>>,
+}
+
+impl Ready {
+    /// Assembles the ready state.
+    pub fn new(
+        bootstrap: Arc<TcpBootstrap>,
+        communicator: Arc<Communicator>,
+        native: Native,
+        p2p: Option<P2p>,
+        fallback: Option<FallbackComm>,
+        forced: OpSet,
+    ) -> Ready {
+        let n = bootstrap.nranks();
+        Ready {
+            bootstrap,
+            communicator,
+            native,
+            p2p: p2p.map(Mutex::new),
+            fallback,
+            forced,
+            departed: Mutex::new(vec![false; n]),
+            split_seq: AtomicU64::new(0),
+            shrink_seq: AtomicU64::new(0),
+            fallback_note: None,
+            custom_ops: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Whether `op` was made by `ncclRedOpCreatePreMulSum` on this communicator.
+    pub fn has_custom_op(&self, op: c_int) -> bool {
+        self.custom_ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&op)
+    }
+
+    /// Records (`add`) or forgets a custom operator; forgetting an unknown one is an error.
+    pub fn note_custom_op(&self, op: c_int, add: bool) -> NResult<()> {
+        let mut set = self.custom_ops.lock().unwrap_or_else(|p| p.into_inner());
+        if add {
+            set.insert(op);
+            Ok(())
+        } else if set.remove(&op) {
+            Ok(())
+        } else {
+            Err(NcclError::arg(format!(
+                "op {op}: expected an operator from ncclRedOpCreatePreMulSum on this \
+                 communicator that was not destroyed yet"
+            )))
+        }
+    }
+
+    /// `Ok` when point-to-point with `peers` has a native path: on the host backend always,
+    /// on GPU builds only with this rank itself.
+    pub fn native_p2p(&self, mut peers: impl Iterator<Item = usize>) -> Result<(), String> {
+        let me = self.bootstrap.rank();
+        if crate::HOST_BACKEND || peers.all(|p| p == me) {
+            return Ok(());
+        }
+        Err("point-to-point between different ranks has no native path on GPU builds".into())
+    }
+
+    /// `Err(ncclRemoteError)` naming `peer` if it closed its bootstrap connection without
+    /// saying goodbye (it died or aborted). Never blocks.
+    pub fn check_peer(&self, peer: usize) -> NResult<()> {
+        if peer == self.bootstrap.rank() {
+            return Ok(());
+        }
+        let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
+        if departed.get(peer).copied().unwrap_or(true) {
+            return Ok(());
+        }
+        match self.bootstrap.recv_timeout(peer, TAG_BYE, Duration::ZERO) {
+            Ok(_) => {
+                departed[peer] = true;
+                Ok(())
+            }
+            Err(e) if e.code() == mscclpp::ErrorCode::RemoteError => Err(NcclError::remote(
+                format!("rank {peer} failed or exited without destroying its communicator: {e}"),
+            )),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// [`Ready::check_peer`] for every peer.
+    pub fn check_peers(&self) -> NResult<()> {
+        (0..self.bootstrap.nranks()).try_for_each(|p| self.check_peer(p))
+    }
+
+    /// Tells every peer this rank leaves on purpose (best effort: a peer already gone is
+    /// not an error).
+    fn say_goodbye(&self) {
+        let me = self.bootstrap.rank();
+        for p in (0..self.bootstrap.nranks()).filter(|&p| p != me) {
+            let _ = self.bootstrap.send(b"bye", p, TAG_BYE);
+        }
+    }
+}
+
+impl Comm {
+    /// A communicator of `nranks` ranks, this one `rank`, not yet initialized.
+    pub fn new(rank: usize, nranks: usize, device: i32, nonblocking: bool) -> Comm {
+        Comm {
+            magic: COMM_MAGIC,
+            rank,
+            nranks,
+            device,
+            nonblocking,
+            state: OnceLock::new(),
+            aborted: AtomicBool::new(false),
+            finalized: AtomicBool::new(false),
+            async_error: AtomicI32::new(abi::SUCCESS),
+        }
+    }
+
+    /// Records the outcome of init (only the first call has an effect).
+    pub fn finish_init(&self, result: NResult<Arc<Ready>>) {
+        let _ = self.state.set(result);
+    }
+
+    /// The ready state, or the error a call on this communicator returns now.
+    pub fn ready(&self) -> NResult<Arc<Ready>> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(NcclError::usage(
+                "the communicator was aborted or revoked (ncclCommAbort/ncclCommRevoke): expected a live communicator",
+            ));
+        }
+        match self.state.get() {
+            None => Err(NcclError {
+                code: abi::INVALID_USAGE,
+                msg: "the communicator is still initializing (non-blocking init or inside a \
+                      group): expected ncclCommGetAsyncError to report ncclSuccess first"
+                    .into(),
+            }),
+            Some(Ok(r)) => Ok(r.clone()),
+            Some(Err(e)) => Err(e.clone().context("the communicator failed to initialize")),
+        }
+    }
+
+    /// `ncclCommRevoke`: later calls fail and blocking loops stop; destroy still works.
+    pub fn revoke(&self) {
+        self.aborted.store(true, Ordering::Release);
+    }
+
+    /// Whether `ncclCommAbort` or `ncclCommRevoke` was called.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Records an asynchronous error (the first one wins).
+    pub fn set_async_error(&self, code: NcclResult) {
+        let _ = self.async_error.compare_exchange(
+            abi::SUCCESS,
+            code,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// `ncclCommGetAsyncError`'s answer: in progress while init runs, init's error, the first
+    /// asynchronous error, or a peer that died.
+    pub fn async_error(&self) -> NcclResult {
+        if self.aborted.load(Ordering::Acquire) {
+            return abi::INVALID_USAGE;
+        }
+        let recorded = self.async_error.load(Ordering::Acquire);
+        if recorded != abi::SUCCESS {
+            return recorded;
+        }
+        match self.state.get() {
+            None => abi::IN_PROGRESS,
+            Some(Err(e)) => e.code,
+            Some(Ok(r)) => match r.check_peers() {
+                Ok(()) => abi::SUCCESS,
+                Err(e) => {
+                    crate::error::set_last_error(
+                        e.code,
+                        &format!("ncclCommGetAsyncError: {}", e.msg),
+                    );
+                    self.set_async_error(e.code);
+                    e.code
+                }
+            },
+        }
+    }
+}
+
+fn registry() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
+    static REG: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Adds `comm` to the registry and returns its handle.
+pub fn register(comm: Arc<Comm>) -> *mut Comm {
+    let ptr = Arc::as_ptr(&comm) as *mut Comm;
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ptr as usize, comm);
+    ptr
+}
+
+/// The communicator behind `handle`: `ncclInvalidArgument` for NULL and for any address that
+/// is not a live communicator of this library.
+pub fn lookup(handle: *const Comm) -> NResult<Arc<Comm>> {
+    if handle.is_null() {
+        return Err(NcclError::arg(
+            "comm is NULL: expected a communicator from ncclCommInitRank",
+        ));
+    }
+    let found = registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(handle as usize))
+        .cloned();
+    let comm = found.ok_or_else(|| {
+        NcclError::arg(format!(
+            "comm {handle:p} is not a communicator of libmscclpp_nccl (a foreign NCCL's \
+             communicator, a destroyed one or a corrupted pointer): expected a handle from this \
+             library's ncclCommInitRank"
+        ))
+    })?;
+    if comm.magic != COMM_MAGIC {
+        return Err(NcclError::arg(format!(
+            "comm {handle:p}: bad magic {:#018x}, expected {COMM_MAGIC:#018x}: memory corrupted",
+            comm.magic
+        )));
+    }
+    Ok(comm)
+}
+
+/// Removes `handle` from the registry (so later calls with it fail) and returns it.
+fn unregister(handle: *const Comm) -> NResult<Arc<Comm>> {
+    let comm = lookup(handle)?;
+    registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&(handle as usize));
+    Ok(comm)
+}
+
+/// `ncclCommFinalize`: tells the peers this rank leaves on purpose; later collectives fail.
+pub fn finalize(handle: *const Comm) -> NResult<NcclResult> {
+    let comm = lookup(handle)?;
+    let ready = comm.ready()?;
+    if let Some(fb) = &ready.fallback {
+        fb.finalize()?;
+    }
+    if !comm.finalized.swap(true, Ordering::AcqRel) {
+        ready.say_goodbye();
+    }
+    Ok(abi::SUCCESS)
+}
+
+/// `ncclCommDestroy`: frees this rank's resources (peers are told it left on purpose).
+pub fn destroy(handle: *const Comm) -> NResult<NcclResult> {
+    let comm = unregister(handle)?;
+    if let Some(Ok(ready)) = comm.state.get() {
+        if !comm.finalized.swap(true, Ordering::AcqRel) {
+            ready.say_goodbye();
+        }
+        if let Some(fb) = &ready.fallback {
+            fb.destroy();
+        }
+    }
+    drop(comm);
+    Ok(abi::SUCCESS)
+}
+
+/// `ncclCommAbort`: stops every blocking call of this communicator and frees it, returning
+/// within about a second whatever the peers do (the rest of the teardown, if slow, finishes
+/// on a background thread).
+pub fn abort(handle: *const Comm) -> NResult<NcclResult> {
+    let comm = unregister(handle)?;
+    comm.aborted.store(true, Ordering::Release);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("mscclpp-nccl-abort".into())
+        .spawn(move || {
+            if let Some(Ok(ready)) = comm.state.get() {
+                if let Some(fb) = &ready.fallback {
+                    fb.abort();
+                }
+            }
+            drop(comm);
+            let _ = tx.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            let _ = rx.recv_timeout(ABORT_WAIT);
+        }
+        Err(e) => {
+            return Err(NcclError::system(format!(
+            "spawning the teardown thread failed: {e} (the communicator is aborted but not freed)"
+        )))
+        }
+    }
+    Ok(abi::SUCCESS)
+}

@@ -1,0 +1,165 @@
+//! Errors of the NCCL interface: an `ncclResult_t` code plus a message, the process-wide
+//! "last error" that `ncclGetLastError` returns, and the guard every exported function runs
+//! its body in (no panic ever crosses the C boundary).
+
+use std::cell::RefCell;
+use std::ffi::{c_char, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+use mscclpp::ErrorCode;
+
+use crate::abi::{self, NcclResult};
+
+/// A failed call: the code the C caller gets and the message `ncclGetLastError` shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclError {
+    /// The `ncclResult_t`.
+    pub code: NcclResult,
+    /// What went wrong and what was expected.
+    pub msg: String,
+}
+
+/// `Result` of this crate.
+pub type NResult<T> = std::result::Result<T, NcclError>;
+
+impl NcclError {
+    /// `ncclInvalidArgument` with `msg`.
+    pub fn arg(msg: impl Into<String>) -> NcclError {
+        NcclError {
+            code: abi::INVALID_ARGUMENT,
+            msg: msg.into(),
+        }
+    }
+    /// `ncclInvalidUsage` with `msg`.
+    pub fn usage(msg: impl Into<String>) -> NcclError {
+        NcclError {
+            code: abi::INVALID_USAGE,
+            msg: msg.into(),
+        }
+    }
+    /// `ncclInternalError` with `msg`.
+    pub fn internal(msg: impl Into<String>) -> NcclError {
+        NcclError {
+            code: abi::INTERNAL_ERROR,
+            msg: msg.into(),
+        }
+    }
+    /// `ncclRemoteError` with `msg`.
+    pub fn remote(msg: impl Into<String>) -> NcclError {
+        NcclError {
+            code: abi::REMOTE_ERROR,
+            msg: msg.into(),
+        }
+    }
+    /// `ncclSystemError` with `msg`.
+    pub fn system(msg: impl Into<String>) -> NcclError {
+        NcclError {
+            code: abi::SYSTEM_ERROR,
+            msg: msg.into(),
+        }
+    }
+    /// This error with `what: ` in front of its message.
+    pub fn context(mut self, what: impl std::fmt::Display) -> NcclError {
+        self.msg = format!("{what}: {}", self.msg);
+        self
+    }
+}
+
+/// The NCCL code for an error of the core library: bad input -> `ncclInvalidUsage`, a peer
+/// that failed, left or never answered -> `ncclRemoteError`, a driver failure on a GPU build
+/// -> `ncclUnhandledCudaError`, the operating system -> `ncclSystemError`.
+pub fn code_of(e: &mscclpp::Error) -> NcclResult {
+    match e.code() {
+        ErrorCode::InvalidUsage => abi::INVALID_USAGE,
+        ErrorCode::RemoteError | ErrorCode::Timeout | ErrorCode::Aborted => abi::REMOTE_ERROR,
+        ErrorCode::SystemError => match e {
+            mscclpp::Error::Hal { .. } if !crate::HOST_BACKEND => abi::UNHANDLED_CUDA_ERROR,
+            _ => abi::SYSTEM_ERROR,
+        },
+        ErrorCode::InternalError | ErrorCode::ExecutorError => abi::INTERNAL_ERROR,
+    }
+}
+
+impl From<mscclpp::Error> for NcclError {
+    fn from(e: mscclpp::Error) -> NcclError {
+        NcclError {
+            code: code_of(&e),
+            msg: e.to_string(),
+        }
+    }
+}
+
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+
+thread_local! {
+    /// The copy of the last error that this thread's `ncclGetLastError` pointer points into;
+    /// replaced only by this thread's next call, so the pointer stays valid meanwhile.
+    static LAST_ERROR_COPY: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Records `msg` as the last error and logs it.
+pub fn set_last_error(code: NcclResult, msg: &str) {
+    let level_warn = !matches!(code, abi::INVALID_ARGUMENT | abi::INVALID_USAGE);
+    if level_warn {
+        mscclpp::log_warn!("NCCL", "{msg}");
+    } else {
+        mscclpp::log_info!("NCCL", "{msg}");
+    }
+    let mut g = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner());
+    g.clear();
+    g.push_str(msg);
+}
+
+/// The last error's message as a C string owned by the calling thread.
+pub fn last_error_ptr() -> *const c_char {
+    let text = LAST_ERROR.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // Interior NULs cannot come from our messages, but a path in one could hold one.
+    let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR_COPY.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        *slot = c;
+        slot.as_ptr()
+    })
+}
+
+/// Runs the body of exported function `call`: an error is recorded (prefixed with `call`)
+/// and turned into its code; a panic becomes `ncclInternalError`, never an unwind into C.
+pub fn guard(call: &'static str, body: impl FnOnce() -> NResult<NcclResult>) -> NcclResult {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => {
+            let e = e.context(call);
+            set_last_error(e.code, &e.msg);
+            crate::group::note_error(&e);
+            e.code
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic payload".to_string());
+            set_last_error(
+                abi::INTERNAL_ERROR,
+                &format!("{call}: internal error (a panic was caught at the C boundary): {what}"),
+            );
+            abi::INTERNAL_ERROR
+        }
+    }
+}
+
+/// [`guard`] for the few functions that return a value instead of `ncclResult_t`: a panic
+/// yields `fallback`.
+pub fn guard_value<T>(call: &'static str, fallback: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => {
+            set_last_error(
+                abi::INTERNAL_ERROR,
+                &format!("{call}: internal error (a panic was caught at the C boundary)"),
+            );
+            fallback
+        }
+    }
+}

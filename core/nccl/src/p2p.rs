@@ -1,0 +1,403 @@
+//! Native `ncclSend`/`ncclRecv` on the host backend: chunks staged through a per-peer slot
+//! ring in the receiver's registered memory, written over a connection (CudaIpc within a host,
+//! Ethernet across hosts) and announced/acknowledged with two `Host2HostSemaphore`s per peer.
+//!
+//! A batch of operations (one call, or every call of a group) is progressed together by one
+//! non-blocking loop, so matched sends and receives complete in any order without deadlock.
+//! Per peer and direction, messages match in call order, as NCCL specifies. Each chunk carries
+//! a header with the message size, so a receive whose count differs from the matching send's
+//! is an error naming both sizes, not silent corruption. A stalled loop checks the peers'
+//! liveness and gives up after [`P2P_STALL_TIMEOUT`] without progress.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use mscclpp::{
+    Bootstrap, Communicator, Connection, Device, EndpointConfig, Host2HostSemaphore, LocalMemory,
+    RegisteredMemory, TcpBootstrap, Transport,
+};
+
+use crate::comm::{Comm, Ready};
+use crate::error::{NResult, NcclError};
+use crate::options::P2P_STALL_TIMEOUT;
+
+/// Payload bytes per chunk.
+const CHUNK: usize = 512 * 1024;
+/// Header bytes in front of each chunk's payload.
+const HEADER: usize = 16;
+/// Bytes per slot.
+const STRIDE: usize = HEADER + CHUNK;
+/// Slots per direction (chunks in flight).
+const SLOTS: u64 = 4;
+/// Marks a chunk header.
+const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"NCP2");
+/// Communicator tags of the setup exchange.
+const TAG_CONN: u64 = 0x4e43_0001;
+const TAG_MEM: u64 = 0x4e43_0002;
+const TAG_DATA: u64 = 0x4e43_0003;
+const TAG_ACK: u64 = 0x4e43_0004;
+/// How often a stalled loop checks its peers.
+const LIVENESS_EVERY: Duration = Duration::from_millis(20);
+
+/// Direction of a point-to-point operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// `ncclSend`.
+    Send,
+    /// `ncclRecv`.
+    Recv,
+}
+
+/// One point-to-point operation on host memory.
+#[derive(Clone, Copy, Debug)]
+pub struct P2pOp {
+    /// Send or receive.
+    pub dir: Dir,
+    /// The peer rank (may be this rank).
+    pub peer: usize,
+    /// The host address of the buffer.
+    pub buf: u64,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+struct Link {
+    conn: Connection,
+    /// Where the peer writes chunks for this rank.
+    inbox: LocalMemory,
+    /// The peer's inbox for this rank's chunks.
+    outbox: RegisteredMemory,
+    staging: LocalMemory,
+    staging_reg: RegisteredMemory,
+    /// signal: "a chunk is in your inbox"; poll: "a chunk is in mine".
+    data: Host2HostSemaphore,
+    /// signal: "I consumed a chunk of yours"; poll: "the peer consumed one of mine".
+    ack: Host2HostSemaphore,
+    /// Chunks sent / acknowledged / received so far (slot = count % SLOTS).
+    sent: u64,
+    acked: u64,
+    received: u64,
+    /// The registration of `inbox` (kept alive while the peer maps it).
+    _inbox_reg: RegisteredMemory,
+}
+
+/// The point-to-point state of one communicator.
+pub struct P2p {
+    rank: usize,
+    links: Vec<Option<Link>>,
+}
+
+fn core_err(what: &str) -> impl FnOnce(mscclpp::Error) -> NcclError + '_ {
+    move |e| NcclError::from(e).context(what)
+}
+
+impl P2p {
+    /// Connects to every peer (collective over the communicator).
+    pub fn setup(comm: &Communicator, bootstrap: &TcpBootstrap) -> NResult<P2p> {
+        let (rank, n) = (bootstrap.rank(), bootstrap.nranks());
+        let hashes = bootstrap
+            .host_hashes()
+            .map_err(core_err("p2p setup"))?
+            .to_vec();
+        let mut pending = Vec::new();
+        for p in (0..n).filter(|&p| p != rank) {
+            let transport = if hashes[p] == hashes[rank] {
+                Transport::CudaIpc
+            } else {
+                Transport::Ethernet
+            };
+            let what = format!("p2p setup with rank {p}");
+            let inbox = LocalMemory::alloc(Device::CPU, STRIDE * SLOTS as usize)
+                .map_err(core_err(&what))?;
+            let inbox_reg = comm
+                .register_memory(inbox.ptr(), inbox.size(), transport.into())
+                .map_err(core_err(&what))?;
+            let staging = LocalMemory::alloc(Device::CPU, STRIDE * SLOTS as usize)
+                .map_err(core_err(&what))?;
+            let staging_reg = comm
+                .register_memory(staging.ptr(), staging.size(), transport.into())
+                .map_err(core_err(&what))?;
+            let conn = comm.connect(EndpointConfig::new(transport, Device::CPU), p, TAG_CONN);
+            comm.send_memory(&inbox_reg, p, TAG_MEM)
+                .map_err(core_err(&what))?;
+            let outbox = comm.recv_memory(p, TAG_MEM);
+            pending.push((p, inbox, inbox_reg, staging, staging_reg, conn, outbox));
+        }
+        let mut joined = Vec::new();
+        for (p, inbox, inbox_reg, staging, staging_reg, conn, outbox) in pending {
+            let what = format!("p2p setup with rank {p}");
+            let conn = conn.get().map_err(core_err(&what))?;
+            let outbox = outbox.get().map_err(core_err(&what))?;
+            let data = comm.build_semaphore(&conn, p, TAG_DATA);
+            let ack = comm.build_semaphore(&conn, p, TAG_ACK);
+            joined.push((
+                p,
+                inbox,
+                inbox_reg,
+                staging,
+                staging_reg,
+                conn,
+                outbox,
+                data,
+                ack,
+            ));
+        }
+        let mut links: Vec<Option<Link>> = (0..n).map(|_| None).collect();
+        for (p, inbox, inbox_reg, staging, staging_reg, conn, outbox, data, ack) in joined {
+            let what = format!("p2p semaphores with rank {p}");
+            let h2h = |f: mscclpp::Future<mscclpp::Semaphore>| {
+                f.get()
+                    .and_then(Host2HostSemaphore::new)
+                    .map_err(core_err(&what))
+            };
+            let (data, ack) = (h2h(data)?, h2h(ack)?);
+            links[p] = Some(Link {
+                conn,
+                inbox,
+                outbox,
+                staging,
+                staging_reg,
+                data,
+                ack,
+                sent: 0,
+                acked: 0,
+                received: 0,
+                _inbox_reg: inbox_reg,
+            });
+        }
+        Ok(P2p { rank, links })
+    }
+}
+
+/// Where one operation stands.
+struct Progress {
+    op: P2pOp,
+    done: usize,
+    chunks: u32,
+}
+
+fn header(total: usize, chunk: u32) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[0..8].copy_from_slice(&(total as u64).to_le_bytes());
+    h[8..12].copy_from_slice(&chunk.to_le_bytes());
+    h[12..16].copy_from_slice(&CHUNK_MAGIC.to_le_bytes());
+    h
+}
+
+fn backoff(spins: &mut u32) {
+    *spins = spins.saturating_add(1);
+    if *spins < 64 {
+        std::hint::spin_loop();
+    } else if *spins < 256 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+impl Link {
+    /// Sends the next chunk of `s`.
+    ///
+    /// # Safety
+    /// `s.op.buf` must be readable for `s.op.bytes` bytes.
+    unsafe fn send_chunk(&mut self, s: &mut Progress) -> mscclpp::Result<()> {
+        let slot = (self.sent % SLOTS) as usize * STRIDE;
+        let len = CHUNK.min(s.op.bytes - s.done);
+        self.staging.write(slot, &header(s.op.bytes, s.chunks))?;
+        // SAFETY: inside the caller's readable buffer (done + len <= bytes).
+        let src =
+            unsafe { std::slice::from_raw_parts((s.op.buf as usize + s.done) as *const u8, len) };
+        self.staging.write(slot + HEADER, src)?;
+        let off = slot as u64;
+        self.conn.write(
+            &self.outbox,
+            off,
+            &self.staging_reg,
+            off,
+            (HEADER + len) as u64,
+        )?;
+        self.data.signal()?;
+        self.sent += 1;
+        s.done += len;
+        s.chunks += 1;
+        Ok(())
+    }
+
+    /// Receives the chunk that has arrived for `r`.
+    ///
+    /// # Safety
+    /// `r.op.buf` must be writable for `r.op.bytes` bytes.
+    unsafe fn recv_chunk(&mut self, r: &mut Progress, peer: usize) -> NResult<()> {
+        let slot = (self.received % SLOTS) as usize * STRIDE;
+        let mut h = [0u8; HEADER];
+        self.inbox.read(slot, &mut h).map_err(NcclError::from)?;
+        let total = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
+        let chunk = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+        let magic = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
+        if magic != CHUNK_MAGIC || chunk != r.chunks {
+            return Err(NcclError::internal(format!(
+                "ncclRecv from rank {peer}: chunk header {h:02x?} is not chunk {} of a message",
+                r.chunks
+            )));
+        }
+        if total != r.op.bytes as u64 {
+            return Err(NcclError::usage(format!(
+                "ncclRecv from rank {peer}: the matching ncclSend sends {total} bytes, this \
+                 receive expects {} bytes: expected the same count and datatype on both sides",
+                r.op.bytes
+            )));
+        }
+        let len = CHUNK.min(r.op.bytes - r.done);
+        // SAFETY: inside the caller's writable buffer (done + len <= bytes).
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut((r.op.buf as usize + r.done) as *mut u8, len) };
+        self.inbox
+            .read(slot + HEADER, dst)
+            .map_err(NcclError::from)?;
+        self.ack.signal().map_err(NcclError::from)?;
+        self.received += 1;
+        r.done += len;
+        r.chunks += 1;
+        Ok(())
+    }
+}
+
+impl P2p {
+    /// Runs every operation of `ops` to completion, progressing all of them together.
+    ///
+    /// # Safety
+    /// Each buffer must be host memory valid for its `bytes` (readable for sends, writable
+    /// for receives) until this returns.
+    pub unsafe fn run(&mut self, ops: &[P2pOp], comm: &Comm, ready: &Ready) -> NResult<()> {
+        // SAFETY: forwarded.
+        unsafe { run_self(ops, self.rank)? };
+        let n = self.links.len();
+        let mut sends: Vec<VecDeque<Progress>> = (0..n).map(|_| VecDeque::new()).collect();
+        let mut recvs: Vec<VecDeque<Progress>> = (0..n).map(|_| VecDeque::new()).collect();
+        for op in ops.iter().filter(|o| o.peer != self.rank && o.bytes > 0) {
+            let q = match op.dir {
+                Dir::Send => &mut sends[op.peer],
+                Dir::Recv => &mut recvs[op.peer],
+            };
+            q.push_back(Progress {
+                op: *op,
+                done: 0,
+                chunks: 0,
+            });
+        }
+        let (mut last_progress, mut last_check, mut spins) = (Instant::now(), Instant::now(), 0);
+        loop {
+            let (mut progressed, mut pending) = (false, false);
+            for p in 0..n {
+                if sends[p].is_empty() && recvs[p].is_empty() {
+                    continue;
+                }
+                let link = self.links[p].as_mut().ok_or_else(|| {
+                    NcclError::internal(format!("no point-to-point link to rank {p}"))
+                })?;
+                if let Some(s) = sends[p].front_mut() {
+                    while s.done < s.op.bytes {
+                        while link.acked < link.sent && link.ack.poll() {
+                            link.acked += 1;
+                        }
+                        if link.sent - link.acked >= SLOTS {
+                            break;
+                        }
+                        // SAFETY: the caller's contract on the buffers.
+                        unsafe { link.send_chunk(s) }.map_err(|e| {
+                            NcclError::from(e).context(format!("ncclSend to rank {p}"))
+                        })?;
+                        progressed = true;
+                    }
+                    if s.done == s.op.bytes {
+                        sends[p].pop_front();
+                    }
+                }
+                if let Some(r) = recvs[p].front_mut() {
+                    while r.done < r.op.bytes && link.data.poll() {
+                        // SAFETY: the caller's contract on the buffers.
+                        unsafe { link.recv_chunk(r, p)? };
+                        progressed = true;
+                    }
+                    if r.done == r.op.bytes {
+                        recvs[p].pop_front();
+                    }
+                }
+                pending |= !sends[p].is_empty() || !recvs[p].is_empty();
+            }
+            if !pending {
+                return Ok(());
+            }
+            if progressed {
+                last_progress = Instant::now();
+                spins = 0;
+                continue;
+            }
+            if comm.is_aborted() {
+                return Err(NcclError::usage(
+                    "the communicator was aborted while send/recv were in progress",
+                ));
+            }
+            if last_check.elapsed() >= LIVENESS_EVERY {
+                for p in (0..n).filter(|&p| !sends[p].is_empty() || !recvs[p].is_empty()) {
+                    ready.check_peer(p)?;
+                }
+                last_check = Instant::now();
+            }
+            if last_progress.elapsed() >= P2P_STALL_TIMEOUT {
+                let stuck: Vec<String> = (0..n)
+                    .filter_map(|p| match (sends[p].len(), recvs[p].len()) {
+                        (0, 0) => None,
+                        (s, r) => Some(format!("rank {p}: {s} sends, {r} receives")),
+                    })
+                    .collect();
+                return Err(NcclError::remote(format!(
+                    "send/recv made no progress for {P2P_STALL_TIMEOUT:?} (pending: {}): \
+                     expected each peer to post the matching calls",
+                    stuck.join("; ")
+                )));
+            }
+            backoff(&mut spins);
+        }
+    }
+}
+
+/// Sends and receives with this rank itself: matched in order and copied.
+///
+/// # Safety
+/// As [`P2p::run`].
+pub unsafe fn run_self(ops: &[P2pOp], rank: usize) -> NResult<()> {
+    let mut sends = ops.iter().filter(|o| o.peer == rank && o.dir == Dir::Send);
+    let mut recvs = ops.iter().filter(|o| o.peer == rank && o.dir == Dir::Recv);
+    loop {
+        match (sends.next(), recvs.next()) {
+            (None, None) => return Ok(()),
+            (Some(s), Some(r)) => {
+                if s.bytes != r.bytes {
+                    return Err(NcclError::usage(format!(
+                        "ncclSend to self sends {} bytes but the matching ncclRecv from self \
+                         expects {}: expected the same count and datatype",
+                        s.bytes, r.bytes
+                    )));
+                }
+                if s.bytes > 0 && s.buf != r.buf {
+                    // SAFETY: the caller's contract; `copy` allows overlap.
+                    unsafe {
+                        std::ptr::copy(
+                            s.buf as usize as *const u8,
+                            r.buf as usize as *mut u8,
+                            s.bytes,
+                        )
+                    };
+                }
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(NcclError::usage(
+                    "a send to or receive from this rank itself has no matching receive/send in \
+                     the same group: expected ncclSend(peer=self) and ncclRecv(peer=self) \
+                     between one ncclGroupStart/ncclGroupEnd",
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The C test program (tests/c/nccl_api_test.c), compiled against the shipped nccl.h and
+//! linked to libmscclpp_nccl.so, run under `mpirun` on the host backend: -np 2 and 4 (every
+//! collective with checked results, group send/recv, bad arguments, split/shrink, destroy),
+//! a dead peer (-np 3) and the fallback to a fake NCCL (-np 2).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use common::{compile_c, out_dir, run_with_limit};
+
+/// Collectives that must run natively on the host backend (a "not supported here" for one of
+/// these fails the test; for others it is a skip the program reports with its reason).
+const REQUIRED_NATIVE: &str = "allreduce,allreduce_large,alltoall,gather,scatter,sendrecv";
+
+fn programs() -> &'static (PathBuf, PathBuf) {
+    static P: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    P.get_or_init(|| {
+        let dir = out_dir();
+        let exe = dir.join("nccl_api_test");
+        compile_c(&["nccl_api_test.c", "modes.c"], &exe, false);
+        let fake = dir.join("libfake_nccl.so");
+        compile_c(&["fake_nccl.c"], &fake, true);
+        (exe, fake)
+    })
+}
+
+/// Runs the program on `np` ranks with `env`; returns every rank's summary line after checking
+/// that mpirun succeeded and no rank failed.
+fn run(np: usize, tag: &str, env: &[(&str, String)]) -> String {
+    // One mpirun at a time: the ranks spin while they wait and the machine has few cores.
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (exe, _) = programs();
+    let id_file = out_dir().join(format!("id-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&id_file);
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["-np", &np.to_string(), "--oversubscribe"]);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .env("NCCL_TEST_ID_FILE", &id_file)
+        .env("NCCL_TEST_REQUIRE", REQUIRED_NATIVE);
+    let mut names = vec!["NCCL_TEST_ID_FILE", "NCCL_TEST_REQUIRE"];
+    for (k, v) in env {
+        cmd.env(k, v);
+        names.push(k);
+    }
+    for n in names {
+        cmd.args(["-x", n]);
+    }
+    cmd.arg(exe);
+    if let Err(e) = Command::new("mpirun").arg("--version").output() {
+        panic!("mpirun is not runnable ({e}): install Open MPI (.ci/setup)");
+    }
+    let (out, timed_out) = run_with_limit(cmd, Duration::from_secs(300));
+    let _ = std::fs::remove_file(&id_file);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = format!("--- stdout\n{stdout}--- stderr\n{stderr}");
+    assert!(
+        !timed_out,
+        "mpirun -np {np} ({tag}) ran past 300 s\n{report}"
+    );
+    assert!(
+        out.status.success(),
+        "mpirun -np {np} ({tag}) failed: {}\n{report}",
+        out.status
+    );
+    let summaries: Vec<&str> = stdout.lines().filter(|l| l.contains(" passed, ")).collect();
+    assert_eq!(
+        summaries.len(),
+        np,
+        "expected one summary per rank\n{report}"
+    );
+    for s in &summaries {
+        assert!(s.contains(" 0 failed"), "a rank failed: {s}\n{report}");
+    }
+    println!("{report}");
+    stdout
+}
+
+fn passed_of(stdout: &str) -> usize {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            l.split(": ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+#[test]
+fn c_program_np2() {
+    let out = run(2, "np2", &[]);
+    assert!(passed_of(&out) > 200, "too few checks ran:\n{out}");
+}
+
+#[test]
+fn c_program_np4() {
+    let out = run(4, "np4", &[]);
+    assert!(passed_of(&out) > 200, "too few checks ran:\n{out}");
+}
+
+#[test]
+fn c_program_dead_peer_np3() {
+    run(3, "deadpeer", &[("NCCL_TEST_MODE", "deadpeer".into())]);
+}
+
+#[test]
+fn c_program_fallback_to_a_fake_nccl_np2() {
+    let (_, fake) = programs();
+    run(
+        2,
+        "fallback",
+        &[
+            ("NCCL_TEST_MODE", "fallback".into()),
+            ("MSCCLPP_NCCL_LIB_PATH", fake.display().to_string()),
+            ("MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION", "allreduce".into()),
+        ],
+    );
+}

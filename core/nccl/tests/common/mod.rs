@@ -1,0 +1,104 @@
+//! Shared by the crate's integration tests: compiling C programs against include/nccl.h with
+//! the `cc` crate, and running commands with a time limit.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The crate's folder.
+pub fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where cargo put libmscclpp_nccl.so for this test build (the test binary's folder).
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .expect("the test binary's folder")
+        .to_path_buf()
+}
+
+/// A scratch folder for built C programs.
+pub fn out_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mscclpp_nccl_c");
+    std::fs::create_dir_all(&d).expect("create the C build folder");
+    d
+}
+
+/// Compiles `sources` (under tests/c) against include/nccl.h without CUDA headers into
+/// `out`: an executable linked to libmscclpp_nccl.so, or (`shared`) a shared library linked
+/// to nothing of ours. Panics with the compiler's output on failure.
+pub fn compile_c(sources: &[&str], out: &Path, shared: bool) {
+    let tool = cc::Build::new()
+        .target(env!("MSCCLPP_NCCL_TARGET"))
+        .host(env!("MSCCLPP_NCCL_HOST"))
+        .opt_level(1)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .get_compiler();
+    let mut cmd = tool.to_command();
+    let c = crate_dir().join("tests").join("c");
+    cmd.arg("-std=c11")
+        .arg("-D_GNU_SOURCE")
+        .arg("-DMSCCLPP_NCCL_NO_CUDA")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-Wno-deprecated-declarations")
+        .arg("-Wno-unused-function")
+        .arg("-I")
+        .arg(crate_dir().join("include"))
+        .arg("-I")
+        .arg(&c);
+    for s in sources {
+        cmd.arg(c.join(s));
+    }
+    if shared {
+        cmd.args(["-shared", "-fPIC"]);
+    } else {
+        let lib = lib_dir();
+        assert!(
+            lib.join("libmscclpp_nccl.so").exists(),
+            "{} has no libmscclpp_nccl.so",
+            lib.display()
+        );
+        cmd.arg("-L").arg(&lib).arg("-lmscclpp_nccl");
+        // DT_RPATH (not RUNPATH) so it wins over LD_LIBRARY_PATH, which cargo points at
+        // target/debug too, where an older uplifted copy of the library may lie.
+        cmd.arg("-Wl,--disable-new-dtags")
+            .arg(format!("-Wl,-rpath,{}", lib.display()));
+    }
+    cmd.arg("-lm").arg("-o").arg(out);
+    let o = cmd.output().expect("run the C compiler");
+    assert!(
+        o.status.success(),
+        "compiling {sources:?} failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Runs `cmd`, killing it after `limit`; returns its output and whether it timed out.
+pub fn run_with_limit(mut cmd: Command, limit: Duration) -> (Output, bool) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn the command");
+    let start = Instant::now();
+    let mut timed_out = false;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() >= limit => {
+                let _ = child.kill();
+                timed_out = true;
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("waiting for the command: {e}"),
+        }
+    }
+    (
+        child.wait_with_output().expect("collect the output"),
+        timed_out,
+    )
+}
