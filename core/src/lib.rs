@@ -9,6 +9,7 @@ pub mod device;
 pub mod endpoint;
 pub mod env;
 pub mod error;
+pub mod executor;
 pub mod fifo;
 pub mod future;
 pub mod gpu_buffer;

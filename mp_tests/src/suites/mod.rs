@@ -4,6 +4,8 @@ mod allreduce;
 mod bootstrap;
 mod coll_common;
 mod communicator;
+mod executor;
+mod executor_bad;
 mod fifo;
 mod ib;
 mod local_communicator;
