@@ -65,19 +65,22 @@ pub(crate) unsafe fn get_packet(
 ) -> Result<Unit> {
     let mut u = [0u8; 8];
     let out = u.as_mut_ptr().cast::<u32>();
-    let what = if unit == 4 { "LL8" } else { "LL16" };
     // SAFETY: forwarded from the caller; `u` has room for 8 bytes.
-    spin_until(
-        &format!("collectives: {what} packet at {addr:#x} with flag {flag}"),
-        timeout,
-        || unsafe {
-            if unit == 4 {
-                LL8Packet::read_once(addr as usize as *const LL8Packet, flag, out)
-            } else {
-                LL16Packet::read_once(addr as usize as *const LL16Packet, flag, out)
-            }
-        },
-    )?;
+    let once = || unsafe {
+        if unit == 4 {
+            LL8Packet::read_once(addr as usize as *const LL8Packet, flag, out)
+        } else {
+            LL16Packet::read_once(addr as usize as *const LL16Packet, flag, out)
+        }
+    };
+    if !once() {
+        let what = if unit == 4 { "LL8" } else { "LL16" };
+        spin_until(
+            &format!("collectives: {what} packet at {addr:#x} with flag {flag}"),
+            timeout,
+            once,
+        )?;
+    }
     Ok(u)
 }
 

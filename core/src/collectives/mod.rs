@@ -63,6 +63,8 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &COPY_REDUCESCATTER,
         &COPY_BROADCAST,
         &allreduce::allpair_packet::AllpairPacket,
+        &allreduce::packet::Packet,
+        &allreduce::rsag::Rsag,
     ];
     ALGOS
 }

@@ -27,14 +27,10 @@ pub(crate) fn one_call(
     let env = coll_env();
     let (rank, n) = (env.coll.rank(), env.coll.nranks());
     let bytes = count * dtype.size_in_bytes();
-    let send = poisoned(env.device, bytes);
-    fill(&send, 0, dtype, op, seed, call, rank, 0, count);
-    let recv = if in_place {
-        None
-    } else {
-        Some(poisoned(env.device, bytes))
-    };
-    let out = recv.as_ref().unwrap_or(&send);
+    let (send, recv) = buffers(env.device, bytes);
+    let vals = all_values(dtype, op, seed, call, n, count);
+    write_values(&send, 0, dtype, &vals[rank]);
+    let out = if in_place { &send } else { &recv };
     // SAFETY: both buffers hold `bytes` (+ guard) and live until after the sync below.
     let r = unsafe {
         env.coll
@@ -44,15 +40,16 @@ pub(crate) fn one_call(
     ok!(env.sync(), "waiting for the stream");
     let mut got = vec![0u8; bytes];
     ok!(out.copy_to_host(0, &mut got), "reading the result");
+    let mut column = vec![0.0; n];
     let mut bad = compare(
         dtype,
         &got,
         0,
         |i| {
-            let vals: Vec<f64> = (0..n)
-                .map(|r| gen_value(dtype, op, seed, call, r, i))
-                .collect();
-            reference(dtype, op, &vals)
+            for (r, c) in column.iter_mut().enumerate() {
+                *c = vals[r][i];
+            }
+            reference(dtype, op, &column)
         },
         errors,
     );
@@ -148,6 +145,8 @@ TEST!(AllReduceTest, AllpairPacket, |ctx| algo_test(
     ctx,
     "allpair_packet"
 ));
+TEST!(AllReduceTest, Packet, |ctx| algo_test(ctx, "packet"));
+TEST!(AllReduceTest, Rsag, |ctx| algo_test(ctx, "rsag"));
 
 TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     let env = coll_env();
@@ -244,7 +243,8 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
         let mut bad = 0;
         let mut errors = Vec::new();
         for replay in 0..20u32 {
-            fill(&send, 0, dtype, op, seed, replay, rank, 0, count);
+            let vals = all_values(dtype, op, seed, replay, n, count);
+            write_values(&send, 0, dtype, &vals[rank]);
             ok!(Gpu::launch_graph(&graph, stream), "replaying");
             ok!(env.sync(), "waiting for the replay");
             let mut got = vec![0u8; bytes];
@@ -254,10 +254,8 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
                 &got,
                 0,
                 |i| {
-                    let vals: Vec<f64> = (0..n)
-                        .map(|r| gen_value(dtype, op, seed, replay, r, i))
-                        .collect();
-                    reference(dtype, op, &vals)
+                    let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
+                    reference(dtype, op, &column)
                 },
                 &mut errors,
             );

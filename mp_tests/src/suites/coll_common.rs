@@ -110,24 +110,37 @@ pub(crate) fn gen_value(
         }
     };
     // Round through the type so the reference sees exactly what the kernel sees.
-    decode(dtype, &encode(dtype, v))
+    quantize(dtype, v)
 }
 
-/// `v` as the bytes of one `dtype` element.
-pub(crate) fn encode(dtype: DataType, v: f64) -> Vec<u8> {
+/// `v` rounded to `dtype` (what encoding and decoding it gives).
+pub(crate) fn quantize(dtype: DataType, v: f64) -> f64 {
     match dtype {
-        DataType::I8 => (v as i8).to_le_bytes().to_vec(),
-        DataType::U8 => (v as u8).to_le_bytes().to_vec(),
-        DataType::I32 => (v as i32).to_le_bytes().to_vec(),
-        DataType::U32 => (v as u32).to_le_bytes().to_vec(),
-        DataType::I64 => (v as i64).to_le_bytes().to_vec(),
-        DataType::U64 => (v as u64).to_le_bytes().to_vec(),
-        DataType::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
-        DataType::F32 => (v as f32).to_le_bytes().to_vec(),
-        DataType::F64 => v.to_le_bytes().to_vec(),
-        DataType::Bf16 => half::bf16::from_f64(v).to_le_bytes().to_vec(),
-        DataType::Fp8E4M3 => vec![float8::F8E4M3::from_f64(v).to_bits()],
-        DataType::Fp8E5M2 => vec![float8::F8E5M2::from_f64(v).to_bits()],
+        DataType::F16 => half::f16::from_f64(v).to_f64(),
+        DataType::F32 => f64::from(v as f32),
+        DataType::F64 => v,
+        DataType::Bf16 => half::bf16::from_f64(v).to_f64(),
+        DataType::Fp8E4M3 => float8::F8E4M3::from_f64(v).to_f64(),
+        DataType::Fp8E5M2 => float8::F8E5M2::from_f64(v).to_f64(),
+        _ => v,
+    }
+}
+
+/// Appends `v` as the bytes of one `dtype` element.
+pub(crate) fn encode_into(dtype: DataType, v: f64, out: &mut Vec<u8>) {
+    match dtype {
+        DataType::I8 => out.extend((v as i8).to_le_bytes()),
+        DataType::U8 => out.extend((v as u8).to_le_bytes()),
+        DataType::I32 => out.extend((v as i32).to_le_bytes()),
+        DataType::U32 => out.extend((v as u32).to_le_bytes()),
+        DataType::I64 => out.extend((v as i64).to_le_bytes()),
+        DataType::U64 => out.extend((v as u64).to_le_bytes()),
+        DataType::F16 => out.extend(half::f16::from_f64(v).to_le_bytes()),
+        DataType::F32 => out.extend((v as f32).to_le_bytes()),
+        DataType::F64 => out.extend(v.to_le_bytes()),
+        DataType::Bf16 => out.extend(half::bf16::from_f64(v).to_le_bytes()),
+        DataType::Fp8E4M3 => out.push(float8::F8E4M3::from_f64(v).to_bits()),
+        DataType::Fp8E5M2 => out.push(float8::F8E5M2::from_f64(v).to_bits()),
     }
 }
 
@@ -229,23 +242,46 @@ pub(crate) fn poisoned(device: Device, bytes: usize) -> GpuBuffer<u8> {
     b
 }
 
-/// Fills elements `[first, first + n)` of `buf` (element offset `at`) with this rank's
-/// values for `call`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fill(
-    buf: &GpuBuffer<u8>,
-    at: usize,
+/// Two reusable device buffers (send, recv) of at least `bytes` + guard, poisoned over
+/// `bytes` + guard. Grown (reallocated) when too small.
+pub(crate) fn buffers(device: Device, bytes: usize) -> (GpuBuffer<u8>, GpuBuffer<u8>) {
+    static CACHE: std::sync::Mutex<Option<(GpuBuffer<u8>, GpuBuffer<u8>)>> =
+        std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if c.as_ref().is_none_or(|(s, _)| s.len() < bytes + GUARD) {
+        let cap = (bytes + GUARD).max(1 << 16);
+        *c = Some((poisoned(device, cap), poisoned(device, cap)));
+    }
+    let (s, r) = c.clone().unwrap_or_else(|| FAIL!("buffer cache empty"));
+    let poison = vec![POISON; bytes + GUARD];
+    ok!(s.copy_from_host(0, &poison), "poisoning");
+    ok!(r.copy_from_host(0, &poison), "poisoning");
+    (s, r)
+}
+
+/// Every rank's values of `count` elements for `call` (index: rank, element).
+pub(crate) fn all_values(
     dtype: DataType,
     op: ReduceOp,
     seed: u64,
     call: u32,
-    rank: usize,
-    first: usize,
     n: usize,
-) {
-    let mut bytes = Vec::with_capacity(n * dtype.size_in_bytes());
-    for i in first..first + n {
-        bytes.extend(encode(dtype, gen_value(dtype, op, seed, call, rank, i)));
+    count: usize,
+) -> Vec<Vec<f64>> {
+    (0..n)
+        .map(|r| {
+            (0..count)
+                .map(|i| gen_value(dtype, op, seed, call, r, i))
+                .collect()
+        })
+        .collect()
+}
+
+/// Writes `vals` as `dtype` elements at element offset `at` of `buf`.
+pub(crate) fn write_values(buf: &GpuBuffer<u8>, at: usize, dtype: DataType, vals: &[f64]) {
+    let mut bytes = Vec::with_capacity(vals.len() * dtype.size_in_bytes());
+    for v in vals {
+        encode_into(dtype, *v, &mut bytes);
     }
     ok!(
         buf.copy_from_host(at * dtype.size_in_bytes(), &bytes),
@@ -259,7 +295,7 @@ pub(crate) fn compare(
     dtype: DataType,
     got: &[u8],
     first: usize,
-    want: impl Fn(usize) -> f64,
+    mut want: impl FnMut(usize) -> f64,
     first_errors: &mut Vec<String>,
 ) -> usize {
     let s = dtype.size_in_bytes();
