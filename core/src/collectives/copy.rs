@@ -21,7 +21,7 @@ struct CopyArgs {
 }
 
 /// Blocks and threads of a copy of `bytes` on a GPU with `sms` multiprocessors.
-pub(crate) fn copy_grid(bytes: usize, sms: u32) -> (u32, u32) {
+pub fn copy_grid(bytes: usize, sms: u32) -> (u32, u32) {
     let threads = 512u32;
     // 64 bytes (4 vectors) per thread per step; at most 4 blocks per SM.
     let want = bytes.div_ceil(threads as usize * 64).max(1);

@@ -365,6 +365,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn collectives_is_send_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Collectives>();
+    }
+
+    #[test]
     fn env_forcing() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| {

@@ -143,6 +143,8 @@ pub struct Resources {
     pub arch: (u32, u32),
     /// Multiprocessors of the GPU (logical CPUs on the host backend).
     pub sm_count: u32,
+    /// Ranks of this world running on the same device as this rank (itself included).
+    pub ranks_per_device: usize,
     /// The configuration.
     pub config: CollectivesConfig,
     /// Shared buffer layout.
@@ -189,6 +191,15 @@ impl Resources {
             None => default_device(rank, b.nranks_per_node())?,
         };
         let (arch, sm_count) = device_info(device)?;
+        let dev_key = [u8::from(device.kind == crate::transport::DeviceType::Gpu)]
+            .into_iter()
+            .chain(device.id.to_le_bytes())
+            .collect::<Vec<u8>>();
+        let ranks_per_device = b
+            .all_gather(&dev_key)?
+            .iter()
+            .filter(|k| **k == dev_key)
+            .count();
         let layout = Layout::new(nranks, config.ll_half_bytes, config.plain_bytes)?;
         let meta_layout = MetaLayout::new(nranks);
         let kind = crate::gpu_buffer::communication_memory_kind(device);
@@ -250,6 +261,7 @@ impl Resources {
             device,
             arch,
             sm_count,
+            ranks_per_device,
             config,
             layout,
             meta_layout,
@@ -312,6 +324,13 @@ impl Resources {
             remote_inbound_token: remote as usize as *mut u64,
             expected_inbound_token: expected as usize as *mut u64,
         }
+    }
+
+    /// The most blocks a kernel whose blocks wait for peers' blocks may launch: every rank
+    /// sharing this GPU (e.g. under MPS) must find all its blocks resident at once, so the
+    /// multiprocessors are divided among them (one block per SM each).
+    pub fn max_waiting_blocks(&self) -> usize {
+        (self.sm_count as usize / self.ranks_per_device.max(1)).max(1)
     }
 
     /// Device address of the flag array.

@@ -8,14 +8,14 @@ use mscclpp_framework::*;
 use mscclpp_hal::{Gpu, StreamInterop};
 
 use super::coll_common::*;
+use super::coll_matrix::{matrix, one_call};
 use super::memory_channel::common::{is_gpu_build, ok};
+use crate::world::mp_env;
 
-/// Element counts every combination runs.
-const SMALL: [usize; 4] = [1, 7, 1023, 4099];
+const AR: CollectiveKind = CollectiveKind::AllReduce;
 
-/// Runs one all-reduce of `count` elements and returns the mismatches (plus the guard zone).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn one_call(
+/// One all-reduce (see [`coll_matrix::one_call`]).
+fn one_ar(
     dtype: DataType,
     op: ReduceOp,
     in_place: bool,
@@ -24,120 +24,11 @@ pub(crate) fn one_call(
     call: u32,
     errors: &mut Vec<String>,
 ) -> usize {
-    let env = coll_env();
-    let (rank, n) = (env.coll.rank(), env.coll.nranks());
-    let bytes = count * dtype.size_in_bytes();
-    let (send, recv) = buffers(env.device, bytes);
-    let vals = all_values(dtype, op, seed, call, n, count);
-    write_values(&send, 0, dtype, &vals[rank]);
-    let out = if in_place { &send } else { &recv };
-    // SAFETY: both buffers hold `bytes` (+ guard) and live until after the sync below.
-    let r = unsafe {
-        env.coll
-            .all_reduce(send.data(), out.data(), count, dtype, op, env.raw_stream())
-    };
-    ok!(r, "all_reduce of {count} {dtype} ({op})");
-    ok!(env.sync(), "waiting for the stream");
-    let mut got = vec![0u8; bytes];
-    ok!(out.copy_to_host(0, &mut got), "reading the result");
-    let mut column = vec![0.0; n];
-    let mut bad = compare(
-        dtype,
-        &got,
-        0,
-        |i| {
-            for (r, c) in column.iter_mut().enumerate() {
-                *c = vals[r][i];
-            }
-            reference(dtype, op, &column)
-        },
-        errors,
-    );
-    if !guard_intact(out, bytes) {
-        bad += 1;
-        errors.push("the guard zone after the output was overwritten".into());
-    }
-    bad
+    one_call(AR, dtype, op, in_place, count, 0, seed, call, errors)
 }
 
-/// Every combination with `algo` forced.
-fn algo_matrix(ctx: &TestContext, algo: &str) {
-    let env = coll_env();
-    let _ = ctx;
-    ok!(
-        env.coll
-            .force_algorithm(CollectiveKind::AllReduce, Some(algo)),
-        "forcing {algo}"
-    );
-    let seed = agreed_seed();
-    let mut call = 0u32;
-    let big = |dtype: DataType| (1usize << 20) / dtype.size_in_bytes() + 3;
-    for dtype in DataType::ALL {
-        for op in ReduceOp::ALL {
-            for in_place in [false, true] {
-                let mut sizes: Vec<usize> = SMALL.to_vec();
-                let representative =
-                    matches!(dtype, DataType::F32 | DataType::I32) && op == ReduceOp::Sum;
-                if exhaustive() || representative {
-                    sizes.push(big(dtype));
-                }
-                for count in sizes {
-                    let res = env.coll.resources();
-                    let probe = mscclpp::collectives::Call {
-                        kind: CollectiveKind::AllReduce,
-                        send: 1,
-                        recv: 1,
-                        count,
-                        dtype,
-                        op,
-                        root: 0,
-                    };
-                    let a = ok!(
-                        mscclpp::collectives::find_algorithm(CollectiveKind::AllReduce, algo),
-                        "finding {algo}"
-                    );
-                    if env.coll.nranks() > 1 && a.check(res, &probe).is_err() {
-                        continue; // beyond this algorithm's scratch: the selector never picks it there
-                    }
-                    call += 1;
-                    let mut errors = Vec::new();
-                    let bad = one_call(dtype, op, in_place, count, seed, call, &mut errors);
-                    EXPECT_EQ!(
-                        bad,
-                        0,
-                        "{algo} {dtype} {op} {} count {count}: {}",
-                        if in_place { "in place" } else { "out of place" },
-                        errors.join("; ")
-                    );
-                }
-            }
-        }
-    }
-    ok!(
-        env.coll.force_algorithm(CollectiveKind::AllReduce, None),
-        "un-forcing {algo}"
-    );
-}
-
-/// The test of one algorithm; at world size 1 every algorithm name resolves to the copy.
-fn algo_test(ctx: &TestContext, algo: &str) {
-    let env = coll_env();
-    if !algorithm_names(CollectiveKind::AllReduce).contains(&algo) {
-        FAIL!(
-            "{algo} is not registered (registered: {:?})",
-            algorithm_names(CollectiveKind::AllReduce)
-        );
-    }
-    if env.coll.nranks() == 1 && algo != "copy" {
-        SKIP!("world size 1 always copies (AllReduceTest.Copy covers it)");
-    }
-    if env.coll.nranks() > 1 && algo == "copy" {
-        SKIP!(
-            "the copy is the world-size-1 algorithm; this world has {} ranks",
-            env.coll.nranks()
-        );
-    }
-    algo_matrix(ctx, algo);
+fn algo_test(_ctx: &TestContext, algo: &str) {
+    matrix(AR, algo)
 }
 
 TEST!(AllReduceTest, Copy, |ctx| algo_test(ctx, "copy"));
@@ -171,7 +62,7 @@ TEST!(AllReduceTest, RepeatedCalls, |ctx| {
             "forcing {algo}"
         );
         let (dtype, count) = cases[(call as usize / algos.len()) % cases.len()];
-        bad_total += one_call(
+        bad_total += one_ar(
             dtype,
             ReduceOp::Sum,
             call % 2 == 1,
@@ -320,4 +211,65 @@ TEST!(AllReduceTest, BadArguments, |ctx| {
             .all_reduce(8, 8, 0, DataType::F32, ReduceOp::Sum, env.raw_stream())
     };
     EXPECT_TRUE!(r.is_ok(), "count 0 is a no-op");
+});
+
+TEST!(AllReduceTest, UserBufferRegistration, |_ctx| {
+    let env = coll_env();
+    let res = env.coll.resources();
+    let (rank, n) = (env.coll.rank(), env.coll.nranks());
+    let cache = &res.user_buffers;
+    let buf: mscclpp::GpuBuffer<u64> = ok!(mscclpp::GpuBuffer::new(env.device, 16), "allocating");
+    ok!(
+        buf.copy_from_host(0, &[0xC0DE_0000 + rank as u64]),
+        "writing"
+    );
+    let before = cache.len();
+    let reg = ok!(
+        cache.get_or_register(&res.comm, env.device, buf.data(), buf.bytes(), false),
+        "registering a library allocation"
+    );
+    let Some(reg) = reg else {
+        FAIL!("a GpuBuffer could not be registered for zero-copy")
+    };
+    EXPECT_EQ!(reg.bases.len(), n);
+    EXPECT_EQ!(reg.bases[rank], buf.data());
+    ok!(mp_env().bootstrap.barrier(), "barrier");
+    if !is_gpu_build() {
+        // Host backend: the peers' mappings are host addresses of the same memfd pages.
+        for (p, base) in reg.bases.iter().enumerate() {
+            // SAFETY: `base` maps rank p's live 16-element buffer (kept alive by the entry).
+            let v = unsafe { (*base as usize as *const u64).read_volatile() };
+            EXPECT_EQ!(
+                v,
+                0xC0DE_0000 + p as u64,
+                "rank {p}'s buffer seen through its mapping"
+            );
+        }
+    }
+    // A second lookup hits the cache (no traffic, same entry).
+    let again = ok!(
+        cache.get_or_register(&res.comm, env.device, buf.data(), buf.bytes(), false),
+        "looking up again"
+    );
+    EXPECT_TRUE!(again.is_some_and(|a| std::sync::Arc::ptr_eq(&a, &reg)));
+    EXPECT_EQ!(cache.len(), before + 1);
+    // A miss during capture registers nothing and talks to nobody.
+    let other: mscclpp::GpuBuffer<u64> = ok!(mscclpp::GpuBuffer::new(env.device, 16), "allocating");
+    let captured = ok!(
+        cache.get_or_register(&res.comm, env.device, other.data(), other.bytes(), true),
+        "lookup under capture"
+    );
+    EXPECT_TRUE!(captured.is_none(), "a miss under capture falls back");
+    // Memory the library did not allocate cannot be registered: every rank falls back.
+    let foreign = [0u64; 16];
+    let r = ok!(
+        cache.get_or_register(&res.comm, env.device, foreign.as_ptr() as u64, 128, false),
+        "registering foreign memory"
+    );
+    EXPECT_TRUE!(
+        r.is_none(),
+        "foreign memory falls back to copying on every rank"
+    );
+    drop(reg);
+    ok!(mp_env().bootstrap.barrier(), "barrier");
 });

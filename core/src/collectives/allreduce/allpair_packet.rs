@@ -66,7 +66,10 @@ impl Algorithm for AllpairPacket {
         let peers = res.nranks - 1;
         // One warp per peer for the sends, at least 8 warps for the reduction.
         let threads = (32 * peers.max(8)).min(1024) as u32;
-        let blocks = w.div_ceil(STRIPE * 4).clamp(1, 32) as u32;
+        let blocks = w
+            .div_ceil(STRIPE * 4)
+            .clamp(1, 32)
+            .min(res.max_waiting_blocks()) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = w as u64;
         let name = kernel_name("allreduce_allpair_packet", call.dtype, call.op);

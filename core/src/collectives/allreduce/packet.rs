@@ -29,7 +29,7 @@ const PKT: usize = 16;
 /// Words per slice.
 fn slice_words(call: &Call, n: usize) -> usize {
     let epw = WORD / call.dtype.size_in_bytes();
-    call.count.div_ceil(n).next_multiple_of(epw) / epw
+    call.count.div_ceil(n).div_ceil(epw)
 }
 
 impl Algorithm for Packet {
@@ -62,7 +62,7 @@ impl Algorithm for Packet {
         let threads = 512u32;
         let blocks = (sw * (res.nranks - 1))
             .div_ceil(threads as usize)
-            .clamp(1, res.sm_count.max(1) as usize) as u32;
+            .clamp(1, res.max_waiting_blocks()) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = sw as u64;
         let name = kernel_name("allreduce_packet", call.dtype, call.op);

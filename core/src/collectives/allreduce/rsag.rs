@@ -63,7 +63,9 @@ impl Algorithm for Rsag {
         let chunk =
             chunk_elems(res, size).min(call.count.next_multiple_of(res.nranks * VEC / size));
         let sv = slice_elems(chunk, res.nranks, size) * size / VEC;
-        let blocks = sv.div_ceil(1024).clamp(1, MAX_SEM_BLOCKS) as u32;
+        let blocks = sv
+            .div_ceil(1024)
+            .clamp(1, MAX_SEM_BLOCKS.min(res.max_waiting_blocks())) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = chunk_elems(res, size) as u64;
         let name = kernel_name("allreduce_rsag", call.dtype, call.op);

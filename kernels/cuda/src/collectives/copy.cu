@@ -6,6 +6,8 @@
 // extern "C" __global__ void coll_reduce2_<dtype>_sum(void* c, const void* a, const void* b, uint64_t n);
 //   c[i] = a[i] + b[i] for n elements, 16-byte vectors (buffers 16-byte aligned, n * size a
 //   multiple of 16); the local reduction whose bandwidth the ReduceKernelPerf test reports.
+#include <type_traits>
+
 #include "common.hpp"
 
 extern "C" __global__ void __launch_bounds__(1024) coll_copy(void* dst, const void* src, uint64_t bytes) {
@@ -34,6 +36,28 @@ extern "C" __global__ void __launch_bounds__(1024) coll_copy(void* dst, const vo
 
 namespace mscclpp {
 namespace coll {
+/// x + y of 16 bytes of T: f16 in packed half2 adds (two inputs: bitwise the same as an f32
+/// sum rounded once), everything else through the f32/T accumulator.
+template <typename T>
+MSCCLPP_DEVICE_INLINE uint4 add2(uint4 x, uint4 y) {
+  if constexpr (std::is_same<T, __half>::value) {
+    union H {
+      uint4 u;
+      __half2 h[4];
+    } p, q;
+    p.u = x;
+    q.u = y;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p.h[i] = __hadd2(p.h[i], q.h[i]);
+    return p.u;
+  } else {
+    AccPack<T, uint4> acc;
+    acc.load(x);
+    acc.template add<OpSum>(y);
+    return acc.template store<OpSum>(1);
+  }
+}
+
 template <typename T>
 MSCCLPP_DEVICE_INLINE void reduce2(void* c, const void* a, const void* b, uint64_t n) {
   const uint64_t tid = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -44,21 +68,11 @@ MSCCLPP_DEVICE_INLINE void reduce2(void* c, const void* a, const void* b, uint64
   uint4* c4 = reinterpret_cast<uint4*>(c);
   uint64_t i = tid;
   for (; i + nthreads < nv; i += 2 * nthreads) {
-    uint4 x0 = a4[i], y0 = b4[i], x1 = a4[i + nthreads], y1 = b4[i + nthreads];
-    AccPack<T, uint4> p0, p1;
-    p0.load(x0);
-    p0.template add<OpSum>(y0);
-    p1.load(x1);
-    p1.template add<OpSum>(y1);
-    c4[i] = p0.template store<OpSum>(1);
-    c4[i + nthreads] = p1.template store<OpSum>(1);
+    const uint4 x0 = a4[i], y0 = b4[i], x1 = a4[i + nthreads], y1 = b4[i + nthreads];
+    c4[i] = add2<T>(x0, y0);
+    c4[i + nthreads] = add2<T>(x1, y1);
   }
-  for (; i < nv; i += nthreads) {
-    AccPack<T, uint4> p;
-    p.load(a4[i]);
-    p.template add<OpSum>(b4[i]);
-    c4[i] = p.template store<OpSum>(1);
-  }
+  for (; i < nv; i += nthreads) c4[i] = add2<T>(a4[i], b4[i]);
 }
 }  // namespace coll
 }  // namespace mscclpp
