@@ -109,6 +109,33 @@ pub struct ExecBlock {
     pub ops: [ExecOp; MAX_OPS_PER_BLOCK],
 }
 
+/// The kernel's one parameter, `struct ExecArgs` of executor_device.hpp.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecArgs {
+    /// Device array of `ExecBlock`, one per block.
+    pub blocks: u64,
+    pub input: u64,
+    pub output: u64,
+    pub scratch: u64,
+    /// Offset of the second scratch half (0: single scratch); used when the flag is even.
+    pub scratch_half: u64,
+    /// Reused scratch: chunk length offsets wrap at (0: not reused).
+    pub reuse_chunk: u64,
+    /// One u32 launch counter per block.
+    pub flags: u64,
+    /// Barrier words (count, generation) per barrier id.
+    pub barriers: u64,
+    /// Device semaphores (i32).
+    pub semaphores: u64,
+    /// [`dtype_code`].
+    pub dtype: u32,
+    /// 0 LL16, 1 LL8.
+    pub packet: u32,
+    pub nblocks: u32,
+    pub pad: u32,
+}
+
 /// Bytes of an `ExecBlock` before its ops (what the kernel copies besides the used ops).
 pub const EXEC_BLOCK_HEADER_BYTES: usize = std::mem::offset_of!(ExecBlock, ops);
 

@@ -5,38 +5,12 @@
 use mscclpp_hal::{Api, Gpu};
 
 use super::context::ExecContext;
+pub(crate) use super::device::ExecArgs;
 use super::plan::ExecutionPlan;
 use crate::collectives::gpu::GpuCtx;
 use crate::collectives::{DataType, RawStream};
 use crate::error::{Error, Result};
 use crate::memory::hal_err;
-
-/// The kernel's one parameter, `struct ExecArgs` of executor_device.hpp.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ExecArgs {
-    /// Device array of `ExecBlock`, one per block.
-    pub blocks: u64,
-    pub input: u64,
-    pub output: u64,
-    pub scratch: u64,
-    /// Offset of the second scratch half (0: single scratch); used when the flag is even.
-    pub scratch_half: u64,
-    /// Reused scratch: chunk length offsets wrap at (0: not reused).
-    pub reuse_chunk: u64,
-    /// One u32 launch counter per block.
-    pub flags: u64,
-    /// Barrier words (count, generation) per barrier id.
-    pub barriers: u64,
-    /// Device semaphores (i32).
-    pub semaphores: u64,
-    /// [`dtype_code`].
-    pub dtype: u32,
-    /// 0 LL16, 1 LL8.
-    pub packet: u32,
-    pub nblocks: u32,
-    pub pad: u32,
-}
 
 /// `ExecDataType` of the C header.
 pub(crate) fn dtype_code(d: DataType) -> u32 {
@@ -66,6 +40,7 @@ pub(crate) unsafe fn launch(
     plan: &ExecutionPlan,
     ctx: &ExecContext,
     args: ExecArgs,
+    dtype: DataType,
     stream: RawStream,
 ) -> Result<()> {
     let sms = Gpu::properties(g.device())
@@ -81,10 +56,11 @@ pub(crate) unsafe fn launch(
     }
     let threads = plan.num_threads_per_block();
     // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter.
+    let name = format!("executor_{}", dtype.kernel_name());
     unsafe {
         g.launch(
             "executor/executor",
-            "executor_kernel",
+            &name,
             args.nblocks,
             threads,
             &args,

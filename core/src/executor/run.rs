@@ -220,6 +220,15 @@ impl Executor {
             ));
         }
         let device = device.0;
+        if device.kind == DeviceType::Gpu
+            && <mscclpp_hal::Gpu as mscclpp_hal::Api>::NAME == "rocm"
+            && matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2)
+        {
+            return Err(err(
+                plan,
+                format!("{dtype}: the ROCm executor kernel is built without fp8"),
+            ));
+        }
         let gpu = if device.kind == DeviceType::Gpu {
             Some(self.gpu(device.id)?)
         } else {
@@ -313,6 +322,7 @@ impl Executor {
                     plan,
                     ctx,
                     low_args(low, ctx, bufs, dtype, packet_type),
+                    dtype,
                     stream,
                 )
             },

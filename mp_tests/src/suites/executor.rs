@@ -14,7 +14,8 @@ use mscclpp_framework::*;
 use mscclpp_hal::{Api, Gpu, StreamInterop};
 
 use super::coll_common::{
-    agreed_seed, compare, fill, gen_value, guard_intact, poisoned, reference, GUARD, POISON,
+    agreed_seed, all_values, compare, guard_intact, poisoned, reference, write_values, GUARD,
+    POISON,
 };
 use super::memory_channel::common::{is_gpu_build, ok};
 use crate::world::mp_env;
@@ -178,17 +179,18 @@ pub(crate) fn check_plan(
                     b.recv.copy_from_host(0, &vec![POISON; out_bytes + GUARD]),
                     "poisoning"
                 );
+                let vals = all_values(dtype, ReduceOp::Sum, seed, call, n, m);
                 let (send, send_size) = match (&b.send, gather) {
                     (Some(s), _) => {
-                        fill(s, 0, dtype, ReduceOp::Sum, seed, call, r, 0, m);
+                        write_values(s, 0, dtype, &vals[r]);
                         (s.data(), bytes)
                     }
                     (None, true) => {
-                        fill(&b.recv, r * m, dtype, ReduceOp::Sum, seed, call, r, 0, m);
+                        write_values(&b.recv, r * m, dtype, &vals[r]);
                         (b.recv.data() + (r * bytes) as u64, bytes)
                     }
                     (None, false) => {
-                        fill(&b.recv, 0, dtype, ReduceOp::Sum, seed, call, r, 0, m);
+                        write_values(&b.recv, 0, dtype, &vals[r]);
                         (b.recv.data(), bytes)
                     }
                 };
@@ -215,24 +217,19 @@ pub(crate) fn check_plan(
                 let mut got = vec![0u8; out_bytes];
                 ok!(b.recv.copy_to_host(0, &mut got), "reading the output");
                 let before = errors.len();
+                let mut column = vec![0.0; n];
                 bad += if gather {
-                    compare(
-                        dtype,
-                        &got,
-                        0,
-                        |i| gen_value(dtype, ReduceOp::Sum, seed, call, i / m, i % m),
-                        errors,
-                    )
+                    compare(dtype, &got, 0, |i| vals[i / m][i % m], errors)
                 } else {
                     compare(
                         dtype,
                         &got,
                         0,
                         |i| {
-                            let v: Vec<f64> = (0..n)
-                                .map(|q| gen_value(dtype, ReduceOp::Sum, seed, call, q, i))
-                                .collect();
-                            reference(dtype, ReduceOp::Sum, &v)
+                            for (q, c) in column.iter_mut().enumerate() {
+                                *c = vals[q][i];
+                            }
+                            reference(dtype, ReduceOp::Sum, &column)
                         },
                         errors,
                     )
