@@ -40,7 +40,6 @@ pub(crate) unsafe fn launch(
     plan: &ExecutionPlan,
     ctx: &ExecContext,
     args: ExecArgs,
-    dtype: DataType,
     stream: RawStream,
 ) -> Result<()> {
     let sms = Gpu::properties(g.device())
@@ -56,11 +55,10 @@ pub(crate) unsafe fn launch(
     }
     let threads = plan.num_threads_per_block();
     // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter.
-    let name = format!("executor_{}", dtype.kernel_name());
     unsafe {
         g.launch(
             "executor/executor",
-            &name,
+            "executor_kernel",
             args.nblocks,
             threads,
             &args,

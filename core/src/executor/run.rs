@@ -322,7 +322,6 @@ impl Executor {
                     plan,
                     ctx,
                     low_args(low, ctx, bufs, dtype, packet_type),
-                    dtype,
                     stream,
                 )
             },

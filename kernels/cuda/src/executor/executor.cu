@@ -9,15 +9,13 @@
 //     over the block's threads; pipelines repeat their inner ops over unitSize-byte steps.
 // Reductions accumulate 16-bit and fp8 floats in f32 (collectives/common.hpp's element rules).
 //
-// extern "C" __global__ void executor_<dtype>(mscclpp::ExecArgs args);   dtype: i8 u8 i32 u32 i64 u64
-//   f16 f32 f64 bf16 (and fp8e4m3 fp8e5m2 on CUDA): the element type of reductions. One entry
-//   point per type keeps each kernel small (hipcc inlines everything into its kernels).
+// extern "C" __global__ void executor_kernel(mscclpp::ExecArgs args);
+//   args.dtype: the element type of reductions (fp8 only on CUDA); args.packet: 0 LL16, 1 LL8.
 #include <mscclpp/executor_device.hpp>
 
 #include "../collectives/common.hpp"
 
 using namespace mscclpp;
-using mscclpp::coll::AccPack;
 using mscclpp::coll::Elem;
 
 namespace {
@@ -64,9 +62,19 @@ __device__ __noinline__ void gridBarrier(uint32_t* words, uint32_t n) {
 }
 
 // ---- reductions ----
+// One function per element type (the reduce op and the packet format are run-time values), so
+// the kernel stays small enough to compile quickly with nvcc and hipcc.
 
-template <typename T, int OP>
+template <typename A>
+__device__ A combineRt(uint8_t op, A a, A b) {
+  if (op == 1) return coll::combine<coll::OpMin>(a, b);
+  if (op == 2) return coll::combine<coll::OpMax>(a, b);
+  return coll::combine<coll::OpSum>(a, b);
+}
+
+template <typename T>
 __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  using A = typename Elem<T>::Acc;
   const uint64_t size = stepSize(o.inputSizes[0], off, unit);
   if (size == 0) return;
   const char* in[EXEC_MAX_BUFFERS_PER_OP];
@@ -80,56 +88,109 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
     out[i] = r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off);
     aligned = aligned && ((uintptr_t)out[i] % 16) == 0;
   }
+  const uint8_t op = o.reduceOp;
   if (aligned) {
+    using P = coll::Pack<T, uint4>;
     const uint64_t n = size / 16;
     for (uint64_t w = threadIdx.x; w < n; w += blockDim.x) {
-      AccPack<T, uint4> acc;
-      acc.load(reinterpret_cast<const uint4*>(in[0])[w]);
-      for (int i = 1; i < o.nInputs; ++i) acc.template add<OP>(reinterpret_cast<const uint4*>(in[i])[w]);
-      const uint4 v = acc.template store<OP>(1);
-      for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = v;
+      P p;
+      p.w = reinterpret_cast<const uint4*>(in[0])[w];
+      A acc[P::N];
+#pragma unroll
+      for (int k = 0; k < P::N; ++k) acc[k] = Elem<T>::up(p.v[k]);
+      for (int i = 1; i < o.nInputs; ++i) {
+        p.w = reinterpret_cast<const uint4*>(in[i])[w];
+#pragma unroll
+        for (int k = 0; k < P::N; ++k) acc[k] = combineRt(op, acc[k], Elem<T>::up(p.v[k]));
+      }
+#pragma unroll
+      for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[k]);
+      for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
     }
     return;
   }
   const uint64_t n = size / sizeof(T);
   for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
-    auto acc = Elem<T>::up(reinterpret_cast<const T*>(in[0])[e]);
-    for (int i = 1; i < o.nInputs; ++i) acc = coll::combine<OP>(acc, Elem<T>::up(reinterpret_cast<const T*>(in[i])[e]));
+    A acc = Elem<T>::up(reinterpret_cast<const T*>(in[0])[e]);
+    for (int i = 1; i < o.nInputs; ++i) acc = combineRt(op, acc, Elem<T>::up(reinterpret_cast<const T*>(in[i])[e]));
     const T v = Elem<T>::down(acc);
     for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<T*>(out[i])[e] = v;
   }
 }
 
-/// repkt / respkt / recpkt / recspkt with payload word W of packet type P.
-template <typename T, int OP, typename P>
-__device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
-  using W = typename P::Payload;
-  if constexpr (sizeof(T) > sizeof(W)) {
-    MSCCLPP_DEVICE_CHECK(false, "executor: element larger than the packet payload");
+/// A packet payload (8 bytes of LL16, the first 4 of them for LL8) as elements of T.
+template <typename T>
+union Payload {
+  uint2 w;
+  uint32_t u[2];
+  T v[8 / sizeof(T)];
+};
+
+template <typename T>
+__device__ Payload<T> readPacket(const char* base, uint32_t idx, bool ll8, uint32_t flag) {
+  Payload<T> p;
+  if (ll8) {
+    p.u[0] = reinterpret_cast<const LL8Packet*>(base)[idx].read(flag);
   } else {
-    const bool copies = o.opType == EXEC_REDUCE_COPY_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
-    const bool sends = o.opType == EXEC_REDUCE_SEND_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
-    const uint32_t n = o.inputSizes[0] / sizeof(W);
-    const W* src0 = reinterpret_cast<const W*>(r.local(o.inputRefs[0]) + o.inputOffsets[0]);
-    W* dst0 = reinterpret_cast<W*>(r.local(o.outputRefs[0]) + o.outputOffsets[0]);
-    for (uint32_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
-      AccPack<T, W> acc;
-      acc.load(src0[idx]);
-      for (int j = 1; j < o.nInputs; ++j) {
-        const P* p = reinterpret_cast<const P*>(r.local(o.inputRefs[j]) + 2 * (uint64_t)o.inputOffsets[j]);
-        acc.template add<OP>(p[idx].read(r.flag));
+    p.w = reinterpret_cast<const LL16Packet*>(base)[idx].read(flag);
+  }
+  return p;
+}
+
+template <typename T>
+__device__ void writePacket(char* base, uint32_t idx, bool ll8, const Payload<T>& p, uint32_t flag) {
+  if (ll8) {
+    reinterpret_cast<LL8Packet*>(base)[idx].write(p.u[0], flag);
+  } else {
+    reinterpret_cast<LL16Packet*>(base)[idx].write(p.w, flag);
+  }
+}
+
+/// repkt / respkt / recpkt / recspkt.
+template <typename T>
+__device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
+  using A = typename Elem<T>::Acc;
+  const bool ll8 = r.a.packet != 0;
+  const uint32_t pay = ll8 ? 4 : 8;
+  const int n = pay / sizeof(T);
+  MSCCLPP_DEVICE_CHECK(n > 0, "executor: element larger than the packet payload");
+  const bool copies = o.opType == EXEC_REDUCE_COPY_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
+  const bool sends = o.opType == EXEC_REDUCE_SEND_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
+  const uint32_t count = o.inputSizes[0] / pay;
+  const char* src0 = r.local(o.inputRefs[0]) + o.inputOffsets[0];
+  char* dst0 = r.local(o.outputRefs[0]) + o.outputOffsets[0];
+  constexpr int M = 8 / sizeof(T);
+  for (uint32_t idx = threadIdx.x; idx < count; idx += blockDim.x) {
+    Payload<T> p;
+    if (ll8) {
+      p.u[0] = reinterpret_cast<const uint32_t*>(src0)[idx];
+    } else {
+      p.w = reinterpret_cast<const uint2*>(src0)[idx];
+    }
+    A acc[M];
+#pragma unroll
+    for (int k = 0; k < M; ++k) acc[k] = Elem<T>::up(p.v[k]);
+    for (int j = 1; j < o.nInputs; ++j) {
+      const Payload<T> q =
+          readPacket<T>(r.local(o.inputRefs[j]) + 2 * (uint64_t)o.inputOffsets[j], idx, ll8, r.flag);
+#pragma unroll
+      for (int k = 0; k < M; ++k) {
+        if (k < n) acc[k] = combineRt(o.reduceOp, acc[k], Elem<T>::up(q.v[k]));
       }
-      const W v = acc.template store<OP>(1);
-      dst0[idx] = v;
-      if (copies) {
-        P* q = reinterpret_cast<P*>(r.local(o.outputRefs[1]) + 2 * (uint64_t)o.outputOffsets[1]);
-        q[idx].write(v, r.flag);
-      }
-      if (sends) {
-        for (int j = copies ? 2 : 1; j < o.nOutputs; ++j) {
-          P* q = reinterpret_cast<P*>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j]);
-          q[idx].write(v, r.flag);
-        }
+    }
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+      if (k < n) p.v[k] = Elem<T>::down(acc[k]);
+    }
+    if (ll8) {
+      reinterpret_cast<uint32_t*>(dst0)[idx] = p.u[0];
+    } else {
+      reinterpret_cast<uint2*>(dst0)[idx] = p.w;
+    }
+    if (copies) writePacket<T>(r.local(o.outputRefs[1]) + 2 * (uint64_t)o.outputOffsets[1], idx, ll8, p, r.flag);
+    if (sends) {
+      for (int j = copies ? 2 : 1; j < o.nOutputs; ++j) {
+        writePacket<T>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j], idx, ll8, p, r.flag);
       }
     }
   }
@@ -137,28 +198,31 @@ __device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
 
 template <typename T>
 __device__ void reduceOp(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
-  const bool packets = o.opType >= EXEC_REDUCE_SEND_PACKETS && o.opType != EXEC_COPY_PACKETS &&
-                       o.opType != EXEC_UNPACK_PACKETS;
-#define EXEC_ONE_OP(OP)                                                                 \
-  if (!packets) {                                                                       \
-    reduceElems<T, OP>(r, o, off, unit);                                                \
-  } else if (r.a.packet == 0) {                                                         \
-    reducePackets<T, OP, LL16Packet>(r, o);                                             \
-  } else {                                                                              \
-    reducePackets<T, OP, LL8Packet>(r, o);                                              \
+  if (o.opType >= EXEC_REDUCE_SEND_PACKETS) {
+    reducePackets<T>(r, o);
+  } else {
+    reduceElems<T>(r, o, off, unit);
   }
-  switch (o.reduceOp) {
-    case 1:
-      EXEC_ONE_OP(coll::OpMin);
-      break;
-    case 2:
-      EXEC_ONE_OP(coll::OpMax);
-      break;
-    default:
-      EXEC_ONE_OP(coll::OpSum);
-      break;
+}
+
+__device__ __noinline__ void reduceDispatch(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  switch (r.a.dtype) {
+    case EXEC_I8: reduceOp<int8_t>(r, o, off, unit); break;
+    case EXEC_U8: reduceOp<uint8_t>(r, o, off, unit); break;
+    case EXEC_I32: reduceOp<int32_t>(r, o, off, unit); break;
+    case EXEC_U32: reduceOp<uint32_t>(r, o, off, unit); break;
+    case EXEC_I64: reduceOp<int64_t>(r, o, off, unit); break;
+    case EXEC_U64: reduceOp<uint64_t>(r, o, off, unit); break;
+    case EXEC_F16: reduceOp<__half>(r, o, off, unit); break;
+    case EXEC_F32: reduceOp<float>(r, o, off, unit); break;
+    case EXEC_F64: reduceOp<double>(r, o, off, unit); break;
+    case EXEC_BF16: reduceOp<coll::bf16_t>(r, o, off, unit); break;
+#if defined(MSCCLPP_COLL_HAS_FP8)
+    case EXEC_FP8E4M3: reduceOp<__nv_fp8_e4m3>(r, o, off, unit); break;
+    case EXEC_FP8E5M2: reduceOp<__nv_fp8_e5m2>(r, o, off, unit); break;
+#endif
+    default: MSCCLPP_DEVICE_CHECK(false, "executor: data type not built for this GPU"); break;
   }
-#undef EXEC_ONE_OP
 }
 
 // ---- data movement ----
@@ -258,8 +322,7 @@ __device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
   }
 }
 
-template <typename T>
-__device__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+__device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   switch (o.opType) {
     case EXEC_NOP:
       __syncthreads();
@@ -336,7 +399,7 @@ __device__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit)
     case EXEC_REDUCE_SEND_PACKETS:
     case EXEC_REDUCE_COPY_PACKETS:
     case EXEC_REDUCE_COPY_SEND_PACKETS:
-      reduceOp<T>(r, o, off, unit);
+      reduceDispatch(r, o, off, unit);
       break;
     case EXEC_PUT_PACKETS:
     case EXEC_READ_PUT_PACKETS:
@@ -371,8 +434,9 @@ __device__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit)
   }
 }
 
-template <typename T>
-__device__ void runBlock(const ExecArgs& args) {
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args) {
   __shared__ ExecBlock blk;
   const ExecBlock* src = args.blocks + blockIdx.x;
   const uint32_t nOps = src->nOps;
@@ -392,34 +456,14 @@ __device__ void runBlock(const ExecArgs& args) {
       const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
       for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
         const uint64_t off = (uint64_t)itr * o.unitSize;
-        for (uint32_t k = 0; k < nInner; ++k) exec<T>(r, blk.ops[i + 1 + k], off, o.unitSize);
+        for (uint32_t k = 0; k < nInner; ++k) exec(r, blk.ops[i + 1 + k], off, o.unitSize);
       }
       i += 1 + nInner;
     } else {
-      exec<T>(r, o, 0, ~0ull);
+      exec(r, o, 0, ~0ull);
       ++i;
     }
   }
   __syncthreads();
   if (threadIdx.x == 0) args.flags[blockIdx.x] = r.flag;
 }
-
-}  // namespace
-
-#define EXEC_KERNEL(TYPE, NAME) \
-  extern "C" __global__ void __launch_bounds__(1024) executor_##NAME(ExecArgs args) { runBlock<TYPE>(args); }
-
-EXEC_KERNEL(int8_t, i8)
-EXEC_KERNEL(uint8_t, u8)
-EXEC_KERNEL(int32_t, i32)
-EXEC_KERNEL(uint32_t, u32)
-EXEC_KERNEL(int64_t, i64)
-EXEC_KERNEL(uint64_t, u64)
-EXEC_KERNEL(__half, f16)
-EXEC_KERNEL(float, f32)
-EXEC_KERNEL(double, f64)
-EXEC_KERNEL(coll::bf16_t, bf16)
-#if defined(MSCCLPP_COLL_HAS_FP8)
-EXEC_KERNEL(__nv_fp8_e4m3, fp8e4m3)
-EXEC_KERNEL(__nv_fp8_e5m2, fp8e5m2)
-#endif
