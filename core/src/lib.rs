@@ -10,6 +10,7 @@ pub mod device_emu;
 pub mod endpoint;
 pub mod env;
 pub mod error;
+pub mod executor;
 pub mod fifo;
 pub mod future;
 pub mod gpu_buffer;

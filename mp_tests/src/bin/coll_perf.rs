@@ -7,6 +7,8 @@ mod coll_data;
 #[path = "../launcher.rs"]
 #[allow(dead_code)]
 mod launcher;
+#[path = "../plan_bench.rs"]
+mod plan_bench;
 #[path = "../spawn.rs"]
 #[allow(dead_code)]
 mod spawn;
@@ -18,7 +20,7 @@ use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 use mscclpp::collectives::{CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp};
 use mscclpp::{Communicator, Context, Device, GpuBuffer};
 use mscclpp_hal::prelude::*;
-use mscclpp_hal::{Api, Gpu, StreamInterop};
+use mscclpp_hal::{Gpu, StreamInterop};
 
 const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
   -b, --minbytes SIZE     smallest size (default 32M; K/M/G suffixes)
@@ -34,6 +36,9 @@ const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
       --op-kind / --coll  allreduce | allgather | reducescatter | broadcast (default allreduce)
       --algo NAME         force the algorithm
       --json FILE         also write the rows as JSON
+      --plan FILE         run an execution plan (its collective and in/out-of-place) through the
+                          executor, each size next to the native algorithm of the same call
+      --plan FILE --check only parse and validate the plan (every rank's part); no ranks needed
       --np N / --ip_port=IP:PORT / --timeout=S   launcher options (as mp_unit_tests)
 Sizes are total bytes as in nccl-tests (all-gather: the gathered buffer; reduce-scatter: the
 send buffer). Exit code 1 when any value is wrong.";
@@ -53,6 +58,8 @@ struct Opts {
     kind: CollectiveKind,
     algo: Option<String>,
     json: Option<String>,
+    plan: Option<String>,
+    plan_check_only: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -84,6 +91,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         kind: CollectiveKind::AllReduce,
         algo: None,
         json: None,
+        plan: None,
+        plan_check_only: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -92,6 +101,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
+        let next_is_flag_value = matches!(args.get(i + 1).map(String::as_str), Some("0" | "1"));
         let mut value = || -> Result<String, String> {
             if let Some(v) = &inline {
                 return Ok(v.clone());
@@ -132,6 +142,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "-r" | "--root" => o.root = num(value()?, "-r")?,
             "-n" | "--iters" => o.iters = num(value()?, "-n")?.max(1),
             "-w" | "--warmup_iters" => o.warmup = num(value()?, "-w")?,
+            // `--check` with no 0/1 after it: validate the plan only (`-c 0|1` checks results).
+            "--check" if inline.is_none() && !next_is_flag_value => o.plan_check_only = true,
             "-c" | "--check" => o.check = num(value()?, "-c")? != 0,
             "-G" | "--cudagraph" => o.graph = num(value()?, "-G")?,
             "--op-kind" | "--coll" | "--collective" => {
@@ -141,6 +153,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             }
             "--algo" => o.algo = Some(value()?),
             "--json" => o.json = Some(value()?),
+            "--plan" => o.plan = Some(value()?),
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown option `{a}`")),
         }
@@ -171,6 +184,9 @@ struct Bench {
     a: GpuBuffer<u8>,
     b: GpuBuffer<u8>,
     timeout: Duration,
+    /// `--plan`: the executor and plan, used while `use_plan` is set.
+    plan: Option<plan_bench::PlanRun>,
+    use_plan: std::cell::Cell<bool>,
 }
 
 #[derive(serde::Serialize, Clone, Copy, Default)]
@@ -236,6 +252,9 @@ impl Bench {
 
     fn call(&self, o: &Opts, send: u64, recv: u64, count: usize) -> Result<(), String> {
         let s = self.raw();
+        if let (Some(p), true) = (&self.plan, self.use_plan.get()) {
+            return p.call(o, self.coll.nranks(), send, recv, count, s);
+        }
         // SAFETY: the addresses lie inside `a` and `b` (sized for the largest call), alive for
         // the benchmark; every launch is synchronised before the buffers are reused.
         unsafe {
@@ -437,6 +456,15 @@ fn run(
         host_timeout: timeout,
         ..Default::default()
     };
+    let plan = match &o.plan {
+        Some(path) => Some(plan_bench::PlanRun::new(
+            path,
+            comm.clone(),
+            placement.rank,
+            timeout,
+        )?),
+        None => None,
+    };
     let coll = Collectives::with_config(comm, cfg).map_err(|e| e.to_string())?;
     if let Some(a) = &o.algo {
         coll.force_algorithm(o.kind, Some(a))
@@ -471,8 +499,13 @@ fn run(
         a: alloc()?,
         b: alloc()?,
         timeout,
+        plan,
+        use_plan: std::cell::Cell::new(false),
     };
     let _ = bench.device;
+    if bench.plan.is_some() {
+        return plan_bench::report(o, &bench);
+    }
     let redop = match o.kind {
         CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => o.op.name(),
         _ => "none",
@@ -621,6 +654,9 @@ fn real_main() -> i32 {
             return 2;
         }
     };
+    if let (Some(path), true) = (&o.plan, o.plan_check_only) {
+        return plan_bench::check_only(path);
+    }
     let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
         Ok(p) => p,
         Err(e) => {

@@ -8,6 +8,8 @@ mod coll_common;
 mod coll_kernels;
 mod coll_matrix;
 mod communicator;
+mod executor;
+mod executor_bad;
 mod fifo;
 mod ib;
 mod local_communicator;

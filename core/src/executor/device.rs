@@ -1,0 +1,335 @@
+//! The device form of a plan: `#[repr(C)]` per-thread-block op lists with byte offsets for
+//! one message size, equal to `kernels/cuda/include/mscclpp/executor_device.hpp` (checked by
+//! core/tests/executor_layout.rs). The GPU kernel and the host interpreter both read these.
+
+use super::json::{ChannelType, OpName, PlanReduceOp};
+use super::layout::Layout;
+use super::plan::{BufRef, Chunk, Op, RankPlan};
+use super::{
+    MAX_BUFFERS_PER_OP, MAX_CHANNELS_PER_BLOCK, MAX_CHANNELS_PER_OP, MAX_OPS_PER_BLOCK,
+    MAX_REMOTE_BUFFERS_PER_BLOCK, MAX_SEMAPHORES_PER_OP,
+};
+use crate::memory_channel::BaseMemoryChannelDeviceHandle;
+use crate::port_channel::BasePortChannelDeviceHandle;
+
+/// Operation codes (`ExecOpType` of the C header).
+#[allow(missing_docs)]
+pub mod op {
+    pub const NOP: u8 = 0;
+    pub const BARRIER: u8 = 1;
+    pub const PUT: u8 = 2;
+    pub const PUT_WITH_SIGNAL: u8 = 3;
+    pub const PUT_WITH_SIGNAL_AND_FLUSH: u8 = 4;
+    pub const GET: u8 = 5;
+    pub const COPY: u8 = 6;
+    pub const SIGNAL: u8 = 7;
+    pub const WAIT: u8 = 8;
+    pub const FLUSH: u8 = 9;
+    pub const REDUCE: u8 = 10;
+    pub const REDUCE_SEND: u8 = 11;
+    pub const READ_REDUCE: u8 = 12;
+    pub const READ_REDUCE_SEND: u8 = 13;
+    pub const PUT_PACKETS: u8 = 14;
+    pub const READ_PUT_PACKETS: u8 = 15;
+    pub const REDUCE_SEND_PACKETS: u8 = 16;
+    pub const COPY_PACKETS: u8 = 17;
+    pub const UNPACK_PACKETS: u8 = 18;
+    pub const REDUCE_PACKETS: u8 = 19;
+    pub const REDUCE_COPY_PACKETS: u8 = 20;
+    pub const REDUCE_COPY_SEND_PACKETS: u8 = 21;
+    pub const RELAXED_SIGNAL: u8 = 22;
+    pub const RELAXED_WAIT: u8 = 23;
+    pub const PIPELINE: u8 = 24;
+    pub const SEM_ACQUIRE: u8 = 25;
+    pub const SEM_RELEASE: u8 = 26;
+}
+
+/// `ExecOp.inputRefs[i]` / `outputRefs[i]`: a local buffer type (0..=2), or this bit plus the
+/// slot of a remote buffer in the block's table of the op's channel type.
+pub const REF_REMOTE: u8 = 0x80;
+/// Channel types of `ExecOp.channelType`.
+pub const CHANNEL_NONE: u8 = 0;
+/// Memory channel.
+pub const CHANNEL_MEMORY: u8 = 1;
+/// Port channel.
+pub const CHANNEL_PORT: u8 = 2;
+
+/// `struct ExecOp` (256 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecOp {
+    pub op_type: u8,
+    pub channel_type: u8,
+    pub n_channels: u8,
+    pub n_inputs: u8,
+    pub n_outputs: u8,
+    /// 0 sum, 1 min, 2 max.
+    pub reduce_op: u8,
+    pub n_semaphores: u8,
+    pub pad0: u8,
+    /// Indexes into the block's channels of `channel_type`.
+    pub channels: [u8; MAX_CHANNELS_PER_OP],
+    pub input_refs: [u8; MAX_BUFFERS_PER_OP],
+    pub output_refs: [u8; MAX_BUFFERS_PER_OP],
+    /// Buffer type (0 input, 1 output, 2 scratch) behind each reference, remote ones too.
+    pub input_types: [u8; MAX_BUFFERS_PER_OP],
+    pub output_types: [u8; MAX_BUFFERS_PER_OP],
+    pub semaphore_ids: [u8; MAX_SEMAPHORES_PER_OP],
+    pub input_offsets: [u32; MAX_BUFFERS_PER_OP],
+    pub input_sizes: [u32; MAX_BUFFERS_PER_OP],
+    pub output_offsets: [u32; MAX_BUFFERS_PER_OP],
+    pub output_sizes: [u32; MAX_BUFFERS_PER_OP],
+    pub barrier_id: u32,
+    pub n_blocks: u32,
+    /// Pipeline: bytes per iteration, iterations, and how many following ops it repeats.
+    pub unit_size: u32,
+    pub n_iterations: u32,
+    pub n_inner: u32,
+    pub pad1: u32,
+}
+
+/// `struct ExecBlock`: one thread block's channels, remote buffers and operations.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecBlock {
+    pub n_ops: u32,
+    pub n_memory_channels: u32,
+    pub n_port_channels: u32,
+    pub pad: u32,
+    pub memory_channels: [BaseMemoryChannelDeviceHandle; MAX_CHANNELS_PER_BLOCK],
+    pub port_channels: [BasePortChannelDeviceHandle; MAX_CHANNELS_PER_BLOCK],
+    /// Addresses (mapped here) of remote buffers reached through memory channels.
+    pub memory_buffers: [u64; MAX_REMOTE_BUFFERS_PER_BLOCK],
+    /// Proxy memory ids of remote buffers reached through port channels.
+    pub port_buffers: [u32; MAX_REMOTE_BUFFERS_PER_BLOCK],
+    /// Double scratch: the second half's offset in each remote buffer (0 unless it is the
+    /// peer's scratch), used on launches with an even flag.
+    pub memory_buffer_halves: [u32; MAX_REMOTE_BUFFERS_PER_BLOCK],
+    pub port_buffer_halves: [u32; MAX_REMOTE_BUFFERS_PER_BLOCK],
+    pub ops: [ExecOp; MAX_OPS_PER_BLOCK],
+}
+
+/// The kernel's one parameter, `struct ExecArgs` of executor_device.hpp.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecArgs {
+    /// Device array of `ExecBlock`, one per block.
+    pub blocks: u64,
+    pub input: u64,
+    pub output: u64,
+    pub scratch: u64,
+    /// Offset of the second scratch half (0: single scratch); used when the flag is even.
+    pub scratch_half: u64,
+    /// Reused scratch: chunk length offsets wrap at (0: not reused).
+    pub reuse_chunk: u64,
+    /// One u32 launch counter per block.
+    pub flags: u64,
+    /// Barrier words (count, generation) per barrier id.
+    pub barriers: u64,
+    /// Device semaphores (i32).
+    pub semaphores: u64,
+    /// [`dtype_code`].
+    pub dtype: u32,
+    /// 0 LL16, 1 LL8.
+    pub packet: u32,
+    pub nblocks: u32,
+    pub pad: u32,
+}
+
+/// Bytes of an `ExecBlock` before its ops (what the kernel copies besides the used ops).
+pub const EXEC_BLOCK_HEADER_BYTES: usize = std::mem::offset_of!(ExecBlock, ops);
+
+/// Barrier words per barrier id (count, generation).
+pub const BARRIER_WORDS: usize = 2;
+
+impl ExecOp {
+    fn zeroed() -> ExecOp {
+        // SAFETY: ExecOp is integers and integer arrays only; all-zero is a valid value.
+        unsafe { std::mem::zeroed() }
+    }
+}
+
+impl ExecBlock {
+    /// An empty block (no channels, no ops).
+    pub fn zeroed() -> Box<ExecBlock> {
+        // SAFETY: ExecBlock is integers, integer arrays and device handles made of raw
+        // pointers and integers; all-zero (null pointers) is a valid value of each.
+        Box::new(unsafe { std::mem::zeroed() })
+    }
+}
+
+/// The executor's resources a lowered plan points at (indexes are the rank's).
+pub(crate) struct Tables<'a> {
+    pub memory_channels: &'a [BaseMemoryChannelDeviceHandle],
+    pub port_channels: &'a [BasePortChannelDeviceHandle],
+    /// Per remote buffer of the rank: its address here (memory access) and proxy id (port).
+    pub memory_buffers: &'a [u64],
+    pub port_buffers: &'a [u32],
+    /// Per remote buffer of the rank: the offset of its second scratch half (or 0).
+    pub halves: &'a [u32],
+}
+
+type R<T> = std::result::Result<T, String>;
+
+fn code(n: OpName) -> R<u8> {
+    use OpName::*;
+    Ok(match n {
+        Nop => op::NOP,
+        Barrier => op::BARRIER,
+        Put => op::PUT,
+        Pws => op::PUT_WITH_SIGNAL,
+        Pwsf => op::PUT_WITH_SIGNAL_AND_FLUSH,
+        Get => op::GET,
+        Copy => op::COPY,
+        Signal => op::SIGNAL,
+        Wait => op::WAIT,
+        Flush => op::FLUSH,
+        Re => op::REDUCE,
+        Res => op::REDUCE_SEND,
+        Rre => op::READ_REDUCE,
+        Rres => op::READ_REDUCE_SEND,
+        Ppkt => op::PUT_PACKETS,
+        Rppkt => op::READ_PUT_PACKETS,
+        Respkt => op::REDUCE_SEND_PACKETS,
+        Cpkt => op::COPY_PACKETS,
+        Upkt => op::UNPACK_PACKETS,
+        Repkt => op::REDUCE_PACKETS,
+        Recpkt => op::REDUCE_COPY_PACKETS,
+        Recspkt => op::REDUCE_COPY_SEND_PACKETS,
+        Rlxsignal => op::RELAXED_SIGNAL,
+        Rlxwait => op::RELAXED_WAIT,
+        Pipeline => op::PIPELINE,
+        SemAcquire => op::SEM_ACQUIRE,
+        SemRelease => op::SEM_RELEASE,
+        Glre | Glres | Gstore | Gstorepkt => {
+            return Err(format!(
+                "operation {} needs a switch channel (NVLS), which is off here",
+                n.name()
+            ))
+        }
+    })
+}
+
+fn u32_of(v: u64, what: &str) -> R<u32> {
+    u32::try_from(v).map_err(|_| {
+        format!("{what} {v} bytes: the executor's offsets and sizes are 32-bit (below 4 GiB)")
+    })
+}
+
+fn lower_side(
+    l: &Layout,
+    side: &[Chunk],
+    tbg: (u32, u32),
+    refs: &mut [u8],
+    types: &mut [u8],
+    offs: &mut [u32],
+    sizes: &mut [u32],
+) -> R<()> {
+    for (i, c) in side.iter().enumerate() {
+        let (r, t) = match c.buf {
+            BufRef::Local(t) => (t as u8, t),
+            BufRef::Remote { slot, ty, .. } => (REF_REMOTE | slot as u8, ty),
+            BufRef::Switch(_) => return Err("switch channel chunks need NVLS".into()),
+        };
+        let (off, size) = l.chunk(c, tbg);
+        refs[i] = r;
+        types[i] = t as u8;
+        offs[i] = u32_of(off, "chunk offset")?;
+        sizes[i] = u32_of(size, "chunk size")?;
+        u32_of(off + size, "chunk end")?;
+    }
+    Ok(())
+}
+
+fn lower_op(l: &Layout, o: &Op, out: &mut Vec<ExecOp>) -> R<()> {
+    let mut e = ExecOp::zeroed();
+    e.op_type = code(o.name)?;
+    e.channel_type = match o.channel_type {
+        ChannelType::Memory => CHANNEL_MEMORY,
+        ChannelType::Port => CHANNEL_PORT,
+        _ => CHANNEL_NONE,
+    };
+    e.n_channels = o.channels.len() as u8;
+    for (i, &c) in o.channels.iter().enumerate() {
+        e.channels[i] = c as u8;
+    }
+    e.n_inputs = o.src.len() as u8;
+    e.n_outputs = o.dst.len() as u8;
+    e.reduce_op = match o.reduce {
+        PlanReduceOp::Sum => 0,
+        PlanReduceOp::Min => 1,
+        PlanReduceOp::Max => 2,
+    };
+    lower_side(
+        l,
+        &o.src,
+        o.tbg,
+        &mut e.input_refs,
+        &mut e.input_types,
+        &mut e.input_offsets,
+        &mut e.input_sizes,
+    )?;
+    lower_side(
+        l,
+        &o.dst,
+        o.tbg,
+        &mut e.output_refs,
+        &mut e.output_types,
+        &mut e.output_offsets,
+        &mut e.output_sizes,
+    )?;
+    if let Some((id, n)) = o.barrier {
+        e.barrier_id = id;
+        e.n_blocks = n;
+    }
+    e.n_semaphores = o.semaphores.len() as u8;
+    for (i, &s) in o.semaphores.iter().enumerate() {
+        e.semaphore_ids[i] = s as u8;
+    }
+    if let Some(ic) = o.pipeline {
+        let total = u64::from(ic.num_chunks) * l.upper_chunk();
+        e.unit_size = ic.unit_size;
+        e.n_iterations = u32_of(
+            total.div_ceil(u64::from(ic.unit_size)),
+            "pipeline iterations",
+        )?;
+        e.n_inner = o.inner.len() as u32;
+    }
+    out.push(e);
+    for i in &o.inner {
+        lower_op(l, i, out)?;
+    }
+    Ok(())
+}
+
+/// Lowers every thread block of `rp` for the geometry `l`, pointing at `t`.
+pub(crate) fn lower(rp: &RankPlan, l: &Layout, t: &Tables) -> R<Vec<Box<ExecBlock>>> {
+    let mut blocks = Vec::with_capacity(rp.blocks.len());
+    for (bi, b) in rp.blocks.iter().enumerate() {
+        let mut eb = ExecBlock::zeroed();
+        eb.n_memory_channels = b.memory_channels.len() as u32;
+        eb.n_port_channels = b.port_channels.len() as u32;
+        for (i, &c) in b.memory_channels.iter().enumerate() {
+            eb.memory_channels[i] = t.memory_channels[c];
+        }
+        for (i, &c) in b.port_channels.iter().enumerate() {
+            eb.port_channels[i] = t.port_channels[c];
+        }
+        for (i, &r) in b.memory_buffers.iter().enumerate() {
+            eb.memory_buffers[i] = t.memory_buffers[r];
+            eb.memory_buffer_halves[i] = t.halves[r];
+        }
+        for (i, &r) in b.port_buffers.iter().enumerate() {
+            eb.port_buffers[i] = t.port_buffers[r];
+            eb.port_buffer_halves[i] = t.halves[r];
+        }
+        let mut ops = Vec::new();
+        for o in &b.ops {
+            lower_op(l, o, &mut ops).map_err(|e| format!("thread block {bi}: {e}"))?;
+        }
+        eb.n_ops = ops.len() as u32;
+        eb.ops[..ops.len()].copy_from_slice(&ops);
+        blocks.push(eb);
+    }
+    Ok(blocks)
+}

@@ -1,0 +1,69 @@
+//! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor.cu`, embedded as
+//! `executor/executor`): one launch per execution, one block per thread block of the plan,
+//! on the caller's stream.
+
+use mscclpp_hal::prelude::*;
+use mscclpp_hal::Gpu;
+
+use super::context::ExecContext;
+pub(crate) use super::device::ExecArgs;
+use super::plan::ExecutionPlan;
+use crate::collectives::gpu::GpuCtx;
+use crate::collectives::{DataType, RawStream};
+use crate::error::{Error, Result};
+use crate::memory::hal_err;
+
+/// `ExecDataType` of the C header.
+pub(crate) fn dtype_code(d: DataType) -> u32 {
+    match d {
+        DataType::I8 => 0,
+        DataType::U8 => 1,
+        DataType::I32 => 2,
+        DataType::U32 => 3,
+        DataType::I64 => 4,
+        DataType::U64 => 5,
+        DataType::F16 => 6,
+        DataType::F32 => 7,
+        DataType::F64 => 8,
+        DataType::Bf16 => 9,
+        DataType::Fp8E4M3 => 10,
+        DataType::Fp8E5M2 => 11,
+    }
+}
+
+/// Launches the executor kernel for `args` on `stream`.
+///
+/// # Safety
+/// Every address in `args` stays valid until the kernel finished; `stream` is 0 or a live
+/// stream of `g`'s device.
+pub(crate) unsafe fn launch(
+    g: &GpuCtx,
+    plan: &ExecutionPlan,
+    ctx: &ExecContext,
+    args: ExecArgs,
+    stream: RawStream,
+) -> Result<()> {
+    let sms = Gpu::properties(g.device())
+        .map_err(|e| hal_err("query the GPU's properties", e))?
+        .sm_count;
+    if args.nblocks > sms {
+        return Err(Error::Executor(format!(
+            "plan `{}`: {} thread blocks on GPU {} with {sms} SMs: every block must be resident (they wait on each other)",
+            plan.name(),
+            args.nblocks,
+            ctx.device.id
+        )));
+    }
+    let threads = plan.num_threads_per_block();
+    // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter.
+    unsafe {
+        g.launch(
+            "executor/executor",
+            "executor_kernel",
+            args.nblocks,
+            threads,
+            &args,
+            stream,
+        )
+    }
+}

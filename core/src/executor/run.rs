@@ -1,0 +1,376 @@
+//! [`Executor`]: runs [`ExecutionPlan`]s on a communicator's buffers. Resources are set up
+//! on the first execution of a (plan, send, recv, sizes) and cached; the lowered op lists are
+//! cached per message size. GPU buffers run one kernel launch on the caller's stream; host
+//! buffers (the host backend) run on CPU threads and are complete when `execute` returns.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::context::{Buffers, ExecContext};
+use super::device::{self, ExecBlock};
+use super::host::{self, HostLaunch};
+use super::json::Protocol;
+use super::layout::Layout;
+use super::plan::ExecutionPlan;
+use crate::collectives::gpu::GpuCtx;
+use crate::collectives::{DataType, RawStream};
+use crate::communicator::Communicator;
+use crate::error::{Error, Result};
+use crate::gpu_buffer::GpuBuffer;
+use crate::transport::{Device, DeviceType};
+
+/// LL packet format of packet operations (upstream's `PacketType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PacketType {
+    /// 16-byte packets carrying 8 data bytes (upstream's default).
+    #[default]
+    LL16,
+    /// 8-byte packets carrying 4 data bytes.
+    LL8,
+}
+
+impl PacketType {
+    /// Data bytes per packet.
+    pub fn payload_bytes(self) -> usize {
+        match self {
+            PacketType::LL16 => 8,
+            PacketType::LL8 => 4,
+        }
+    }
+}
+
+/// Executor settings.
+#[derive(Clone, Debug)]
+pub struct ExecutorConfig {
+    /// Host backend: how long a CPU "thread block" waits for a peer before failing.
+    pub timeout: Duration,
+    /// Host backend: CPU threads per thread block (1 runs each block's ops in order; more
+    /// split the work as GPU threads do and make `nop` a real block barrier).
+    pub host_threads_per_block: u32,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            timeout: Duration::from_secs(60),
+            host_threads_per_block: 1,
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    plan: u64,
+    name: String,
+    bufs: Buffers,
+}
+
+struct Lowered {
+    blocks: Vec<Box<ExecBlock>>,
+    /// GPU copy of `blocks` (GPU contexts only).
+    on_device: Option<GpuBuffer<ExecBlock>>,
+    reuse_chunk: u64,
+}
+
+struct Entry {
+    ctx: ExecContext,
+    lowered: HashMap<(u64, u64), Lowered>,
+}
+
+/// Runs execution plans (upstream MSCCL++'s `Executor`).
+pub struct Executor {
+    comm: Arc<Communicator>,
+    cfg: ExecutorConfig,
+    entries: Mutex<HashMap<Key, Entry>>,
+    gpus: Mutex<HashMap<i32, Arc<GpuCtx>>>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor").finish_non_exhaustive()
+    }
+}
+
+fn err(plan: &ExecutionPlan, what: impl std::fmt::Display) -> Error {
+    Error::Executor(format!(
+        "plan `{}` ({}): {what}",
+        plan.name(),
+        plan.source()
+    ))
+}
+
+impl Executor {
+    /// An executor on `comm` with the default settings.
+    pub fn new(comm: Arc<Communicator>) -> Result<Executor> {
+        Self::with_config(comm, ExecutorConfig::default())
+    }
+
+    /// An executor with `cfg`.
+    pub fn with_config(comm: Arc<Communicator>, cfg: ExecutorConfig) -> Result<Executor> {
+        if cfg.host_threads_per_block == 0 || cfg.host_threads_per_block > 64 {
+            return Err(Error::invalid(format!(
+                "ExecutorConfig::host_threads_per_block: expected 1..=64, got {}",
+                cfg.host_threads_per_block
+            )));
+        }
+        Ok(Executor {
+            comm,
+            cfg,
+            entries: Mutex::new(HashMap::new()),
+            gpus: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Drops every cached context (connections, channels, scratch). Collective: every rank
+    /// resets together, with nothing in flight.
+    pub fn reset(&self) {
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Contexts set up so far (one per plan and buffers).
+    pub fn cached_contexts(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Runs `plan` on `send` (`send_size` bytes) and `recv` (`recv_size` bytes) of `dtype`.
+    ///
+    /// Collective: every rank of the plan calls it with its part. The first call for a
+    /// (plan, buffers) pair sets up connections and memories with the peers. GPU buffers: one
+    /// kernel launch on `stream`, asynchronous (graph-capturable once the buffers were run
+    /// outside capture); host buffers: complete on return.
+    ///
+    /// # Safety
+    /// `send..send+send_size` and `recv..recv+recv_size` are live memory allocated through
+    /// this library ([`GpuBuffer`] / [`crate::LocalMemory`]) that stays alive until the
+    /// execution finished; `stream` is 0 or a live stream of the buffers' GPU.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn execute(
+        &self,
+        rank: usize,
+        send: u64,
+        recv: u64,
+        send_size: usize,
+        recv_size: usize,
+        dtype: DataType,
+        plan: &ExecutionPlan,
+        stream: RawStream,
+        packet_type: PacketType,
+    ) -> Result<()> {
+        let b = self.comm.bootstrap();
+        if rank != b.rank() || rank != plan.rank() {
+            return Err(err(
+                plan,
+                format!(
+                    "rank {rank}: expected this process's rank {} (the plan was loaded for rank {})",
+                    b.rank(),
+                    plan.rank()
+                ),
+            ));
+        }
+        if plan.world_size() != b.nranks() {
+            return Err(err(
+                plan,
+                format!(
+                    "written for {} ranks, but the communicator has {}",
+                    plan.world_size(),
+                    b.nranks()
+                ),
+            ));
+        }
+        if plan.uses_switch_channels() {
+            return Err(err(plan, "it uses switch channels (NVLS multicast: glres/gstore/gstorepkt or a switch channel), which this build refuses while NVLS is off"));
+        }
+        if send == 0 || recv == 0 || send_size == 0 || recv_size == 0 {
+            return Err(err(
+                plan,
+                format!("expected non-null buffers of at least one byte, got send {send:#x} ({send_size} bytes), recv {recv:#x} ({recv_size} bytes)"),
+            ));
+        }
+        let meta = plan.meta();
+        let es = dtype.size_in_bytes() as u32;
+        let pay = packet_type.payload_bytes() as u32;
+        if meta.protocol == Protocol::Ll && !meta.buffer_alignment.is_multiple_of(pay) {
+            return Err(err(
+                plan,
+                format!("buffer_alignment {} is not a multiple of the {packet_type:?} payload ({pay} bytes)", meta.buffer_alignment),
+            ));
+        }
+        if !meta.buffer_alignment.is_multiple_of(es)
+            || (meta.protocol == Protocol::Ll && !pay.is_multiple_of(es))
+        {
+            return Err(err(
+                plan,
+                format!("{dtype} elements ({es} bytes) do not fit the plan's buffer_alignment {} / {packet_type:?} payload {pay}", meta.buffer_alignment),
+            ));
+        }
+        let device = buffer_device(send, send_size, "send")
+            .and_then(|d| buffer_device(recv, recv_size, "recv").map(|r| (d, r)))
+            .map_err(|e| err(plan, e))?;
+        if device.0 != device.1 {
+            return Err(err(
+                plan,
+                format!(
+                    "send buffer on {:?} but recv buffer on {:?}",
+                    device.0, device.1
+                ),
+            ));
+        }
+        let device = device.0;
+        if device.kind == DeviceType::Gpu
+            && <mscclpp_hal::Gpu as mscclpp_hal::Api>::NAME == "rocm"
+            && matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2)
+        {
+            return Err(err(
+                plan,
+                format!("{dtype}: the ROCm executor kernel is built without fp8"),
+            ));
+        }
+        let gpu = if device.kind == DeviceType::Gpu {
+            Some(self.gpu(device.id)?)
+        } else {
+            None
+        };
+        let bufs = Buffers {
+            send,
+            recv,
+            send_size,
+            recv_size,
+        };
+        let key = Key {
+            plan: plan.id(),
+            name: plan.name().to_string(),
+            bufs,
+        };
+        // Everything that can be refused is checked before the (collective) setup.
+        let sizes = (send_size as u64, recv_size as u64);
+        let layout =
+            Layout::new(meta, plan.rank_plan(), sizes.0, sizes.1).map_err(|e| err(plan, e))?;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if !entries.contains_key(&key) {
+            if let Some(g) = &gpu {
+                if g.is_capturing(stream)? {
+                    return Err(err(plan, "first execution of these buffers while the stream is being captured: run it once outside capture (setup talks to the peers)"));
+                }
+            }
+            let ctx = ExecContext::new(&self.comm, plan, device, bufs)?;
+            entries.insert(
+                key.clone(),
+                Entry {
+                    ctx,
+                    lowered: HashMap::new(),
+                },
+            );
+        }
+        let entry = entries
+            .get_mut(&key)
+            .ok_or_else(|| Error::Internal("executor context vanished".into()))?;
+        if !entry.lowered.contains_key(&sizes) {
+            let blocks = device::lower(plan.rank_plan(), &layout, &entry.ctx.tables())
+                .map_err(|e| err(plan, e))?;
+            let on_device = match &gpu {
+                Some(_) if !blocks.is_empty() => {
+                    let buf: GpuBuffer<ExecBlock> = GpuBuffer::new(device, blocks.len())?;
+                    let flat: Vec<ExecBlock> = blocks.iter().map(|b| **b).collect();
+                    buf.copy_from_host(0, &flat)?;
+                    Some(buf)
+                }
+                _ => None,
+            };
+            entry.lowered.insert(
+                sizes,
+                Lowered {
+                    blocks,
+                    on_device,
+                    reuse_chunk: layout.reuse_scratch_chunk(),
+                },
+            );
+        }
+        let low = &entry.lowered[&sizes];
+        let ctx = &entry.ctx;
+        if low.blocks.is_empty() {
+            return Ok(());
+        }
+        match gpu {
+            None => {
+                let l = HostLaunch {
+                    blocks: &low.blocks,
+                    input: send,
+                    output: recv,
+                    scratch: ctx.scratch.data(),
+                    scratch_half: ctx.scratch_half,
+                    reuse_chunk: low.reuse_chunk,
+                    flags: ctx.flags.data(),
+                    barriers: ctx.barriers.data(),
+                    semaphores: ctx.semaphores.data(),
+                    dtype,
+                    packet: packet_type,
+                    threads: self.cfg.host_threads_per_block,
+                    timeout: self.cfg.timeout,
+                };
+                // SAFETY: the context owns every resource the blocks point at; the caller
+                // keeps the buffers alive.
+                unsafe { host::run(&l) }.map_err(|e| err(plan, e))
+            }
+            // SAFETY: forwarded from the caller.
+            Some(g) => unsafe {
+                super::gpu::launch(
+                    &g,
+                    plan,
+                    ctx,
+                    low_args(low, ctx, bufs, dtype, packet_type),
+                    stream,
+                )
+            },
+        }
+    }
+
+    fn gpu(&self, id: i32) -> Result<Arc<GpuCtx>> {
+        let mut m = self.gpus.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(g) = m.get(&id) {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(GpuCtx::new(id)?);
+        m.insert(id, g.clone());
+        Ok(g)
+    }
+}
+
+fn low_args(
+    low: &Lowered,
+    ctx: &ExecContext,
+    bufs: Buffers,
+    dtype: DataType,
+    packet: PacketType,
+) -> super::gpu::ExecArgs {
+    super::gpu::ExecArgs {
+        blocks: low.on_device.as_ref().map_or(0, |b| b.data()),
+        input: bufs.send,
+        output: bufs.recv,
+        scratch: ctx.scratch.data(),
+        scratch_half: ctx.scratch_half,
+        reuse_chunk: low.reuse_chunk,
+        flags: ctx.flags.data(),
+        barriers: ctx.barriers.data(),
+        semaphores: ctx.semaphores.data(),
+        dtype: super::gpu::dtype_code(dtype),
+        packet: match packet {
+            PacketType::LL16 => 0,
+            PacketType::LL8 => 1,
+        },
+        nblocks: low.blocks.len() as u32,
+        pad: 0,
+    }
+}
+
+/// The device of the allocation holding `ptr..ptr+size`.
+fn buffer_device(ptr: u64, size: usize, what: &str) -> std::result::Result<Device, String> {
+    crate::memory::find_allocation(ptr, size)
+        .map(|(a, _)| a.device())
+        .ok_or_else(|| {
+            format!("{what} buffer {ptr:#x} (+{size} bytes): expected memory allocated through mscclpp (GpuBuffer / LocalMemory), found none")
+        })
+}

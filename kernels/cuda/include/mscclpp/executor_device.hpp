@@ -1,0 +1,140 @@
+// The device form of an execution plan (core/src/executor/device.rs mirrors these structs; the
+// layouts are checked by core/tests/executor_layout.rs). Plain C++17 on the host, so the layout
+// test can compile it without a GPU compiler.
+//
+// ExecOp (256 bytes): one operation with byte offsets/sizes for one message size.
+//   inputRefs/outputRefs[i]: a local buffer type (0 input, 1 output, 2 scratch) or
+//   EXEC_REF_REMOTE | slot of a remote buffer in the block's table of the op's channel type;
+//   inputTypes/outputTypes[i]: the buffer type behind the reference (remote ones too).
+//   Packet operations address packet buffers at twice the chunk offset.
+// ExecBlock (18128 bytes, align 16): one thread block's channels, remote buffers and ops. The
+//   kernel copies the header and the used ops into shared memory.
+// ExecArgs (88 bytes): the kernel's one parameter.
+#ifndef MSCCLPP_EXECUTOR_DEVICE_HPP_
+#define MSCCLPP_EXECUTOR_DEVICE_HPP_
+
+#include <stddef.h>
+
+#include "memory_channel_device.hpp"
+#include "port_channel_device.hpp"
+
+namespace mscclpp {
+
+constexpr int EXEC_MAX_CHANNELS_PER_OP = 8;
+constexpr int EXEC_MAX_BUFFERS_PER_OP = 10;
+constexpr int EXEC_MAX_SEMAPHORES_PER_OP = 16;
+constexpr int EXEC_MAX_CHANNELS_PER_BLOCK = 16;
+constexpr int EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK = 16;
+constexpr int EXEC_MAX_OPS_PER_BLOCK = 64;
+constexpr uint8_t EXEC_REF_REMOTE = 0x80;
+
+enum ExecOpType : uint8_t {
+  EXEC_NOP = 0,
+  EXEC_BARRIER = 1,
+  EXEC_PUT = 2,
+  EXEC_PUT_WITH_SIGNAL = 3,
+  EXEC_PUT_WITH_SIGNAL_AND_FLUSH = 4,
+  EXEC_GET = 5,
+  EXEC_COPY = 6,
+  EXEC_SIGNAL = 7,
+  EXEC_WAIT = 8,
+  EXEC_FLUSH = 9,
+  EXEC_REDUCE = 10,
+  EXEC_REDUCE_SEND = 11,
+  EXEC_READ_REDUCE = 12,
+  EXEC_READ_REDUCE_SEND = 13,
+  EXEC_PUT_PACKETS = 14,
+  EXEC_READ_PUT_PACKETS = 15,
+  EXEC_REDUCE_SEND_PACKETS = 16,
+  EXEC_COPY_PACKETS = 17,
+  EXEC_UNPACK_PACKETS = 18,
+  EXEC_REDUCE_PACKETS = 19,
+  EXEC_REDUCE_COPY_PACKETS = 20,
+  EXEC_REDUCE_COPY_SEND_PACKETS = 21,
+  EXEC_RELAXED_SIGNAL = 22,
+  EXEC_RELAXED_WAIT = 23,
+  EXEC_PIPELINE = 24,
+  EXEC_SEM_ACQUIRE = 25,
+  EXEC_SEM_RELEASE = 26,
+};
+
+enum ExecChannelType : uint8_t { EXEC_CHANNEL_NONE = 0, EXEC_CHANNEL_MEMORY = 1, EXEC_CHANNEL_PORT = 2 };
+
+/// Data types (core/src/executor/gpu.rs `dtype_code`).
+enum ExecDataType : uint32_t {
+  EXEC_I8 = 0,
+  EXEC_U8 = 1,
+  EXEC_I32 = 2,
+  EXEC_U32 = 3,
+  EXEC_I64 = 4,
+  EXEC_U64 = 5,
+  EXEC_F16 = 6,
+  EXEC_F32 = 7,
+  EXEC_F64 = 8,
+  EXEC_BF16 = 9,
+  EXEC_FP8E4M3 = 10,
+  EXEC_FP8E5M2 = 11,
+};
+
+struct ExecOp {
+  uint8_t opType;
+  uint8_t channelType;
+  uint8_t nChannels;
+  uint8_t nInputs;
+  uint8_t nOutputs;
+  uint8_t reduceOp;  // 0 sum, 1 min, 2 max
+  uint8_t nSemaphores;
+  uint8_t pad0;
+  uint8_t channels[EXEC_MAX_CHANNELS_PER_OP];
+  uint8_t inputRefs[EXEC_MAX_BUFFERS_PER_OP];
+  uint8_t outputRefs[EXEC_MAX_BUFFERS_PER_OP];
+  uint8_t inputTypes[EXEC_MAX_BUFFERS_PER_OP];
+  uint8_t outputTypes[EXEC_MAX_BUFFERS_PER_OP];
+  uint8_t semaphoreIds[EXEC_MAX_SEMAPHORES_PER_OP];
+  uint32_t inputOffsets[EXEC_MAX_BUFFERS_PER_OP];
+  uint32_t inputSizes[EXEC_MAX_BUFFERS_PER_OP];
+  uint32_t outputOffsets[EXEC_MAX_BUFFERS_PER_OP];
+  uint32_t outputSizes[EXEC_MAX_BUFFERS_PER_OP];
+  uint32_t barrierId;
+  uint32_t nBlocks;
+  uint32_t unitSize;  // pipeline: bytes per iteration
+  uint32_t nIterations;
+  uint32_t nInner;  // pipeline: how many following ops it repeats
+  uint32_t pad1;
+};
+
+struct alignas(16) ExecBlock {
+  uint32_t nOps;
+  uint32_t nMemoryChannels;
+  uint32_t nPortChannels;
+  uint32_t pad;
+  BaseMemoryChannelDeviceHandle memoryChannels[EXEC_MAX_CHANNELS_PER_BLOCK];
+  BasePortChannelDeviceHandle portChannels[EXEC_MAX_CHANNELS_PER_BLOCK];
+  uint64_t memoryBuffers[EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK];  // remote addresses, mapped here
+  uint32_t portBuffers[EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK];    // proxy memory ids
+  uint32_t memoryBufferHalves[EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK];  // second scratch half (or 0)
+  uint32_t portBufferHalves[EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK];
+  ExecOp ops[EXEC_MAX_OPS_PER_BLOCK];
+};
+
+constexpr size_t EXEC_BLOCK_HEADER_BYTES = offsetof(ExecBlock, ops);
+
+struct ExecArgs {
+  const ExecBlock* blocks;
+  char* input;
+  char* output;
+  char* scratch;
+  uint64_t scratchHalf;  // offset of the second scratch half, used when the flag is even (0: single)
+  uint64_t reuseChunk;   // reused scratch: offsets wrap at this length (0: not reused)
+  uint32_t* flags;       // one launch counter per block
+  uint32_t* barriers;    // (count, generation) per barrier id
+  int32_t* semaphores;   // device semaphores
+  uint32_t dtype;        // ExecDataType
+  uint32_t packet;       // 0 LL16, 1 LL8
+  uint32_t nBlocks;
+  uint32_t pad;
+};
+
+}  // namespace mscclpp
+
+#endif  // MSCCLPP_EXECUTOR_DEVICE_HPP_

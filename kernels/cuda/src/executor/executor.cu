@@ -1,0 +1,469 @@
+// The executor kernel (code object "executor/executor"): one launch per execution, one block per
+// thread block of the plan. Each block copies its ExecBlock (header and used ops) into shared
+// memory and interprets the ops with the semantics of core/src/executor/host.rs (the host
+// backend's interpreter of the same lists):
+//   - flag = flags[block] + 1 for this launch (written back at the end, so graph replays count);
+//     with double scratch, launches with an even flag use the second half of every scratch;
+//   - nop = __syncthreads; barrier = __syncthreads + a grid barrier of nBlocks blocks + __syncthreads;
+//   - channel ops: thread k handles channel k (k, k + blockDim, ...); data ops split the bytes
+//     over the block's threads; pipelines repeat their inner ops over unitSize-byte steps.
+// Reductions accumulate 16-bit and fp8 floats in f32 (collectives/common.hpp's element rules).
+//
+// extern "C" __global__ void executor_kernel(mscclpp::ExecArgs args);
+//   args.dtype: the element type of reductions (fp8 only on CUDA); args.packet: 0 LL16, 1 LL8.
+#include <mscclpp/executor_device.hpp>
+
+#include "../collectives/common.hpp"
+
+using namespace mscclpp;
+using mscclpp::coll::Elem;
+
+namespace {
+
+struct Run {
+  const ExecBlock* b;  // in shared memory
+  ExecArgs a;
+  uint32_t flag;
+  bool even;
+
+  __device__ char* local(uint8_t ty) const {
+    if (ty == 0) return a.input;
+    if (ty == 1) return a.output;
+    return a.scratch + (even ? a.scratchHalf : 0);
+  }
+  /// Base of a chunk reference (local, or a remote buffer reached through a memory channel).
+  __device__ char* loc(uint8_t ref) const {
+    if ((ref & EXEC_REF_REMOTE) == 0) return local(ref);
+    const int slot = ref & ~EXEC_REF_REMOTE;
+    return reinterpret_cast<char*>(b->memoryBuffers[slot]) + (even ? b->memoryBufferHalves[slot] : 0);
+  }
+  __device__ uint64_t it(uint8_t ty, uint64_t off) const {
+    return (ty == 2 && a.reuseChunk > 0) ? off % a.reuseChunk : off;
+  }
+};
+
+__device__ uint64_t stepSize(uint32_t size, uint64_t off, uint64_t unit) {
+  const uint64_t s = size > off ? size - off : 0;
+  return s < unit ? s : unit;
+}
+
+__device__ __noinline__ void gridBarrier(uint32_t* words, uint32_t n) {
+  volatile uint32_t* gen = words + 1;
+  const uint32_t g = *gen;
+  __threadfence();
+  if (atomicAdd(words, 1u) == n - 1) {
+    atomicExch(words, 0u);
+    __threadfence();
+    atomicAdd(words + 1, 1u);
+  } else {
+    MSCCLPP_SPIN_UNTIL(*gen != g, -1, "executor barrier");
+  }
+  __threadfence_system();
+}
+
+// ---- reductions ----
+// One function per element type (the reduce op and the packet format are run-time values), so
+// the kernel stays small enough to compile quickly with nvcc and hipcc.
+
+template <typename A>
+__device__ A combineRt(uint8_t op, A a, A b) {
+  if (op == 1) return coll::combine<coll::OpMin>(a, b);
+  if (op == 2) return coll::combine<coll::OpMax>(a, b);
+  return coll::combine<coll::OpSum>(a, b);
+}
+
+template <typename T>
+__device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  using A = typename Elem<T>::Acc;
+  const uint64_t size = stepSize(o.inputSizes[0], off, unit);
+  if (size == 0) return;
+  const char* in[EXEC_MAX_BUFFERS_PER_OP];
+  char* out[EXEC_MAX_BUFFERS_PER_OP];
+  bool aligned = (size % 16) == 0;
+  for (int i = 0; i < o.nInputs; ++i) {
+    in[i] = r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off);
+    aligned = aligned && ((uintptr_t)in[i] % 16) == 0;
+  }
+  for (int i = 0; i < o.nOutputs; ++i) {
+    out[i] = r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off);
+    aligned = aligned && ((uintptr_t)out[i] % 16) == 0;
+  }
+  const uint8_t op = o.reduceOp;
+  if (aligned) {
+    using P = coll::Pack<T, uint4>;
+    const uint64_t n = size / 16;
+    for (uint64_t w = threadIdx.x; w < n; w += blockDim.x) {
+      P p;
+      p.w = reinterpret_cast<const uint4*>(in[0])[w];
+      A acc[P::N];
+#pragma unroll
+      for (int k = 0; k < P::N; ++k) acc[k] = Elem<T>::up(p.v[k]);
+      for (int i = 1; i < o.nInputs; ++i) {
+        p.w = reinterpret_cast<const uint4*>(in[i])[w];
+#pragma unroll
+        for (int k = 0; k < P::N; ++k) acc[k] = combineRt(op, acc[k], Elem<T>::up(p.v[k]));
+      }
+#pragma unroll
+      for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[k]);
+      for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
+    }
+    return;
+  }
+  const uint64_t n = size / sizeof(T);
+  for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
+    A acc = Elem<T>::up(reinterpret_cast<const T*>(in[0])[e]);
+    for (int i = 1; i < o.nInputs; ++i) acc = combineRt(op, acc, Elem<T>::up(reinterpret_cast<const T*>(in[i])[e]));
+    const T v = Elem<T>::down(acc);
+    for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<T*>(out[i])[e] = v;
+  }
+}
+
+/// A packet payload (8 bytes of LL16, the first 4 of them for LL8) as elements of T.
+template <typename T>
+union Payload {
+  uint2 w;
+  uint32_t u[2];
+  T v[8 / sizeof(T)];
+};
+
+template <typename T>
+__device__ Payload<T> readPacket(const char* base, uint32_t idx, bool ll8, uint32_t flag) {
+  Payload<T> p;
+  if (ll8) {
+    p.u[0] = reinterpret_cast<const LL8Packet*>(base)[idx].read(flag);
+  } else {
+    p.w = reinterpret_cast<const LL16Packet*>(base)[idx].read(flag);
+  }
+  return p;
+}
+
+template <typename T>
+__device__ void writePacket(char* base, uint32_t idx, bool ll8, const Payload<T>& p, uint32_t flag) {
+  if (ll8) {
+    reinterpret_cast<LL8Packet*>(base)[idx].write(p.u[0], flag);
+  } else {
+    reinterpret_cast<LL16Packet*>(base)[idx].write(p.w, flag);
+  }
+}
+
+/// repkt / respkt / recpkt / recspkt.
+template <typename T>
+__device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
+  using A = typename Elem<T>::Acc;
+  const bool ll8 = r.a.packet != 0;
+  const uint32_t pay = ll8 ? 4 : 8;
+  const int n = pay / sizeof(T);
+  MSCCLPP_DEVICE_CHECK(n > 0, "executor: element larger than the packet payload");
+  const bool copies = o.opType == EXEC_REDUCE_COPY_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
+  const bool sends = o.opType == EXEC_REDUCE_SEND_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
+  const uint32_t count = o.inputSizes[0] / pay;
+  const char* src0 = r.local(o.inputRefs[0]) + o.inputOffsets[0];
+  char* dst0 = r.local(o.outputRefs[0]) + o.outputOffsets[0];
+  constexpr int M = 8 / sizeof(T);
+  for (uint32_t idx = threadIdx.x; idx < count; idx += blockDim.x) {
+    Payload<T> p;
+    if (ll8) {
+      p.u[0] = reinterpret_cast<const uint32_t*>(src0)[idx];
+    } else {
+      p.w = reinterpret_cast<const uint2*>(src0)[idx];
+    }
+    A acc[M];
+#pragma unroll
+    for (int k = 0; k < M; ++k) acc[k] = Elem<T>::up(p.v[k]);
+    for (int j = 1; j < o.nInputs; ++j) {
+      const Payload<T> q =
+          readPacket<T>(r.local(o.inputRefs[j]) + 2 * (uint64_t)o.inputOffsets[j], idx, ll8, r.flag);
+#pragma unroll
+      for (int k = 0; k < M; ++k) {
+        if (k < n) acc[k] = combineRt(o.reduceOp, acc[k], Elem<T>::up(q.v[k]));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < M; ++k) {
+      if (k < n) p.v[k] = Elem<T>::down(acc[k]);
+    }
+    if (ll8) {
+      reinterpret_cast<uint32_t*>(dst0)[idx] = p.u[0];
+    } else {
+      reinterpret_cast<uint2*>(dst0)[idx] = p.w;
+    }
+    if (copies) writePacket<T>(r.local(o.outputRefs[1]) + 2 * (uint64_t)o.outputOffsets[1], idx, ll8, p, r.flag);
+    if (sends) {
+      for (int j = copies ? 2 : 1; j < o.nOutputs; ++j) {
+        writePacket<T>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j], idx, ll8, p, r.flag);
+      }
+    }
+  }
+}
+
+template <typename T>
+__device__ void reduceOp(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if (o.opType >= EXEC_REDUCE_SEND_PACKETS) {
+    reducePackets<T>(r, o);
+  } else {
+    reduceElems<T>(r, o, off, unit);
+  }
+}
+
+__device__ __noinline__ void reduceDispatch(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  switch (r.a.dtype) {
+    case EXEC_I8: reduceOp<int8_t>(r, o, off, unit); break;
+    case EXEC_U8: reduceOp<uint8_t>(r, o, off, unit); break;
+    case EXEC_I32: reduceOp<int32_t>(r, o, off, unit); break;
+    case EXEC_U32: reduceOp<uint32_t>(r, o, off, unit); break;
+    case EXEC_I64: reduceOp<int64_t>(r, o, off, unit); break;
+    case EXEC_U64: reduceOp<uint64_t>(r, o, off, unit); break;
+    case EXEC_F16: reduceOp<__half>(r, o, off, unit); break;
+    case EXEC_F32: reduceOp<float>(r, o, off, unit); break;
+    case EXEC_F64: reduceOp<double>(r, o, off, unit); break;
+    case EXEC_BF16: reduceOp<coll::bf16_t>(r, o, off, unit); break;
+#if defined(MSCCLPP_COLL_HAS_FP8)
+    case EXEC_FP8E4M3: reduceOp<__nv_fp8_e4m3>(r, o, off, unit); break;
+    case EXEC_FP8E5M2: reduceOp<__nv_fp8_e5m2>(r, o, off, unit); break;
+#endif
+    default: MSCCLPP_DEVICE_CHECK(false, "executor: data type not built for this GPU"); break;
+  }
+}
+
+// ---- data movement ----
+
+/// (dst id, dst offset, src id, src offset) of output i of a port op; packets double offsets.
+struct PortEnds {
+  uint32_t dst, src;
+  uint64_t dstOff, srcOff;
+};
+__device__ PortEnds portEnds(const Run& r, const ExecOp& o, int i, uint64_t off, int k) {
+  const int slot = o.outputRefs[i] & ~EXEC_REF_REMOTE;
+  const int j = i < o.nInputs ? i : 0;
+  const uint8_t st = o.inputRefs[j];
+  PortEnds e;
+  e.dst = r.b->portBuffers[slot];
+  e.dstOff = k * (uint64_t)o.outputOffsets[i] + (r.even ? r.b->portBufferHalves[slot] : 0) + r.it(o.outputTypes[i], off);
+  e.src = st;
+  e.srcOff = k * (uint64_t)o.inputOffsets[j] + ((st == 2 && r.even) ? r.a.scratchHalf : 0) + r.it(st, off);
+  return e;
+}
+
+__device__ __noinline__ void put(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if (o.channelType == EXEC_CHANNEL_MEMORY) {
+    for (int i = 0; i < o.nOutputs; ++i) {
+      const uint64_t size = stepSize(o.outputSizes[i], off, unit);
+      if (size == 0) continue;
+      copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
+           r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, threadIdx.x, blockDim.x);
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+    const uint64_t size = stepSize(o.outputSizes[i], off, unit);
+    if (size == 0) continue;
+    const PortEnds e = portEnds(r, o, i, off, 1);
+    BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
+    if (o.opType == EXEC_PUT) {
+      ch.put(e.dst, e.dstOff, e.src, e.srcOff, size);
+    } else if (o.opType == EXEC_PUT_WITH_SIGNAL) {
+      ch.putWithSignal(e.dst, e.dstOff, e.src, e.srcOff, size);
+    } else {
+      ch.putWithSignalAndFlush(e.dst, e.dstOff, e.src, e.srcOff, size);
+    }
+  }
+}
+
+template <typename P>
+__device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
+  using W = typename P::Payload;
+  const uint64_t size = o.inputSizes[0];
+  char* src = r.local(o.inputRefs[0]);
+  switch (o.opType) {
+    case EXEC_PUT_PACKETS:
+      if (o.channelType == EXEC_CHANNEL_PORT) {
+        for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+          const PortEnds e = portEnds(r, o, i, 0, 2);
+          BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
+          ch.put(e.dst, e.dstOff, e.src, e.srcOff, 2 * (uint64_t)o.inputSizes[i]);
+        }
+      } else {
+        for (int i = 0; i < o.nOutputs; ++i) {
+          copyToPackets<P>(r.loc(o.outputRefs[i]) + 2 * (uint64_t)o.outputOffsets[i],
+                           r.local(o.inputRefs[i]) + o.inputOffsets[i], o.inputSizes[i], threadIdx.x, blockDim.x,
+                           r.flag);
+        }
+      }
+      break;
+    case EXEC_COPY_PACKETS:
+      copyToPackets<P>(r.local(o.outputRefs[0]) + 2 * (uint64_t)o.outputOffsets[0], src + o.inputOffsets[0], size,
+                       threadIdx.x, blockDim.x, r.flag);
+      break;
+    case EXEC_UNPACK_PACKETS:
+      copyFromPackets<P>(r.local(o.outputRefs[0]) + o.outputOffsets[0], src + 2 * (uint64_t)o.inputOffsets[0], size,
+                         threadIdx.x, blockDim.x, r.flag);
+      break;
+    default: {  // EXEC_READ_PUT_PACKETS
+      const P* pk = reinterpret_cast<const P*>(src + 2 * (uint64_t)o.inputOffsets[0]);
+      const uint64_t n = size / sizeof(W);
+      for (uint64_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
+        const W v = pk[idx].read(r.flag);
+        if (o.channelType == EXEC_CHANNEL_MEMORY) {
+          for (int j = 0; j < o.nOutputs; ++j) {
+            P* q = reinterpret_cast<P*>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j]);
+            q[idx].write(v, r.flag);
+          }
+        }
+      }
+      if (o.channelType == EXEC_CHANNEL_PORT) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+          const PortEnds e = portEnds(r, o, i, 0, 2);
+          BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
+          ch.put(e.dst, e.dstOff, e.src, e.srcOff, 2 * size);
+        }
+      }
+    }
+  }
+}
+
+__device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  switch (o.opType) {
+    case EXEC_NOP:
+      __syncthreads();
+      break;
+    case EXEC_BARRIER:
+      __syncthreads();
+      if (threadIdx.x == 0 && o.nBlocks > 1) gridBarrier(r.a.barriers + 2 * o.barrierId, o.nBlocks);
+      __syncthreads();
+      break;
+    case EXEC_SIGNAL:
+    case EXEC_RELAXED_SIGNAL:
+      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+        if (o.channelType == EXEC_CHANNEL_MEMORY) {
+          BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+          if (o.opType == EXEC_SIGNAL) {
+            h.signal();
+          } else {
+            h.relaxedSignal();
+          }
+        } else {
+          BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+          h.signal();
+        }
+      }
+      break;
+    case EXEC_WAIT:
+    case EXEC_RELAXED_WAIT:
+      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+        if (o.channelType == EXEC_CHANNEL_MEMORY) {
+          BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+          if (o.opType == EXEC_WAIT) {
+            h.wait();
+          } else {
+            h.relaxedWait();
+          }
+        } else {
+          BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+          h.wait();
+        }
+      }
+      break;
+    case EXEC_FLUSH:
+      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+        BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+        h.flush();
+      }
+      break;
+    case EXEC_PUT:
+    case EXEC_PUT_WITH_SIGNAL:
+    case EXEC_PUT_WITH_SIGNAL_AND_FLUSH:
+      put(r, o, off, unit);
+      break;
+    case EXEC_GET:
+      for (int i = 0; i < o.nInputs; ++i) {
+        const uint64_t size = stepSize(o.inputSizes[i], off, unit);
+        if (size == 0) continue;
+        copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
+             r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, threadIdx.x, blockDim.x);
+      }
+      break;
+    case EXEC_COPY: {
+      const uint64_t size = stepSize(o.inputSizes[0], off, unit);
+      if (size > 0) {
+        copy(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off),
+             r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, threadIdx.x, blockDim.x);
+      }
+      break;
+    }
+    case EXEC_REDUCE:
+    case EXEC_REDUCE_SEND:
+    case EXEC_READ_REDUCE:
+    case EXEC_READ_REDUCE_SEND:
+    case EXEC_REDUCE_PACKETS:
+    case EXEC_REDUCE_SEND_PACKETS:
+    case EXEC_REDUCE_COPY_PACKETS:
+    case EXEC_REDUCE_COPY_SEND_PACKETS:
+      reduceDispatch(r, o, off, unit);
+      break;
+    case EXEC_PUT_PACKETS:
+    case EXEC_READ_PUT_PACKETS:
+    case EXEC_COPY_PACKETS:
+    case EXEC_UNPACK_PACKETS:
+      if (r.a.packet == 0) {
+        movePackets<LL16Packet>(r, o);
+      } else {
+        movePackets<LL8Packet>(r, o);
+      }
+      break;
+    case EXEC_SEM_ACQUIRE:
+      for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+        int32_t* s = r.a.semaphores + o.semaphoreIds[k];
+        volatile int32_t* vs = s;
+        bool done = false;
+        while (!done) {
+          const int32_t v = *vs;
+          done = v > 0 && atomicCAS(s, v, v - 1) == v;
+        }
+        __threadfence();
+      }
+      break;
+    case EXEC_SEM_RELEASE:
+      for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+        __threadfence();
+        atomicAdd(r.a.semaphores + o.semaphoreIds[k], 1);
+      }
+      break;
+    default:
+      MSCCLPP_DEVICE_CHECK(false, "executor: unknown operation code");
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args) {
+  __shared__ ExecBlock blk;
+  const ExecBlock* src = args.blocks + blockIdx.x;
+  const uint32_t nOps = src->nOps;
+  const size_t words = (EXEC_BLOCK_HEADER_BYTES + nOps * sizeof(ExecOp)) / sizeof(uint4);
+  for (size_t i = threadIdx.x; i < words; i += blockDim.x) {
+    reinterpret_cast<uint4*>(&blk)[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
+  Run r;
+  r.b = &blk;
+  r.a = args;
+  r.flag = args.flags[blockIdx.x] + 1;
+  r.even = (r.flag & 1u) == 0;
+  __syncthreads();
+  for (uint32_t i = 0; i < nOps;) {
+    const ExecOp& o = blk.ops[i];
+    if (o.opType == EXEC_PIPELINE) {
+      const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
+      for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
+        const uint64_t off = (uint64_t)itr * o.unitSize;
+        for (uint32_t k = 0; k < nInner; ++k) exec(r, blk.ops[i + 1 + k], off, o.unitSize);
+      }
+      i += 1 + nInner;
+    } else {
+      exec(r, o, 0, ~0ull);
+      ++i;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) args.flags[blockIdx.x] = r.flag;
+}

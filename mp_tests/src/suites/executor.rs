@@ -1,0 +1,447 @@
+//! ExecutorTest: every shipped execution plan (core/plans, embedded in this binary) at its
+//! world size, on fresh data per call, outputs poisoned with a guard zone, results against a
+//! host reference (exact for integers, tolerance for floats), both LL packet formats, the
+//! host interpreter also with 3 threads per thread block (so a missing `nop` shows); plans
+//! made by upstream's DSL from `MSCCLPP_EXECUTOR_UPSTREAM_PLANS`. Bad plans and refusals are
+//! in executor_bad.rs. At a world size without a plan the test skips, saying why.
+
+use std::sync::{Arc, OnceLock};
+
+use mscclpp::collectives::{DataType, ReduceOp};
+use mscclpp::executor::{ExecutionPlan, Executor, ExecutorConfig, PacketType};
+use mscclpp::{Communicator, Context, Device, GpuBuffer};
+use mscclpp_framework::*;
+use mscclpp_hal::prelude::*;
+use mscclpp_hal::{Gpu, StreamInterop};
+
+use super::coll_common::{
+    agreed_seed, all_values, compare, guard_intact, poisoned, reference, write_values, GUARD,
+    POISON,
+};
+use super::memory_channel::common::{is_gpu_build, ok};
+use crate::world::mp_env;
+
+/// The shipped plans: (family, [json for 2, 4, 8 ranks]).
+macro_rules! shipped {
+    ($($f:literal),* $(,)?) => {
+        &[$(($f, [
+            include_str!(concat!("../../../core/plans/", $f, "_n2.json")),
+            include_str!(concat!("../../../core/plans/", $f, "_n4.json")),
+            include_str!(concat!("../../../core/plans/", $f, "_n8.json")),
+        ])),*]
+    };
+}
+pub(crate) static SHIPPED: &[(&str, [&str; 3])] = shipped!(
+    "allreduce_simple",
+    "allreduce_oop",
+    "allreduce_put",
+    "allreduce_ll",
+    "allreduce_ll_fwd",
+    "allgather_simple",
+    "allgather_oop",
+    "allgather_ll",
+    "allgather_ll_fwd",
+    "allgather_port",
+    "allgather_pipeline",
+);
+
+/// The JSON of shipped plan `family` for `n` ranks, or why there is none.
+pub(crate) fn shipped_json(family: &str, n: usize) -> Result<&'static str, String> {
+    let idx = match n {
+        2 => 0,
+        4 => 1,
+        8 => 2,
+        _ => {
+            return Err(format!(
+                "no shipped {family} plan for {n} ranks (plans exist for 2, 4 and 8)"
+            ))
+        }
+    };
+    SHIPPED
+        .iter()
+        .find(|(f, _)| *f == family)
+        .map(|(_, j)| j[idx])
+        .ok_or_else(|| format!("no shipped plan family {family}"))
+}
+
+/// One communicator, two executors (1 and 3 host threads per block) and a stream.
+pub(crate) struct ExecEnv {
+    pub exec: Executor,
+    pub exec_mt: Executor,
+    pub device: Device,
+    pub stream: Option<<Gpu as Api>::Stream>,
+    pub rank: usize,
+    pub nranks: usize,
+}
+
+// SAFETY: the HAL's streams are usable from any thread.
+unsafe impl Sync for ExecEnv {}
+
+impl ExecEnv {
+    pub fn raw_stream(&self) -> u64 {
+        self.stream.as_ref().map_or(0, Gpu::raw_stream)
+    }
+    pub fn sync(&self) -> Result<(), String> {
+        match &self.stream {
+            Some(s) => Gpu::stream_synchronize(s, mp_env().timeout).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The process's executors, set up by the first test that asks (collective).
+pub(crate) fn exec_env() -> &'static ExecEnv {
+    static ENV: OnceLock<Result<ExecEnv, String>> = OnceLock::new();
+    let r = ENV.get_or_init(|| {
+        let env = mp_env();
+        let device = if is_gpu_build() {
+            let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
+            Device::gpu((env.placement.local_rank % n) as i32)
+        } else {
+            Device::CPU
+        };
+        let context = Context::new().map_err(|e| e.to_string())?;
+        let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
+        let cfg = ExecutorConfig {
+            timeout: env.timeout,
+            host_threads_per_block: 1,
+        };
+        let exec = Executor::with_config(comm.clone(), cfg.clone()).map_err(|e| e.to_string())?;
+        let exec_mt = Executor::with_config(
+            comm,
+            ExecutorConfig {
+                host_threads_per_block: 3,
+                ..cfg
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let stream = if is_gpu_build() {
+            let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
+            Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        Ok(ExecEnv {
+            exec,
+            exec_mt,
+            device,
+            stream,
+            rank: env.placement.rank,
+            nranks: env.placement.size,
+        })
+    });
+    match r {
+        Ok(e) => e,
+        Err(msg) if msg.starts_with("skip: ") => SKIP!("{}", &msg[6..]),
+        Err(msg) => FAIL!("{}", msg),
+    }
+}
+
+/// Buffers of one (plan, size), reused by every data type and call.
+struct Bufs {
+    send: Option<GpuBuffer<u8>>,
+    recv: GpuBuffer<u8>,
+}
+
+/// Runs `plan` (an allreduce or allgather) with `bytes` per rank (allgather: the input of one
+/// rank; allreduce: the whole buffer) for every data type in `dtypes`, `calls` times each
+/// with fresh data, returning the mismatch count; errors are described in `errors`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_plan(
+    ex: &Executor,
+    plan: &ExecutionPlan,
+    bytes: usize,
+    dtypes: &[DataType],
+    packets: &[PacketType],
+    calls: u32,
+    seed: u64,
+    errors: &mut Vec<String>,
+) -> usize {
+    let env = exec_env();
+    let (r, n) = (env.rank, env.nranks);
+    let gather = plan.collective() == "allgather";
+    let out_bytes = if gather { bytes * n } else { bytes };
+    let b = Bufs {
+        send: (!plan.is_in_place()).then(|| poisoned(env.device, bytes)),
+        recv: poisoned(env.device, out_bytes),
+    };
+    let mut bad = 0;
+    let mut call = 0u32;
+    for &dtype in dtypes {
+        let es = dtype.size_in_bytes();
+        let m = bytes / es;
+        for &pt in packets {
+            if plan.is_packet() && pt.payload_bytes() % es != 0 {
+                continue;
+            }
+            for _ in 0..calls {
+                call += 1;
+                ok!(
+                    b.recv.copy_from_host(0, &vec![POISON; out_bytes + GUARD]),
+                    "poisoning"
+                );
+                let vals = all_values(dtype, ReduceOp::Sum, seed, call, n, m);
+                let (send, send_size) = match (&b.send, gather) {
+                    (Some(s), _) => {
+                        write_values(s, 0, dtype, &vals[r]);
+                        (s.data(), bytes)
+                    }
+                    (None, true) => {
+                        write_values(&b.recv, r * m, dtype, &vals[r]);
+                        (b.recv.data() + (r * bytes) as u64, bytes)
+                    }
+                    (None, false) => {
+                        write_values(&b.recv, 0, dtype, &vals[r]);
+                        (b.recv.data(), bytes)
+                    }
+                };
+                // SAFETY: both buffers hold their sizes (+ guard) and live past the sync.
+                let res = unsafe {
+                    ex.execute(
+                        r,
+                        send,
+                        b.recv.data(),
+                        send_size,
+                        out_bytes,
+                        dtype,
+                        plan,
+                        env.raw_stream(),
+                        pt,
+                    )
+                };
+                ok!(
+                    res,
+                    "executing {} ({bytes} bytes, {dtype}, {pt:?})",
+                    plan.name()
+                );
+                ok!(env.sync(), "waiting for the stream");
+                let mut got = vec![0u8; out_bytes];
+                ok!(b.recv.copy_to_host(0, &mut got), "reading the output");
+                let before = errors.len();
+                let mut column = vec![0.0; n];
+                bad += if gather {
+                    compare(dtype, &got, 0, |i| vals[i / m][i % m], errors)
+                } else {
+                    compare(
+                        dtype,
+                        &got,
+                        0,
+                        |i| {
+                            for (q, c) in column.iter_mut().enumerate() {
+                                *c = vals[q][i];
+                            }
+                            reference(dtype, ReduceOp::Sum, &column)
+                        },
+                        errors,
+                    )
+                };
+                if !guard_intact(&b.recv, out_bytes) {
+                    bad += 1;
+                    errors.push("the guard zone after the output was overwritten".into());
+                }
+                for e in &mut errors[before..] {
+                    *e = format!(
+                        "{} {bytes} bytes {dtype} {pt:?} call {call}: {e}",
+                        plan.name()
+                    );
+                }
+            }
+        }
+    }
+    bad
+}
+
+/// Sizes (send bytes) a plan runs with: the smallest its chunking allows, an odd multiple of
+/// it, and larger ones.
+pub(crate) fn sizes(plan: &ExecutionPlan) -> Vec<usize> {
+    let unit = plan.input_granularity() as usize;
+    let up = |x: usize| x.div_ceil(unit) * unit;
+    let mut v = vec![unit, unit * 37, up(1 << 16)];
+    if is_gpu_build() {
+        v.push(up(4 << 20));
+    }
+    v
+}
+
+fn run_family(ctx: &TestContext, family: &str) {
+    let env = exec_env();
+    let n = env.nranks;
+    let json = match shipped_json(family, n) {
+        Ok(j) => j,
+        Err(reason) => SKIP!("{}", reason),
+    };
+    let plan = ok!(
+        ExecutionPlan::from_json(json, ctx.rank()),
+        "parsing {family}"
+    );
+    ASSERT_EQ!(plan.world_size(), n);
+    let seed = agreed_seed();
+    let gather = plan.collective() == "allgather";
+    let dtypes: &[DataType] = if gather {
+        &[DataType::I32, DataType::F16]
+    } else {
+        &[
+            DataType::F32,
+            DataType::Bf16,
+            DataType::I32,
+            DataType::U8,
+            DataType::F64,
+        ]
+    };
+    let packets: &[PacketType] = if plan.is_packet() {
+        &[PacketType::LL16, PacketType::LL8]
+    } else {
+        &[PacketType::LL16]
+    };
+    let mut errors = Vec::new();
+    let mut bad = 0;
+    for bytes in sizes(&plan) {
+        bad += check_plan(
+            &env.exec,
+            &plan,
+            bytes,
+            dtypes,
+            packets,
+            2,
+            seed,
+            &mut errors,
+        );
+    }
+    if !is_gpu_build() {
+        // 3 host threads per block: the work is split as on a GPU and nop is a real barrier.
+        let bytes = sizes(&plan)[1];
+        bad += check_plan(
+            &env.exec_mt,
+            &plan,
+            bytes,
+            dtypes,
+            packets,
+            2,
+            seed,
+            &mut errors,
+        );
+    }
+    EXPECT_EQ!(bad, 0, "{family} on {n} ranks: {:?}", errors);
+    // One context per (plan, buffers): the buffers above were reused for every call.
+    EXPECT_EQ!(env.exec.cached_contexts(), sizes(&plan).len());
+    env.exec.reset();
+    env.exec_mt.reset();
+}
+
+TEST!(ExecutorTest, AllReduceSimple, |ctx| run_family(
+    ctx,
+    "allreduce_simple"
+));
+TEST!(ExecutorTest, AllReduceOutOfPlace, |ctx| run_family(
+    ctx,
+    "allreduce_oop"
+));
+TEST!(ExecutorTest, AllReducePut, |ctx| run_family(
+    ctx,
+    "allreduce_put"
+));
+TEST!(ExecutorTest, AllReduceLL, |ctx| run_family(
+    ctx,
+    "allreduce_ll"
+));
+TEST!(ExecutorTest, AllReduceLLForward, |ctx| run_family(
+    ctx,
+    "allreduce_ll_fwd"
+));
+TEST!(ExecutorTest, AllGatherSimple, |ctx| run_family(
+    ctx,
+    "allgather_simple"
+));
+TEST!(ExecutorTest, AllGatherOutOfPlace, |ctx| run_family(
+    ctx,
+    "allgather_oop"
+));
+TEST!(ExecutorTest, AllGatherLL, |ctx| run_family(
+    ctx,
+    "allgather_ll"
+));
+TEST!(ExecutorTest, AllGatherLLForward, |ctx| run_family(
+    ctx,
+    "allgather_ll_fwd"
+));
+TEST!(ExecutorTest, AllGatherPort, |ctx| run_family(
+    ctx,
+    "allgather_port"
+));
+TEST!(ExecutorTest, AllGatherPipeline, |ctx| run_family(
+    ctx,
+    "allgather_pipeline"
+));
+
+// Plans made by upstream's DSL (a folder named by `MSCCLPP_EXECUTOR_UPSTREAM_PLANS`): each
+// one for this world size runs unchanged; NVLS ones are refused with the reason.
+TEST!(ExecutorTest, UpstreamPlans, |ctx| {
+    let Ok(dir) = std::env::var("MSCCLPP_EXECUTOR_UPSTREAM_PLANS") else {
+        SKIP!("set MSCCLPP_EXECUTOR_UPSTREAM_PLANS to a folder of plans made by upstream's DSL (docs/executor.md says how)");
+    };
+    let env = exec_env();
+    let mut files: Vec<_> = ok!(std::fs::read_dir(&dir), "listing {dir}")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let seed = agreed_seed();
+    let (mut ran, mut refused) = (0, 0);
+    for f in files {
+        let probe = ok!(ExecutionPlan::from_file(&f, 0), "parsing {}", f.display());
+        if probe.world_size() != env.nranks {
+            continue;
+        }
+        let plan = ok!(
+            ExecutionPlan::from_file(&f, ctx.rank()),
+            "parsing {}",
+            f.display()
+        );
+        if plan.uses_switch_channels() {
+            if ctx.rank() == 0 {
+                println!("[   INFO   ] upstream plan {}: needs NVLS (switch channels), refused while NVLS is off", f.display());
+            }
+            refused += 1;
+            continue;
+        }
+        let gather = plan.collective() == "allgather";
+        let mut errors = Vec::new();
+        let mut bad = 0;
+        for bytes in sizes(&plan) {
+            let dtypes = [DataType::F32, DataType::I32];
+            let packets: &[PacketType] = if plan.is_packet() {
+                &[PacketType::LL16, PacketType::LL8]
+            } else {
+                &[PacketType::LL16]
+            };
+            bad += check_plan(
+                &env.exec,
+                &plan,
+                bytes,
+                &dtypes,
+                packets,
+                2,
+                seed,
+                &mut errors,
+            );
+        }
+        if ctx.rank() == 0 {
+            println!(
+                "[   INFO   ] upstream plan {} ({} {}): {}",
+                f.display(),
+                if gather { "allgather" } else { "allreduce" },
+                plan.protocol(),
+                if bad == 0 { "ok" } else { "MISMATCH" }
+            );
+        }
+        EXPECT_EQ!(bad, 0, "{}: {:?}", f.display(), errors);
+        env.exec.reset();
+        ran += 1;
+    }
+    if ran == 0 {
+        SKIP!(
+            "no plan for {} ranks in {dir} ({refused} NVLS plans refused)",
+            env.nranks
+        );
+    }
+});
