@@ -4,10 +4,11 @@
 
 use std::mem::ManuallyDrop;
 
-use super::conv::check;
+use super::result::checked;
 use super::{Cuda, CudaDevice, CudaStream};
 use crate::graph::StreamInterop;
-use crate::{deferred, Result};
+use crate::auxil::deferred;
+use crate::Result;
 use cudarc::driver::sys;
 
 /// An instantiated CUDA graph (and the graph it came from); destroyed on drop.
@@ -27,10 +28,10 @@ impl Drop for CudaGraph {
     fn drop(&mut self) {
         // SAFETY: both handles were created by end_capture and are destroyed once.
         let r = self.dev.bind().and_then(|_| {
-            check("cuGraphExecDestroy", unsafe {
+            checked("cuGraphExecDestroy", || unsafe {
                 sys::cuGraphExecDestroy(self.exec)
             })?;
-            check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(self.graph) })
+            checked("cuGraphDestroy", || unsafe { sys::cuGraphDestroy(self.graph) })
         });
         if let Err(e) = r {
             deferred::record(e);
@@ -54,7 +55,7 @@ impl StreamInterop for Cuda {
         stream.dev.bind()?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: live stream, valid out pointer.
-        check("cuStreamIsCapturing", unsafe {
+        checked("cuStreamIsCapturing", || unsafe {
             sys::cuStreamIsCapturing(stream.raw, &mut status)
         })?;
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
@@ -63,7 +64,7 @@ impl StreamInterop for Cuda {
         deferred::check()?;
         stream.dev.bind()?;
         // SAFETY: live stream.
-        check("cuStreamBeginCapture", unsafe {
+        checked("cuStreamBeginCapture", || unsafe {
             sys::cuStreamBeginCapture_v2(
                 stream.raw,
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
@@ -75,12 +76,12 @@ impl StreamInterop for Cuda {
         stream.dev.bind()?;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: live stream in capture, valid out pointer.
-        check("cuStreamEndCapture", unsafe {
+        checked("cuStreamEndCapture", || unsafe {
             sys::cuStreamEndCapture(stream.raw, &mut graph)
         })?;
         let mut exec: sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: graph was just created; valid out pointer.
-        let r = check("cuGraphInstantiateWithFlags", unsafe {
+        let r = checked("cuGraphInstantiateWithFlags", || unsafe {
             sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
         });
         if let Err(e) = r {
@@ -98,7 +99,7 @@ impl StreamInterop for Cuda {
         deferred::check()?;
         stream.dev.bind()?;
         // SAFETY: live graph exec and stream.
-        check("cuGraphLaunch", unsafe {
+        checked("cuGraphLaunch", || unsafe {
             sys::cuGraphLaunch(graph.exec, stream.raw)
         })
     }

@@ -29,7 +29,8 @@ fn check(op: &'static str, r: sys::CUresult) -> Result<()> {
 }
 
 /// Runs `f` through [`call`] and checks its status.
-fn checked(op: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
+/// Runs one driver call through the counting choke point and turns its status into `Result`.
+pub(in crate::cuda) fn checked(op: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
     check(op, call(f))
 }
 
