@@ -84,6 +84,7 @@ pub struct Env {
     ib_gid_index: Parsed<u32>,
     hostid: Option<String>,
     socket_ifname: Option<String>,
+    bootstrap_key: Option<String>,
     socket_family: Parsed<Option<SocketFamily>>,
     force_disable_nvls: Parsed<bool>,
     force_disable_gdr: Parsed<bool>,
@@ -194,6 +195,7 @@ impl Env {
             ib_gid_index,
             hostid: non_empty(lookup("MSCCLPP_HOSTID")),
             socket_ifname: non_empty(lookup("MSCCLPP_SOCKET_IFNAME")),
+            bootstrap_key: non_empty(lookup("MSCCLPP_BOOTSTRAP_KEY")),
             socket_family,
             force_disable_nvls,
             force_disable_gdr: parse_bool(
@@ -250,6 +252,11 @@ impl Env {
     /// comma list of prefixes, `^` excludes, `=` matches exactly).
     pub fn socket_ifname(&self) -> Option<&str> {
         self.socket_ifname.as_deref()
+    }
+    /// `MSCCLPP_BOOTSTRAP_KEY`: the job key of `ip:port` bootstraps (any string; every rank of
+    /// a job sets the same one, so ranks of another job at the same address are refused).
+    pub fn bootstrap_key(&self) -> Option<&str> {
+        self.bootstrap_key.as_deref()
     }
     /// `MSCCLPP_SOCKET_FAMILY`: `AF_INET` or `AF_INET6`; unset = either (IPv4 preferred).
     pub fn socket_family(&self) -> Result<Option<SocketFamily>> {

@@ -9,9 +9,10 @@
 //!
 //! [`TcpBootstrap`] is the built-in implementation: rank 0 runs a root that collects every
 //! rank's listen address and host hash and hands out the table; ranks then connect in a full
-//! mesh and a receive thread per connection demultiplexes `(tag, len, payload)` frames by
-//! `(peer, tag)`. Every blocking operation honours the timeout given to `initialize`; a peer
-//! that never comes or dies gives an error naming it instead of a hang.
+//! mesh and one receive thread per rank (an event loop over every peer socket) demultiplexes
+//! `(kind, tag, len, payload)` frames by `(peer, kind, tag)`. Every blocking operation honours
+//! the timeout given to `initialize`; a peer that never comes or dies gives an error naming it
+//! instead of a hang.
 
 mod netif;
 mod socket;
@@ -19,7 +20,7 @@ mod tcp;
 mod unique_id;
 
 pub use netif::{select_interface, Interface};
-pub use tcp::{InitAddr, TcpBootstrap};
+pub use tcp::{InitAddr, TcpBootstrap, MAX_MESSAGE_BYTES};
 pub use unique_id::{UniqueId, UNIQUE_ID_BYTES};
 
 /// Re-exported from [`crate::identity`] (where it lives) for existing callers.

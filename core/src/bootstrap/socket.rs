@@ -43,6 +43,11 @@ impl Deadline {
         }
     }
 
+    /// The instant it ends.
+    pub(crate) fn end(&self) -> Instant {
+        self.end
+    }
+
     /// Time left, or `None` once the deadline has passed.
     pub(crate) fn remaining(&self) -> Option<Duration> {
         let left = self.end.saturating_duration_since(Instant::now());
@@ -187,21 +192,30 @@ pub(crate) fn read_exact_by(
     Ok(())
 }
 
-/// Writes all of `buf` to `s`, giving up at `deadline` (`Err(None)` = timed out).
+/// Writes all of `buf` to `s`, giving up at `deadline` (`Err(None)` = timed out). Writes go in
+/// pieces of at most 1 MiB, each bounded by the time left, so a slow reader cannot stretch one
+/// call past the deadline. After an error the stream may hold part of `buf`.
 pub(crate) fn write_all_by(
-    s: &mut TcpStream,
+    s: &TcpStream,
     buf: &[u8],
     deadline: &Deadline,
 ) -> std::result::Result<(), Option<std::io::Error>> {
-    let left = deadline.remaining().ok_or(None)?;
-    s.set_write_timeout(Some(left)).map_err(Some)?;
-    s.write_all(buf).map_err(|e| {
-        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
-            None
-        } else {
-            Some(e)
+    const PIECE: usize = 1 << 20;
+    let mut w = s;
+    let mut done = 0;
+    while done < buf.len() {
+        let left = deadline.remaining().ok_or(None)?;
+        w.set_write_timeout(Some(left)).map_err(Some)?;
+        let end = (done + PIECE).min(buf.len());
+        match w.write(&buf[done..end]) {
+            Ok(0) => return Err(Some(std::io::Error::from(ErrorKind::WriteZero))),
+            Ok(n) => done += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(Some(e)),
         }
-    })
+    }
+    Ok(())
 }
 
 /// Locks `m`, also when poisoned.

@@ -306,3 +306,62 @@ TEST!(BootstrapTest, NranksPerNode, |_ctx| {
     // The launcher knows how many ranks share this node; the bootstrap must agree.
     EXPECT_EQ!(env.bootstrap.nranks_per_node(), env.placement.local_size);
 });
+
+TEST!(BootstrapTest, RefusesRankOfAnotherJob, |_ctx| {
+    // ip:port groups are told apart by their job key: the last rank first knocks with another
+    // job's key (refused at once, naming the key), then joins with the right one.
+    let env = mp_env();
+    let (rank, n) = (env.bootstrap.rank(), env.bootstrap.nranks());
+    let addr = ok!(shared_ip_port(), "sharing ip:port");
+    let init = ok!(InitAddr::parse(&addr), "parse {}", addr);
+    if rank == n - 1 && n > 1 {
+        let mut stray = ok!(TcpBootstrap::new(rank, n), "new");
+        ok!(stray.set_job_key("another-job"), "set_job_key");
+        let start = Instant::now();
+        match stray.initialize(init.clone(), env.timeout) {
+            Ok(()) => FAIL!("a rank with another job key joined the group at {}", addr),
+            Err(e) => {
+                EXPECT_EQ!(e.code(), ErrorCode::InvalidUsage, "{}", e);
+                EXPECT_TRUE!(e.to_string().contains("job key"), "{}", e);
+                EXPECT_LT!(start.elapsed(), Duration::from_secs(5), "{}", e);
+            }
+        }
+    }
+    let mut b = ok!(TcpBootstrap::new(rank, n), "new");
+    ok!(b.set_job_key("this-job"), "set_job_key");
+    ok!(b.initialize(init, env.timeout), "initialize at {}", addr);
+    let all = ok!(b.all_gather(&[rank as u8]), "all_gather");
+    EXPECT_EQ!(all, (0..n).map(|r| vec![r as u8]).collect::<Vec<_>>());
+    ok!(env.bootstrap.barrier(), "shared barrier");
+});
+
+TEST!(BootstrapTest, DeadPeerFailsCollectivesAtOnce, |_ctx| {
+    let env = mp_env();
+    let (rank, n) = (env.bootstrap.rank(), env.bootstrap.nranks());
+    if n < 2 {
+        SKIP!("needs 2 ranks (one leaves the group while the others wait)");
+    }
+    let id = ok!(shared_unique_id(), "sharing a unique id");
+    let b = ok!(new_group(InitAddr::Id(id)), "initialize with id");
+    ok!(b.barrier(), "barrier");
+    let leaver = n - 1;
+    if rank == leaver {
+        drop(b); // leaves: its sockets close
+    } else {
+        // Rank 0 also waits for rank 1 (alive, but 1 s late) when there are 3 ranks or more:
+        // the dead rank must still be reported at once.
+        if rank == 1 && n > 2 {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let start = Instant::now();
+        match b.all_gather(&[rank as u8]) {
+            Ok(_) => FAIL!("all_gather succeeded without rank {}", leaver),
+            Err(e) => {
+                EXPECT_EQ!(e.code(), ErrorCode::RemoteError, "{}", e);
+                EXPECT_TRUE!(e.to_string().contains(&format!("rank {leaver}")), "{}", e);
+                EXPECT_LT!(start.elapsed(), Duration::from_millis(900), "{}", e);
+            }
+        }
+    }
+    ok!(env.bootstrap.barrier(), "shared barrier");
+});

@@ -1,30 +1,42 @@
-//! The mailbox of an initialized bootstrap: one receive thread per peer connection reads
-//! frames into queues keyed by `(peer, kind, tag)`; receives wait on them with a timeout and
-//! fail promptly once the peer's connection is gone.
+//! The mailbox of an initialized bootstrap: queues of received messages keyed by
+//! `(peer, kind, tag)`, and which peers are dead. A receive waits for its key by a deadline;
+//! a collective waits for several keys at once, so a dead peer fails it at once even while
+//! another peer is slow. A dead peer's messages that arrived before its death still count.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind, Read};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Condvar, Mutex};
 
-use super::wire::{rd_u64, FRAME_HEADER, KIND_COLLECTIVE, MAX_FRAME};
 use crate::bootstrap::socket::{lock, Deadline};
 use crate::error::{Error, Result};
 
 pub(super) type MailKey = (usize, u8, u64);
 
 #[derive(Default)]
-pub(super) struct MailState {
-    pub(super) queues: HashMap<MailKey, VecDeque<Vec<u8>>>,
-    pub(super) dead: HashMap<usize, String>,
-    pub(super) closing: bool,
+struct MailState {
+    queues: HashMap<MailKey, VecDeque<Vec<u8>>>,
+    dead: HashMap<usize, String>,
+    closing: bool,
 }
 
 #[derive(Default)]
 pub(super) struct Mailbox {
-    pub(super) state: Mutex<MailState>,
-    pub(super) arrived: Condvar,
+    state: Mutex<MailState>,
+    arrived: Condvar,
+}
+
+/// `rank 1`, `rank 1, rank 3`: how errors name ranks.
+pub(super) fn name_ranks(ranks: impl IntoIterator<Item = usize>) -> String {
+    let names: Vec<String> = ranks.into_iter().map(|r| format!("rank {r}")).collect();
+    names.join(", ")
+}
+
+/// A tag as errors show it: decimal when small, hex when it is one of the composed tags.
+pub(super) fn show_tag(tag: u64) -> String {
+    if tag < 1 << 32 {
+        tag.to_string()
+    } else {
+        format!("{tag:#x}")
+    }
 }
 
 impl Mailbox {
@@ -37,6 +49,7 @@ impl Mailbox {
         self.arrived.notify_all();
     }
 
+    /// Records that `peer`'s connection is gone (the first reason wins) and wakes every waiter.
     pub(super) fn mark_dead(&self, peer: usize, reason: String) {
         let mut st = lock(&self.state);
         if st.closing {
@@ -47,28 +60,72 @@ impl Mailbox {
         self.arrived.notify_all();
     }
 
-    pub(super) fn take(&self, key: MailKey, timeout: Duration) -> Result<Vec<u8>> {
-        let (peer, _, tag) = key;
-        let deadline = Deadline::after(timeout);
+    /// Why `peer` is dead, if it is.
+    pub(super) fn dead_reason(&self, peer: usize) -> Option<String> {
+        lock(&self.state).dead.get(&peer).cloned()
+    }
+
+    /// From now on dead peers are expected (this side is closing): nothing is recorded.
+    pub(super) fn close(&self) {
+        lock(&self.state).closing = true;
+    }
+
+    /// The next message under `key`; `what` names the operation in errors.
+    pub(super) fn take(&self, key: MailKey, deadline: &Deadline, what: &str) -> Result<Vec<u8>> {
+        let mut got = self.take_all(&[key], deadline, what)?;
+        got.pop()
+            .ok_or_else(|| Error::Internal(format!("{what}: no message taken")))
+    }
+
+    /// One message under each of `keys` (in that order), waiting for all of them at once until
+    /// `deadline`. Fails at once, naming the rank, when a peer whose message is still missing is
+    /// dead; at the deadline the error names every rank still missing. On failure the
+    /// messages taken so far are dropped (the caller's operation has failed as a whole).
+    pub(super) fn take_all(
+        &self,
+        keys: &[MailKey],
+        deadline: &Deadline,
+        what: &str,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        let mut missing = keys.len();
         let mut st = lock(&self.state);
         loop {
-            if let Some(q) = st.queues.get_mut(&key) {
-                if let Some(msg) = q.pop_front() {
-                    if q.is_empty() {
-                        st.queues.remove(&key);
+            for (slot, key) in got.iter_mut().zip(keys) {
+                if slot.is_some() {
+                    continue;
+                }
+                if let Some(q) = st.queues.get_mut(key) {
+                    if let Some(msg) = q.pop_front() {
+                        if q.is_empty() {
+                            st.queues.remove(key);
+                        }
+                        *slot = Some(msg);
+                        missing -= 1;
                     }
-                    return Ok(msg);
                 }
             }
-            if let Some(reason) = st.dead.get(&peer) {
+            if missing == 0 {
+                return Ok(got.into_iter().flatten().collect());
+            }
+            let waiting = || {
+                got.iter()
+                    .zip(keys)
+                    .filter(|(g, _)| g.is_none())
+                    .map(|(_, k)| k.0)
+            };
+            if let Some((peer, reason)) =
+                waiting().find_map(|p| st.dead.get(&p).map(|r| (p, r.clone())))
+            {
                 return Err(Error::remote(
                     peer,
-                    format!("{reason}; no message with tag {tag} arrived before that"),
+                    format!("{what}: {reason}; its message had not arrived"),
                 ));
             }
             let Some(left) = deadline.remaining() else {
                 return Err(deadline.timeout_error(format!(
-                    "receiving a message with tag {tag} from rank {peer}"
+                    "{what}: nothing arrived from {}",
+                    name_ranks(waiting())
                 )));
             };
             st = self
@@ -80,52 +137,49 @@ impl Mailbox {
     }
 }
 
-pub(super) fn receive_loop(
-    stream: TcpStream,
-    peer: usize,
-    addr: SocketAddr,
-    mailbox: Arc<Mailbox>,
-) {
-    let mut reader = std::io::BufReader::with_capacity(64 * 1024, stream);
-    let fail = |e: std::io::Error| {
-        if e.kind() == ErrorKind::UnexpectedEof || e.kind() == ErrorKind::ConnectionReset {
-            format!("connection to rank {peer} at {addr} closed (EOF): the peer exited or dropped its bootstrap")
-        } else {
-            format!("reading from rank {peer} at {addr} failed: {e}")
-        }
-    };
-    loop {
-        let mut hdr = [0u8; FRAME_HEADER];
-        if let Err(e) = reader.read_exact(&mut hdr) {
-            mailbox.mark_dead(peer, fail(e));
-            return;
-        }
-        let kind = hdr[0];
-        let tag = rd_u64(&hdr, 1);
-        let len = rd_u64(&hdr, 9);
-        if kind > KIND_COLLECTIVE || len > MAX_FRAME {
-            mailbox.mark_dead(
-                peer,
-                format!(
-                    "rank {peer} at {addr} sent a corrupt frame header (kind {kind}, length {len}): \
-                     expected kind 0 or 1 and a length up to {MAX_FRAME}"
-                ),
-            );
-            return;
-        }
-        let mut payload = Vec::new();
-        if payload.try_reserve_exact(len as usize).is_err() {
-            mailbox.mark_dead(
-                peer,
-                format!("cannot allocate {len} bytes for a message from rank {peer} at {addr}"),
-            );
-            return;
-        }
-        payload.resize(len as usize, 0);
-        if let Err(e) = reader.read_exact(&mut payload) {
-            mailbox.mark_dead(peer, fail(e));
-            return;
-        }
-        mailbox.push((peer, kind, tag), payload);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn take_all_fails_at_once_on_a_dead_peer_whose_message_is_missing() {
+        let mb = Arc::new(Mailbox::default());
+        mb.push((2, 1, 7), vec![2]);
+        mb.mark_dead(2, "rank 2 closed".into()); // its message came before: still delivered
+        let d = Deadline::after(Duration::from_secs(1));
+        let m2 = mb.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            m2.mark_dead(1, "rank 1 closed".into());
+        });
+        let t0 = Instant::now();
+        let e = mb
+            .take_all(&[(2, 1, 7), (1, 1, 7), (3, 1, 7)], &d, "all_gather")
+            .expect_err("rank 1 is dead");
+        t.join().expect("join");
+        assert!(matches!(e, Error::Remote { peer: 1, .. }), "{e}");
+        assert!(t0.elapsed() < Duration::from_millis(500));
+        let e = mb
+            .take_all(
+                &[(3, 1, 7)],
+                &Deadline::after(Duration::from_millis(50)),
+                "barrier",
+            )
+            .expect_err("rank 3 is silent");
+        assert_eq!(e.code(), crate::ErrorCode::Timeout);
+        assert!(
+            e.to_string()
+                .contains("barrier: nothing arrived from rank 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(name_ranks([1, 3]), "rank 1, rank 3");
+        assert_eq!(show_tag(5), "5");
+        assert_eq!(show_tag(1 << 40), "0x10000000000");
     }
 }

@@ -1,268 +1,59 @@
-//! A rank's side of bootstrap setup: the hello to the root and the table back, then the full
-//! mesh (connect to every lower rank, accept every higher one) and the [`Session`] it leaves:
-//! the peer connections, the mailbox and its receive threads.
+//! A rank's second step of setup, the full mesh: connect to every lower rank while accepting
+//! every higher one concurrently (a temporary thread serves the listener), then the
+//! [`Session`] it leaves: one socket per peer, the mailbox and its one receive thread.
 
-use std::io::ErrorKind;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::mailbox::{receive_loop, Mailbox};
+use super::accept::{Acceptor, Next};
+use super::join::{Member, Table};
+use super::mailbox::{name_ranks, Mailbox};
+use super::receiver::{Receiver, Watched};
 use super::wire::*;
-use crate::backoff::Backoff;
-use crate::bootstrap::netif::{
-    choose_interface, iface_bind_addr, list_interfaces, select_interface,
-};
-use crate::bootstrap::socket::{
-    bind_listener, cancelled, connect_retry, lock, read_exact_by, write_all_by, Cancel, Deadline,
-    ReadFail,
-};
-use crate::bootstrap::unique_id::{decode_addr, ADDR_BYTES};
-use crate::env::SocketFamily;
+use crate::bootstrap::socket::{connect_retry, write_all_by, Deadline};
 use crate::error::{Error, Result};
-use crate::identity::host_hash;
 
 pub(super) struct PeerConn {
     pub(super) addr: SocketAddr,
-    pub(super) writer: Mutex<Writer>,
+    /// Shared with the receive loop, which reads it; writers take `broken` first.
+    pub(super) stream: Arc<TcpStream>,
+    /// `Some` after a failed write: the stream may hold a partial frame, so it is unusable.
+    pub(super) broken: Mutex<Option<String>>,
 }
 
-pub(super) struct Writer {
-    pub(super) stream: TcpStream,
-    /// Set after a failed write: the stream may hold a partial frame, so it is unusable.
-    pub(super) broken: Option<String>,
+/// Whether the collectives may still run: after one failed on this rank, the ranks'
+/// sequences of collective messages no longer match.
+#[derive(Default)]
+pub(super) struct CollectiveState {
+    /// The failure: the rank at fault (when one is) and what happened.
+    pub(super) failed: Option<(Option<usize>, String)>,
 }
 
-/// Everything an initialized `TcpBootstrap` owns; dropping it closes every socket and joins
-/// every receive thread.
+/// Everything an initialized `TcpBootstrap` owns; dropping it stops the receive thread and
+/// closes every socket.
 pub(super) struct Session {
     pub(super) timeout: Duration,
     pub(super) host_hashes: Vec<u64>,
     pub(super) nranks_per_node: usize,
     pub(super) peers: Vec<Option<PeerConn>>,
     pub(super) mailbox: Arc<Mailbox>,
-    pub(super) threads: Vec<JoinHandle<()>>,
-    pub(super) collective: Mutex<()>,
+    pub(super) receiver: Option<Receiver>,
+    pub(super) collective: Mutex<CollectiveState>,
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        lock(&self.mailbox.state).closing = true;
-        for p in self.peers.iter().flatten() {
-            // Wakes the receive thread (its read returns EOF); errors mean it is already closed.
-            let _ = lock(&p.writer).stream.shutdown(Shutdown::Both);
-        }
-        for t in self.threads.drain(..) {
-            // A receive thread never panics; if one did, there is nothing left to clean up.
-            let _ = t.join();
-        }
+        self.mailbox.close();
+        // Stops and joins the receive thread; the sockets close when `peers` drops.
+        self.receiver.take();
     }
-}
-
-pub(super) struct Table {
-    session: u64,
-    addrs: Vec<SocketAddr>,
-    hashes: Vec<u64>,
-    listener: TcpListener,
-}
-
-/// The rank doing setup (what [`TcpBootstrap`](super::TcpBootstrap) knows before a session).
-pub(super) struct Member {
-    pub(super) rank: usize,
-    pub(super) nranks: usize,
 }
 
 impl Member {
-    /// Binds this rank's listener for its peers: on `ifname`'s address, else on the interface
-    /// `MSCCLPP_SOCKET_IFNAME` selects, else on the local address of the root connection.
-    fn bind_peer_listener(
-        &self,
-        root_conn: &TcpStream,
-        root: SocketAddr,
-        ifname: Option<&str>,
-    ) -> Result<TcpListener> {
-        let local = match ifname {
-            Some(name) => {
-                let family = if root.is_ipv4() {
-                    SocketFamily::Inet
-                } else {
-                    SocketFamily::Inet6
-                };
-                let spec = format!("={name}");
-                iface_bind_addr(&choose_interface(
-                    &list_interfaces()?,
-                    Some(&spec),
-                    Some(family),
-                )?)
-            }
-            None if crate::env::env().socket_ifname().is_some() => {
-                iface_bind_addr(&select_interface()?)
-            }
-            None => {
-                let mut a = root_conn
-                    .local_addr()
-                    .map_err(|e| Error::io(format!("getsockname on connection to {root}"), e))?;
-                a.set_port(0);
-                a
-            }
-        };
-        bind_listener(local, None)
-    }
-
-    /// Client side of setup: hello to the root, then the table back.
-    pub(super) fn join(
-        &self,
-        root: SocketAddr,
-        nonce: u64,
-        ifname: Option<&str>,
-        deadline: &Deadline,
-        cancel: &Cancel,
-    ) -> Result<Table> {
-        let root_who = "the bootstrap root (rank 0)";
-        let read_fail = |what: &str, e: ReadFail| match e {
-            ReadFail::Timeout => deadline.timeout_error(format!(
-                "waiting for {what} from {root_who} at {root} (rank {} of {})",
-                self.rank, self.nranks
-            )),
-            e => Error::remote(0, format!("reading {what} from the root at {root}: {e}")),
-        };
-        let mut listener: Option<(TcpListener, SocketAddr)> = None;
-        let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(50));
-        // A connection that closes before the root answered (a stale listener on the port, a
-        // root that restarted) is retried until the deadline.
-        let (mut stream, status) = loop {
-            let mut stream = connect_retry(root, deadline, root_who, cancel)?;
-            let listen = match &listener {
-                Some((_, a)) => *a,
-                None => {
-                    let l = self.bind_peer_listener(&stream, root, ifname)?;
-                    let a = l
-                        .local_addr()
-                        .map_err(|e| Error::io("getsockname on the peer listener", e))?;
-                    listener = Some((l, a));
-                    a
-                }
-            };
-            let hello = Hello {
-                rank: self.rank,
-                nranks: self.nranks,
-                nonce,
-                host_hash: host_hash(),
-                listen,
-            };
-            let retry_why = match write_all_by(&mut stream, &hello.encode(), deadline) {
-                Err(None) => {
-                    return Err(
-                        deadline.timeout_error(format!("sending hello to {root_who} at {root}"))
-                    )
-                }
-                Err(Some(e)) => e.to_string(),
-                Ok(()) => {
-                    // The root answers at the deadline at the latest (with an abort naming the
-                    // missing ranks): give its answer a moment to arrive.
-                    let mut status = [0u8; 1];
-                    match read_exact_by(
-                        &mut stream,
-                        &mut status,
-                        &deadline.extended(ROOT_REPLY_GRACE),
-                    ) {
-                        Ok(()) => break (stream, status[0]),
-                        Err(ReadFail::Timeout) => {
-                            return Err(read_fail("the address table", ReadFail::Timeout))
-                        }
-                        Err(e) => e.to_string(),
-                    }
-                }
-            };
-            if cancel.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(cancelled());
-            }
-            if deadline.remaining().is_none() {
-                return Err(deadline.timeout_error(format!(
-                    "joining {root_who} at {root} (last error: {retry_why})"
-                )));
-            }
-            crate::log_info!(
-                "BOOTSTRAP",
-                "rank {}: root {root} closed the connection ({retry_why}); retrying",
-                self.rank
-            );
-            backoff.snooze_at_most(deadline.remaining());
-        };
-        let Some((listener, _)) = listener else {
-            return Err(Error::Internal(
-                "peer listener missing after joining the root".into(),
-            ));
-        };
-        match status {
-            REPLY_OK => {}
-            REPLY_ABORT => {
-                let late = deadline.extended(Duration::from_secs(1));
-                let mut head = [0u8; 5];
-                read_exact_by(&mut stream, &mut head, &late)
-                    .map_err(|e| read_fail("the abort message", e))?;
-                let len = (rd_u32(&head, 1) as usize).min(MAX_ABORT_MSG);
-                let mut msg = vec![0u8; len];
-                read_exact_by(&mut stream, &mut msg, &late)
-                    .map_err(|e| read_fail("the abort message", e))?;
-                let msg = String::from_utf8_lossy(&msg);
-                return Err(match head[0] {
-                    ABORT_TIMEOUT => deadline.timeout_error(format!("{root_who} at {root}: {msg}")),
-                    _ => Error::invalid(format!(
-                        "{root_who} at {root} rejected rank {}: {msg}",
-                        self.rank
-                    )),
-                });
-            }
-            s => {
-                return Err(Error::remote(
-                    0,
-                    format!(
-                    "the root at {root} replied with status {s}: expected 0 (table) or 1 (abort)"
-                ),
-                ))
-            }
-        }
-        let late = deadline.extended(Duration::from_secs(1));
-        let mut head = [0u8; 12];
-        read_exact_by(&mut stream, &mut head, &late)
-            .map_err(|e| read_fail("the address table", e))?;
-        let session = rd_u64(&head, 0);
-        let n = rd_u32(&head, 8) as usize;
-        if n != self.nranks {
-            return Err(Error::remote(
-                0,
-                format!(
-                    "the root at {root} sent a table of {n} ranks: expected {}",
-                    self.nranks
-                ),
-            ));
-        }
-        let mut body = vec![0u8; n * (ADDR_BYTES + 8)];
-        read_exact_by(&mut stream, &mut body, &late)
-            .map_err(|e| read_fail("the address table", e))?;
-        let mut addrs = Vec::with_capacity(n);
-        let mut hashes = Vec::with_capacity(n);
-        for entry in body.chunks_exact(ADDR_BYTES + 8) {
-            let a = decode_addr(entry).map_err(|e| {
-                Error::remote(
-                    0,
-                    format!("the root at {root} sent a bad address table: {e}"),
-                )
-            })?;
-            addrs.push(a);
-            hashes.push(rd_u64(entry, ADDR_BYTES));
-        }
-        Ok(Table {
-            session,
-            addrs,
-            hashes,
-            listener,
-        })
-    }
-
-    /// Connects to every lower rank, accepts every higher one, starts the receive threads.
+    /// Connects to every lower rank and accepts every higher one (both at once), then starts
+    /// the receive thread.
     pub(super) fn connect_mesh(
         &self,
         table: Table,
@@ -275,157 +66,181 @@ impl Member {
             hashes,
             listener,
         } = table;
-        let me = self.rank;
-        let n = self.nranks;
-        let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
-
-        let mut hs = Vec::with_capacity(PEER_HELLO_BYTES);
-        hs.extend_from_slice(&PEER_MAGIC.to_le_bytes());
-        hs.extend_from_slice(&WIRE_VERSION.to_le_bytes());
-        hs.extend_from_slice(&session.to_le_bytes());
-        hs.extend_from_slice(&(me as u32).to_le_bytes());
-        for (peer, slot) in streams.iter_mut().enumerate().take(me) {
-            let who = format!("rank {peer}");
-            let mut s = connect_retry(addrs[peer], deadline, &who, &Cancel::new(false))?;
-            write_all_by(&mut s, &hs, deadline).map_err(|e| match e {
-                None => deadline.timeout_error(format!(
-                    "sending handshake to rank {peer} at {}",
-                    addrs[peer]
-                )),
-                Some(e) => Error::remote(
-                    peer,
-                    format!("sending handshake to {} failed: {e}", addrs[peer]),
-                ),
-            })?;
-            *slot = Some(s);
-        }
-
-        let listen_addr = listener
-            .local_addr()
-            .map_err(|e| Error::io("getsockname on the peer listener", e))?;
-        listener.set_nonblocking(true).map_err(|e| {
-            Error::io(
-                format!("set non-blocking on peer listener {listen_addr}"),
-                e,
-            )
-        })?;
-        let mut missing = n - 1 - me;
-        let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(20));
-        while missing > 0 {
-            match listener.accept() {
-                Ok((mut s, from)) => {
-                    backoff.reset();
-                    if s.set_nonblocking(false).is_err() {
-                        continue;
+        let (me, n) = (self.rank, self.nranks);
+        let give_up = AtomicBool::new(false);
+        let (lower, higher) = std::thread::scope(|s| {
+            let acceptor = std::thread::Builder::new()
+                .name(format!("mscclpp-bootstrap-accept-{me}"))
+                .spawn_scoped(s, || {
+                    let r = self.accept_higher(listener, session, &addrs, deadline, &give_up);
+                    if r.is_err() {
+                        give_up.store(true, Ordering::Release);
                     }
-                    let mut buf = [0u8; PEER_HELLO_BYTES];
-                    if let Err(e) = read_exact_by(&mut s, &mut buf, &first_bytes_deadline(deadline))
-                    {
-                        crate::log_warn!(
-                            "BOOTSTRAP",
-                            "rank {me}: connection from {from} sent no handshake ({e}); ignored"
-                        );
-                        continue;
-                    }
-                    let peer = rd_u32(&buf, 14) as usize;
-                    let ok = rd_u32(&buf, 0) == PEER_MAGIC
-                        && rd_u16(&buf, 4) == WIRE_VERSION
-                        && rd_u64(&buf, 6) == session
-                        && peer > me
-                        && peer < n
-                        && streams[peer].is_none();
-                    if !ok {
-                        crate::log_warn!(
-                            "BOOTSTRAP",
-                            "rank {me}: unexpected handshake from {from} (claims rank {peer}; expected a higher rank of session {session:#x}); ignored"
-                        );
-                        continue;
-                    }
-                    if let Err(e) = s.set_nodelay(true) {
-                        return Err(Error::io(
-                            format!("set TCP_NODELAY on connection from rank {peer}"),
-                            e,
-                        ));
-                    }
-                    streams[peer] = Some(s);
-                    missing -= 1;
-                }
-                Err(e)
-                    if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted =>
-                {
-                    if deadline.remaining().is_none() {
-                        let who: Vec<String> = (me + 1..n)
-                            .filter(|&r| streams[r].is_none())
-                            .map(|r| format!("rank {r} ({})", addrs[r]))
-                            .collect();
-                        return Err(deadline.timeout_error(format!(
-                            "rank {me} waiting for {} to connect to its listener at {listen_addr}",
-                            who.join(", ")
-                        )));
-                    }
-                    backoff.snooze_at_most(deadline.remaining());
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        format!("accept on peer listener {listen_addr}"),
-                        e,
-                    ))
-                }
+                    r
+                })
+                .map_err(|e| Error::io("spawn the bootstrap accept thread", e));
+            let lower = self.connect_lower(session, &addrs, deadline, &give_up);
+            if lower.is_err() || acceptor.is_err() {
+                give_up.store(true, Ordering::Release);
             }
-        }
-        // All peers are in: no listening socket stays open.
-        drop(listener);
+            let higher = acceptor.and_then(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(Error::Internal("the accept thread panicked".into())))
+            });
+            (lower, higher)
+        });
+        let (lower, higher) = match (lower, higher) {
+            (Ok(l), Ok(h)) => (l, h),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
+            // One side gave up because the other failed: report the cause.
+            (Err(a), Err(b)) => {
+                return Err(if a.code() == crate::ErrorCode::Aborted {
+                    b
+                } else {
+                    a
+                })
+            }
+        };
 
         let mailbox = Arc::new(Mailbox::default());
-        let mut peers = Vec::with_capacity(n);
-        let mut threads = Vec::with_capacity(n.saturating_sub(1));
-        let mut session_obj = Session {
-            timeout,
-            nranks_per_node: hashes.iter().filter(|&&h| h == hashes[me]).count(),
-            host_hashes: hashes,
-            peers: Vec::new(),
-            mailbox: mailbox.clone(),
-            threads: Vec::new(),
-            collective: Mutex::new(()),
-        };
-        for (peer, s) in streams.into_iter().enumerate() {
+        let mut peers: Vec<Option<PeerConn>> = Vec::with_capacity(n);
+        let mut watched = Vec::with_capacity(n.saturating_sub(1));
+        let all = lower.into_iter().chain(std::iter::once(None)).chain(higher);
+        for (peer, s) in all.enumerate() {
             let Some(s) = s else {
                 peers.push(None);
                 continue;
             };
+            let stream = Arc::new(s);
             let addr = addrs[peer];
-            let reader = s
-                .try_clone()
-                .map_err(|e| Error::io(format!("dup the socket to rank {peer}"), e))?;
-            // Clear the setup read timeout: the receive thread blocks until data or shutdown.
-            reader.set_read_timeout(None).map_err(|e| {
-                Error::io(format!("clear read timeout on socket to rank {peer}"), e)
-            })?;
+            watched.push(Watched {
+                peer,
+                addr,
+                stream: stream.clone(),
+            });
             peers.push(Some(PeerConn {
                 addr,
-                writer: Mutex::new(Writer {
-                    stream: s,
-                    broken: None,
-                }),
+                stream,
+                broken: Mutex::new(None),
             }));
-            let mb = mailbox.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("mscclpp-bootstrap-recv-{peer}"))
-                .spawn(move || receive_loop(reader, peer, addr, mb));
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    session_obj.peers = peers;
-                    session_obj.threads = threads;
-                    return Err(Error::io(
-                        format!("spawn the receive thread for rank {peer}"),
-                        e,
-                    ));
-                }
-            }
         }
-        session_obj.peers = peers;
-        session_obj.threads = threads;
-        Ok(session_obj)
+        let receiver = Receiver::start(me, watched, mailbox.clone())?;
+        Ok(Session {
+            timeout,
+            nranks_per_node: hashes.iter().filter(|&&h| h == hashes[me]).count(),
+            host_hashes: hashes,
+            peers,
+            mailbox,
+            receiver: Some(receiver),
+            collective: Mutex::new(CollectiveState::default()),
+        })
+    }
+
+    /// Streams to ranks `0..me` (index = rank).
+    fn connect_lower(
+        &self,
+        session: u64,
+        addrs: &[SocketAddr],
+        deadline: &Deadline,
+        give_up: &AtomicBool,
+    ) -> Result<Vec<Option<TcpStream>>> {
+        let me = self.rank;
+        let hs = PeerHello {
+            session,
+            rank: me as u32,
+        }
+        .encode();
+        let mut out = Vec::with_capacity(me);
+        for (peer, addr) in addrs.iter().enumerate().take(me) {
+            let s = connect_retry(*addr, deadline, &format!("rank {peer}"), give_up)?;
+            write_all_by(&s, &hs, deadline).map_err(|e| match e {
+                None => deadline.timeout_error(format!(
+                    "rank {me} sending its handshake to rank {peer} ({addr})"
+                )),
+                Some(e) => {
+                    Error::remote(peer, format!("sending the handshake to {addr} failed: {e}"))
+                }
+            })?;
+            out.push(Some(s));
+        }
+        Ok(out)
+    }
+
+    /// Streams from ranks `me+1..n` (index = rank - me - 1), accepted concurrently: strangers
+    /// and bad handshakes are logged and dropped without holding anyone up.
+    fn accept_higher(
+        &self,
+        listener: TcpListener,
+        session: u64,
+        addrs: &[SocketAddr],
+        deadline: &Deadline,
+        give_up: &AtomicBool,
+    ) -> Result<Vec<Option<TcpStream>>> {
+        let (me, n) = (self.rank, self.nranks);
+        let mut streams: Vec<Option<TcpStream>> = (me + 1..n).map(|_| None).collect();
+        if streams.is_empty() {
+            return Ok(streams); // the listener closes here: nobody is to come
+        }
+        let listen_addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("getsockname on the peer listener", e))?;
+        let mut acc = Acceptor::new(
+            listener,
+            PEER_HELLO_BYTES,
+            format!("rank {me}'s listener {listen_addr}"),
+        )?;
+        let mut missing = streams.len();
+        while missing > 0 {
+            let (s, from, bytes) = match acc.next(deadline, &|| give_up.load(Ordering::Acquire))? {
+                Next::Conn(s, from, bytes) => (s, from, bytes),
+                Next::Stopped => {
+                    // The connecting side failed; its error is the one reported.
+                    return Err(Error::Aborted(format!("rank {me}: mesh setup abandoned")));
+                }
+                Next::Deadline => {
+                    let late = (me + 1..n).filter(|&r| streams[r - me - 1].is_none());
+                    return Err(deadline.timeout_error(format!(
+                        "rank {me} waiting for {} to connect to it",
+                        name_ranks(late)
+                    )));
+                }
+            };
+            let hello = match PeerHello::decode(&bytes) {
+                Ok(h) if h.session == session => h,
+                Ok(h) => {
+                    crate::log_warn!(
+                        "BOOTSTRAP",
+                        "rank {me}: handshake from {from} (claims rank {}) of another session; ignored",
+                        h.rank
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    crate::log_warn!("BOOTSTRAP", "rank {me}: from {from}: {e}; ignored");
+                    continue;
+                }
+            };
+            let peer = hello.rank as usize;
+            if peer <= me || peer >= n || streams[peer - me - 1].is_some() {
+                crate::log_warn!(
+                    "BOOTSTRAP",
+                    "rank {me}: handshake from {from} claims rank {peer}: expected a rank in {}..{n} not yet connected; ignored",
+                    me + 1
+                );
+                continue;
+            }
+            s.set_nodelay(true).map_err(|e| {
+                Error::io(
+                    format!(
+                        "set TCP_NODELAY on the connection from rank {peer} ({})",
+                        addrs[peer]
+                    ),
+                    e,
+                )
+            })?;
+            streams[peer - me - 1] = Some(s);
+            missing -= 1;
+        }
+        Ok(streams)
     }
 }

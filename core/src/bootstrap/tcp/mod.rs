@@ -1,50 +1,74 @@
 //! `TcpBootstrap`: the built-in [`Bootstrap`] over TCP.
 //!
-//! Setup (`initialize`), all bounded by one deadline:
+//! Setup (`initialize`), all bounded by one deadline (the timeout given to it):
 //! 1. Rank 0 runs the root on the root address (the socket reserved by
 //!    [`TcpBootstrap::create_unique_id`] when the id was made in this process, else a fresh
-//!    bind with EADDRINUSE retries).
+//!    bind with EADDRINUSE retries). A rank whose interface is named (`ifname:ip:port`,
+//!    `MSCCLPP_SOCKET_IFNAME`) binds its peer listener first, so a bad interface is reported at
+//!    once, before any root starts.
 //! 2. Every rank binds a listener for its peers, connects to the root (retrying refusals until
-//!    the deadline) and sends a hello: rank, nranks, group nonce, host hash, listen address.
-//! 3. When all `nranks` hellos are in, the root closes its listener and answers each rank with
-//!    the table of addresses and host hashes plus a fresh session number; if some rank never
-//!    comes, it answers everyone with an abort naming the missing ranks.
-//! 4. Ranks build a full mesh: each connects to every lower rank and accepts every higher one,
-//!    then closes its listener. A receive thread per connection reads `(kind, tag, len,
-//!    payload)` frames into a mailbox keyed by `(peer, kind, tag)`; kind 0 is user traffic,
-//!    kind 1 the collectives, so collectives never steal a user's tag.
+//!    the deadline) and sends a hello: rank, nranks, nonce, host hash, listen address. The
+//!    nonce authenticates the job: the `UniqueId`'s random nonce, or in `ip:port` mode the hash
+//!    of the job key (see `job_key`: `MSCCLPP_BOOTSTRAP_KEY`, else the launcher's job id).
+//! 3. The root serves all connections at once (a `poll` loop, a deadline per connection), and
+//!    refuses a hello of another job, another wire version, a wrong nranks or rank, or a rank
+//!    that joined twice, with an answer saying why, without touching the job. When all
+//!    `nranks` hellos are in, it closes its listener and answers each rank with the table of
+//!    addresses and host hashes plus a fresh session number; at the deadline it answers
+//!    everyone with an abort naming the missing ranks (and what it refused).
+//! 4. Ranks build a full mesh: each connects to every lower rank while accepting every higher
+//!    one, then closes its listener. One receive thread per rank (an event loop over all peer
+//!    sockets) reads `(kind, tag, len, payload)` frames into a mailbox keyed by
+//!    `(peer, kind, tag)`; kind 0 is user traffic, kind 1 the collectives, so collectives never
+//!    steal a user's tag. A frame's length is checked against [`MAX_MESSAGE_BYTES`] and its
+//!    memory committed only as its bytes arrive.
 //!
-//! A peer that closes its connection makes receives from it fail promptly with
-//! [`Error::Remote`]; every receive waits at most the timeout given to `initialize` (or the one
-//! passed to [`TcpBootstrap::recv_timeout`]).
+//! A peer whose connection closes (EOF, reset) is dead at once: receives from it fail with
+//! [`Error::Remote`] naming it, and so does any collective still missing its message, even
+//! while other peers are slow. Every call waits at most the `initialize` timeout (one deadline
+//! for a whole collective), or the one passed to [`TcpBootstrap::recv_timeout`]. After a
+//! collective failed on a rank, later collectives there fail at once (their message sequences
+//! no longer match the other ranks'); point-to-point traffic keeps working.
 //!
 //! # Files
-//! [`address`] parses where the root is ([`InitAddr`]); `wire` lays out the setup messages and
-//! frame constants; `root` is rank 0's setup server; `mailbox` holds the receive threads and the
-//! `(peer, kind, tag)` queues; `mesh` is a rank's side of setup (hello, table, full mesh) and the
-//! session it leaves; this file is [`TcpBootstrap`] itself (send, receive, collectives).
+//! [`address`] parses where the root is ([`InitAddr`]); `job_key` says which job a rank
+//! belongs to; `wire` lays out every message (pure codecs, fuzzed); `accept` serves setup
+//! connections concurrently; `root` is rank 0's setup server; `join` a rank's hello and the
+//! root's reply; `mesh` the full mesh and the session it leaves; `receiver` the receive event
+//! loop; `mailbox` the `(peer, kind, tag)` queues; this file is [`TcpBootstrap`] itself (send,
+//! receive, collectives).
 
+mod accept;
 mod address;
+mod job_key;
+mod join;
 mod mailbox;
 mod mesh;
+mod receiver;
 mod root;
 mod wire;
+#[cfg(test)]
+mod wire_fuzz;
 
 pub use address::InitAddr;
+pub use wire::MAX_MESSAGE_BYTES;
 
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use self::mesh::{Member, Session};
-use self::root::run_root;
-use self::wire::{FRAME_HEADER, KIND_COLLECTIVE, KIND_USER};
+use self::job_key::JobKey;
+use self::join::Member;
+use self::mailbox::{show_tag, MailKey};
+use self::mesh::Session;
+use self::root::{run_root, Auth, RootStop};
+use self::wire::{encode_frame_header, KIND_COLLECTIVE, KIND_USER};
 use super::netif::{iface_bind_addr, select_interface};
 use super::socket::{bind_listener, lock, random_u64, write_all_by, Cancel, Deadline};
 use super::unique_id::UniqueId;
 use super::{check_group, Bootstrap};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 
 /// Listeners reserved by `create_unique_id`, by nonce, for rank 0 of this process to take.
 fn reserved_listeners() -> &'static Mutex<HashMap<u64, TcpListener>> {
@@ -61,6 +85,7 @@ const TAG_GROUP_BARRIER: u64 = 3;
 pub struct TcpBootstrap {
     rank: usize,
     nranks: usize,
+    job_key: Option<String>,
     session: Option<Session>,
 }
 
@@ -91,8 +116,23 @@ impl TcpBootstrap {
         Ok(TcpBootstrap {
             rank,
             nranks,
+            job_key: None,
             session: None,
         })
+    }
+
+    /// Sets the job key for `ip:port` mode (instead of `MSCCLPP_BOOTSTRAP_KEY` or the
+    /// launcher's job id): every rank of the job must set the same key; ranks with another key
+    /// are refused by the root. Call before `initialize`; a `UniqueId` ignores it (its nonce
+    /// names the job).
+    pub fn set_job_key(&mut self, key: &str) -> Result<()> {
+        if self.session.is_some() {
+            return Err(Error::invalid(
+                "TcpBootstrap::set_job_key after initialize: expected it before initialize",
+            ));
+        }
+        self.job_key = Some(key.to_string());
+        Ok(())
     }
 
     /// Makes a new group id: picks the interface (per `MSCCLPP_SOCKET_IFNAME` /
@@ -134,7 +174,8 @@ impl TcpBootstrap {
     }
 
     /// Joins the group at `addr`: returns once this rank is connected to every other rank, or
-    /// an error once `timeout` has passed (naming the ranks that never came).
+    /// an error by `timeout` (naming the ranks that never came). A failure of this rank's own
+    /// setup (a bad interface, a port in use) is returned at once with its cause.
     pub fn initialize(&mut self, addr: InitAddr, timeout: Duration) -> Result<()> {
         if self.session.is_some() {
             return Err(Error::invalid(format!(
@@ -148,11 +189,28 @@ impl TcpBootstrap {
             ));
         }
         let deadline = Deadline::after(timeout);
-        let (root, nonce, ifname) = match &addr {
-            InitAddr::Id(id) => (id.root_addr(), id.nonce(), None),
-            InitAddr::Addr { ifname, addr } => (*addr, 0, ifname.clone()),
+        let (root, auth, ifname) = match &addr {
+            InitAddr::Id(id) => (id.root_addr(), Auth::UniqueId(id.nonce()), None),
+            InitAddr::Addr { ifname, addr } => {
+                let key = match &self.job_key {
+                    Some(k) => JobKey::explicit(k),
+                    None => JobKey::of_process(),
+                };
+                let auth = Auth::JobKey {
+                    hash: key.hash,
+                    source: key.source,
+                };
+                (*addr, auth, ifname.clone())
+            }
         };
+        let me = Member {
+            rank: self.rank,
+            nranks: self.nranks,
+        };
+        // Local setup first: a bad interface fails here, before a root is started.
+        let early = me.early_listener(root, ifname.as_deref())?;
 
+        let root_stop = Arc::new(RootStop::default());
         let root_failed = Arc::new(Cancel::new(false));
         let root_thread = if self.rank == 0 {
             let reserved = match &addr {
@@ -163,12 +221,16 @@ impl TcpBootstrap {
                 Some(l) => l,
                 None => bind_listener(root, Some(&deadline))?,
             };
-            let n = self.nranks;
-            let failed = root_failed.clone();
+            let (n, auth, stop, failed) = (
+                self.nranks,
+                auth.clone(),
+                root_stop.clone(),
+                root_failed.clone(),
+            );
             let t = std::thread::Builder::new()
                 .name("mscclpp-bootstrap-root".into())
                 .spawn(move || {
-                    let r = run_root(listener, n, nonce, deadline);
+                    let r = run_root(listener, n, auth, deadline, stop);
                     if r.is_err() {
                         failed.store(true, std::sync::atomic::Ordering::Release);
                     }
@@ -180,22 +242,37 @@ impl TcpBootstrap {
             None
         };
 
-        let me = Member {
-            rank: self.rank,
-            nranks: self.nranks,
+        let key_source = match &auth {
+            Auth::JobKey { source, .. } => Some(source.as_str()),
+            Auth::UniqueId(_) => None,
         };
-        let joined = me.join(root, nonce, ifname.as_deref(), &deadline, &root_failed);
-        let root_result = match root_thread {
-            Some(t) => t.join().unwrap_or_else(|_| {
-                Err(Error::Internal("the bootstrap root thread panicked".into()))
-            }),
-            None => Ok(()),
-        };
-        // The root's error names the missing ranks: prefer it over this rank's view.
-        let table = match (root_result, joined) {
-            (Err(root_err), _) => return Err(root_err),
-            (Ok(()), Err(e)) => return Err(e),
-            (Ok(()), Ok(t)) => t,
+        let joined = me.join(
+            root,
+            auth.nonce(),
+            key_source,
+            early,
+            &deadline,
+            &root_failed,
+        );
+        let table = match root_thread {
+            None => joined?,
+            Some(t) => {
+                // This rank's own failure (not a timeout, not the root's) stops the root at
+                // once; the root then tells the ranks that joined.
+                let local = matches!(&joined, Err(e) if !matches!(e.code(), ErrorCode::Timeout | ErrorCode::Aborted));
+                if let (true, Err(e)) = (local, &joined) {
+                    root_stop.stop(e.to_string());
+                }
+                let root_result = t.join().unwrap_or_else(|_| {
+                    Err(Error::Internal("the bootstrap root thread panicked".into()))
+                });
+                match (root_result, joined) {
+                    (_, Err(e)) if local => return Err(e),
+                    // The root's error names the missing ranks: prefer it over this rank's view.
+                    (Err(root_err), _) => return Err(root_err),
+                    (Ok(()), joined) => joined?,
+                }
+            }
         };
         let session = me.connect_mesh(table, &deadline, timeout)?;
         self.session = Some(session);
@@ -229,9 +306,24 @@ impl TcpBootstrap {
         Ok(())
     }
 
-    fn send_kind(&self, kind: u8, data: &[u8], peer: usize, tag: u64) -> Result<()> {
+    /// Sends one frame to `peer` by `deadline`; `what` names the operation in errors.
+    fn send_kind(
+        &self,
+        kind: u8,
+        data: &[u8],
+        peer: usize,
+        tag: u64,
+        deadline: &Deadline,
+        what: &str,
+    ) -> Result<()> {
         let s = self.session("send")?;
         self.check_peer("send", peer)?;
+        if data.len() > MAX_MESSAGE_BYTES {
+            return Err(Error::invalid(format!(
+                "{what}: a message of {} bytes: expected at most {MAX_MESSAGE_BYTES}",
+                data.len()
+            )));
+        }
         if peer == self.rank {
             s.mailbox.push((peer, kind, tag), data.to_vec());
             return Ok(());
@@ -239,59 +331,48 @@ impl TcpBootstrap {
         let conn = s.peers[peer]
             .as_ref()
             .ok_or_else(|| Error::Internal(format!("no connection to rank {peer}")))?;
-        let mut frame = Vec::with_capacity(FRAME_HEADER + data.len().min(1 << 16));
-        frame.push(kind);
-        frame.extend_from_slice(&tag.to_le_bytes());
-        frame.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        let small = data.len() <= 1 << 16;
-        if small {
-            frame.extend_from_slice(data);
+        if let Some(why) = s.mailbox.dead_reason(peer) {
+            return Err(Error::remote(peer, format!("{what}: {why}")));
         }
-        let mut w = lock(&conn.writer);
-        if let Some(why) = &w.broken {
+        let mut broken = lock(&conn.broken);
+        if let Some(why) = &*broken {
             return Err(Error::remote(
                 peer,
-                format!("connection at {} is unusable: {why}", conn.addr),
+                format!("{what}: the connection is unusable: {why}"),
             ));
         }
-        let deadline = Deadline::after(s.timeout);
-        let mut result = write_all_by(&mut w.stream, &frame, &deadline);
-        if result.is_ok() && !small {
-            result = write_all_by(&mut w.stream, data, &deadline);
+        let header = encode_frame_header(kind, tag, data.len());
+        let mut result = write_all_by(&conn.stream, &header, deadline);
+        if result.is_ok() && !data.is_empty() {
+            result = write_all_by(&conn.stream, data, deadline);
         }
         result.map_err(|e| {
             let err = match e {
                 None => deadline.timeout_error(format!(
-                    "sending {} bytes with tag {tag} to rank {peer} at {} (the peer is not reading)",
-                    data.len(),
-                    conn.addr
+                    "{what}: sending {} bytes to rank {peer} (it is not reading)",
+                    data.len()
                 )),
-                Some(e) => Error::remote(
-                    peer,
-                    format!("sending {} bytes with tag {tag} to {} failed: {e}", data.len(), conn.addr),
-                ),
+                Some(e) => {
+                    let why = format!("sending to rank {peer} ({}) failed: {e}", conn.addr);
+                    s.mailbox.mark_dead(peer, why.clone());
+                    Error::remote(peer, format!("{what}: {why}"))
+                }
             };
-            w.broken = Some(err.to_string());
+            *broken = Some(err.to_string());
             err
         })
     }
 
-    fn recv_kind(
-        &self,
-        kind: u8,
-        peer: usize,
-        tag: u64,
-        timeout: Option<Duration>,
-    ) -> Result<Vec<u8>> {
-        let s = self.session("recv")?;
-        self.check_peer("recv", peer)?;
-        s.mailbox
-            .take((peer, kind, tag), timeout.unwrap_or(s.timeout))
-    }
-
     /// [`Bootstrap::recv`] with its own timeout instead of the one given to `initialize`.
     pub fn recv_timeout(&self, peer: usize, tag: u64, timeout: Duration) -> Result<Vec<u8>> {
-        self.recv_kind(KIND_USER, peer, tag, Some(timeout))
+        let s = self.session("recv")?;
+        self.check_peer("recv", peer)?;
+        let what = format!(
+            "receiving a message with tag {} from rank {peer}",
+            show_tag(tag)
+        );
+        s.mailbox
+            .take((peer, KIND_USER, tag), &Deadline::after(timeout), &what)
     }
 
     /// Every rank's host hash, indexed by rank (after `initialize`).
@@ -307,6 +388,56 @@ impl TcpBootstrap {
     /// Whether `initialize` has succeeded.
     pub fn is_initialized(&self) -> bool {
         self.session.is_some()
+    }
+
+    /// Runs collective `op` under one deadline; a failure disables later collectives here.
+    fn collective<T>(
+        &self,
+        op: &str,
+        body: impl FnOnce(&Session, &Deadline, &str) -> Result<T>,
+    ) -> Result<T> {
+        let s = self.session(op)?;
+        let mut st = lock(&s.collective);
+        if let Some((peer, why)) = &st.failed {
+            let msg = format!(
+                "{op}: an earlier collective failed on rank {} ({why}), so the ranks' collective \
+                 messages no longer match: expected a new TcpBootstrap",
+                self.rank
+            );
+            return Err(match peer {
+                Some(p) => Error::remote(*p, msg),
+                None => Error::Aborted(msg),
+            });
+        }
+        let what = format!("{op} on rank {}", self.rank);
+        let r = body(s, &Deadline::after(s.timeout), &what);
+        if let Err(e) = &r {
+            let peer = match e {
+                Error::Remote { peer, .. } => Some(*peer),
+                _ => None,
+            };
+            st.failed = Some((peer, e.to_string()));
+        }
+        r
+    }
+
+    /// Sends `data` to every rank of `to`, then takes one message from every rank of `from`.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(
+        &self,
+        s: &Session,
+        d: &Deadline,
+        what: &str,
+        tag: u64,
+        data: &[u8],
+        to: &[usize],
+        from: &[usize],
+    ) -> Result<Vec<Vec<u8>>> {
+        for &peer in to {
+            self.send_kind(KIND_COLLECTIVE, data, peer, tag, d, what)?;
+        }
+        let keys: Vec<MailKey> = from.iter().map(|&p| (p, KIND_COLLECTIVE, tag)).collect();
+        s.mailbox.take_all(&keys, d, what)
     }
 }
 
@@ -325,28 +456,38 @@ impl Bootstrap for TcpBootstrap {
     }
 
     fn send(&self, data: &[u8], peer: usize, tag: u64) -> Result<()> {
-        self.send_kind(KIND_USER, data, peer, tag)
+        let s = self.session("send")?;
+        let what = format!(
+            "sending a message with tag {} to rank {peer}",
+            show_tag(tag)
+        );
+        let d = Deadline::after(s.timeout);
+        self.send_kind(KIND_USER, data, peer, tag, &d, &what)
     }
 
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
-        self.recv_kind(KIND_USER, peer, tag, None)
+        let timeout = self.session("recv")?.timeout;
+        self.recv_timeout(peer, tag, timeout)
     }
 
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let s = self.session("all_gather")?;
-        let _serial = lock(&s.collective);
         let (me, n) = (self.rank, self.nranks);
-        // Ring order spreads the load: rank r sends to r+1, r+2, ... and receives likewise.
-        for k in 1..n {
-            self.send_kind(KIND_COLLECTIVE, data, (me + k) % n, TAG_ALL_GATHER)?;
-        }
-        let mut out: Vec<Vec<u8>> = vec![Vec::new(); n];
-        out[me] = data.to_vec();
-        for k in 1..n {
-            let peer = (me + n - k) % n;
-            out[peer] = self.recv_kind(KIND_COLLECTIVE, peer, TAG_ALL_GATHER, None)?;
-        }
-        Ok(out)
+        self.collective("all_gather", |s, d, what| {
+            // Ring order spreads the load: rank r sends to r+1, r+2, ... (receives all at once).
+            let to: Vec<usize> = (1..n).map(|k| (me + k) % n).collect();
+            let from: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+            let got = self.exchange(s, d, what, TAG_ALL_GATHER, data, &to, &from)?;
+            let mut out = Vec::with_capacity(n);
+            let mut got = got.into_iter();
+            for p in 0..n {
+                out.push(if p == me {
+                    data.to_vec()
+                } else {
+                    got.next().unwrap_or_default()
+                });
+            }
+            Ok(out)
+        })
     }
 
     fn barrier(&self) -> Result<()> {
@@ -354,36 +495,35 @@ impl Bootstrap for TcpBootstrap {
     }
 
     fn broadcast(&self, data: &[u8], root: usize) -> Result<Vec<u8>> {
-        let s = self.session("broadcast")?;
+        self.session("broadcast")?;
         if root >= self.nranks {
             return Err(Error::invalid(format!(
                 "broadcast root {root}: expected a rank below nranks {}",
                 self.nranks
             )));
         }
-        let _serial = lock(&s.collective);
-        if self.rank == root {
-            for peer in (0..self.nranks).filter(|&p| p != root) {
-                self.send_kind(KIND_COLLECTIVE, data, peer, TAG_BROADCAST)?;
+        let me = self.rank;
+        self.collective("broadcast", |s, d, what| {
+            if me == root {
+                let to: Vec<usize> = (0..self.nranks).filter(|&p| p != root).collect();
+                self.exchange(s, d, what, TAG_BROADCAST, data, &to, &[])?;
+                Ok(data.to_vec())
+            } else {
+                let mut got = self.exchange(s, d, what, TAG_BROADCAST, &[], &[], &[root])?;
+                Ok(got.pop().unwrap_or_default())
             }
-            Ok(data.to_vec())
-        } else {
-            self.recv_kind(KIND_COLLECTIVE, root, TAG_BROADCAST, None)
-        }
+        })
     }
 
     fn group_barrier(&self, ranks: &[usize]) -> Result<()> {
-        let s = self.session("group_barrier")?;
+        self.session("group_barrier")?;
         let me = self.rank;
         check_group(ranks, me, self.nranks)?;
-        let _serial = lock(&s.collective);
-        for &peer in ranks.iter().filter(|&&p| p != me) {
-            self.send_kind(KIND_COLLECTIVE, &[], peer, TAG_GROUP_BARRIER)?;
-        }
-        for &peer in ranks.iter().filter(|&&p| p != me) {
-            self.recv_kind(KIND_COLLECTIVE, peer, TAG_GROUP_BARRIER, None)?;
-        }
-        Ok(())
+        let others: Vec<usize> = ranks.iter().copied().filter(|&p| p != me).collect();
+        self.collective("group_barrier", |s, d, what| {
+            self.exchange(s, d, what, TAG_GROUP_BARRIER, &[], &others, &others)
+                .map(|_| ())
+        })
     }
 }
 

@@ -1,155 +1,259 @@
-//! The bootstrap root: rank 0's setup server, which collects every rank's hello and answers
-//! with the table of listen addresses and host hashes (or an abort naming what went wrong).
+//! The bootstrap root: rank 0's setup server. It serves connections concurrently (see
+//! [`Acceptor`]), authenticates every hello by its nonce (the `UniqueId`'s, or the job key's
+//! hash in `ip:port` mode), refuses bad hellos with an answer saying why, without touching the
+//! job, and once every rank is in answers each with the table of listen addresses and host
+//! hashes. At the deadline (or when rank 0 failed on its own) it answers everyone with an
+//! abort naming the cause.
 
-use std::io::ErrorKind;
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::accept::{Acceptor, Next};
 use super::wire::*;
-use crate::backoff::Backoff;
-use crate::bootstrap::socket::{random_u64, read_exact_by, write_all_by, Deadline};
-use crate::bootstrap::unique_id::{encode_addr, ADDR_BYTES};
+use crate::bootstrap::socket::{lock, random_u64, write_all_by, Deadline};
 use crate::error::{Error, Result};
 
-struct RootClient {
+/// How the root authenticates joiners.
+#[derive(Debug, Clone)]
+pub(super) enum Auth {
+    /// The group nonce of a `UniqueId`.
+    UniqueId(u64),
+    /// `ip:port` mode: the job key's hash (0 = no key on this rank) and where it came from.
+    JobKey { hash: u64, source: String },
+}
+
+impl Auth {
+    pub(super) fn nonce(&self) -> u64 {
+        match self {
+            Auth::UniqueId(n) => *n,
+            Auth::JobKey { hash, .. } => *hash,
+        }
+    }
+
+    fn refusal(&self, from: SocketAddr, hello: &Hello) -> String {
+        match self {
+            Auth::UniqueId(_) => format!(
+                "rank {} at {from} joined with group nonce {:#x}, but this root serves another \
+                 UniqueId: expected every rank to use the same UniqueId",
+                hello.rank, hello.nonce
+            ),
+            Auth::JobKey { source, .. } => format!(
+                "rank {} at {from} belongs to another job: its job key differs from the root's \
+                 (root's key: {source}): expected the same MSCCLPP_BOOTSTRAP_KEY (or the same \
+                 launcher job id) on every rank of a job",
+                hello.rank
+            ),
+        }
+    }
+}
+
+/// Set by rank 0's own join when it fails locally: the root stops and tells the others.
+#[derive(Default)]
+pub(super) struct RootStop(Mutex<Option<String>>);
+
+impl RootStop {
+    pub(super) fn stop(&self, why: String) {
+        lock(&self.0).get_or_insert(why);
+    }
+    fn reason(&self) -> Option<String> {
+        lock(&self.0).clone()
+    }
+}
+
+struct Joined {
     stream: TcpStream,
+    from: SocketAddr,
     hello: Hello,
 }
 
-fn root_abort_all(clients: &mut [Option<RootClient>], code: u8, msg: &str, deadline: &Deadline) {
-    let bytes = encode_abort(code, msg);
-    // Give the aborts a moment even when the deadline has just passed.
-    let grace = Deadline::after(Duration::from_millis(500));
-    let d = if deadline.remaining().is_some() {
-        deadline
-    } else {
-        &grace
-    };
-    for c in clients.iter_mut().flatten() {
-        // Best effort: a rank that cannot be told times out on its own deadline.
-        let _ = write_all_by(&mut c.stream, &bytes, d);
+/// Refusals kept for the timeout message (the rest are only counted).
+const KEEP_REFUSALS: usize = 4;
+
+struct Root {
+    addr: SocketAddr,
+    nranks: usize,
+    auth: Auth,
+    clients: Vec<Option<Joined>>,
+    joined: usize,
+    refused: Vec<String>,
+    refused_total: usize,
+}
+
+impl Root {
+    fn abort_all(&mut self, code: u8, msg: &str, deadline: &Deadline) {
+        let bytes = encode_abort(code, msg);
+        // Give the aborts a moment even when the deadline has just passed.
+        let grace = Deadline::after(Duration::from_millis(500));
+        let d = if deadline.remaining().is_some() {
+            deadline
+        } else {
+            &grace
+        };
+        for c in self.clients.iter().flatten() {
+            // Best effort: a rank that cannot be told times out on its own deadline.
+            let _ = write_all_by(&c.stream, &bytes, d);
+        }
     }
+
+    fn refuse(&mut self, stream: TcpStream, msg: String, deadline: &Deadline) {
+        crate::log_warn!("BOOTSTRAP", "root {}: {msg}; refused", self.addr);
+        let d = deadline.capped(Duration::from_millis(500));
+        let _ = write_all_by(&stream, &encode_abort(ABORT_INVALID, &msg), &d);
+        self.refused_total += 1;
+        if self.refused.len() < KEEP_REFUSALS {
+            self.refused.push(msg);
+        }
+    }
+
+    /// Takes one hello: the rank joins, replaces its own earlier connection, or is refused.
+    fn hello(&mut self, stream: TcpStream, from: SocketAddr, bytes: &[u8], deadline: &Deadline) {
+        let hello = match Hello::decode(bytes) {
+            Ok(h) => h,
+            Err(HelloError::NotBootstrap(e)) => {
+                crate::log_warn!("BOOTSTRAP", "root {}: from {from}: {e}; closed", self.addr);
+                return;
+            }
+            Err(HelloError::Version(e)) => {
+                return self.refuse(stream, format!("{from}: {e}"), deadline)
+            }
+        };
+        let n = self.nranks;
+        if hello.nonce != self.auth.nonce() {
+            let msg = self.auth.refusal(from, &hello);
+            return self.refuse(stream, msg, deadline);
+        }
+        let r = hello.rank as usize;
+        if hello.nranks as usize != n {
+            let msg = format!(
+                "rank {r} at {from} says nranks = {}, but rank 0 says {n}: expected every rank \
+                 to pass the same nranks",
+                hello.nranks
+            );
+            return self.refuse(stream, msg, deadline);
+        }
+        if r >= n {
+            let msg =
+                format!("a rank at {from} says it is rank {r}: expected a rank below nranks {n}");
+            return self.refuse(stream, msg, deadline);
+        }
+        if let Some(old) = &self.clients[r] {
+            let same = old.hello == hello;
+            if !same && peer_open(&old.stream) {
+                let msg = format!(
+                    "rank {r} joined twice (first from {}, again from {from}): expected each rank \
+                     exactly once",
+                    old.from
+                );
+                return self.refuse(stream, msg, deadline);
+            }
+            // The same rank again (it retried), or its first connection is gone: replace it.
+            crate::log_info!(
+                "BOOTSTRAP",
+                "root {}: rank {r} rejoined from {from}",
+                self.addr
+            );
+            self.joined -= 1;
+        }
+        self.clients[r] = Some(Joined {
+            stream,
+            from,
+            hello,
+        });
+        self.joined += 1;
+    }
+
+    fn refusals(&self) -> String {
+        if self.refused_total == 0 {
+            return String::new();
+        }
+        format!(
+            "; refused {} connection(s): {}",
+            self.refused_total,
+            self.refused.join("; ")
+        )
+    }
+}
+
+/// Whether the peer of `s` has not closed it (a closed one reads EOF at once).
+fn peer_open(s: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let open = !matches!(s.peek(&mut b), Ok(0));
+    let _ = s.set_nonblocking(false);
+    open
 }
 
 /// Collects `nranks` hellos on `listener`, then answers everyone with the table.
 pub(super) fn run_root(
     listener: TcpListener,
     nranks: usize,
-    nonce: u64,
+    auth: Auth,
     deadline: Deadline,
+    stop: Arc<RootStop>,
 ) -> Result<()> {
-    let root_addr = listener
+    let addr = listener
         .local_addr()
         .map_err(|e| Error::io("getsockname on the bootstrap root listener", e))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io(format!("set non-blocking on root listener {root_addr}"), e))?;
-    let mut clients: Vec<Option<RootClient>> = (0..nranks).map(|_| None).collect();
-    let mut joined = 0;
-    let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(20));
-    while joined < nranks {
-        let (mut stream, from) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
-                if deadline.remaining().is_none() {
-                    let missing: Vec<usize> =
-                        (0..nranks).filter(|&r| clients[r].is_none()).collect();
-                    let msg = format!(
-                        "ranks {missing:?} of {nranks} did not connect to the bootstrap root at \
-                         {root_addr} within {:?}",
-                        deadline.timeout
-                    );
-                    root_abort_all(&mut clients, ABORT_TIMEOUT, &msg, &deadline);
-                    return Err(deadline.timeout_error(format!("bootstrap root (rank 0): {msg}")));
-                }
-                backoff.snooze_at_most(deadline.remaining());
-                continue;
+    if matches!(auth, Auth::JobKey { hash: 0, .. }) && nranks > 1 {
+        crate::log_info!(
+            "BOOTSTRAP",
+            "root {addr}: ip:port mode without a job key: ranks of another job at this address \
+             are not told apart (set MSCCLPP_BOOTSTRAP_KEY)"
+        );
+    }
+    let mut acc = Acceptor::new(listener, HELLO_BYTES, format!("bootstrap root {addr}"))?;
+    let mut root = Root {
+        addr,
+        nranks,
+        auth,
+        clients: (0..nranks).map(|_| None).collect(),
+        joined: 0,
+        refused: Vec::new(),
+        refused_total: 0,
+    };
+    while root.joined < nranks {
+        match acc.next(&deadline, &|| lock(&stop.0).is_some())? {
+            Next::Conn(stream, from, bytes) => root.hello(stream, from, &bytes, &deadline),
+            Next::Stopped => {
+                let why = stop.reason().unwrap_or_default();
+                let msg = format!("rank 0 failed during bootstrap setup: {why}");
+                root.abort_all(ABORT_ROOT_FAILED, &msg, &deadline);
+                return Err(Error::Aborted(msg));
             }
-            Err(e) => {
-                crate::log_warn!(
-                    "BOOTSTRAP",
-                    "root {root_addr}: accept failed: {e}; continuing"
+            Next::Deadline => {
+                let missing: Vec<usize> =
+                    (0..nranks).filter(|&r| root.clients[r].is_none()).collect();
+                let msg = format!(
+                    "ranks {missing:?} of {nranks} did not connect to the bootstrap root at {addr} \
+                     within {:?}{}",
+                    deadline.timeout,
+                    root.refusals()
                 );
-                backoff.snooze_at_most(deadline.remaining());
-                continue;
+                root.abort_all(ABORT_TIMEOUT, &msg, &deadline);
+                return Err(deadline.timeout_error(format!("bootstrap root (rank 0): {msg}")));
             }
-        };
-        backoff.reset();
-        if let Err(e) = stream.set_nonblocking(false) {
-            crate::log_warn!("BOOTSTRAP", "root {root_addr}: connection from {from}: {e}");
-            continue;
         }
-        let mut buf = [0u8; HELLO_BYTES];
-        if let Err(e) = read_exact_by(&mut stream, &mut buf, &first_bytes_deadline(&deadline)) {
-            crate::log_warn!(
-                "BOOTSTRAP",
-                "root {root_addr}: connection from {from} sent no hello ({e}); ignored"
-            );
-            continue;
-        }
-        let hello = match Hello::decode(&buf) {
-            Ok(h) => h,
-            Err(e) => {
-                crate::log_warn!("BOOTSTRAP", "root {root_addr}: from {from}: {e}; ignored");
-                continue;
-            }
-        };
-        if hello.nonce != nonce {
-            let msg = format!(
-                "rank {} at {from} joined with group nonce {:#x}, but this root serves {nonce:#x}: \
-                 expected every rank to use the same UniqueId / address",
-                hello.rank, hello.nonce
-            );
-            crate::log_warn!("BOOTSTRAP", "root {root_addr}: {msg}; ignored");
-            let _ = write_all_by(&mut stream, &encode_abort(ABORT_INVALID, &msg), &deadline);
-            continue;
-        }
-        let problem = if hello.nranks != nranks {
-            Some(format!(
-                "rank {} at {from} says nranks = {}, but rank 0 says {nranks}: expected every rank \
-                 to pass the same nranks",
-                hello.rank, hello.nranks
-            ))
-        } else if hello.rank >= nranks {
-            Some(format!(
-                "a rank at {from} says it is rank {}: expected a rank below nranks {nranks}",
-                hello.rank
-            ))
-        } else if clients[hello.rank].is_some() {
-            Some(format!(
-                "rank {} joined twice (again from {from}): expected each rank exactly once",
-                hello.rank
-            ))
-        } else {
-            None
-        };
-        if let Some(msg) = problem {
-            let _ = write_all_by(&mut stream, &encode_abort(ABORT_INVALID, &msg), &deadline);
-            root_abort_all(&mut clients, ABORT_INVALID, &msg, &deadline);
-            return Err(Error::invalid(format!("bootstrap root (rank 0): {msg}")));
-        }
-        let r = hello.rank;
-        clients[r] = Some(RootClient { stream, hello });
-        joined += 1;
     }
-    // Everyone is in: stop listening before anyone can start a new round on this port.
-    drop(listener);
-
-    let session = random_u64();
-    let mut reply = Vec::with_capacity(13 + nranks * (ADDR_BYTES + 8));
-    reply.push(REPLY_OK);
-    reply.extend_from_slice(&session.to_le_bytes());
-    reply.extend_from_slice(&(nranks as u32).to_le_bytes());
-    for c in clients.iter().flatten() {
-        encode_addr(&c.hello.listen, &mut reply);
-        reply.extend_from_slice(&c.hello.host_hash.to_le_bytes());
-    }
-    for (r, c) in clients.iter_mut().enumerate() {
+    // Everyone is in: stop listening (and drop the strangers still waiting) before anyone can
+    // start a new round on this port.
+    drop(acc);
+    let entries: Vec<(SocketAddr, u64)> = root
+        .clients
+        .iter()
+        .flatten()
+        .map(|c| (c.hello.listen, c.hello.host_hash))
+        .collect();
+    let reply = encode_table(random_u64(), &entries);
+    let late = deadline.extended(ROOT_REPLY_GRACE);
+    for (r, c) in root.clients.iter().enumerate() {
         if let Some(c) = c {
-            if let Err(e) = write_all_by(&mut c.stream, &reply, &deadline) {
+            if let Err(e) = write_all_by(&c.stream, &reply, &late) {
                 crate::log_warn!(
                     "BOOTSTRAP",
-                    "root {root_addr}: sending the address table to rank {r} failed: {e:?}"
+                    "root {addr}: sending the address table to rank {r} failed: {e:?}"
                 );
             }
         }
