@@ -6,8 +6,8 @@ use std::mem::ManuallyDrop;
 
 use super::result::checked;
 use super::{Cuda, CudaDevice, CudaStream};
-use crate::graph::StreamInterop;
 use crate::auxil::deferred;
+use crate::graph::StreamInterop;
 use crate::Result;
 use cudarc::driver::sys;
 
@@ -31,7 +31,9 @@ impl Drop for CudaGraph {
             checked("cuGraphExecDestroy", || unsafe {
                 sys::cuGraphExecDestroy(self.exec)
             })?;
-            checked("cuGraphDestroy", || unsafe { sys::cuGraphDestroy(self.graph) })
+            checked("cuGraphDestroy", || unsafe {
+                sys::cuGraphDestroy(self.graph)
+            })
         });
         if let Err(e) = r {
             deferred::record(e);
