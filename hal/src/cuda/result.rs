@@ -194,6 +194,8 @@ pub(super) mod vmm;
 
 pub(super) mod ipc;
 
+pub(super) mod multicast;
+
 /// Streams. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html>,
 /// stream memory operations <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEMOP.html>
 pub(super) mod stream {

@@ -8,18 +8,25 @@
 //!
 //! Each behaviour trait is implemented in its file: [`crate::DeviceApi`] in `device.rs`,
 //! [`crate::MemoryApi`] and [`crate::HostRegisterApi`] in `memory.rs`, [`crate::StreamApi`]
-//! in `stream.rs`, [`crate::ModuleApi`] in `module.rs`, [`crate::IpcApi`] in `ipc.rs`.
+//! in `stream.rs`, [`crate::ModuleApi`] in `module.rs`, [`crate::IpcApi`] in `ipc.rs`,
+//! [`crate::MulticastApi`] (an emulation of NVLink multicast over memfd mappings) in
+//! `multicast.rs`.
 
 mod device;
 mod ipc;
 mod memory;
 mod module;
+mod multicast;
 mod stream;
 
 pub use device::HostDevice;
 pub use ipc::HostImported;
 pub use memory::{HostMemory, HostRegistration};
 pub use module::{HostKernel, HostModule};
+pub use multicast::{
+    multicast_members, HostMulticast, HostMulticastBinding, HostMulticastExport,
+    HostMulticastMapping, MulticastMembers,
+};
 pub use stream::{HostEvent, HostStream};
 
 use crate::Api;
@@ -39,4 +46,8 @@ impl Api for Host {
     type Module = HostModule;
     type Kernel = HostKernel;
     type HostRegistration = HostRegistration;
+    type Multicast = HostMulticast;
+    type MulticastExport = HostMulticastExport;
+    type MulticastBinding = HostMulticastBinding;
+    type MulticastMapping = HostMulticastMapping;
 }
