@@ -11,3 +11,4 @@ mod port_channel;
 mod port_channel_ib;
 mod semaphore_perf;
 mod single_process;
+mod switch_channel;
