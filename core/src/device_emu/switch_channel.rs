@@ -109,6 +109,9 @@ pub type Bf16x2 = Vector<bf16, 2>;
 pub type I32x1 = Vector<i32, 1>;
 /// 1 x u32.
 pub type U32x1 = Vector<u32, 1>;
+/// 4 x u32 (16 bytes): raw 16-byte stores (packets) through [`multimem_store`] /
+/// `broadcast_from`; as a load-reduce it adds lane by lane with wrap-around.
+pub type U32x4 = Vector<u32, 4>;
 
 /// A value multimem operations load, reduce and store as one.
 pub trait MultimemVector: Copy + Send + Sync + 'static {

@@ -34,6 +34,14 @@ pub(crate) struct Nvls {
 
 /// The device of this rank, or a skip naming why NVLS cannot run on it.
 pub(crate) fn nvls_device(ctx: &TestContext) -> Device {
+    if is_gpu_build() && mscclpp_hal::nvls_disabled_by_env() {
+        // Checked before anything touches the driver: no multicast call is made at all.
+        SKIP!(
+            "NVLS disabled by MSCCLPP_FORCE_DISABLE_NVLS/NCCL_NVLS_ENABLE on rank {} (no \
+             multicast object is created)",
+            ctx.rank()
+        );
+    }
     let device = if is_gpu_build() {
         let n = match crate::world::visible_gpus() {
             Ok(n) => n,
