@@ -2,6 +2,7 @@
 
 pub mod backoff;
 pub mod bootstrap;
+pub mod collectives;
 pub mod communicator;
 pub mod connection;
 pub mod context;

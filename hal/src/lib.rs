@@ -39,6 +39,7 @@ pub mod auxil;
 mod error;
 
 pub mod gdr;
+pub mod graph;
 pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
@@ -54,6 +55,7 @@ pub mod rocm;
 
 pub use auxil::deferred::take_deferred_errors;
 pub use error::{Error, Result};
+pub use graph::StreamInterop;
 pub use ipc::{IpcDescriptor, IpcKind};
 pub use multicast::{
     multicast_counts, MulticastApi, MulticastCounts, MulticastGranularity, MulticastInfo,

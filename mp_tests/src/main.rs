@@ -1,6 +1,7 @@
 //! `mp_unit_tests`: the multi-process test binary. Run it under mpirun, srun or torchrun,
 //! or let it start its own ranks with `--np N`.
 
+pub mod coll_data;
 mod launcher;
 mod suites;
 mod world;

@@ -16,6 +16,7 @@
 
 mod conv;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
@@ -24,6 +25,7 @@ mod result;
 mod stream;
 
 pub use device::CudaDevice;
+pub use graph::CudaGraph;
 pub use ipc::CudaImported;
 pub use memory::{CudaHostRegistration, CudaMemory};
 pub use module::{CudaKernel, CudaModule};

@@ -13,6 +13,7 @@
 //! `multicast.rs`.
 
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
@@ -20,6 +21,7 @@ mod multicast;
 mod stream;
 
 pub use device::HostDevice;
+pub use graph::HostGraph;
 pub use ipc::HostImported;
 pub use memory::{HostMemory, HostRegistration};
 pub use module::{HostKernel, HostModule};

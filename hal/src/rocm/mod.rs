@@ -14,6 +14,7 @@
 
 mod conv;
 mod device;
+mod graph;
 mod ipc;
 mod memory;
 mod module;
@@ -23,6 +24,7 @@ mod stream;
 mod sys;
 
 pub use device::RocmDevice;
+pub use graph::RocmGraph;
 pub use ipc::HipOpener;
 pub use ipc::RocmImported;
 pub use memory::{RocmHostRegistration, RocmMemory};

@@ -1,6 +1,12 @@
 //! The suites of `mp_unit_tests`, one file per upstream suite family.
 
+mod allgather;
+mod allreduce;
 mod bootstrap;
+mod broadcast;
+mod coll_common;
+mod coll_kernels;
+mod coll_matrix;
 mod communicator;
 mod fifo;
 mod ib;
@@ -9,6 +15,7 @@ mod memory_channel;
 mod multi_process;
 mod port_channel;
 mod port_channel_ib;
+mod reduce_scatter;
 mod semaphore_perf;
 mod single_process;
 mod switch_channel;

@@ -1,0 +1,258 @@
+// Shared pieces of the collective kernels (CUDA and HIP): the argument block, element types with
+// their accumulators, the reduction ops, 16-byte vector helpers, LL flag handling and the
+// instantiation macro that names kernels `<base>_<dtype>_<op>`.
+//
+// Element rules (mirrored by core/src/collectives/host_math.rs): integers wrap (computed in the
+// unsigned type of the same width), f16/bf16/fp8 accumulate in f32, avg = sum / nranks applied once
+// at the end (integers truncate toward zero). min/max: `b < a ? b : a` / `b > a ? b : a`.
+#ifndef MSCCLPP_COLLECTIVES_COMMON_HPP_
+#define MSCCLPP_COLLECTIVES_COMMON_HPP_
+
+#include <mscclpp/memory_channel_device.hpp>
+#include <mscclpp/packet_device.hpp>
+#include <mscclpp/semaphore_device.hpp>
+
+#if defined(MSCCLPP_DEVICE_HIP)
+#include <hip/hip_fp16.h>
+#else
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#define MSCCLPP_COLL_HAS_FP8 1
+#endif
+
+namespace mscclpp {
+namespace coll {
+
+/// struct CollArgs (core/src/collectives/algorithm.rs), 128 bytes.
+struct CollArgs {
+  const void* send;
+  void* recv;
+  uint64_t count;
+  const uint64_t* peerBases;                    // [nranks] shared buffer of every rank, mapped here
+  MemoryDevice2DeviceSemaphoreDeviceHandle* sems;  // [MAX_SEM_BLOCKS][nranks]
+  uint32_t* flags;                              // [nflags]
+  uint64_t llOffset;
+  uint64_t llHalfBytes;
+  uint64_t plainOffset;
+  uint64_t plainBytes;
+  int32_t rank;
+  int32_t nranks;
+  int32_t root;
+  uint32_t nflags;
+  uint64_t extra[4];
+};
+
+constexpr int kWarp = 32;
+
+enum Op { OpSum = 0, OpProd = 1, OpMin = 2, OpMax = 3, OpAvg = 4 };
+
+/// bfloat16 as raw bits (portable between CUDA and HIP; round-to-nearest-even on narrowing).
+struct bf16_t {
+  uint16_t bits;
+};
+
+template <typename T>
+struct Elem {
+  using Acc = T;
+  MSCCLPP_DEVICE_INLINE static Acc up(T v) { return v; }
+  MSCCLPP_DEVICE_INLINE static T down(Acc v) { return v; }
+};
+template <>
+struct Elem<__half> {
+  using Acc = float;
+  MSCCLPP_DEVICE_INLINE static float up(__half v) { return __half2float(v); }
+  MSCCLPP_DEVICE_INLINE static __half down(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Elem<bf16_t> {
+  using Acc = float;
+  MSCCLPP_DEVICE_INLINE static float up(bf16_t v) { return __uint_as_float((uint32_t)v.bits << 16); }
+  MSCCLPP_DEVICE_INLINE static bf16_t down(float f) {
+    uint32_t u = __float_as_uint(f);
+    bf16_t r;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      r.bits = (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+    } else {
+      r.bits = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return r;
+  }
+};
+#if defined(MSCCLPP_COLL_HAS_FP8)
+template <>
+struct Elem<__nv_fp8_e4m3> {
+  using Acc = float;
+  MSCCLPP_DEVICE_INLINE static float up(__nv_fp8_e4m3 v) { return float(v); }
+  MSCCLPP_DEVICE_INLINE static __nv_fp8_e4m3 down(float v) { return __nv_fp8_e4m3(v); }
+};
+template <>
+struct Elem<__nv_fp8_e5m2> {
+  using Acc = float;
+  MSCCLPP_DEVICE_INLINE static float up(__nv_fp8_e5m2 v) { return float(v); }
+  MSCCLPP_DEVICE_INLINE static __nv_fp8_e5m2 down(float v) { return __nv_fp8_e5m2(v); }
+};
+#endif
+
+/// The unsigned type integers are combined in (wrap-around instead of signed overflow).
+template <typename T> struct Unsigned { using type = T; };
+template <> struct Unsigned<int8_t> { using type = uint32_t; };
+template <> struct Unsigned<uint8_t> { using type = uint32_t; };
+template <> struct Unsigned<int32_t> { using type = uint32_t; };
+template <> struct Unsigned<int64_t> { using type = uint64_t; };
+
+template <typename T> struct IsInt { static constexpr bool value = false; };
+template <> struct IsInt<int8_t> { static constexpr bool value = true; };
+template <> struct IsInt<uint8_t> { static constexpr bool value = true; };
+template <> struct IsInt<int32_t> { static constexpr bool value = true; };
+template <> struct IsInt<uint32_t> { static constexpr bool value = true; };
+template <> struct IsInt<int64_t> { static constexpr bool value = true; };
+template <> struct IsInt<uint64_t> { static constexpr bool value = true; };
+
+template <int OP, typename A>
+MSCCLPP_DEVICE_INLINE A combine(A a, A b) {
+  if constexpr (IsInt<A>::value) {
+    using U = typename Unsigned<A>::type;
+    if constexpr (OP == OpSum || OP == OpAvg) return (A)((U)a + (U)b);
+    if constexpr (OP == OpProd) return (A)((U)a * (U)b);
+  } else {
+    if constexpr (OP == OpSum || OP == OpAvg) return a + b;
+    if constexpr (OP == OpProd) return a * b;
+  }
+  if constexpr (OP == OpMin) return b < a ? b : a;
+  if constexpr (OP == OpMax) return b > a ? b : a;
+  return a;
+}
+
+template <int OP, typename A>
+MSCCLPP_DEVICE_INLINE A finish(A a, int nranks) {
+  if constexpr (OP == OpAvg) return a / (A)nranks;
+  return a;
+}
+
+/// N elements of T viewed as one W-byte word (W = 4, 8 or 16).
+template <typename T, typename W>
+union Pack {
+  static constexpr int N = sizeof(W) / sizeof(T);
+  W w;
+  T v[N];
+};
+
+/// Accumulators of one W-byte word.
+template <typename T, typename W>
+struct AccPack {
+  using A = typename Elem<T>::Acc;
+  static constexpr int N = sizeof(W) / sizeof(T);
+  A a[N];
+  MSCCLPP_DEVICE_INLINE void load(W w) {
+    Pack<T, W> p;
+    p.w = w;
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] = Elem<T>::up(p.v[i]);
+  }
+  template <int OP>
+  MSCCLPP_DEVICE_INLINE void add(W w) {
+    Pack<T, W> p;
+    p.w = w;
+#pragma unroll
+    for (int i = 0; i < N; ++i) a[i] = combine<OP>(a[i], Elem<T>::up(p.v[i]));
+  }
+  template <int OP>
+  MSCCLPP_DEVICE_INLINE W store(int nranks) const {
+    Pack<T, W> p;
+#pragma unroll
+    for (int i = 0; i < N; ++i) p.v[i] = Elem<T>::down(finish<OP>(a[i], nranks));
+    return p.w;
+  }
+};
+
+/// Loads word `idx` (W bytes) of a `total`-byte buffer, zero-padding bytes past the end.
+template <typename W>
+MSCCLPP_DEVICE_INLINE W loadWord(const void* base, uint64_t idx, uint64_t total) {
+  const uint64_t off = idx * sizeof(W);
+  if (off + sizeof(W) <= total && ((uintptr_t)base % sizeof(W)) == 0) return reinterpret_cast<const W*>(base)[idx];
+  union {
+    W w;
+    uint8_t b[sizeof(W)];
+  } u;
+#pragma unroll
+  for (int i = 0; i < (int)sizeof(W); ++i) u.b[i] = (off + i < total) ? reinterpret_cast<const uint8_t*>(base)[off + i] : 0;
+  return u.w;
+}
+
+/// Stores the bytes of word `idx` that lie inside the `total`-byte buffer.
+template <typename W>
+MSCCLPP_DEVICE_INLINE void storeWord(void* base, uint64_t idx, uint64_t total, W w) {
+  const uint64_t off = idx * sizeof(W);
+  if (off + sizeof(W) <= total && ((uintptr_t)base % sizeof(W)) == 0) {
+    reinterpret_cast<W*>(base)[idx] = w;
+    return;
+  }
+  union {
+    W w;
+    uint8_t b[sizeof(W)];
+  } u;
+  u.w = w;
+  for (int i = 0; i < (int)sizeof(W); ++i)
+    if (off + i < total) reinterpret_cast<uint8_t*>(base)[off + i] = u.b[i];
+}
+
+/// The LL flag of this block, and the end-of-launch bump of every flag entry (each block bumps
+/// its own entry; threads beyond the grid bump the entries no block of this launch owns), so every
+/// entry stays equal and a later launch with more blocks reads the same flag.
+MSCCLPP_DEVICE_INLINE uint32_t blockFlag(const CollArgs& a) { return a.flags[blockIdx.x]; }
+MSCCLPP_DEVICE_INLINE void bumpFlags(const CollArgs& a, uint32_t flag) {
+  if (threadIdx.x == 0) a.flags[blockIdx.x] = flag + 1;
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+  for (uint32_t i = tid; i < a.nflags; i += gridDim.x * blockDim.x) {
+    if (i >= gridDim.x) a.flags[i] = flag + 1;
+  }
+}
+
+/// The LL half of `flag` in the shared buffer based at `base`.
+MSCCLPP_DEVICE_INLINE char* llHalf(const CollArgs& a, uint64_t base, uint32_t flag) {
+  return reinterpret_cast<char*>(base) + a.llOffset + (uint64_t)(flag & 1u) * a.llHalfBytes;
+}
+
+}  // namespace coll
+}  // namespace mscclpp
+
+#define MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, TYPE, TNAME)                                                 \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_sum(mscclpp::coll::CollArgs a) {       \
+    TEMPLATE<TYPE, mscclpp::coll::OpSum>(a);                                                                  \
+  }                                                                                                           \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_prod(mscclpp::coll::CollArgs a) {      \
+    TEMPLATE<TYPE, mscclpp::coll::OpProd>(a);                                                                 \
+  }                                                                                                           \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_min(mscclpp::coll::CollArgs a) {       \
+    TEMPLATE<TYPE, mscclpp::coll::OpMin>(a);                                                                  \
+  }                                                                                                           \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_max(mscclpp::coll::CollArgs a) {       \
+    TEMPLATE<TYPE, mscclpp::coll::OpMax>(a);                                                                  \
+  }                                                                                                           \
+  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_avg(mscclpp::coll::CollArgs a) {       \
+    TEMPLATE<TYPE, mscclpp::coll::OpAvg>(a);                                                                  \
+  }
+
+#if defined(MSCCLPP_COLL_HAS_FP8)
+#define MSCCLPP_COLL_FP8_INSTANCES(NAME, TEMPLATE)                     \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, __nv_fp8_e4m3, fp8e4m3) \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, __nv_fp8_e5m2, fp8e5m2)
+#else
+#define MSCCLPP_COLL_FP8_INSTANCES(NAME, TEMPLATE)
+#endif
+
+/// Every data type x op of `TEMPLATE<T, OP>(CollArgs)` as `extern "C"` kernels `NAME_<dtype>_<op>`.
+#define MSCCLPP_COLL_INSTANCES(NAME, TEMPLATE)                        \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, int8_t, i8)               \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, uint8_t, u8)              \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, int32_t, i32)             \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, uint32_t, u32)            \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, int64_t, i64)             \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, uint64_t, u64)            \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, __half, f16)              \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, float, f32)               \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, double, f64)              \
+  MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, mscclpp::coll::bf16_t, bf16) \
+  MSCCLPP_COLL_FP8_INSTANCES(NAME, TEMPLATE)
+
+#endif  // MSCCLPP_COLLECTIVES_COMMON_HPP_

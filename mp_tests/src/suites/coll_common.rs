@@ -1,0 +1,170 @@
+//! Helpers of the collectives suites: one `Collectives` per process (shared by the tests),
+//! buffers on the rank's device, fresh data per call, an f64 (floats) or exact (integers)
+//! host reference, and poisoned outputs with a guard zone after the end.
+
+use std::sync::{Arc, OnceLock};
+
+use mscclpp::collectives::{Collectives, CollectivesConfig, DataType};
+use mscclpp::{Communicator, Context, Device, GpuBuffer};
+use mscclpp_framework::*;
+use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
+
+use super::memory_channel::common::{is_gpu_build, ok};
+pub(crate) use crate::coll_data::*;
+use crate::world::mp_env;
+
+/// Bytes of poison checked after the end of every output.
+pub(crate) const GUARD: usize = 64;
+/// The poison byte.
+pub(crate) const POISON: u8 = 0xA5;
+
+/// The process's collectives and (GPU builds) a stream to run them on.
+pub(crate) struct CollEnv {
+    pub coll: Arc<Collectives>,
+    pub device: Device,
+    pub stream: Option<<Gpu as Api>::Stream>,
+}
+
+// SAFETY: the stream handle is usable from any thread (the HAL's streams are Send + Sync).
+unsafe impl Sync for CollEnv {}
+
+impl CollEnv {
+    /// The raw stream handle to pass to the collectives (0 on the host backend).
+    pub fn raw_stream(&self) -> u64 {
+        self.stream.as_ref().map_or(0, Gpu::raw_stream)
+    }
+    /// Waits for the stream (no-op on the host backend).
+    pub fn sync(&self) -> Result<(), String> {
+        match &self.stream {
+            Some(s) => Gpu::stream_synchronize(s, mp_env().timeout).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The shared collectives of this process, set up by the first test that asks (every rank
+/// runs the tests in the same order, so the setup is collective). Skips on a GPU build
+/// without a GPU.
+pub(crate) fn coll_env() -> &'static CollEnv {
+    static ENV: OnceLock<Result<CollEnv, String>> = OnceLock::new();
+    let r = ENV.get_or_init(|| {
+        let env = mp_env();
+        let device = if is_gpu_build() {
+            let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
+            Device::gpu((env.placement.local_rank % n) as i32)
+        } else {
+            Device::CPU
+        };
+        let context = Context::new().map_err(|e| e.to_string())?;
+        let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
+        let cfg = CollectivesConfig {
+            device: Some(device),
+            host_timeout: env.timeout,
+            ..Default::default()
+        };
+        let coll = Collectives::with_config(comm, cfg)
+            .map_err(|e| format!("setting up the collectives: {e}"))?;
+        let stream = if is_gpu_build() {
+            let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
+            Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
+        } else {
+            None
+        };
+        Ok(CollEnv {
+            coll: Arc::new(coll),
+            device,
+            stream,
+        })
+    });
+    match r {
+        Ok(e) => e,
+        Err(msg) if msg.starts_with("skip: ") => SKIP!("{}", &msg[6..]),
+        Err(msg) => FAIL!("{}", msg),
+    }
+}
+
+/// A device buffer of `bytes` plus the guard zone, filled with poison.
+pub(crate) fn poisoned(device: Device, bytes: usize) -> GpuBuffer<u8> {
+    let b: GpuBuffer<u8> = ok!(
+        GpuBuffer::new(device, bytes + GUARD),
+        "allocating {} bytes",
+        bytes + GUARD
+    );
+    ok!(
+        b.copy_from_host(0, &vec![POISON; bytes + GUARD]),
+        "poisoning"
+    );
+    b
+}
+
+/// Two reusable device buffers (send, recv) of at least `bytes` + guard, poisoned over
+/// `bytes` + guard. Grown (reallocated) when too small.
+pub(crate) fn buffers(device: Device, bytes: usize) -> (GpuBuffer<u8>, GpuBuffer<u8>) {
+    static CACHE: std::sync::Mutex<Option<(GpuBuffer<u8>, GpuBuffer<u8>)>> =
+        std::sync::Mutex::new(None);
+    let mut c = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if c.as_ref().is_none_or(|(s, _)| s.len() < bytes + GUARD) {
+        let cap = (bytes + GUARD).max(1 << 16);
+        *c = Some((poisoned(device, cap), poisoned(device, cap)));
+    }
+    let (s, r) = c.clone().unwrap_or_else(|| FAIL!("buffer cache empty"));
+    let poison = vec![POISON; bytes + GUARD];
+    ok!(s.copy_from_host(0, &poison), "poisoning");
+    ok!(r.copy_from_host(0, &poison), "poisoning");
+    (s, r)
+}
+
+/// Writes `vals` as `dtype` elements at element offset `at` of `buf`.
+pub(crate) fn write_values(buf: &GpuBuffer<u8>, at: usize, dtype: DataType, vals: &[f64]) {
+    let bytes = encode_all(dtype, vals);
+    ok!(
+        buf.copy_from_host(at * dtype.size_in_bytes(), &bytes),
+        "writing the input"
+    );
+}
+
+/// Counts mismatches of `got` (element `k` of it = global index `first + k`) against
+/// `want(global index)`; the first few are described in `first_errors`.
+pub(crate) fn compare(
+    dtype: DataType,
+    got: &[u8],
+    first: usize,
+    mut want: impl FnMut(usize) -> f64,
+    first_errors: &mut Vec<String>,
+) -> usize {
+    let s = dtype.size_in_bytes();
+    let mut bad = 0;
+    for (k, e) in got.chunks_exact(s).enumerate() {
+        let (g, w) = (decode(dtype, e), want(first + k));
+        if !close(dtype, g, w) {
+            bad += 1;
+            if first_errors.len() < 3 {
+                first_errors.push(format!("element {}: got {g}, expected {w}", first + k));
+            }
+        }
+    }
+    bad
+}
+
+/// Checks the guard zone after `bytes` of `buf` is still poisoned.
+pub(crate) fn guard_intact(buf: &GpuBuffer<u8>, bytes: usize) -> bool {
+    let mut g = vec![0u8; GUARD];
+    ok!(buf.copy_to_host(bytes, &mut g), "reading the guard zone");
+    g.iter().all(|&b| b == POISON)
+}
+
+/// A seed agreed by all ranks (rank 0's), fresh per test.
+pub(crate) fn agreed_seed() -> u64 {
+    use std::hash::BuildHasher;
+    let mine = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    let b = &mp_env().bootstrap;
+    let got = ok!(b.broadcast(&mine.to_le_bytes(), 0), "broadcasting the seed");
+    let arr: [u8; 8] = ok!(<[u8; 8]>::try_from(got.as_slice()), "seed bytes");
+    u64::from_le_bytes(arr)
+}
+
+/// Whether the exhaustive big-size combinations run (`MSCCLPP_COLL_TEST_EXHAUSTIVE=1`);
+/// otherwise big sizes run for one float and one integer type with sum only.
+pub(crate) fn exhaustive() -> bool {
+    std::env::var("MSCCLPP_COLL_TEST_EXHAUSTIVE").is_ok_and(|v| v == "1")
+}
