@@ -28,11 +28,16 @@
 //! to add an algorithm.
 
 pub mod algorithm;
+pub mod allgather;
 pub mod allreduce;
+pub mod broadcast;
 pub mod copy;
+pub mod ext;
 pub mod gpu;
 pub(crate) mod host_ll;
 pub(crate) mod host_math;
+pub(crate) mod mesh;
+pub mod reduce_scatter;
 pub mod selector;
 pub mod setup;
 pub mod types;
@@ -65,6 +70,11 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &allreduce::allpair_packet::AllpairPacket,
         &allreduce::packet::Packet,
         &allreduce::rsag::Rsag,
+        &allreduce::rsag_pipeline::RsagPipeline,
+        &allreduce::rsag_zero_copy::RsagZeroCopy,
+        &allgather::fullmesh::Fullmesh,
+        &reduce_scatter::fullmesh::Fullmesh,
+        &broadcast::fullmesh::Fullmesh,
     ];
     ALGOS
 }

@@ -3,3 +3,5 @@
 pub mod allpair_packet;
 pub mod packet;
 pub mod rsag;
+pub mod rsag_pipeline;
+pub mod rsag_zero_copy;

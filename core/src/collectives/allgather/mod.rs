@@ -1,0 +1,3 @@
+//! All-gather algorithms, one file each (upstream names).
+
+pub mod fullmesh;
