@@ -41,6 +41,10 @@ TEST!(AllReduceTest, RsagPipeline, |ctx| algo_test(
     ctx,
     "rsag_pipeline"
 ));
+TEST!(AllReduceTest, RsagPortChannel, |ctx| algo_test(
+    ctx,
+    "rsag_port_channel"
+));
 TEST!(AllReduceTest, RsagZeroCopy, |ctx| algo_test(
     ctx,
     "rsag_zero_copy"

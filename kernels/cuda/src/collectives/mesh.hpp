@@ -142,6 +142,33 @@ MSCCLPP_DEVICE_INLINE void blockReduce(char* out, char* const* outs, int nd, con
   }
 }
 
+/// The word of the grid barrier: flag << 32 | blocks arrived in this launch (flag: the launch's LL
+/// flag, unique per launch, so the word never needs resetting).
+__device__ unsigned long long meshGridWord;
+
+/// Grid barrier number `passed` of this launch (then ++passed): every block of the grid calls the
+/// same sequence, and all blocks must be resident at once (small grids). Writes of every block
+/// before it are visible to every block after it.
+MSCCLPP_DEVICE_INLINE void gridBarrier(uint32_t flag, uint32_t& passed) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    const unsigned long long tag = (unsigned long long)flag << 32;
+    unsigned long long seen = loadRelaxedSys(reinterpret_cast<uint64_t*>(&meshGridWord));
+    for (;;) {
+      const unsigned long long next = ((seen >> 32) == flag) ? seen + 1 : (tag | 1ull);
+      const unsigned long long old = atomicCAS(&meshGridWord, seen, next);
+      if (old == seen) break;
+      seen = old;
+    }
+    const unsigned long long target = tag | ((unsigned long long)(passed + 1) * gridDim.x);
+    MSCCLPP_SPIN_UNTIL(loadAcquireSys(reinterpret_cast<uint64_t*>(&meshGridWord)) >= target, -1, "grid barrier");
+    __threadfence_system();
+  }
+  ++passed;
+  __syncthreads();
+}
+
 }  // namespace coll
 }  // namespace mscclpp
 
