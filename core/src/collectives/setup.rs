@@ -163,6 +163,8 @@ pub struct Resources {
     pub comm: Communicator,
     /// Registered user buffers of the zero-copy algorithms.
     pub user_buffers: super::user_buffers::UserBufferCache,
+    /// State algorithms build lazily (proxy and port channels, ...); see ext.rs.
+    pub ext: super::ext::Extensions,
     _registered: RegisteredMemory,
     _peer_shared: Vec<Option<RegisteredMemory>>,
 }
@@ -271,6 +273,7 @@ impl Resources {
             peer_bases,
             comm: comm.clone(),
             user_buffers: Default::default(),
+            ext: Default::default(),
             _registered: registered,
             _peer_shared: peer_shared,
         };

@@ -7,6 +7,7 @@ mod broadcast;
 mod coll_common;
 mod coll_kernels;
 mod coll_matrix;
+mod coll_scratch;
 mod communicator;
 mod fifo;
 mod ib;
