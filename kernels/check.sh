@@ -4,7 +4,9 @@
 #      tests/api_compile.cu, with nvcc for sm_80, sm_90, sm_100 (+PTX)
 #   2. the signal path: exactly one red.release.sys.global.add.u64 in the PTX of semaphore_signal
 #      (and in SASS, when cuobjdump is available: REDG/RED .ADD.64.STRONG.SYS after MEMBAR.SYS)
-#   3. the FIFO push publishes with one 128-bit release store (PTX st.release.sys.global.b128)
+#   3. the FIFO push publishes with one 128-bit release store (PTX st.release.sys.global.b128);
+#      the switch channel's allReduce<f32x4> is one multimem.ld_reduce.v4.f32 + one multimem.st.v4.f32
+#      per vector for sm_90 (api_compile_switch)
 #   4. every .cu with hipcc for gfx90a (if hipcc is installed)
 #   5. layout_dump.cpp with the host C++ compiler, run, and checked against the expected layout
 # Env: NVCC (default /opt/nvcc13/nvidia/cu13/bin/nvcc, then nvcc on PATH), HIPCC (default hipcc),
@@ -47,6 +49,14 @@ if [ -n "$nvcc" ]; then
   n_st="$(awk '/\.entry fifo_push_perf/,/^}/' "$out/fifo_tests.ptx" | grep -c 'st.release.sys.global.b128' || true)"
   if [ "$n_st" -ge 1 ]; then note "ok   fifo push: st.release.sys.global.b128"; else bad "fifo push: no st.release.sys.global.b128"; fi
 
+  "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -ptx -arch=sm_90 kernels/cuda/tests/api_compile.cu -o "$out/api_compile.ptx"
+  sw="$(awk '/\.entry api_compile_switch\(/,/^}/' "$out/api_compile.ptx")"
+  n_ldred="$(echo "$sw" | grep -c 'multimem.ld_reduce.relaxed.sys.global.add.v4.f32' || true)"
+  n_mst="$(echo "$sw" | grep -c 'multimem.st.relaxed.sys.global.v4.f32' || true)"
+  if [ "$n_ldred" = "2" ] && [ "$n_mst" = "2" ]; then note "ok   switch channel: multimem.ld_reduce/st .v4.f32 (reduce + allReduce)"; else bad "switch channel: expected 2 multimem.ld_reduce.v4.f32 and 2 multimem.st.v4.f32 in api_compile_switch, found $n_ldred and $n_mst"; fi
+  n_trap="$(echo "$sw" | grep -c 'trap' || true)"
+  if [ "$n_trap" = "0" ]; then note "ok   switch channel: no trap on sm_90"; else bad "switch channel: sm_90 build traps"; fi
+
   cuobjdump="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
   if [ -n "$cuobjdump" ] && "$cuobjdump" --dump-sass "$out/test_kernels__semaphore_tests.fatbin" >"$out/semaphore_tests.sass" 2>/dev/null; then
     n_sass="$(awk '/Function : semaphore_signal$/{p=1;next} /Function :/{p=0} p' "$out/semaphore_tests.sass" | grep -cE 'RED(G)?\.E\.ADD\.64\.STRONG\.SYS' || true)"
@@ -88,6 +98,8 @@ expect=(
   "BasePortChannelDeviceHandle.fifo offset 24" "PortChannelDeviceHandle size 72"
   "PortChannelDeviceHandle.dst offset 64" "PortChannelDeviceHandle.src offset 68"
   "LL16Packet size 16" "LL8Packet size 8"
+  "SwitchChannelDeviceHandle size 24" "SwitchChannelDeviceHandle.mcPtr offset 8"
+  "SwitchChannelDeviceHandle.bufferSize offset 16" "f32x4 size 16" "f16x8 size 16" "bf16x8 size 16"
   "trigger_example data_flag fst 0x0000200000000400 snd 0x00ec0a0300001000"
 )
 for line in "${expect[@]}"; do

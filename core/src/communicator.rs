@@ -3,7 +3,7 @@
 //!
 //! # Tags
 //! Communicator tags are user tags in `0..=u32::MAX`. On the bootstrap they become
-//! `COMM_TAG_BASE | kind << 32 | tag` (kind 1 = memory, 2 = endpoint, 3 = semaphore token), so
+//! `COMM_TAG_BASE | kind << 32 | tag` (kind 1 = memory, 2 = endpoint, 3 = semaphore token, 4 = NVLS setup), so
 //! they never collide with each other, with plain bootstrap users (who must stay below
 //! [`COMM_TAG_BASE`]), or with the bootstrap's own collectives
 //! ([`crate::bootstrap::RESERVED_TAG_BASE`] and up).
@@ -32,8 +32,10 @@ pub const COMM_TAG_BASE: u64 = 0xFFFF_0000_0000_0000;
 const KIND_MEMORY: u64 = 1;
 const KIND_ENDPOINT: u64 = 2;
 const KIND_SEMAPHORE: u64 = 3;
+/// NVLS connection setup ([`crate::NvlsConnection::connect_collective`]): steps 0..=2.
+pub(crate) const KIND_NVLS: u64 = 4;
 
-fn wire_tag(kind: u64, tag: u64) -> Result<u64> {
+pub(crate) fn wire_tag(kind: u64, tag: u64) -> Result<u64> {
     if tag > u64::from(u32::MAX) {
         return Err(Error::invalid(format!(
             "communicator tag {tag}: expected a tag in 0..={}",

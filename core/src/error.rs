@@ -117,7 +117,8 @@ impl Error {
             Error::Hal { source: e, .. } => match e {
                 mscclpp_hal::Error::Timeout { .. } => ErrorCode::Timeout,
                 mscclpp_hal::Error::InvalidArgument { .. }
-                | mscclpp_hal::Error::BadDescriptor(_) => ErrorCode::InvalidUsage,
+                | mscclpp_hal::Error::BadDescriptor(_)
+                | mscclpp_hal::Error::NvlsDisabled { .. } => ErrorCode::InvalidUsage,
                 mscclpp_hal::Error::PeerGone { .. } => ErrorCode::RemoteError,
                 _ => ErrorCode::SystemError,
             },

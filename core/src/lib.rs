@@ -19,12 +19,14 @@ pub mod identity;
 pub mod logger;
 pub mod memory;
 pub mod memory_channel;
+pub mod nvls;
 pub mod packet;
 pub mod port_channel;
 pub mod proxy;
 pub mod registered_memory;
 pub mod semaphore;
 mod serialize;
+pub mod switch_channel;
 pub mod transport;
 
 pub use bootstrap::{Bootstrap, InitAddr, TcpBootstrap, UniqueId};
@@ -41,6 +43,7 @@ pub use context::Context;
 pub use endpoint::Endpoint;
 pub use future::Future;
 pub use memory::LocalMemory;
+pub use nvls::{connect_nvls_collective, nvls_usable, NvlsConnection};
 pub use registered_memory::RegisteredMemory;
 pub use semaphore::{
     Host2DeviceSemaphore, Host2DeviceSemaphoreDeviceHandle, Host2HostSemaphore,
@@ -59,3 +62,4 @@ pub use port_channel::{
     SemaphoreId,
 };
 pub use proxy::ProxyService;
+pub use switch_channel::{SwitchChannel, SwitchChannelDeviceHandle};

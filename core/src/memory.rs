@@ -78,6 +78,10 @@ impl Allocation {
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr
     }
+    /// The HAL allocation behind it.
+    pub(crate) fn backing(&self) -> &Backing {
+        &self.backing
+    }
 
     /// Exports the whole allocation with the backend's preferred IPC kind.
     pub(crate) fn export(&self) -> Result<(BackendTag, IpcDescriptor)> {

@@ -7,6 +7,7 @@ use std::mem::{align_of, offset_of, size_of};
 use std::path::PathBuf;
 use std::process::Command;
 
+use mscclpp::device_emu::switch_channel::{Bf16x8, F16x8, F32x4};
 use mscclpp::fifo::{
     parity_bit, FifoDeviceHandle, ProxyTrigger, TRIGGER_DATA, TRIGGER_FLAG, TRIGGER_SYNC,
 };
@@ -16,6 +17,7 @@ use mscclpp::port_channel::{BasePortChannelDeviceHandle, PortChannelDeviceHandle
 use mscclpp::semaphore::{
     Host2DeviceSemaphoreDeviceHandle, MemoryDevice2DeviceSemaphoreDeviceHandle,
 };
+use mscclpp::switch_channel::SwitchChannelDeviceHandle;
 
 /// Builds and runs layout_dump once per test process (both tests need it; building it twice
 /// at once races: one test would execute the file while the other rewrites it); returns its
@@ -194,6 +196,27 @@ fn handles_match_the_c_headers() {
         BasePortChannelDeviceHandle,
         fifo
     );
+    ty!("SwitchChannelDeviceHandle", SwitchChannelDeviceHandle);
+    field!(
+        "SwitchChannelDeviceHandle.devicePtr",
+        SwitchChannelDeviceHandle,
+        device_ptr
+    );
+    field!(
+        "SwitchChannelDeviceHandle.mcPtr",
+        SwitchChannelDeviceHandle,
+        mc_ptr
+    );
+    field!(
+        "SwitchChannelDeviceHandle.bufferSize",
+        SwitchChannelDeviceHandle,
+        buffer_size
+    );
+    // The emulation's vectors are transfer types: sizes match (the C ones are over-aligned for
+    // the vector instructions).
+    check("f32x4 size", size_of::<F32x4>());
+    check("f16x8 size", size_of::<F16x8>());
+    check("bf16x8 size", size_of::<Bf16x8>());
     ty!("PortChannelDeviceHandle", PortChannelDeviceHandle);
     field!(
         "PortChannelDeviceHandle.base",

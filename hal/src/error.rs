@@ -89,6 +89,13 @@ pub enum Error {
         /// Loader message.
         reason: String,
     },
+    /// A multicast (NVLS) entry point was called while the environment disables NVLS
+    /// (`MSCCLPP_FORCE_DISABLE_NVLS=1` or `NCCL_NVLS_ENABLE=0`); refused before any driver call.
+    #[error("{op}: NVLS disabled by MSCCLPP_FORCE_DISABLE_NVLS/NCCL_NVLS_ENABLE (refused before any driver call; no multicast object is created while either disables NVLS)")]
+    NvlsDisabled {
+        /// The entry point that refused, e.g. `create_multicast(cuda)`.
+        op: &'static str,
+    },
     /// A failure inside an earlier `Drop` (a free or unmap), surfaced by the next fallible call.
     #[error("earlier release failed: {0}")]
     Deferred(Box<Error>),

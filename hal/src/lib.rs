@@ -10,7 +10,9 @@
 //! [`HostRegisterApi`] (mapping caller-owned host memory for device access), [`StreamApi`]
 //! (streams, events, memset/memcpy/64-bit stores on a stream), [`ModuleApi`] (loading an
 //! embedded code object and launching a kernel with a `#[repr(C)]` argument struct) and
-//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process).
+//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process) and
+//! [`MulticastApi`] (NVLink multicast objects: create, export/import, bind, map; refused before
+//! any driver call while the environment disables NVLS).
 //! All are associated functions (`A::alloc(&dev, ..)`), dispatched statically.
 //!
 //! Backends live in one folder each with the same file names, each behaviour trait
@@ -42,6 +44,7 @@ pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
 pub mod kernels;
+mod multicast;
 mod nvls;
 
 #[cfg(hal_cuda)]
@@ -54,6 +57,10 @@ pub use auxil::deferred::take_deferred_errors;
 pub use error::{Error, Result};
 pub use graph::StreamInterop;
 pub use ipc::{IpcDescriptor, IpcKind};
+pub use multicast::{
+    multicast_counts, MulticastApi, MulticastCounts, MulticastGranularity, MulticastInfo,
+    NvlsPermit,
+};
 pub use nvls::{nvls_disabled_by_env, nvls_supported, parse_nvls_switches};
 
 use std::time::Duration;
@@ -156,6 +163,7 @@ pub trait Api:
     + StreamApi
     + ModuleApi
     + IpcApi
+    + MulticastApi
     + Sized
     + Send
     + Sync
@@ -185,6 +193,16 @@ pub trait Api:
     /// [`HostRegisterApi::register_host`]; dropping it unregisters the range (the memory stays
     /// the caller's and is not freed).
     type HostRegistration: Send + Sync + std::fmt::Debug;
+    /// This process's handle of a multicast object (created or imported, see
+    /// [`MulticastApi`]); clones share it and the last one releases it.
+    type Multicast: Clone + Send + Sync + std::fmt::Debug;
+    /// An exported multicast object: its shareable handles, withdrawn when dropped.
+    type MulticastExport: Send + Sync + std::fmt::Debug;
+    /// Memory bound to a multicast object at an offset; dropping it unbinds.
+    type MulticastBinding: Send + Sync + std::fmt::Debug;
+    /// A mapping of a multicast object; its device pointer is the multicast address at the
+    /// requested offset. Dropping it unmaps the range.
+    type MulticastMapping: Buffer + std::fmt::Debug;
 }
 
 /// Devices: how many, opening one, its properties, peer access (each backend's `device.rs`).
@@ -449,6 +467,7 @@ pub trait IpcApi {
 /// The HAL traits, for code that calls them on a concrete backend (`Gpu::alloc(..)`).
 pub mod prelude {
     pub use crate::{
-        Api, Buffer, DeviceApi, HostRegisterApi, IpcApi, MemoryApi, ModuleApi, StreamApi,
+        Api, Buffer, DeviceApi, HostRegisterApi, IpcApi, MemoryApi, ModuleApi, MulticastApi,
+        StreamApi,
     };
 }

@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use mscclpp_hal::prelude::*;
-use mscclpp_hal::{Gpu, LaunchConfig, StreamInterop};
+use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
 
 use super::types::RawStream;
 use crate::error::{Error, Result};

@@ -14,10 +14,10 @@
 //!
 //! | variable | collective | values |
 //! |---|---|---|
-//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `packet`, `rsag`, ... (see [`algorithm_names`]) |
-//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | as registered |
-//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | as registered |
-//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | as registered |
+//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy` |
+//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `port_channel` |
+//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh` |
+//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //!
 //! An unknown name is an error listing the valid ones ([`Collectives::new`] fails). A forced
@@ -28,11 +28,17 @@
 //! to add an algorithm.
 
 pub mod algorithm;
+pub mod allgather;
 pub mod allreduce;
+pub mod broadcast;
 pub mod copy;
+pub mod ext;
 pub mod gpu;
 pub(crate) mod host_ll;
 pub(crate) mod host_math;
+pub(crate) mod mesh;
+pub(crate) mod port;
+pub mod reduce_scatter;
 pub mod selector;
 pub mod setup;
 pub mod types;
@@ -65,6 +71,13 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &allreduce::allpair_packet::AllpairPacket,
         &allreduce::packet::Packet,
         &allreduce::rsag::Rsag,
+        &allreduce::rsag_pipeline::RsagPipeline,
+        &allreduce::rsag_port_channel::RsagPortChannel,
+        &allreduce::rsag_zero_copy::RsagZeroCopy,
+        &allgather::fullmesh::Fullmesh,
+        &allgather::port_channel::PortChannel,
+        &reduce_scatter::fullmesh::Fullmesh,
+        &broadcast::fullmesh::Fullmesh,
     ];
     ALGOS
 }

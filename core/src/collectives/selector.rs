@@ -1,6 +1,7 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
 //! and GPU architecture (upstream's single-node rules without NVLS: all-reduce up to 16 KiB
-//! `allpair_packet`, up to 1 MiB `packet`, larger `rsag`).
+//! `allpair_packet`, up to 1 MiB `packet`, larger `rsag_pipeline`; all-gather, reduce-scatter
+//! and broadcast `fullmesh`).
 
 use super::types::CollectiveKind;
 use super::{algorithm_names, find_algorithm};
@@ -50,12 +51,53 @@ pub fn select(q: &Query) -> Result<&'static str> {
             } else if q.bytes <= 1 << 20 {
                 &["packet", "rsag", "allpair_packet"]
             } else {
-                &["rsag", "rsag_pipeline", "packet"]
+                // Not rsag_zero_copy: its registration on a cache miss is collective, so it
+                // is only safe where every rank meets the same buffers (forced by the user).
+                &["rsag_pipeline", "rsag", "packet"]
             };
             first_registered(q.kind, prefs)
         }
         CollectiveKind::AllGather => first_registered(q.kind, &["fullmesh", "port_channel"]),
-        CollectiveKind::ReduceScatter => first_registered(q.kind, &["packet", "rsag", "fullmesh"]),
-        CollectiveKind::Broadcast => first_registered(q.kind, &["packet", "fullmesh"]),
+        CollectiveKind::ReduceScatter => first_registered(q.kind, &["fullmesh"]),
+        CollectiveKind::Broadcast => first_registered(q.kind, &["fullmesh"]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pick(kind: CollectiveKind, bytes: usize, nranks: usize) -> &'static str {
+        let q = Query {
+            kind,
+            bytes,
+            nranks,
+            nranks_per_node: nranks,
+            arch: (9, 0),
+            host: false,
+        };
+        let name = select(&q).unwrap();
+        assert!(
+            nranks == 1 || find_algorithm(kind, name).is_ok(),
+            "{kind} picks the unregistered {name}"
+        );
+        name
+    }
+
+    #[test]
+    fn defaults_by_size() {
+        use CollectiveKind::*;
+        assert_eq!(pick(AllReduce, 1 << 10, 8), "allpair_packet");
+        assert_eq!(pick(AllReduce, 16 << 10, 2), "allpair_packet");
+        assert_eq!(pick(AllReduce, 64 << 10, 4), "packet");
+        assert_eq!(pick(AllReduce, 1 << 20, 2), "packet");
+        assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag_pipeline");
+        assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag_pipeline");
+        for bytes in [1, 1 << 20, 1 << 30] {
+            assert_eq!(pick(AllGather, bytes, 2), "fullmesh");
+            assert_eq!(pick(ReduceScatter, bytes, 4), "fullmesh");
+            assert_eq!(pick(Broadcast, bytes, 8), "fullmesh");
+        }
+        assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
     }
 }

@@ -14,7 +14,6 @@ use crate::memory::LocalMemory;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::MemoryDevice2DeviceSemaphoreDeviceHandle;
 use crate::transport::{Device, EndpointConfig, Transport};
-use mscclpp_hal::prelude::*;
 
 /// Blocks (per peer) that own a semaphore: the most blocks a semaphore-synchronised kernel
 /// may launch.
@@ -164,6 +163,8 @@ pub struct Resources {
     pub comm: Communicator,
     /// Registered user buffers of the zero-copy algorithms.
     pub user_buffers: super::user_buffers::UserBufferCache,
+    /// State algorithms build lazily (proxy and port channels, ...); see ext.rs.
+    pub ext: super::ext::Extensions,
     _registered: RegisteredMemory,
     _peer_shared: Vec<Option<RegisteredMemory>>,
 }
@@ -272,6 +273,7 @@ impl Resources {
             peer_bases,
             comm: comm.clone(),
             user_buffers: Default::default(),
+            ext: Default::default(),
             _registered: registered,
             _peer_shared: peer_shared,
         };
@@ -350,7 +352,7 @@ impl Resources {
 
 /// GPU `(rank % nranks_per_node) % device_count`, or the CPU on the host backend.
 fn default_device(rank: usize, per_node: usize) -> Result<Device> {
-    use mscclpp_hal::Gpu;
+    use mscclpp_hal::{prelude::*, Gpu};
     if Gpu::HOST_ADDRESSABLE {
         return Ok(Device::CPU);
     }
@@ -362,7 +364,7 @@ fn default_device(rank: usize, per_node: usize) -> Result<Device> {
 }
 
 fn device_info(device: Device) -> Result<((u32, u32), u32)> {
-    use mscclpp_hal::Gpu;
+    use mscclpp_hal::{prelude::*, Gpu};
     match device.kind {
         crate::transport::DeviceType::Cpu => Ok((
             (0, 0),

@@ -9,6 +9,7 @@
 //! | `ld.acquire.sys` spin (wait) | `load(Acquire)` spin with backoff and a timeout |
 //! | FIFO `st.release.sys.b128` publish | `fst` relaxed store, then `snd` (commit bit) `Release` |
 //! | LL packet 8/16-byte relaxed stores | one relaxed `AtomicU64` store per 8-byte half |
+//! | `multimem.ld_reduce` / `multimem.st` (switch) | read and add / write every member's copy |
 //!
 //! Every wait takes a timeout (the GPU's spin bound) and returns [`crate::Error::Timeout`].
 //! Polling loops spin briefly, then yield, then sleep: CI runs 4 ranks on 2 cores.
@@ -19,6 +20,7 @@ pub mod memory_channel;
 pub mod packet;
 pub mod port_channel;
 pub mod semaphore;
+pub mod switch_channel;
 
 /// The condition-with-timeout wait every operation here uses (it lives in [`crate::backoff`]).
 pub use crate::backoff::spin_until;

@@ -87,6 +87,54 @@ impl Drop for Mapping {
     }
 }
 
+/// A range of address space reserved with no access (`PROT_NONE`, anonymous, not backed by
+/// memory), released on drop: the host backend's stand-in for a `cuMemAddressReserve`d range
+/// that only device operations may use (a plain load or store there faults).
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: an inaccessible address range; nothing is read or written through it.
+unsafe impl Send for Reservation {}
+// SAFETY: as above.
+unsafe impl Sync for Reservation {}
+
+impl Reservation {
+    /// Reserves `len` bytes of address space, inaccessible.
+    pub(crate) fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::invalid("mmap(PROT_NONE)", "a non-zero length", "0"));
+        }
+        // SAFETY: a fresh anonymous mapping at an address chosen by the kernel (null hint), so
+        // no existing memory is replaced; with no access nothing can be corrupted through it.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|e| os_error("mmap(PROT_NONE)", e))?;
+        Ok(Reservation { ptr: p.cast(), len })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len describe a reservation made by `new` and not released before.
+        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) } {
+            crate::auxil::deferred::record(os_error("munmap(reservation)", e));
+        }
+    }
+}
+
 /// Sends `data` with `fd` (if any) attached as SCM_RIGHTS on a connected Unix socket.
 pub(crate) fn send_with_fd(
     sock: &impl AsFd,

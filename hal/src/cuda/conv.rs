@@ -63,3 +63,17 @@ pub(super) fn ipc_handle_from(desc: &IpcDescriptor) -> Result<sys::CUipcMemHandl
     }
     Ok(h)
 }
+
+/// A multicast object of `size` bytes over `ndevices` devices, exportable as `handle_types`.
+pub(super) fn multicast_prop(
+    size: usize,
+    ndevices: usize,
+    handle_types: u32,
+) -> sys::CUmulticastObjectProp {
+    // SAFETY: a plain C struct; zero is the documented default for every field.
+    let mut prop: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
+    prop.size = size;
+    prop.numDevices = ndevices as std::ffi::c_uint;
+    prop.handleTypes = u64::from(handle_types);
+    prop
+}

@@ -1,10 +1,10 @@
 //! CUDA stream interop and graphs: a borrowed CUstream, cuStreamIsCapturing, capture in
-//! thread-local mode, cuGraphInstantiateWithFlags, cuGraphLaunch.
-//! <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html>
+//! thread-local mode, cuGraphInstantiateWithFlags, cuGraphLaunch (driver calls through
+//! `result/graph.rs`). <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html>
 
 use std::mem::ManuallyDrop;
 
-use super::result::checked;
+use super::result::graph;
 use super::{Cuda, CudaDevice, CudaStream};
 use crate::auxil::deferred;
 use crate::graph::StreamInterop;
@@ -27,13 +27,10 @@ unsafe impl Sync for CudaGraph {}
 impl Drop for CudaGraph {
     fn drop(&mut self) {
         // SAFETY: both handles were created by end_capture and are destroyed once.
-        let r = self.dev.bind().and_then(|_| {
-            checked("cuGraphExecDestroy", || unsafe {
-                sys::cuGraphExecDestroy(self.exec)
-            })?;
-            checked("cuGraphDestroy", || unsafe {
-                sys::cuGraphDestroy(self.graph)
-            })
+        let r = self.dev.bind().and_then(|()| unsafe {
+            let a = graph::exec_destroy(self.exec);
+            let b = graph::destroy(self.graph);
+            a.and(b)
         });
         if let Err(e) = r {
             deferred::record(e);
@@ -53,56 +50,36 @@ impl StreamInterop for Cuda {
         stream.raw as usize as u64
     }
     fn is_capturing(stream: &CudaStream) -> Result<bool> {
-        deferred::check()?;
-        stream.dev.bind()?;
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: live stream, valid out pointer.
-        checked("cuStreamIsCapturing", || unsafe {
-            sys::cuStreamIsCapturing(stream.raw, &mut status)
-        })?;
-        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        stream.dev.enter()?;
+        // SAFETY: a live (or borrowed live) stream.
+        unsafe { graph::is_capturing(stream.raw) }
     }
     fn begin_capture(stream: &CudaStream) -> Result<()> {
-        deferred::check()?;
-        stream.dev.bind()?;
-        // SAFETY: live stream.
-        checked("cuStreamBeginCapture", || unsafe {
-            sys::cuStreamBeginCapture_v2(
-                stream.raw,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-        })
+        stream.dev.enter()?;
+        // SAFETY: a live stream.
+        unsafe { graph::begin_capture(stream.raw) }
     }
     fn end_capture(stream: &CudaStream) -> Result<CudaGraph> {
-        deferred::check()?;
-        stream.dev.bind()?;
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: live stream in capture, valid out pointer.
-        checked("cuStreamEndCapture", || unsafe {
-            sys::cuStreamEndCapture(stream.raw, &mut graph)
-        })?;
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        // SAFETY: graph was just created; valid out pointer.
-        let r = checked("cuGraphInstantiateWithFlags", || unsafe {
-            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
-        });
-        if let Err(e) = r {
-            // SAFETY: the graph is ours and not used afterwards.
-            unsafe { sys::cuGraphDestroy(graph) };
-            return Err(e);
+        stream.dev.enter()?;
+        // SAFETY: a live stream in capture.
+        let g = unsafe { graph::end_capture(stream.raw) }?;
+        // SAFETY: g was just created.
+        match unsafe { graph::instantiate(g) } {
+            Ok(exec) => Ok(CudaGraph {
+                dev: stream.dev.clone(),
+                graph: g,
+                exec,
+            }),
+            Err(e) => {
+                // SAFETY: the graph is ours and not used afterwards.
+                let _ = unsafe { graph::destroy(g) };
+                Err(e)
+            }
         }
-        Ok(CudaGraph {
-            dev: stream.dev.clone(),
-            graph,
-            exec,
-        })
     }
-    fn launch_graph(graph: &CudaGraph, stream: &CudaStream) -> Result<()> {
-        deferred::check()?;
-        stream.dev.bind()?;
+    fn launch_graph(g: &CudaGraph, stream: &CudaStream) -> Result<()> {
+        stream.dev.enter()?;
         // SAFETY: live graph exec and stream.
-        checked("cuGraphLaunch", || unsafe {
-            sys::cuGraphLaunch(graph.exec, stream.raw)
-        })
+        unsafe { graph::launch(g.exec, stream.raw) }
     }
 }

@@ -3,14 +3,16 @@
 //! The binary starts without libcuda: the first call checks that the library is present and
 //! returns [`crate::Error::NoDriver`] (listing every name tried) when it is not. Memory comes
 //! from cuMemAlloc / cuMemHostAlloc / cuMem VMM (never the stream-ordered pool, which peers
-//! cannot touch). Never creates multicast objects.
+//! cannot touch). Multicast objects (NVLS, `multicast.rs`) are refused before any driver call
+//! while the environment disables NVLS.
 //!
 //! Three layers, as in cudarc: `cudarc::driver::sys` (raw bindings), `result.rs` (thin checked
 //! wrappers, grouped by topic, each linking the driver documentation; the only place that
 //! calls `sys` functions) and the safe types, one behaviour trait per file: `device.rs`
 //! ([`crate::DeviceApi`]), `memory.rs` ([`crate::MemoryApi`], [`crate::HostRegisterApi`]),
 //! `stream.rs` ([`crate::StreamApi`]), `module.rs` ([`crate::ModuleApi`]), `ipc.rs`
-//! ([`crate::IpcApi`]); `conv.rs` maps between our types and the driver's.
+//! ([`crate::IpcApi`]), `multicast.rs` ([`crate::MulticastApi`]); `conv.rs` maps between our
+//! types and the driver's.
 
 mod conv;
 mod device;
@@ -18,6 +20,7 @@ mod graph;
 mod ipc;
 mod memory;
 mod module;
+mod multicast;
 mod result;
 mod stream;
 
@@ -26,6 +29,9 @@ pub use graph::CudaGraph;
 pub use ipc::CudaImported;
 pub use memory::{CudaHostRegistration, CudaMemory};
 pub use module::{CudaKernel, CudaModule};
+pub use multicast::{
+    CudaMulticast, CudaMulticastBinding, CudaMulticastExport, CudaMulticastMapping,
+};
 pub use stream::{CudaEvent, CudaStream};
 
 use crate::Api;
@@ -45,4 +51,8 @@ impl Api for Cuda {
     type Module = CudaModule;
     type Kernel = CudaKernel;
     type HostRegistration = CudaHostRegistration;
+    type Multicast = CudaMulticast;
+    type MulticastExport = CudaMulticastExport;
+    type MulticastBinding = CudaMulticastBinding;
+    type MulticastMapping = CudaMulticastMapping;
 }

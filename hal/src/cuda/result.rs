@@ -215,6 +215,10 @@ pub(super) mod vmm;
 
 pub(super) mod ipc;
 
+pub(super) mod multicast;
+
+pub(super) mod graph;
+
 /// Streams. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html>,
 /// stream memory operations <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEMOP.html>
 pub(super) mod stream {

@@ -8,13 +8,16 @@
 //!
 //! Each behaviour trait is implemented in its file: [`crate::DeviceApi`] in `device.rs`,
 //! [`crate::MemoryApi`] and [`crate::HostRegisterApi`] in `memory.rs`, [`crate::StreamApi`]
-//! in `stream.rs`, [`crate::ModuleApi`] in `module.rs`, [`crate::IpcApi`] in `ipc.rs`.
+//! in `stream.rs`, [`crate::ModuleApi`] in `module.rs`, [`crate::IpcApi`] in `ipc.rs`,
+//! [`crate::MulticastApi`] (an emulation of NVLink multicast over memfd mappings) in
+//! `multicast.rs`.
 
 mod device;
 mod graph;
 mod ipc;
 mod memory;
 mod module;
+mod multicast;
 mod stream;
 
 pub use device::HostDevice;
@@ -22,6 +25,10 @@ pub use graph::HostGraph;
 pub use ipc::HostImported;
 pub use memory::{HostMemory, HostRegistration};
 pub use module::{HostKernel, HostModule};
+pub use multicast::{
+    multicast_members, HostMulticast, HostMulticastBinding, HostMulticastExport,
+    HostMulticastMapping, MulticastMembers,
+};
 pub use stream::{HostEvent, HostStream};
 
 use crate::Api;
@@ -41,4 +48,8 @@ impl Api for Host {
     type Module = HostModule;
     type Kernel = HostKernel;
     type HostRegistration = HostRegistration;
+    type Multicast = HostMulticast;
+    type MulticastExport = HostMulticastExport;
+    type MulticastBinding = HostMulticastBinding;
+    type MulticastMapping = HostMulticastMapping;
 }

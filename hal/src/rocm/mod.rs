@@ -8,8 +8,9 @@
 //! (thin checked wrappers, grouped by topic; the only place that calls the table) and the safe
 //! types, one behaviour trait per file: `device.rs` ([`crate::DeviceApi`]), `memory.rs`
 //! ([`crate::MemoryApi`], [`crate::HostRegisterApi`]), `stream.rs` ([`crate::StreamApi`]),
-//! `module.rs` ([`crate::ModuleApi`]), `ipc.rs` ([`crate::IpcApi`]); `conv.rs` holds the HIP
-//! constants and handle conversions.
+//! `module.rs` ([`crate::ModuleApi`]), `ipc.rs` ([`crate::IpcApi`]), `multicast.rs`
+//! ([`crate::MulticastApi`]: unsupported); `conv.rs` holds the HIP constants and handle
+//! conversions.
 
 mod conv;
 mod device;
@@ -17,6 +18,7 @@ mod graph;
 mod ipc;
 mod memory;
 mod module;
+mod multicast;
 mod result;
 mod stream;
 mod sys;
@@ -27,6 +29,9 @@ pub use ipc::HipOpener;
 pub use ipc::RocmImported;
 pub use memory::{RocmHostRegistration, RocmMemory};
 pub use module::{RocmKernel, RocmModule};
+pub use multicast::{
+    RocmMulticast, RocmMulticastBinding, RocmMulticastExport, RocmMulticastMapping,
+};
 pub use stream::{RocmEvent, RocmStream};
 
 use crate::Api;
@@ -46,4 +51,8 @@ impl Api for Rocm {
     type Module = RocmModule;
     type Kernel = RocmKernel;
     type HostRegistration = RocmHostRegistration;
+    type Multicast = RocmMulticast;
+    type MulticastExport = RocmMulticastExport;
+    type MulticastBinding = RocmMulticastBinding;
+    type MulticastMapping = RocmMulticastMapping;
 }

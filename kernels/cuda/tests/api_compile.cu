@@ -4,6 +4,27 @@
 
 using namespace mscclpp;
 
+#if defined(MSCCLPP_DEVICE_CUDA)
+// Switch channel (multimem) ops, every vector type once; on sm_80 they compile to a trap.
+extern "C" __global__ void api_compile_switch(SwitchChannelDeviceHandle sc, uint32_t* out, uint64_t n) {
+  const uint32_t t = threadIdx.x, nt = blockDim.x;
+  const f32x4 a = sc.reduce<f32x4>(0);
+  sc.broadcast<f32x4>(1, a);
+  sc.broadcast(2, sc.reduce<f16x8>(2));
+  sc.broadcast(3, sc.reduce<bf16x8>(3));
+  sc.broadcast(4, multimemLoadReduce(reinterpret_cast<const f32x2*>(sc.mcPtr) + 8));
+  sc.broadcast(5, sc.reduce<f32x1>(20));
+  sc.broadcast(6, sc.reduce<f16x4>(12));
+  sc.broadcast(7, sc.reduce<f16x2>(28));
+  sc.broadcast(8, sc.reduce<bf16x4>(14));
+  sc.broadcast(9, sc.reduce<bf16x2>(30));
+  sc.broadcast(10, sc.reduce<i32x1>(40));
+  sc.broadcast(11, sc.reduce<u32x1>(41));
+  sc.allReduce<f32x4>(16, n, t, nt);
+  out[0] = a.words[0];
+}
+#endif
+
 extern "C" __global__ void api_compile(MemoryChannelDeviceHandle mc, BaseMemoryChannelDeviceHandle bmc,
                                        PortChannelDeviceHandle pc, BasePortChannelDeviceHandle bpc,
                                        Host2DeviceSemaphoreDeviceHandle h2d, FifoDeviceHandle fifo, uint32_t* out,

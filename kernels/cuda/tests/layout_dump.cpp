@@ -10,6 +10,7 @@
 using namespace mscclpp;
 
 #define SIZE(T) std::printf("%s size %zu\n%s align %zu\n", #T, sizeof(T), #T, alignof(T))
+#define SIZE_ONLY(T) std::printf("%s size %zu\n", #T, sizeof(T))
 #define FIELD(T, f) std::printf("%s.%s offset %zu\n", #T, #f, offsetof(T, f))
 
 int main() {
@@ -59,6 +60,15 @@ int main() {
   FIELD(LL16Packet, flag1);
   FIELD(LL16Packet, data2);
   FIELD(LL16Packet, flag2);
+
+  SIZE(SwitchChannelDeviceHandle);
+  FIELD(SwitchChannelDeviceHandle, devicePtr);
+  FIELD(SwitchChannelDeviceHandle, mcPtr);
+  FIELD(SwitchChannelDeviceHandle, bufferSize);
+
+  SIZE_ONLY(f32x4);
+  SIZE_ONLY(f16x8);
+  SIZE_ONLY(bf16x8);
 
   SIZE(LL8Packet);
   FIELD(LL8Packet, data);

@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 use mscclpp::collectives::{CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp};
 use mscclpp::{Communicator, Context, Device, GpuBuffer};
-use mscclpp_hal::prelude::*;
-use mscclpp_hal::{Gpu, StreamInterop};
+use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
 
 const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
   -b, --minbytes SIZE     smallest size (default 32M; K/M/G suffixes)

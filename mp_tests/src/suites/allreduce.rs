@@ -38,6 +38,18 @@ TEST!(AllReduceTest, AllpairPacket, |ctx| algo_test(
 ));
 TEST!(AllReduceTest, Packet, |ctx| algo_test(ctx, "packet"));
 TEST!(AllReduceTest, Rsag, |ctx| algo_test(ctx, "rsag"));
+TEST!(AllReduceTest, RsagPipeline, |ctx| algo_test(
+    ctx,
+    "rsag_pipeline"
+));
+TEST!(AllReduceTest, RsagPortChannel, |ctx| algo_test(
+    ctx,
+    "rsag_port_channel"
+));
+TEST!(AllReduceTest, RsagZeroCopy, |ctx| algo_test(
+    ctx,
+    "rsag_zero_copy"
+));
 
 TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     let env = coll_env();

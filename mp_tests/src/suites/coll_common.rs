@@ -7,8 +7,7 @@ use std::sync::{Arc, OnceLock};
 use mscclpp::collectives::{Collectives, CollectivesConfig, DataType};
 use mscclpp::{Communicator, Context, Device, GpuBuffer};
 use mscclpp_framework::*;
-use mscclpp_hal::prelude::*;
-use mscclpp_hal::{Gpu, StreamInterop};
+use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
 
 use super::memory_channel::common::{is_gpu_build, ok};
 pub(crate) use crate::coll_data::*;

@@ -5,8 +5,7 @@
 
 use mscclpp::{Device, GpuBuffer};
 use mscclpp_framework::*;
-use mscclpp_hal::prelude::*;
-use mscclpp_hal::{Gpu, LaunchConfig};
+use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 
 use super::memory_channel::common::{is_gpu_build, ok};
 use crate::world::mp_env;

@@ -40,7 +40,34 @@ pub(crate) fn one_call(
     call: u32,
     errors: &mut Vec<String>,
 ) -> usize {
-    let env = coll_env();
+    one_call_on(
+        coll_env(),
+        kind,
+        dtype,
+        op,
+        in_place,
+        count,
+        root,
+        seed,
+        call,
+        errors,
+    )
+}
+
+/// [`one_call`] on the collectives of `env`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn one_call_on(
+    env: &CollEnv,
+    kind: CollectiveKind,
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    count: usize,
+    root: usize,
+    seed: u64,
+    call: u32,
+    errors: &mut Vec<String>,
+) -> usize {
     let (rank, n) = (env.coll.rank(), env.coll.nranks());
     let size = dtype.size_in_bytes();
     let (ins, outs) = extents(kind, count, n);

@@ -3,3 +3,6 @@
 pub mod allpair_packet;
 pub mod packet;
 pub mod rsag;
+pub mod rsag_pipeline;
+pub mod rsag_port_channel;
+pub mod rsag_zero_copy;

@@ -9,5 +9,6 @@
 #include "packet_device.hpp"
 #include "port_channel_device.hpp"
 #include "semaphore_device.hpp"
+#include "switch_channel_device.hpp"
 
 #endif  // MSCCLPP_DEVICE_API_HPP_

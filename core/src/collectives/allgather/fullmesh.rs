@@ -1,0 +1,105 @@
+//! All-gather `fullmesh`: every rank writes its input into every peer's plain scratch over the
+//! memory channels (remote 16-byte stores), then copies what its peers wrote into its output.
+//! Any size: the input goes in chunks of one scratch slot.
+//!
+//! Scratch: `n` slots of `C = plain_bytes / n` bytes (rounded down to 16); slot `r` of rank
+//! `p`'s scratch holds rank r's current chunk. Per chunk, block b (part `mesh::part(c, nb, b)`
+//! of the chunk): 1. handshake with block b of every peer (they finished reading the previous
+//! chunk); 2. write the part into slot `me` of every peer (and into the own output slot when out
+//! of place); 3. handshake (the peers' parts have landed here); 4. copy the part of every peer's
+//! slot into the output. In place: `send == recv + me * bytes`, step 2 skips the own slot.
+//! Kernel: kernels/cuda/src/collectives/allgather/fullmesh.cu (one kernel for every type).
+
+use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::gpu::GpuCtx;
+use super::super::mesh::{self, host_copy, part, peers, scratch_at, THREADS, VEC};
+use super::super::setup::Resources;
+use super::super::types::{CollectiveKind, RawStream};
+use crate::error::{Error, Result};
+
+/// The algorithm object (registered in [`super::super::registry`]).
+pub struct Fullmesh;
+
+/// Bytes moved per block per chunk the grid is sized for.
+const BYTES_PER_BLOCK: usize = 64 << 10;
+
+impl Algorithm for Fullmesh {
+    fn name(&self) -> &'static str {
+        "fullmesh"
+    }
+    fn kind(&self) -> CollectiveKind {
+        CollectiveKind::AllGather
+    }
+    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+        if mesh::slot_bytes(res, res.nranks) < VEC {
+            return Err(Error::invalid(format!(
+                "allgather fullmesh: expected a plain scratch of at least {} bytes, got {}",
+                res.nranks * VEC,
+                res.layout.plain_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let c = mesh::slot_bytes(res, res.nranks);
+        let census = mesh::census(res, gpu, stream)?;
+        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
+        let blocks = mesh::grid(&census, want, 32);
+        let mut args = CollArgs::new(res, call);
+        args.extra[0] = c as u64;
+        args.extra[1] = call.bytes() as u64;
+        // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/allgather/fullmesh",
+                "allgather_fullmesh",
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
+    }
+
+    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+        let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+        let (c_max, total) = (mesh::slot_bytes(res, n), call.bytes());
+        let own = call.recv + (me * total) as u64;
+        let in_place = call.send == own;
+        for b in 0..nb {
+            let mut start = 0;
+            while start < total {
+                let c = c_max.min(total - start);
+                let (x0, x1) = part(c, nb, b);
+                let len = x1 - x0;
+                let src = call.send + (start + x0) as u64;
+                host_barrier(res, b)?;
+                for p in peers(me, n) {
+                    // SAFETY: the part lies inside the input and inside slot `me` of the
+                    // peer's scratch, mapped here; the peer does not read it until the
+                    // handshake below.
+                    unsafe { host_copy(scratch_at(res, p, me, c_max, x0), src, len) };
+                }
+                if !in_place {
+                    // SAFETY: the output holds n * total bytes.
+                    unsafe { host_copy(own + (start + x0) as u64, src, len) };
+                }
+                host_barrier(res, b)?;
+                for p in peers(me, n) {
+                    let dst = call.recv + (p * total + start + x0) as u64;
+                    // SAFETY: slot p of the own scratch holds the peer's part (handshake).
+                    unsafe { host_copy(dst, scratch_at(res, me, p, c_max, x0), len) };
+                }
+                start += c;
+            }
+        }
+        Ok(())
+    }
+}

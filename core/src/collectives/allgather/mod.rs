@@ -1,0 +1,4 @@
+//! All-gather algorithms, one file each (upstream names).
+
+pub mod fullmesh;
+pub mod port_channel;

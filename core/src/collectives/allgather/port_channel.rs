@@ -1,0 +1,143 @@
+//! All-gather `port_channel`: the transfers go through port channels: the GPU pushes
+//! `put_with_signal` requests into the proxy's FIFO, the proxy (a host thread) copies on the
+//! CudaIpc connection (the copy engine) and signals the peer; `flush` closes the launch. Any
+//! size (chunks).
+//!
+//! Scratch (plain): A `C` bytes (this rank's chunk), then G `n x C` (slot r: rank r's chunk),
+//! `C = plain / (n + 1)` rounded down to 16. Per chunk, phases with grid barriers between:
+//! 1. handshake with every peer (semaphore row 0: the peer finished reading its G slots of
+//!    the previous chunk and received this rank's previous put, so A is free too);
+//! 2. every block copies its part of the chunk into A (and into the own output slot when out
+//!    of place);
+//! 3. for every peer p: put A into slot `me` of p's G area with a signal, wait for p's signal;
+//! 4. every block copies its part of every peer's G slot into the output.
+//!
+//! The final flush makes every copy of this rank complete before the launch ends.
+//!
+//! The proxy and channels are built at the first call outside graph capture
+//! ([`super::super::port`]); a call captured before that fails with the reason.
+//! Kernel: kernels/cuda/src/collectives/allgather/port_channel.cu (one kernel for every type).
+
+use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::allreduce::rsag_port_channel::put_or_signal;
+use super::super::gpu::GpuCtx;
+use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
+use super::super::port;
+use super::super::setup::Resources;
+use super::super::types::{CollectiveKind, RawStream};
+use crate::error::{Error, Result};
+
+/// The algorithm object.
+pub struct PortChannel;
+
+/// Most blocks of a launch (they meet at grid barriers, so they must all be resident).
+const MAX_BLOCKS: usize = 16;
+/// Bytes of a chunk per block the grid is sized for.
+const BYTES_PER_BLOCK: usize = 128 << 10;
+
+fn chunk_bytes(res: &Resources) -> usize {
+    (res.layout.plain_bytes / (res.nranks + 1)) / VEC * VEC
+}
+
+impl Algorithm for PortChannel {
+    fn name(&self) -> &'static str {
+        "port_channel"
+    }
+    fn kind(&self) -> CollectiveKind {
+        CollectiveKind::AllGather
+    }
+    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+        if chunk_bytes(res) < VEC {
+            return Err(Error::invalid(format!(
+                "allgather port_channel: expected a plain scratch of at least {} bytes, got {}",
+                (res.nranks + 1) * VEC,
+                res.layout.plain_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let st = port::state(res, Some((gpu, stream)))?
+            .ok_or_else(|| port::not_built("allgather port_channel"))?;
+        let c = chunk_bytes(res);
+        let census = mesh::census(res, gpu, stream)?;
+        let blocks = mesh::grid(
+            &census,
+            call.bytes().min(c).div_ceil(BYTES_PER_BLOCK),
+            MAX_BLOCKS,
+        );
+        let mut args = CollArgs::new(res, call);
+        args.extra[0] = st.table.data();
+        args.extra[1] = c as u64;
+        args.extra[2] = call.bytes() as u64;
+        // SAFETY: CollArgs mirrors the kernel's parameter; the channel table lives in `res.ext`;
+        // the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/allgather/port_channel",
+                "allgather_port_channel",
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
+    }
+
+    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+        let st =
+            port::state(res, None)?.ok_or_else(|| port::not_built("allgather port_channel"))?;
+        let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+        let (c_max, total, t) = (chunk_bytes(res), call.bytes(), res.config.host_timeout);
+        let plain = res.layout.plain_offset;
+        let mine = res.peer_bases[me] + plain as u64;
+        let own = call.recv + (me * total) as u64;
+        let mut start = 0;
+        while start < total {
+            let c = c_max.min(total - start);
+            host_barrier(res, 0)?;
+            for b in 0..nb {
+                let (x0, x1) = part(c, nb, b);
+                let src = call.send + (start + x0) as u64;
+                // SAFETY: area A of the own scratch, the chunk part of the input and of the own
+                // output slot (memmove when in place).
+                unsafe {
+                    host_copy(mine + x0 as u64, src, x1 - x0);
+                    host_copy(own + (start + x0) as u64, src, x1 - x0);
+                }
+            }
+            for p in peers(me, n) {
+                let dst = (plain + c_max + me * c_max) as u64;
+                // SAFETY: the handle is a live channel of this rank's proxy; offsets lie in the
+                // shared buffers (check()).
+                unsafe { put_or_signal(&st.handles[p], dst, plain as u64, c, t)? };
+            }
+            for p in peers(me, n) {
+                // SAFETY: as above.
+                unsafe { st.handles[p].wait(t)? };
+            }
+            for b in 0..nb {
+                let (x0, x1) = part(c, nb, b);
+                for p in peers(me, n) {
+                    let src = mine + (c_max + p * c_max + x0) as u64;
+                    let dst = call.recv + (p * total + start + x0) as u64;
+                    // SAFETY: peer p's chunk has landed in G slot p (waited above).
+                    unsafe { host_copy(dst, src, x1 - x0) };
+                }
+            }
+            start += c;
+        }
+        for p in peers(me, n) {
+            // SAFETY: as above.
+            unsafe { st.handles[p].flush(t)? };
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,114 @@
+//! Broadcast `fullmesh`: the root writes its buffer into every peer's plain scratch over the
+//! memory channels (remote 16-byte stores) and signals; every peer copies it into its output.
+//! Any size: chunks of the whole plain scratch.
+//!
+//! Per chunk, block b (part `mesh::part(c, nb, b)`), with the semaphores of row b between the
+//! root and each peer only: 1. root and peer shake hands (the peer finished reading the previous
+//! chunk and is inside this launch); 2. the root writes the part into every peer's scratch at the
+//! same offset (and into its own output when out of place), then signals every peer; 3. a peer
+//! waits for that signal and copies the part into its output. Per launch every pair signals and
+//! waits equally often (root->peer twice per chunk, peer->root once).
+//! Kernel: kernels/cuda/src/collectives/broadcast/fullmesh.cu (one kernel for every type).
+
+use super::super::algorithm::{host_signal, host_wait, Algorithm, Call, CollArgs};
+use super::super::gpu::GpuCtx;
+use super::super::mesh::{self, host_copy, part, peers, scratch_at, THREADS, VEC};
+use super::super::setup::Resources;
+use super::super::types::{CollectiveKind, RawStream};
+use crate::error::{Error, Result};
+
+/// The algorithm object.
+pub struct Fullmesh;
+
+/// Bytes per block per chunk the grid is sized for.
+const BYTES_PER_BLOCK: usize = 64 << 10;
+
+impl Algorithm for Fullmesh {
+    fn name(&self) -> &'static str {
+        "fullmesh"
+    }
+    fn kind(&self) -> CollectiveKind {
+        CollectiveKind::Broadcast
+    }
+    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+        if mesh::slot_bytes(res, 1) < VEC {
+            return Err(Error::invalid(format!(
+                "broadcast fullmesh: expected a plain scratch of at least {VEC} bytes, got {}",
+                res.layout.plain_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let c = mesh::slot_bytes(res, 1);
+        let census = mesh::census(res, gpu, stream)?;
+        let blocks = mesh::grid(&census, call.bytes().min(c).div_ceil(BYTES_PER_BLOCK), 32);
+        let mut args = CollArgs::new(res, call);
+        args.extra[0] = c as u64;
+        args.extra[1] = call.bytes() as u64;
+        // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/broadcast/fullmesh",
+                "broadcast_fullmesh",
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
+    }
+
+    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+        let (me, n, nb, root) = (res.rank, res.nranks, res.config.host_blocks, call.root);
+        let (c_max, total) = (mesh::slot_bytes(res, 1), call.bytes());
+        for b in 0..nb {
+            let mut start = 0;
+            while start < total {
+                let c = c_max.min(total - start);
+                let (x0, x1) = part(c, nb, b);
+                let len = x1 - x0;
+                if me == root {
+                    for p in peers(me, n) {
+                        host_signal(res, b, p);
+                    }
+                    for p in peers(me, n) {
+                        host_wait(res, b, p)?;
+                    }
+                    let src = call.send + (start + x0) as u64;
+                    for p in peers(me, n) {
+                        // SAFETY: the part lies inside the input and inside the peer's scratch
+                        // (mapped here), which the peer reads only after the signal below.
+                        unsafe { host_copy(scratch_at(res, p, 0, c_max, x0), src, len) };
+                    }
+                    // SAFETY: the output holds `total` bytes (memmove when in place).
+                    unsafe { host_copy(call.recv + (start + x0) as u64, src, len) };
+                    for p in peers(me, n) {
+                        host_signal(res, b, p);
+                    }
+                } else {
+                    host_signal(res, b, root);
+                    host_wait(res, b, root)?;
+                    host_wait(res, b, root)?;
+                    // SAFETY: the root's part has landed in the own scratch (signal above).
+                    unsafe {
+                        host_copy(
+                            call.recv + (start + x0) as u64,
+                            scratch_at(res, me, 0, c_max, x0),
+                            len,
+                        )
+                    };
+                }
+                start += c;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,3 @@
+//! Broadcast algorithms, one file each.
+
+pub mod fullmesh;

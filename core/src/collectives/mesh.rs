@@ -1,0 +1,160 @@
+//! Shared pieces of the scratch-based ("mesh") algorithms of all-gather, reduce-scatter,
+//! broadcast and the pipelined / zero-copy / port-channel all-reduces: how many ranks share a
+//! GPU (so grids stay small enough for every rank's blocks to be resident at once: blocks wait
+//! for the same block of their peers), the block partition of a chunk, and the host backend's
+//! copies. Device counterpart: kernels/cuda/src/collectives/mesh.hpp.
+//!
+//! Invariant of every algorithm here: a block writes into a peer's plain scratch (or a peer's
+//! user buffer) only after a handshake with that peer inside the same launch. The peer is then
+//! inside this launch, so its previous call (of any algorithm, on the same stream) is complete.
+
+use mscclpp_hal::{prelude::*, Gpu};
+
+use super::algorithm::split;
+use super::gpu::GpuCtx;
+use super::setup::{Resources, MAX_SEM_BLOCKS};
+use super::types::RawStream;
+use crate::error::{Error, Result};
+use crate::memory::hal_err;
+
+/// Bytes of one vector (the partition granularity).
+pub(crate) const VEC: usize = 16;
+/// Threads of a mesh kernel's block.
+pub(crate) const THREADS: u32 = 1024;
+/// The ext slot of the census.
+const SLOT_CENSUS: &str = "mesh.census";
+
+/// What the ranks agreed about their GPUs (identical on every rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Census {
+    /// The most ranks that share one GPU.
+    pub share: usize,
+    /// The fewest multiprocessors of any rank's GPU.
+    pub min_sms: u32,
+}
+
+/// The census of `res` (collective on first use, outside capture: one bootstrap all-gather of
+/// every rank's GPU PCI bus id and SM count). During a capture before any census, the
+/// conservative guess "every rank of the node on one GPU" (still identical on every rank).
+pub(crate) fn census(res: &Resources, gpu: &GpuCtx, stream: RawStream) -> Result<Census> {
+    if let Some(c) = res.ext.get::<Census>(SLOT_CENSUS)? {
+        return Ok(*c);
+    }
+    if gpu.is_capturing(stream)? {
+        return Ok(Census {
+            share: res.nranks_per_node.max(1),
+            min_sms: res.sm_count,
+        });
+    }
+    let c = res.ext.get_or_try_init(SLOT_CENSUS, || {
+        let p = Gpu::properties(gpu.device()).map_err(|e| hal_err("GPU properties", e))?;
+        let mut blob = p.sm_count.to_le_bytes().to_vec();
+        blob.extend_from_slice(p.pci_bus_id.as_bytes());
+        let all = res.comm.bootstrap().all_gather(&blob)?;
+        let mut min_sms = u32::MAX;
+        let mut ids: Vec<&[u8]> = Vec::with_capacity(all.len());
+        for (r, b) in all.iter().enumerate() {
+            let sms: [u8; 4] = b.get(..4).and_then(|s| s.try_into().ok()).ok_or_else(|| {
+                Error::remote(
+                    r,
+                    "collectives census: expected an SM count and a PCI bus id",
+                )
+            })?;
+            min_sms = min_sms.min(u32::from_le_bytes(sms));
+            ids.push(&b[4..]);
+        }
+        let share = ids
+            .iter()
+            .map(|id| ids.iter().filter(|o| *o == id).count())
+            .max()
+            .unwrap_or(1);
+        Ok(Census {
+            share,
+            min_sms: min_sms.max(1),
+        })
+    })?;
+    Ok(*c)
+}
+
+/// Blocks of a launch that wants `want`: at most one block per multiprocessor for each rank
+/// sharing the GPU, at most `limit` (and [`MAX_SEM_BLOCKS`]), at least 1.
+pub(crate) fn grid(c: &Census, want: usize, limit: usize) -> u32 {
+    let cap = (c.min_sms as usize / c.share.max(1)).max(1);
+    want.min(cap).min(limit).clamp(1, MAX_SEM_BLOCKS) as u32
+}
+
+/// Bytes of one of `nslots` equal slots of the plain scratch (a multiple of [`VEC`]).
+pub(crate) fn slot_bytes(res: &Resources, nslots: usize) -> usize {
+    (res.layout.plain_bytes / nslots.max(1)) / VEC * VEC
+}
+
+/// `[x0, x1)`: the bytes block `b` of `nb` owns in a chunk of `c` bytes (whole vectors, the
+/// last block's part clipped at `c`). mesh.hpp `blockPart`.
+pub(crate) fn part(c: usize, nb: usize, b: usize) -> (usize, usize) {
+    let (v0, v1) = split(c.div_ceil(VEC), nb, b);
+    ((v0 * VEC).min(c), (v1 * VEC).min(c))
+}
+
+/// Host backend: copies `bytes` from `src` to `dst` (memmove).
+///
+/// # Safety
+/// Both ranges are live host memory of at least `bytes` bytes.
+pub(crate) unsafe fn host_copy(dst: u64, src: u64, bytes: usize) {
+    if bytes > 0 && dst != src {
+        // SAFETY: forwarded from the caller.
+        unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, bytes) };
+    }
+}
+
+/// Rank `me`'s peers starting after it (the order kernels visit them in).
+pub(crate) fn peers(me: usize, n: usize) -> impl Iterator<Item = usize> {
+    (1..n).map(move |q| (me + q) % n)
+}
+
+/// Device address of slot `slot` (of `slot_bytes`) in rank `r`'s plain scratch, plus `at`.
+pub(crate) fn scratch_at(
+    res: &Resources,
+    r: usize,
+    slot: usize,
+    slot_bytes: usize,
+    at: usize,
+) -> u64 {
+    res.peer_bases[r] + (res.layout.plain_offset + slot * slot_bytes + at) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cover_the_chunk() {
+        for c in [0usize, 1, 15, 16, 17, 1000, 4099] {
+            for nb in [1usize, 2, 3, 64] {
+                let mut end = 0;
+                for b in 0..nb {
+                    let (x0, x1) = part(c, nb, b);
+                    assert_eq!(x0, end, "c {c} nb {nb} b {b}");
+                    assert!(x1 >= x0 && x0 % VEC == 0);
+                    end = x1;
+                }
+                assert_eq!(end, c);
+            }
+        }
+    }
+
+    #[test]
+    fn grid_caps() {
+        let c = Census {
+            share: 4,
+            min_sms: 132,
+        };
+        assert_eq!(grid(&c, 1000, 1000), 33);
+        assert_eq!(grid(&c, 0, 1000), 1);
+        let one = Census {
+            share: 1,
+            min_sms: 132,
+        };
+        assert_eq!(grid(&one, 1000, 1000), MAX_SEM_BLOCKS as u32);
+        assert_eq!(peers(2, 4).collect::<Vec<_>>(), vec![3, 0, 1]);
+    }
+}

@@ -1,0 +1,3 @@
+//! Reduce-scatter algorithms, one file each.
+
+pub mod fullmesh;

@@ -1,0 +1,86 @@
+//! Stream capture and graphs. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html>,
+//! capture state <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__STREAM.html>
+
+use super::*;
+
+/// `cuStreamIsCapturing`: whether `s` is being captured.
+///
+/// # Safety
+/// `s` is a live stream or null (the legacy default stream).
+pub(in crate::cuda) unsafe fn is_capturing(s: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out pointer; the caller vouches for the stream.
+    checked("cuStreamIsCapturing", || unsafe {
+        sys::cuStreamIsCapturing(s, &mut status)
+    })?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// `cuStreamBeginCapture(s, THREAD_LOCAL)`.
+///
+/// # Safety
+/// `s` is a live stream.
+pub(in crate::cuda) unsafe fn begin_capture(s: sys::CUstream) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuStreamBeginCapture", || unsafe {
+        sys::cuStreamBeginCapture_v2(
+            s,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+    })
+}
+
+/// `cuStreamEndCapture`: the captured graph (the caller destroys it).
+///
+/// # Safety
+/// `s` is a live stream in capture.
+pub(in crate::cuda) unsafe fn end_capture(s: sys::CUstream) -> Result<sys::CUgraph> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: valid out pointer; the caller vouches for the stream.
+    checked("cuStreamEndCapture", || unsafe {
+        sys::cuStreamEndCapture(s, &mut graph)
+    })?;
+    Ok(graph)
+}
+
+/// `cuGraphInstantiateWithFlags(graph, 0)`.
+///
+/// # Safety
+/// `graph` is live.
+pub(in crate::cuda) unsafe fn instantiate(graph: sys::CUgraph) -> Result<sys::CUgraphExec> {
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: valid out pointer; the caller vouches for the graph.
+    checked("cuGraphInstantiateWithFlags", || unsafe {
+        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
+    })?;
+    Ok(exec)
+}
+
+/// `cuGraphLaunch(exec, s)`.
+///
+/// # Safety
+/// `exec` and `s` are live.
+pub(in crate::cuda) unsafe fn launch(exec: sys::CUgraphExec, s: sys::CUstream) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuGraphLaunch", || unsafe { sys::cuGraphLaunch(exec, s) })
+}
+
+/// `cuGraphExecDestroy`.
+///
+/// # Safety
+/// `exec` came from [`instantiate`] and is destroyed once.
+pub(in crate::cuda) unsafe fn exec_destroy(exec: sys::CUgraphExec) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuGraphExecDestroy", || unsafe {
+        sys::cuGraphExecDestroy(exec)
+    })
+}
+
+/// `cuGraphDestroy`.
+///
+/// # Safety
+/// `graph` came from [`end_capture`] and is destroyed once.
+pub(in crate::cuda) unsafe fn destroy(graph: sys::CUgraph) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    checked("cuGraphDestroy", || unsafe { sys::cuGraphDestroy(graph) })
+}
