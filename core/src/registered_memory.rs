@@ -452,21 +452,20 @@ impl RegisteredMemory {
                 .get(&id)
                 .and_then(|e| e.mem.upgrade())
                 .ok_or_else(stale)?;
-            if (
-                inner.original_ptr,
-                inner.size,
-                inner.transports,
-                inner.device,
-            ) != (original_ptr, size, transports, device)
-            {
+            let found = RegisteredMemory { inner };
+            // Every field, the transport blobs included, must be the registration's own.
+            if found.serialize() != bytes {
                 return Err(Error::invalid(format!(
                     "registered memory: registration {id:#x} of this process is {:#x} (+{} \
-                     bytes, {:?}, {:?}), expected the handle to describe it, got {original_ptr:#x} \
-                     (+{size} bytes, {transports:?}, {device:?})",
-                    inner.original_ptr, inner.size, inner.transports, inner.device
+                     bytes, {:?}, {:?}); expected the handle to describe it exactly, got a \
+                     different one ({original_ptr:#x}, +{size} bytes, {transports:?}, {device:?})",
+                    found.inner.original_ptr,
+                    found.inner.size,
+                    found.inner.transports,
+                    found.inner.device
                 )));
             }
-            return Ok(RegisteredMemory { inner });
+            return Ok(found);
         }
 
         // Same host with CudaIpc: check the owner still holds the registration, map the export.

@@ -315,6 +315,89 @@ fn proxy_stop_behind_frozen_peer() {
     );
 }
 
+/// Rank 1 freezes; rank 0's proxy is blocked sending a 64 MiB put into the frozen peer's full
+/// socket buffers when `stop_proxy` is called: the stop deadline aborts the connection, so the
+/// stop still returns within about one flush timeout.
+#[test]
+fn proxy_stop_with_a_send_blocked_on_a_frozen_peer() {
+    let name = "proxy_stop_with_a_send_blocked_on_a_frozen_peer";
+    let Some(r) = child(name) else {
+        run_pair(name, 21747, &[0], &[]);
+        return;
+    };
+    let len = 64usize << 20;
+    let conn = ethernet_connection(&r, 0);
+    let sem = r
+        .comm
+        .build_semaphore(&conn, 1 - r.rank, 0)
+        .get()
+        .expect("semaphore");
+    let mem = LocalMemory::alloc(Device::CPU, len).expect("alloc");
+    let reg = r
+        .comm
+        .register_memory(mem.ptr(), len, Transport::Ethernet.into())
+        .expect("register");
+    r.comm
+        .send_memory(&reg, 1 - r.rank, 1)
+        .expect("send memory");
+    let remote = r
+        .comm
+        .recv_memory(1 - r.rank, 1)
+        .get()
+        .expect("recv memory");
+    r.boot.barrier().expect("barrier");
+    if r.rank == 1 {
+        signal_self("STOP");
+        std::thread::sleep(LIMIT);
+        return;
+    }
+    let flush_timeout = Duration::from_secs(2);
+    let mut proxy = ProxyService::new_host().expect("proxy");
+    proxy.set_flush_timeout(flush_timeout);
+    let sid = proxy
+        .add_semaphore(Host2DeviceSemaphore::new(sem).expect("h2d"))
+        .expect("add semaphore");
+    let dst = proxy.add_memory(remote).expect("dst");
+    let src = proxy.add_memory(reg).expect("src");
+    let ch = proxy
+        .base_port_channel(sid)
+        .expect("channel")
+        .device_handle();
+    std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
+    proxy.start_proxy().expect("start");
+    // SAFETY: the proxy (and its FIFO) outlives the push.
+    unsafe {
+        ch.push(
+            TRIGGER_DATA | TRIGGER_SYNC,
+            dst,
+            0,
+            src,
+            0,
+            len as u64,
+            flush_timeout,
+        )
+    }
+    .expect("push");
+    std::thread::sleep(Duration::from_millis(500)); // the send blocks on full buffers now
+    let start = Instant::now();
+    let res = proxy.stop_proxy();
+    let took = start.elapsed();
+    measure(
+        "proxy_stop_blocked_send_s",
+        format!("{:.3}", took.as_secs_f64()),
+    );
+    measure("proxy_stop_blocked_send_result", format!("{res:?}"));
+    let e = res.expect_err("the blocked request failed");
+    assert!(
+        e.to_string().contains("rank 1"),
+        "the error names the rank: {e}"
+    );
+    assert!(
+        took < flush_timeout + Duration::from_millis(1500),
+        "stop took {took:?}, expected about one flush timeout ({flush_timeout:?})"
+    );
+}
+
 /// Rank 1 kills itself right after one ping-pong; rank 0's `Host2HostSemaphore::wait` must end
 /// at once with an error, not after its whole timeout.
 fn wait_sees_dead_peer(name: &str, port: u16, transport: Transport, env: &[(&str, String)]) {

@@ -231,7 +231,9 @@ impl EthernetConnection {
         let fail = |e: std::io::Error| {
             let msg = format!("sending frame #{seq}: {e}");
             self.shared.break_with(msg.clone());
-            self.shared.broken_error(&msg)
+            // An abort (or the receive side) may have broken it first: report that cause.
+            let first = self.shared.lock().broken.clone().unwrap_or(msg);
+            self.shared.broken_error(&first)
         };
         (&*out).write_all(&h).map_err(fail)?;
         let len_or_value = match op {
