@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{Api, Buffer, IpcDescriptor, IpcKind, MemoryKind};
+use mscclpp_hal::{Api, Buffer, IpcApi, IpcDescriptor, IpcKind, MemoryApi, MemoryKind};
 
 use crate::error::{Error, Result};
 use crate::memory::{hal_err, host_device};
