@@ -398,6 +398,56 @@ fn proxy_stop_with_a_send_blocked_on_a_frozen_peer() {
     );
 }
 
+/// Rank 1 freezes; rank 0 writes 64 MiB to it directly: the write fills the socket buffers and
+/// must fail within the connection's timeout (the bootstrap's 5 s), naming the rank, instead
+/// of blocking for a send timeout per partial write.
+#[test]
+fn ethernet_write_to_a_frozen_peer_is_bounded() {
+    let name = "ethernet_write_to_a_frozen_peer_is_bounded";
+    let Some(r) = child(name) else {
+        run_pair(name, 21748, &[0], &[]);
+        return;
+    };
+    let len = 64usize << 20;
+    let conn = ethernet_connection(&r, 0);
+    let mem = LocalMemory::alloc(Device::CPU, len).expect("alloc");
+    let reg = r
+        .comm
+        .register_memory(mem.ptr(), len, Transport::Ethernet.into())
+        .expect("register");
+    r.comm
+        .send_memory(&reg, 1 - r.rank, 1)
+        .expect("send memory");
+    let remote = r
+        .comm
+        .recv_memory(1 - r.rank, 1)
+        .get()
+        .expect("recv memory");
+    r.boot.barrier().expect("barrier");
+    if r.rank == 1 {
+        signal_self("STOP");
+        std::thread::sleep(LIMIT);
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
+    let start = Instant::now();
+    let res = conn.write(&remote, 0, &reg, 0, len as u64);
+    let took = start.elapsed();
+    measure("frozen_peer_write_s", format!("{:.3}", took.as_secs_f64()));
+    measure("frozen_peer_write_result", format!("{res:?}"));
+    let e = res.expect_err("the frozen peer takes no data");
+    assert!(
+        e.to_string().contains("rank 1"),
+        "the error names the rank: {e}"
+    );
+    assert!(
+        took < BOOT_TIMEOUT + Duration::from_secs(2),
+        "the write took {took:?}, expected about the connection's {BOOT_TIMEOUT:?}"
+    );
+    let e = conn.flush(Duration::from_secs(1)).expect_err("broken");
+    assert!(e.to_string().contains("broken"), "{e}");
+}
+
 /// Rank 1 kills itself right after one ping-pong; rank 0's `Host2HostSemaphore::wait` must end
 /// at once with an error, not after its whole timeout.
 fn wait_sees_dead_peer(name: &str, port: u16, transport: Transport, env: &[(&str, String)]) {

@@ -34,8 +34,65 @@ use crate::error::{Error, Result};
 use crate::memory::{host_addressable, read_from};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, Transport};
-/// How long a blocked socket send may take before the peer counts as stuck.
-const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Writes whole buffers to a socket, a frame (header and payload) at most `timeout` in all:
+/// the socket's write timeout (`timeout`) bounds one blocked call, and once a call came back
+/// short the rest runs against the frame's deadline (a frozen peer never stalls a send for
+/// longer).
+struct Sender<'a> {
+    sock: &'a TcpStream,
+    timeout: Duration,
+    deadline: Instant,
+    /// Whether the socket's write timeout was shortened (restored on drop).
+    shortened: bool,
+}
+
+impl Sender<'_> {
+    fn send(&mut self, mut b: &[u8]) -> std::io::Result<()> {
+        while !b.is_empty() {
+            match (&*self.sock).write(b) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => b = &b[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the peer took no data for {:?} (frozen or not reading)",
+                            self.timeout
+                        ),
+                    ))
+                }
+                Err(e) => return Err(e),
+            }
+            if !b.is_empty() {
+                let left = self.deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("a frame took longer than {:?} to send", self.timeout),
+                    ));
+                }
+                self.sock.set_write_timeout(Some(left))?;
+                self.shortened = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Sender<'_> {
+    fn drop(&mut self) {
+        if self.shortened {
+            let _ = self.sock.set_write_timeout(Some(self.timeout));
+        }
+    }
+}
 
 #[derive(Default)]
 struct State {
@@ -131,6 +188,8 @@ pub(crate) struct EthernetConnection {
     /// while a send blocks on it.
     out_ctl: TcpStream,
     inbound: TcpStream,
+    /// The most a frame may take to send (the caller's connect timeout).
+    send_timeout: Duration,
     shared: Arc<Shared>,
 }
 
@@ -171,10 +230,10 @@ impl EthernetConnection {
         let out = setup::connect_out(addr, &hello, deadline, timeout, &label)?;
         let inbound = setup::accept_peer(listener, &out, ids, deadline, timeout, &label)?;
         setup::confirm(&out, &inbound, ids, deadline, timeout, &label)?;
-        out.set_write_timeout(Some(SEND_TIMEOUT))
+        out.set_write_timeout(Some(timeout))
             .map_err(io_err("set_write_timeout".into()))?;
         inbound
-            .set_write_timeout(Some(SEND_TIMEOUT))
+            .set_write_timeout(Some(timeout))
             .map_err(io_err("set_write_timeout".into()))?;
 
         let shared = Arc::new(Shared {
@@ -200,6 +259,7 @@ impl EthernetConnection {
             out_ctl: clone(&out)?,
             out: Mutex::new(out),
             inbound,
+            send_timeout: timeout,
             shared,
         })
     }
@@ -235,7 +295,13 @@ impl EthernetConnection {
             let first = self.shared.lock().broken.clone().unwrap_or(msg);
             self.shared.broken_error(&first)
         };
-        (&*out).write_all(&h).map_err(fail)?;
+        let mut tx = Sender {
+            sock: &out,
+            timeout: self.send_timeout,
+            deadline: Instant::now() + self.send_timeout,
+            shortened: false,
+        };
+        tx.send(&h).map_err(fail)?;
         let len_or_value = match op {
             Op::Write { len } => len,
             Op::Signal { value } => value,
@@ -249,11 +315,11 @@ impl EthernetConnection {
                     // SAFETY: the range is inside `src` (checked by Connection), which the
                     // borrow keeps alive; the bytes are only read.
                     let bytes = unsafe { std::slice::from_raw_parts(at as usize as *const u8, n) };
-                    (&*out).write_all(bytes).map_err(fail)?;
+                    tx.send(bytes).map_err(fail)?;
                 } else {
                     // SAFETY: as above, read through the GPU backend.
                     let bytes = unsafe { read_from(src.device(), at, n) }?;
-                    (&*out).write_all(&bytes).map_err(fail)?;
+                    tx.send(&bytes).map_err(fail)?;
                 }
                 done += n as u64;
             }
