@@ -254,7 +254,16 @@ impl Communicator {
                 .inner
                 .recv_future(remote_rank, wire, move |inner, bytes| {
                     let remote = Endpoint::deserialize(&bytes)?;
-                    let conn = inner.context.connect(&local, &remote)?;
+                    // The caller's timeout: the context's when set, else the bootstrap's.
+                    let timeout = inner
+                        .context
+                        .explicit_connect_timeout()
+                        .or_else(|| inner.bootstrap.operation_timeout())
+                        .unwrap_or(crate::context::DEFAULT_CONNECT_TIMEOUT);
+                    let conn =
+                        inner
+                            .context
+                            .connect_to(&local, &remote, Some(remote_rank), timeout)?;
                     inner
                         .connections
                         .lock()

@@ -20,7 +20,8 @@ use crate::registered_memory::RegisteredMemory;
 use crate::serialize::encode_socket_addr;
 use crate::transport::{DeviceType, EndpointConfig, Transport, TransportFlags};
 
-/// How long [`Context::connect`] waits for the peer by default (Ethernet pairing).
+/// How long [`Context::connect`] waits for the peer when nobody set a timeout (Ethernet
+/// pairing). The communicator uses its bootstrap's timeout instead when it has one.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The library's context. Cheap to clone (an `Arc` inside).
@@ -31,7 +32,8 @@ pub struct Context {
 
 struct ContextInner {
     streams: Mutex<HashMap<i32, Arc<<Gpu as Api>::Stream>>>,
-    connect_timeout: Mutex<Duration>,
+    /// Set by [`Context::set_connect_timeout`]; `None`: the caller's (or the default).
+    connect_timeout: Mutex<Option<Duration>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -46,13 +48,20 @@ impl Context {
         Ok(Context {
             inner: Arc::new(ContextInner {
                 streams: Mutex::new(HashMap::new()),
-                connect_timeout: Mutex::new(DEFAULT_CONNECT_TIMEOUT),
+                connect_timeout: Mutex::new(None),
             }),
         })
     }
 
-    /// How long `connect` waits for the peer.
+    /// How long `connect` waits for the peer: the one set with [`Context::set_connect_timeout`],
+    /// else [`DEFAULT_CONNECT_TIMEOUT`].
     pub fn connect_timeout(&self) -> Duration {
+        self.explicit_connect_timeout()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT)
+    }
+
+    /// The timeout set with [`Context::set_connect_timeout`], if any.
+    pub fn explicit_connect_timeout(&self) -> Option<Duration> {
         *self
             .inner
             .connect_timeout
@@ -60,13 +69,14 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets how long `connect` waits for the peer.
+    /// Sets how long `connect` waits for the peer (also for connections the communicator
+    /// makes, overriding its bootstrap's timeout).
     pub fn set_connect_timeout(&self, timeout: Duration) {
         *self
             .inner
             .connect_timeout
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = timeout;
+            .unwrap_or_else(|p| p.into_inner()) = Some(timeout);
     }
 
     /// Registers `size` bytes at device address `ptr` for `transports`. `ptr..ptr+size` must
@@ -159,8 +169,27 @@ impl Context {
     }
 
     /// Connects `local` (created by this context) to `remote` (the peer's endpoint). Both
-    /// sides call this; the transports must match and be able to reach each other.
+    /// sides call this; the transports must match and be able to reach each other. Waits at
+    /// most [`Context::connect_timeout`]; errors name the peer by address.
     pub fn connect(&self, local: &Endpoint, remote: &Endpoint) -> Result<Connection> {
+        self.connect_to(local, remote, None, self.connect_timeout())
+    }
+
+    /// [`Context::connect`] to the endpoint of rank `rank` (when known: errors then name the
+    /// rank), waiting at most `timeout` for the peer. Both sides return `Ok` only together
+    /// (Ethernet confirms the pairing both ways).
+    pub fn connect_to(
+        &self,
+        local: &Endpoint,
+        remote: &Endpoint,
+        rank: Option<usize>,
+        timeout: Duration,
+    ) -> Result<Connection> {
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "connect: timeout 0: expected a positive timeout".to_string(),
+            ));
+        }
         if !local.is_local() {
             return Err(Error::invalid(format!(
                 "connect: expected a local endpoint created by this process, got a deserialized \
@@ -192,13 +221,14 @@ impl Context {
                 } else {
                     Some(self.stream_for(device.id)?)
                 };
-                Ok(Connection::new(Arc::new(IpcConnection::new(
-                    device, stream,
-                ))))
+                Ok(Connection::with_rank(
+                    Arc::new(IpcConnection::new(device, stream)),
+                    rank,
+                ))
             }
             Transport::Ethernet => {
-                let conn = EthernetConnection::connect(local, remote, self.connect_timeout())?;
-                Ok(Connection::new(Arc::new(conn)))
+                let conn = EthernetConnection::connect(local, remote, timeout, rank)?;
+                Ok(Connection::with_rank(Arc::new(conn), rank))
             }
             t if t.is_ib() => {
                 let qp = local.take_ib_qp().ok_or_else(|| {
@@ -207,8 +237,8 @@ impl Context {
                          owns one queue pair and connects once)"
                     ))
                 })?;
-                let conn = IbConnection::connect(local, remote, qp)?;
-                Ok(Connection::new(Arc::new(conn)))
+                let conn = IbConnection::connect(local, remote, qp, rank)?;
+                Ok(Connection::with_rank(Arc::new(conn), rank))
             }
             t => Err(Error::invalid(format!(
                 "connect: expected a concrete transport, got {t}"

@@ -7,6 +7,11 @@
 //! - `head` and `tail_cache`: device memory (one 16-byte allocation, head @0, tail cache @8).
 //! - `tail`: host-mapped memory; the host release-stores `tail + 1` after it handled a trigger,
 //!   and the device's `sync(pos)` waits for `tail > pos`: that is the flush-done position.
+//! - `tail[1]` (the word after the tail, same allocation): the number of triggers the host
+//!   failed to carry out, incremented before the failed trigger is popped. A device that saw
+//!   `tail > pos` and reads a count above the one it read before pushing knows that some
+//!   request up to `pos` failed (`failedTriggers()` in the C header,
+//!   [`FifoDeviceHandle::failed_triggers`] on the host backend).
 //!
 //! A trigger's commit bit (bit 63 of `snd`) is the lap parity of its position: 1 on lap 0, 0 on
 //! lap 1, ..., so slots never need clearing: the host accepts a slot only when its commit bit
@@ -196,6 +201,8 @@ pub struct Fifo {
     tail: Box<dyn BufferDebug>,
     triggers_host: *mut ProxyTrigger,
     tail_host: *mut u64,
+    /// `tail_host + 1`: the failed-trigger count.
+    failed_host: *mut u64,
     size: u32,
     /// The host's tail (only the polling thread moves it).
     host_tail: AtomicU64,
@@ -252,7 +259,8 @@ impl Fifo {
         };
         let triggers = alloc("triggers", trig_bytes, MemoryKind::HostMapped)?;
         let device_words = alloc("head and tail cache", 16, MemoryKind::Device)?;
-        let tail = alloc("tail", 8, MemoryKind::HostMapped)?;
+        // The tail and, after it, the failed-trigger count.
+        let tail = alloc("tail", 16, MemoryKind::HostMapped)?;
         let triggers_host = triggers
             .host_ptr()
             .ok_or_else(|| {
@@ -276,6 +284,8 @@ impl Fifo {
             tail: Box::new(tail),
             triggers_host,
             tail_host,
+            // SAFETY: the tail allocation holds two u64 words.
+            failed_host: unsafe { tail_host.add(1) },
             size,
             host_tail: AtomicU64::new(0),
             numa_node: A::properties(dev).map(|p| p.numa_node).unwrap_or(-1),
@@ -325,6 +335,19 @@ impl Fifo {
         // SAFETY: tail_host points at 8 aligned bytes owned by self.tail.
         let tail = unsafe { AtomicU64::from_ptr(self.tail_host) };
         tail.store(next, Ordering::Release);
+    }
+
+    /// Counts one trigger the host failed to carry out; call before popping it, so a device
+    /// that sees the pop also sees the count.
+    pub fn record_failure(&self) {
+        // SAFETY: failed_host points at 8 aligned bytes owned by self.tail.
+        unsafe { AtomicU64::from_ptr(self.failed_host) }.fetch_add(1, Ordering::Release);
+    }
+
+    /// Triggers the host failed to carry out so far (never reset).
+    pub fn failed(&self) -> u64 {
+        // SAFETY: as in record_failure.
+        unsafe { AtomicU64::from_ptr(self.failed_host) }.load(Ordering::Acquire)
     }
 
     /// The `#[repr(C)]` handle device code pushes through. Valid while `self` lives.

@@ -8,19 +8,36 @@
 //! - Sync: `connection.flush(timeout)`;
 //!
 //! then pops the trigger (release-stores tail + 1). The tail is the flush-done position the
-//! device's `flush()` waits on. A failed operation is recorded (see [`ProxyService::last_error`]
-//! and [`ProxyService::stop_proxy`]) and the trigger is still popped, so the device never hangs
-//! on a request the proxy gave up on. The thread spins briefly when idle, then yields, then
-//! sleeps in short steps. [`ProxyService::stop_proxy`] (and drop) first handles every trigger
-//! already published, then joins the thread. The thread binds itself to the CPUs of the
-//! FIFO's GPU's NUMA node when that node is known (not -1); a failed bind only logs a warning.
+//! device's `flush()` waits on. The thread spins briefly when idle, then yields, then sleeps in
+//! short steps. The thread binds itself to the CPUs of the FIFO's GPU's NUMA node when that
+//! node is known (not -1); a failed bind only logs a warning.
+//!
+//! # Failures
+//! A failed request is still popped (the device never hangs on a request the proxy gave up
+//! on), and it is made visible: the FIFO's failed-trigger count (read by the device, see
+//! [`crate::fifo`]) is raised before the pop, and the host API keeps the first and last error
+//! and the count ([`ProxyService::last_error`], [`ProxyService::failed_requests`], the result
+//! of [`ProxyService::stop_proxy`]). The first [`LOGGED_FAILURES`] failures are logged one by
+//! one, later ones as one summary line at most every [`SUMMARY_INTERVAL`] and at stop.
+//!
+//! A connection whose operation failed fatally (a flush timed out behind a frozen peer, the
+//! peer died) is broken (see [`crate::connection`]): its later requests fail at once, so a
+//! frozen peer costs one flush timeout, not one per queued request.
+//!
+//! # Stopping
+//! [`ProxyService::stop_proxy`] (and drop) handles every trigger already published, then joins
+//! the thread, all within one flush timeout: flushes started after the stop wait only until
+//! that deadline, requests still queued past it fail at once, and an operation still blocked on
+//! a peer at the deadline has its connection aborted (broken for good: the peer did not answer
+//! for a whole flush timeout).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
+use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::fifo::{
     Fifo, ProxyTrigger, DEFAULT_FIFO_SIZE, MAX_MEMORY_ID, MAX_SEMAPHORE_ID, TRIGGER_DATA,
@@ -33,11 +50,41 @@ use crate::semaphore::Host2DeviceSemaphore;
 /// How long a Sync trigger's flush may take by default.
 pub const DEFAULT_FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Failures logged one by one before the proxy only logs summaries.
+pub const LOGGED_FAILURES: u64 = 10;
+/// The least time between two summary lines of failures not logged one by one.
+pub const SUMMARY_INTERVAL: Duration = Duration::from_secs(10);
+/// How long `stop_proxy` waits, after the stop deadline, for an aborted operation to return.
+const ABORT_GRACE: Duration = Duration::from_millis(500);
+
 #[derive(Default)]
 struct ErrorLog {
     first: Option<Error>,
     last: Option<String>,
+    /// Failures since the last stop.
     count: u64,
+    /// Failures since start (not reset by stop).
+    total: u64,
+    /// Failures neither logged one by one nor in a summary yet.
+    unlogged: u64,
+    last_summary: Option<Instant>,
+}
+
+impl ErrorLog {
+    /// Logs the summary of unlogged failures, if any.
+    fn summarize(&mut self) {
+        if self.unlogged > 0 {
+            crate::log_warn!(
+                "PROXY",
+                "{} more proxy request failures not logged one by one ({} in all); the latest: {}",
+                self.unlogged,
+                self.total,
+                self.last.as_deref().unwrap_or("?")
+            );
+            self.unlogged = 0;
+        }
+        self.last_summary = Some(Instant::now());
+    }
 }
 
 /// What the proxy thread and the channels share: the FIFO, semaphores and memories.
@@ -48,17 +95,55 @@ pub struct ProxyShared {
     generation: AtomicU64,
     errors: Mutex<ErrorLog>,
     handled: AtomicU64,
+    /// Set by `stop_proxy`: flushes wait no longer than this, later requests fail.
+    stop_deadline: Mutex<Option<Instant>>,
+    /// The semaphore whose connection the thread is operating on (`usize::MAX`: none); its
+    /// connection is aborted if it blocks past the stop deadline.
+    current: AtomicUsize,
 }
 
 impl ProxyShared {
     fn record(&self, e: Error) {
         let mut log = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-        crate::log_warn!("PROXY", "proxy request failed: {e}");
-        log.last = Some(e.to_string());
+        log.total += 1;
         log.count += 1;
+        log.last = Some(e.to_string());
+        if log.total <= LOGGED_FAILURES {
+            crate::log_warn!("PROXY", "proxy request failed: {e}");
+            if log.total == LOGGED_FAILURES {
+                crate::log_warn!(
+                    "PROXY",
+                    "{LOGGED_FAILURES} proxy request failures logged; further ones are summarized \
+                     at most every {SUMMARY_INTERVAL:?}"
+                );
+                log.last_summary = Some(Instant::now());
+            }
+        } else {
+            log.unlogged += 1;
+            if log
+                .last_summary
+                .is_none_or(|t| t.elapsed() >= SUMMARY_INTERVAL)
+            {
+                log.summarize();
+            }
+        }
         if log.first.is_none() {
             log.first = Some(e);
         }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        *self.stop_deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection of the semaphore the thread is operating on, if any.
+    fn current_connection(&self) -> Option<Connection> {
+        let i = self.current.load(Ordering::Acquire);
+        self.semaphores
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(i)
+            .map(|s| s.connection().clone())
     }
 }
 
@@ -95,6 +180,8 @@ impl ProxyService {
                 generation: AtomicU64::new(0),
                 errors: Mutex::new(ErrorLog::default()),
                 handled: AtomicU64::new(0),
+                stop_deadline: Mutex::new(None),
+                current: AtomicUsize::new(usize::MAX),
             }),
             stop: Arc::new(AtomicBool::new(false)),
             thread: None,
@@ -201,12 +288,35 @@ impl ProxyService {
         self.shared.handled.load(Ordering::Relaxed)
     }
 
+    /// Requests that failed since the proxy was created (the device reads the same count from
+    /// the FIFO).
+    pub fn failed_requests(&self) -> u64 {
+        self.shared.fifo.failed()
+    }
+
     /// Starts the proxy thread (no-op if running).
     pub fn start_proxy(&mut self) -> Result<()> {
-        if self.thread.is_some() {
-            return Ok(());
+        if let Some(t) = &self.thread {
+            if !self.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if !t.is_finished() {
+                return Err(Error::invalid(
+                    "ProxyService::start_proxy: the previous proxy thread is still blocked on a \
+                     peer after stop_proxy; expected it to have finished"
+                        .to_string(),
+                ));
+            }
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
         }
         self.stop.store(false, Ordering::Release);
+        *self
+            .shared
+            .stop_deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
         let shared = self.shared.clone();
         let stop = self.stop.clone();
         let timeout = self.flush_timeout;
@@ -222,16 +332,65 @@ impl ProxyService {
         Ok(())
     }
 
-    /// Handles every trigger already published, stops and joins the thread; returns the first
-    /// error any request met since the last stop (then forgets it).
+    /// Handles every trigger already published, stops and joins the thread, within one flush
+    /// timeout (see "Stopping" in the module docs); returns the first error any request met
+    /// since the last stop (then forgets it).
     pub fn stop_proxy(&mut self) -> Result<()> {
         if let Some(t) = self.thread.take() {
+            // A second stop (after an overrun) keeps the first deadline.
+            let deadline = *self
+                .shared
+                .stop_deadline
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| Instant::now() + self.flush_timeout);
             self.stop.store(true, Ordering::Release);
+            let mut backoff =
+                Backoff::sleeping(Duration::from_micros(50), Duration::from_millis(5));
+            let mut aborted = false;
+            while !t.is_finished() {
+                if !aborted && Instant::now() >= deadline {
+                    // Blocked on a peer for a whole flush timeout: break that connection.
+                    if let Some(c) = self.shared.current_connection() {
+                        c.abort(
+                            "the proxy's stop deadline passed while a request waited on the peer",
+                        );
+                    }
+                    aborted = true;
+                }
+                if aborted && Instant::now() >= deadline + ABORT_GRACE {
+                    // Still blocked (a transport without abort): leave the thread detached; it
+                    // owns only shared state and ends when its operation returns.
+                    crate::log_warn!(
+                        "PROXY",
+                        "the proxy thread did not stop within its flush timeout \
+                         ({:?}); left to finish on its own",
+                        self.flush_timeout
+                    );
+                    self.record_stop_overrun();
+                    self.thread = Some(t);
+                    return self.take_errors();
+                }
+                backoff.snooze();
+            }
             if t.join().is_err() {
                 return Err(Error::Internal("the proxy thread panicked".into()));
             }
         }
+        self.take_errors()
+    }
+
+    fn record_stop_overrun(&self) {
+        self.shared.record(Error::timeout(
+            "stopping the proxy: a request was still blocked on its peer at the deadline",
+            self.flush_timeout,
+        ));
+    }
+
+    /// The first error since the last stop (with the count), then forgets them.
+    fn take_errors(&self) -> Result<()> {
         let mut log = self.shared.errors.lock().unwrap_or_else(|p| p.into_inner());
+        log.summarize();
         let n = log.count;
         log.count = 0;
         log.last = None;
@@ -324,8 +483,30 @@ fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) 
     loop {
         if let Some(trigger) = shared.fifo.poll() {
             tables.refresh(shared);
-            if let Err(e) = handle_trigger(&trigger, &tables, flush_timeout) {
+            // The deadline is stored before the stop flag is raised.
+            let deadline = if stop.load(Ordering::Acquire) {
+                shared.deadline()
+            } else {
+                None
+            };
+            let r = match deadline {
+                None => handle_trigger(&trigger, &tables, flush_timeout, shared),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        Err(Error::Aborted(format!(
+                            "proxy request {trigger:x?} not carried out: the proxy was stopping \
+                             and its deadline ({flush_timeout:?} after the stop) had passed"
+                        )))
+                    } else {
+                        handle_trigger(&trigger, &tables, flush_timeout.min(left), shared)
+                    }
+                }
+            };
+            shared.current.store(usize::MAX, Ordering::Release);
+            if let Err(e) = r {
                 shared.record(e);
+                shared.fifo.record_failure();
             }
             shared.fifo.pop();
             shared.handled.fetch_add(1, Ordering::Relaxed);
@@ -339,7 +520,12 @@ fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) 
     }
 }
 
-fn handle_trigger(t: &ProxyTrigger, tables: &Tables, flush_timeout: Duration) -> Result<()> {
+fn handle_trigger(
+    t: &ProxyTrigger,
+    tables: &Tables,
+    flush_timeout: Duration,
+    shared: &ProxyShared,
+) -> Result<()> {
     let ty = t.trigger_type();
     if ty == 0 {
         return Err(Error::invalid(format!(
@@ -353,6 +539,7 @@ fn handle_trigger(t: &ProxyTrigger, tables: &Tables, flush_timeout: Duration) ->
             tables.semaphores.len()
         ))
     })?;
+    shared.current.store(sid, Ordering::Release);
     if ty & TRIGGER_DATA != 0 {
         let mem = |id: u32, what: &str| {
             tables.memories.get(id as usize).ok_or_else(|| {

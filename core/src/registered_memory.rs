@@ -1,7 +1,7 @@
 //! Registered memory: a range of a live allocation made reachable over a set of transports,
 //! and its explicit wire format.
 //!
-//! Wire format (little endian), version 1, inside the [`crate::serialize`] envelope (magic
+//! Wire format (little endian), version 2, inside the [`crate::serialize`] envelope (magic
 //! `MREG`):
 //!
 //! | field | type |
@@ -11,19 +11,33 @@
 //! | transports | u32 ([`TransportFlags::bits`]) |
 //! | device kind, device id | u8, i32 (as in endpoints) |
 //! | host hash, pid hash | u64, u64 |
+//! | registration id | u64 (random, not 0) |
 //! | transport infos | u8 count, then per info: transport u8, u32 length (<= 4096), bytes |
 //!
 //! Each transport in the set carries at most one info blob. CudaIpc: `backend u8 (0 host, 1
 //! GPU) | offset of the range inside the exported allocation u64 | IPC descriptor blob`
-//! ([`mscclpp_hal::IpcDescriptor`]); it is present exactly when CudaIpc is in the set. IB
-//! transports carry their own blob (address, length, rkey; see [`crate::ib`]), opaque to this
-//! layer, and a local registration owns one memory region per IB transport; Ethernet needs
-//! none (the peer addresses the memory by its original pointer).
+//! ([`mscclpp_hal::IpcDescriptor`]) `| liveness slot u32 | liveness table descriptor blob`;
+//! it is present exactly when CudaIpc is in the set. IB transports carry their own blob
+//! (address, length, rkey; see [`crate::ib`]), opaque to this layer, and a local registration
+//! owns one memory region per IB transport; Ethernet needs none (the peer addresses the memory
+//! by its original pointer and registration id).
 //!
-//! Deserializing in the owning process reuses the pointer; on the same host with CudaIpc it
-//! imports the export through the HAL (the fd is fetched from the exporter's fd server and
-//! closed when the last clone of the import drops); elsewhere the memory is reachable only
-//! remotely and [`RegisteredMemory::data`] is 0.
+//! # Identity
+//! Every registration has a random 64-bit id, unguessable by other processes, so a handle
+//! names one registration, not an address range: after the owner drops a registration (and
+//! perhaps registers other memory at the same address) the old handle is stale and refused
+//! everywhere. Ethernet writes carry the id and the receiver accepts them only into the live
+//! registration with that id ([`find_registration`]); IB refuses them by rkey (the region
+//! was deregistered); CudaIpc checks the owner's liveness table ([`liveness`]) at import and
+//! before every write through the import; deserializing in the owning process finds the live
+//! registration by id.
+//!
+//! Deserializing in the owning process returns the live registration; on the same host with
+//! CudaIpc it imports the export through the HAL (the fd is fetched from the exporter's fd
+//! server and closed when the last clone of the import drops); elsewhere the memory is
+//! reachable only remotely and [`RegisteredMemory::data`] is 0.
+
+mod liveness;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -40,7 +54,7 @@ use crate::serialize::{decode_device, Reader, Writer, MAX_TRANSPORT_PAYLOAD};
 use crate::transport::{Device, DeviceType, Transport, TransportFlags};
 
 const MAGIC: &[u8; 4] = b"MREG";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 
 /// Memory registered with a [`crate::Context`], or received from a peer. Cheap to clone.
 #[derive(Clone)]
@@ -49,6 +63,13 @@ pub struct RegisteredMemory {
 }
 
 struct RegInner {
+    /// This registration's slot in the liveness table (CudaIpc registrations made here);
+    /// first, so the slot is cleared before anything else is released.
+    _live_local: Option<liveness::LocalSlot>,
+    /// The owner's liveness slot of an imported CudaIpc registration.
+    live_remote: Option<liveness::RemoteSlot>,
+    /// The registration id (see "Identity").
+    id: u64,
     original_ptr: u64,
     size: usize,
     transports: TransportFlags,
@@ -65,17 +86,18 @@ struct RegInner {
     /// The imported mapping (dropped -> unmapped, fd closed).
     _imported: Option<Box<dyn Any + Send + Sync>>,
     infos: Vec<(Transport, Vec<u8>)>,
-    /// Entry in the registry of local memories (removed on drop).
-    registry_id: Option<u64>,
+    /// Whether this is the registry's entry (a registration made here; removed on drop).
+    registered_here: bool,
 }
 
 impl Drop for RegInner {
     fn drop(&mut self) {
-        if let Some(id) = self.registry_id {
-            registry()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+        if self.registered_here {
+            let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+            // Remove only our own entry (an upgrade of a dead weak would fail anyway).
+            if map.get(&self.id).is_some_and(|e| e.mem.strong_count() == 0) {
+                map.remove(&self.id);
+            }
         }
     }
 }
@@ -89,6 +111,7 @@ impl std::fmt::Debug for RegisteredMemory {
             .field("size", &i.size)
             .field("transports", &i.transports)
             .field("device", &i.device)
+            .field("id", &format_args!("{:#x}", i.id))
             .finish()
     }
 }
@@ -105,7 +128,73 @@ fn registry() -> &'static Mutex<BTreeMap<u64, RegistryEntry>> {
     R.get_or_init(|| Mutex::new(BTreeMap::new()))
 }
 
-static NEXT_REGISTRY_ID: AtomicU64 = AtomicU64::new(1);
+/// Why [`find_registration`] refused an access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rejection {
+    /// No live registration has the id (never registered, or dropped: a stale handle).
+    Stale,
+    /// The registration lives but the range is outside it.
+    OutOfRange,
+    /// The registration lives but is not registered for the transport.
+    WrongTransport,
+}
+
+impl Rejection {
+    /// What the peer is told (an Ethernet ack status names these).
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            Rejection::Stale => {
+                "no live registration has the handle's id there (a stale handle: the memory \
+                 was deregistered, perhaps re-registered at the same address)"
+            }
+            Rejection::OutOfRange => "the range lies outside the registration",
+            Rejection::WrongTransport => "the registration is not registered for this transport",
+        }
+    }
+}
+
+/// The live local registration `id`, if `addr..addr+len` lies inside it and it is registered
+/// for `transport`. The returned memory keeps the allocation alive while the caller uses it.
+pub(crate) fn find_registration(
+    id: u64,
+    addr: u64,
+    len: u64,
+    transport: Transport,
+) -> std::result::Result<RegisteredMemory, Rejection> {
+    let inner = registry()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&id)
+        .and_then(|e| e.mem.upgrade())
+        .ok_or(Rejection::Stale)?;
+    if !inner.transports.has(transport) {
+        return Err(Rejection::WrongTransport);
+    }
+    let end = addr.checked_add(len).ok_or(Rejection::OutOfRange)?;
+    if addr < inner.original_ptr || end > inner.original_ptr + inner.size as u64 {
+        return Err(Rejection::OutOfRange);
+    }
+    Ok(RegisteredMemory { inner })
+}
+
+/// A fresh registration id: random (std's randomly keyed SipHash over a counter and the
+/// clock; no crate of the workspace offers OS randomness to core), never 0, not in use here.
+fn fresh_registration_id(map: &BTreeMap<u64, RegistryEntry>) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.write_u64(pid_hash());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        let id = h.finish();
+        if id != 0 && !map.contains_key(&id) {
+            return id;
+        }
+    }
+}
 
 /// A live local registration covering `addr..addr+len` for `transport`, if any. The returned
 /// memory keeps the allocation alive while the caller uses it.
@@ -136,54 +225,50 @@ impl RegisteredMemory {
             infos.push((t, mr.info()));
             ib_mrs.push(mr);
         }
+        let original_ptr = alloc.ptr() + offset;
+        // The exports below may take time (driver calls): not under the registry's lock.
+        let id = fresh_registration_id(&registry().lock().unwrap_or_else(|p| p.into_inner()));
+        let mut live_local = None;
         if transports.has(Transport::CudaIpc) {
             let (backend, desc) = alloc.export()?;
+            let slot = liveness::LocalSlot::new(id)?;
             infos.push((
                 Transport::CudaIpc,
-                encode_ipc_info(backend, offset, &desc.to_bytes()),
+                encode_ipc_info(
+                    backend,
+                    offset,
+                    &desc.to_bytes(),
+                    slot.index(),
+                    slot.table_descriptor(),
+                ),
             ));
+            live_local = Some(slot);
         }
-        Ok(RegisteredMemory::with_local(
-            alloc.ptr() + offset,
-            size,
-            transports,
-            alloc.device(),
-            local_host_hash(),
-            pid_hash(),
-            (alloc, offset),
-            infos,
-            ib_mrs,
-        ))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn with_local(
-        original_ptr: u64,
-        size: usize,
-        transports: TransportFlags,
-        device: Device,
-        host_hash: u64,
-        pid_hash: u64,
-        local: (Arc<Allocation>, u64),
-        infos: Vec<(Transport, Vec<u8>)>,
-        ib_mrs: Vec<crate::ib::mr::IbMr>,
-    ) -> RegisteredMemory {
-        let id = NEXT_REGISTRY_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(RegInner {
+            _live_local: live_local,
+            live_remote: None,
+            id,
             original_ptr,
             size,
             transports,
-            device,
-            host_hash,
-            pid_hash,
+            device: alloc.device(),
+            host_hash: local_host_hash(),
+            pid_hash: pid_hash(),
             data: original_ptr,
             ib_mrs,
-            local: Some(local),
+            local: Some((alloc, offset)),
             _imported: None,
             infos,
-            registry_id: Some(id),
+            registered_here: true,
         });
-        registry().lock().unwrap_or_else(|p| p.into_inner()).insert(
+        let mut map = registry().lock().unwrap_or_else(|p| p.into_inner());
+        if map.contains_key(&id) {
+            // Two registrations drew the same random id in the same instant: never seen.
+            return Err(Error::Internal(format!(
+                "registration id {id:#x} drawn twice; register again"
+            )));
+        }
+        map.insert(
             id,
             RegistryEntry {
                 start: original_ptr,
@@ -192,7 +277,24 @@ impl RegisteredMemory {
                 mem: Arc::downgrade(&inner),
             },
         );
-        RegisteredMemory { inner }
+        Ok(RegisteredMemory { inner })
+    }
+
+    /// The registration id (see "Identity" in the module docs).
+    pub fn registration_id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// `Ok` unless this is an import whose registration the owner has dropped since (a
+    /// stale handle); `op` names the caller in the error.
+    pub fn check_live(&self, op: &str) -> Result<()> {
+        match &self.inner.live_remote {
+            Some(s) => s.check(&format!(
+                "{op}: destination {:#x} (+{} bytes)",
+                self.inner.original_ptr, self.inner.size
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The address usable in this process: the original pointer in the owning process, the
@@ -262,6 +364,7 @@ impl RegisteredMemory {
             .i32(i.device.id)
             .u64(i.host_hash)
             .u64(i.pid_hash)
+            .u64(i.id)
             .u8(i.infos.len() as u8);
         for (t, blob) in &i.infos {
             w.u8(t.to_u8()).blob(blob);
@@ -297,6 +400,10 @@ impl RegisteredMemory {
         let device = decode_device(&r, kind, id)?;
         let host_hash = r.u64("host hash")?;
         let pid_hash_v = r.u64("pid hash")?;
+        let id = r.u64("registration id")?;
+        if id == 0 {
+            return Err(r.bad("registration id", "a registration id other than 0", 0));
+        }
         let count = r.u8("transport info count")? as usize;
         if count > transports.count() {
             return Err(r.bad(
@@ -330,31 +437,47 @@ impl RegisteredMemory {
             )));
         }
 
-        // Same process: reuse the pointer of the live allocation.
+        // Same process: the live registration with that id.
         if host_hash == local_host_hash() && pid_hash_v == pid_hash() {
-            let (alloc, offset) =
-                crate::memory::find_allocation(original_ptr, size).ok_or_else(|| {
-                    Error::invalid(format!(
-                        "registered memory {original_ptr:#x} (+{size} bytes) was registered by \
-                         this process but is no longer allocated"
-                    ))
-                })?;
-            return Ok(RegisteredMemory::with_local(
-                original_ptr,
-                size,
-                transports,
-                device,
-                host_hash,
-                pid_hash_v,
-                (alloc, offset),
-                infos,
-                Vec::new(),
-            ));
+            let stale = || {
+                Error::invalid(format!(
+                    "registered memory {original_ptr:#x} (+{size} bytes) was registered by this \
+                     process as registration {id:#x}, which is no longer live (a stale handle); \
+                     expected a live registration"
+                ))
+            };
+            let inner = registry()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .and_then(|e| e.mem.upgrade())
+                .ok_or_else(stale)?;
+            let found = RegisteredMemory { inner };
+            // Every field, the transport blobs included, must be the registration's own.
+            if found.serialize() != bytes {
+                return Err(Error::invalid(format!(
+                    "registered memory: registration {id:#x} of this process is {:#x} (+{} \
+                     bytes, {:?}, {:?}); expected the handle to describe it exactly, got a \
+                     different one ({original_ptr:#x}, +{size} bytes, {transports:?}, {device:?})",
+                    found.inner.original_ptr,
+                    found.inner.size,
+                    found.inner.transports,
+                    found.inner.device
+                )));
+            }
+            return Ok(found);
         }
 
-        // Same host with CudaIpc: map the export.
+        // Same host with CudaIpc: check the owner still holds the registration, map the export.
+        let mut live_remote = None;
         let (data, imported) = match ipc {
-            Some((backend, offset, desc)) if host_hash == local_host_hash() => {
+            Some((backend, offset, desc, slot, table)) if host_hash == local_host_hash() => {
+                live_remote = Some(liveness::RemoteSlot::import(
+                    &table,
+                    slot,
+                    id,
+                    &format!("registered memory {original_ptr:#x} (+{size} bytes)"),
+                )?);
                 let (base, len, hold): (u64, usize, Box<dyn Any + Send + Sync>) = match backend {
                     BackendTag::Host => {
                         let dev = host_device()?;
@@ -384,6 +507,9 @@ impl RegisteredMemory {
         };
         Ok(RegisteredMemory {
             inner: Arc::new(RegInner {
+                _live_local: None,
+                live_remote,
+                id,
                 original_ptr,
                 size,
                 transports,
@@ -395,23 +521,40 @@ impl RegisteredMemory {
                 local: None,
                 _imported: imported,
                 infos,
-                registry_id: None,
+                registered_here: false,
             }),
         })
     }
 }
 
-fn encode_ipc_info(backend: BackendTag, offset: u64, desc: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(13 + desc.len());
+fn encode_ipc_info(
+    backend: BackendTag,
+    offset: u64,
+    desc: &[u8],
+    slot: u32,
+    table: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(21 + desc.len() + table.len());
     out.push(backend as u8);
     out.extend_from_slice(&offset.to_le_bytes());
     out.extend_from_slice(&(desc.len() as u32).to_le_bytes());
     out.extend_from_slice(desc);
+    out.extend_from_slice(&slot.to_le_bytes());
+    out.extend_from_slice(&(table.len() as u32).to_le_bytes());
+    out.extend_from_slice(table);
     out
 }
 
-fn decode_ipc_info(b: &[u8], size: u64) -> Result<(BackendTag, u64, IpcDescriptor)> {
+/// A decoded CudaIpc info: backend, offset in the export, the export, liveness slot, table.
+pub(crate) type IpcInfo = (BackendTag, u64, IpcDescriptor, u32, Vec<u8>);
+
+/// Decodes a CudaIpc info blob (see the module docs) for a range of `size` bytes.
+pub(crate) fn decode_ipc_info(b: &[u8], size: u64) -> Result<IpcInfo> {
     let bad = |what: String| Error::invalid(format!("registered memory: CudaIpc info: {what}"));
+    let u32_at = |at: usize| -> Option<u32> {
+        b.get(at..at.checked_add(4)?)
+            .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+    };
     if b.len() < 13 {
         return Err(bad(format!("expected at least 13 bytes, got {}", b.len())));
     }
@@ -428,18 +571,29 @@ fn decode_ipc_info(b: &[u8], size: u64) -> Result<(BackendTag, u64, IpcDescripto
     o.copy_from_slice(&b[1..9]);
     let offset = u64::from_le_bytes(o);
     let n = u32::from_le_bytes([b[9], b[10], b[11], b[12]]) as usize;
-    if b.len() - 13 != n {
+    let desc_end = 13usize.saturating_add(n);
+    let (Some(slot), Some(table_len)) = (u32_at(desc_end), u32_at(desc_end.saturating_add(4)))
+    else {
         return Err(bad(format!(
-            "expected {n} descriptor bytes, got {}",
-            b.len() - 13
+            "expected {n} descriptor bytes and a liveness slot and table length after them, \
+             got {} bytes in all",
+            b.len()
+        )));
+    };
+    let table_at = desc_end + 8;
+    if b.len() - table_at != table_len as usize {
+        return Err(bad(format!(
+            "expected {table_len} liveness table bytes, got {}",
+            b.len() - table_at
         )));
     }
-    let desc = IpcDescriptor::from_bytes(&b[13..]).map_err(|e| bad(format!("descriptor: {e}")))?;
+    let desc = IpcDescriptor::from_bytes(&b[13..desc_end])
+        .map_err(|e| bad(format!("descriptor: expected a valid IPC descriptor: {e}")))?;
     if offset.checked_add(size).is_none_or(|end| end > desc.size) {
         return Err(bad(format!(
             "range offset {offset} + {size} bytes outside the {}-byte export",
             desc.size
         )));
     }
-    Ok((backend, offset, desc))
+    Ok((backend, offset, desc, slot, b[table_at..].to_vec()))
 }

@@ -4,6 +4,10 @@
 //! for `Device::CPU`, GPU memory otherwise) registered for the connection's transport; the
 //! peer's stub memory arrives through the communicator and together they make a
 //! [`Semaphore`]. The typed semaphores add the counters and device handles. Tokens only grow.
+//!
+//! Host-side waits watch their connection's health: a peer the connection already knows is
+//! gone (closed, died, broken) ends the wait at once with an error naming the rank, instead of
+//! running the whole timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -218,7 +222,8 @@ impl Host2HostSemaphore {
             _ => false,
         }
     }
-    /// Waits (at most `timeout`) for the next signal.
+    /// Waits (at most `timeout`) for the next signal. Ends early with the connection's error
+    /// (naming the peer's rank) once the connection knows the peer is gone.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         let mut backoff = Backoff::new(
@@ -227,17 +232,29 @@ impl Host2HostSemaphore {
             Duration::from_micros(50),
             Duration::from_micros(50),
         );
+        let mut last_health = start;
         loop {
             if self.poll() {
                 return Ok(());
+            }
+            let conn = &self.semaphore.connection;
+            if backoff.is_sleeping() && last_health.elapsed() >= HEALTH_INTERVAL {
+                last_health = Instant::now();
+                if let Err(e) = conn.health() {
+                    // A signal may have landed just before the peer went: take it first.
+                    if self.poll() {
+                        return Ok(());
+                    }
+                    return Err(e);
+                }
             }
             if start.elapsed() >= timeout {
                 let got = self.semaphore.read_inbound().unwrap_or(0);
                 return Err(Error::timeout(
                     format!(
-                        "Host2HostSemaphore (token {:#x} over {}) waiting for token {}, got {got}",
-                        self.semaphore.local.token_ptr(),
-                        self.semaphore.connection.transport(),
+                        "Host2HostSemaphore over {} from {}: waiting for token {}, got {got}",
+                        conn.transport(),
+                        peer_name(conn),
                         self.expected.load(Ordering::Relaxed) + 1
                     ),
                     timeout,
@@ -253,6 +270,17 @@ impl Host2HostSemaphore {
     /// The underlying semaphore.
     pub fn semaphore(&self) -> &Semaphore {
         &self.semaphore
+    }
+}
+
+/// How often a host wait asks its connection whether the peer is still there.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(1);
+
+/// "rank N" when the connection knows its peer's rank, else "an unknown rank".
+fn peer_name(c: &Connection) -> String {
+    match c.remote_rank() {
+        Some(r) => format!("rank {r}"),
+        None => "a peer of unknown rank".to_string(),
     }
 }
 

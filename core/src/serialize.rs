@@ -102,12 +102,12 @@ impl<'a> Reader<'a> {
         let body = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
         if body > MAX_BODY_LEN {
             return Err(Error::invalid(format!(
-                "{what}: body length {body} exceeds the limit {MAX_BODY_LEN}"
+                "{what}: body length: expected at most {MAX_BODY_LEN} bytes, got {body}"
             )));
         }
         if bytes.len() - HEADER_LEN != body {
             return Err(Error::invalid(format!(
-                "{what}: header says {body} body bytes, got {}",
+                "{what}: expected {body} body bytes (as the header says), got {}",
                 bytes.len() - HEADER_LEN
             )));
         }
@@ -153,7 +153,7 @@ impl<'a> Reader<'a> {
         let n = self.u32(field)? as usize;
         if n > max {
             return Err(Error::invalid(format!(
-                "{}: field {field}: length {n} exceeds the limit {max}",
+                "{}: field {field}: expected a length of at most {max}, got {n}",
                 self.what
             )));
         }
@@ -171,7 +171,7 @@ impl<'a> Reader<'a> {
         let left = self.bytes.len() - self.pos;
         if left != 0 {
             return Err(Error::invalid(format!(
-                "{}: {left} unexpected bytes after the last field",
+                "{}: expected nothing after the last field, got {left} more bytes",
                 self.what
             )));
         }
@@ -230,7 +230,8 @@ pub(crate) fn decode_socket_addr(b: &[u8]) -> Result<SocketAddr> {
         4 => {
             if ip16[4..].iter().any(|&x| x != 0) {
                 return Err(Error::invalid(
-                    "Ethernet endpoint address: IPv4 address with non-zero padding".to_string(),
+                    "Ethernet endpoint address: expected zero padding after an IPv4 address"
+                        .to_string(),
                 ));
             }
             IpAddr::V4(Ipv4Addr::new(ip16[0], ip16[1], ip16[2], ip16[3]))
@@ -274,7 +275,7 @@ mod tests {
             .finish()
             .unwrap_err()
             .to_string()
-            .contains("unexpected bytes"));
+            .contains("nothing after the last field"));
         let mut r = Reader::new("test", &bytes, b"TEST", 3).unwrap();
         r.u64("x").unwrap();
         r.u64("y").unwrap();

@@ -99,7 +99,7 @@ fn memory_of_a_freed_allocation_is_rejected() {
     let e = RegisteredMemory::deserialize(&bytes)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("no longer allocated"), "{e}");
+    assert!(e.contains("no longer live"), "{e}");
 }
 
 fn fuzz<T>(

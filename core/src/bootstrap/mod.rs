@@ -52,6 +52,11 @@ pub trait Bootstrap: Send + Sync {
     fn send(&self, data: &[u8], peer: usize, tag: u64) -> Result<()>;
     /// Receives the next message `peer` sent under `tag`.
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
+    /// The bound this bootstrap puts on blocking operations, if it has one; the communicator
+    /// waits as long for peers' connections (default: none known).
+    fn operation_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
 
     /// Every rank's `data`, indexed by rank (this rank's own data included).
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {

@@ -6,16 +6,29 @@
 //! host: GPU copies on a context-owned stream, memcpy on the host backend) and [`ethernet`]
 //! (TCP with a receive thread, any two hosts) and [`ib`] (an RC queue pair per connection;
 //! Host and HostNoAtomic signalling).
+//!
+//! # Failure
+//! A connection knows its peer's rank when the [`crate::Communicator`] built it (errors then
+//! say "rank 3"; else they name the peer's address). The first fatal error of an operation (the
+//! peer closed or died, a flush timed out behind a frozen peer, a transport error) marks the
+//! connection broken: every later operation fails at once with [`Error::Remote`] (or an I/O
+//! error naming the address where no rank is known), carrying that first error.
+//! [`Connection::health`] reports what the transport already knows about the peer without
+//! blocking (waits poll it), and [`Connection::abort`] breaks a connection from outside, waking
+//! an operation blocked on the peer (the proxy's stop deadline uses it). Invalid arguments and
+//! writes the peer rejected are reported but do not break the connection.
 
 pub(crate) mod ethernet;
+#[cfg(test)]
+mod fuzz;
 pub(crate) mod ib;
 pub(crate) mod ipc;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, Transport};
 
@@ -53,6 +66,39 @@ pub trait BaseConnection: Send + Sync {
     fn remote_transport(&self) -> Transport;
     /// The device of the local endpoint.
     fn local_device(&self) -> Device;
+    /// `Ok` unless the transport already knows the peer is gone (closed, died, QP in error);
+    /// never blocks. The default knows nothing (CudaIpc: no liveness signal).
+    fn health(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Breaks the transport with `reason`: operations blocked on the peer return, later ones
+    /// fail. The default does nothing (CudaIpc operations are bounded by their timeouts).
+    fn abort(&self, _reason: &str) {}
+}
+
+/// Who is on the other side of a connection: the rank when known, and the address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Peer {
+    pub(crate) rank: Option<usize>,
+    pub(crate) addr: String,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.rank, self.addr.is_empty()) {
+            (Some(r), true) => write!(f, "rank {r}"),
+            (Some(r), false) => write!(f, "rank {r} ({})", self.addr),
+            (None, _) => f.write_str(&self.addr),
+        }
+    }
+}
+
+struct ConnState {
+    rank: Option<usize>,
+    /// Whether `broken` is set (read on every operation without taking the lock).
+    is_broken: AtomicBool,
+    /// The first fatal error; set once, then every operation fails with it.
+    broken: Mutex<Option<String>>,
 }
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -63,6 +109,7 @@ static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Connection {
     inner: Arc<dyn BaseConnection>,
     id: u64,
+    state: Arc<ConnState>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -72,17 +119,102 @@ impl std::fmt::Debug for Connection {
             .field("transport", &self.inner.transport())
             .field("remote_transport", &self.inner.remote_transport())
             .field("local_device", &self.inner.local_device())
+            .field("remote_rank", &self.state.rank)
             .finish()
     }
 }
 
 impl Connection {
-    /// Wraps a transport object (the IB transport uses this too).
+    /// Wraps a transport object whose peer's rank is unknown.
     pub fn new(inner: Arc<dyn BaseConnection>) -> Connection {
+        Connection::with_rank(inner, None)
+    }
+
+    /// Wraps a transport object connected to rank `rank` (when known): errors name the rank.
+    pub fn with_rank(inner: Arc<dyn BaseConnection>, rank: Option<usize>) -> Connection {
         Connection {
             inner,
             id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
+            state: Arc::new(ConnState {
+                rank,
+                is_broken: AtomicBool::new(false),
+                broken: Mutex::new(None),
+            }),
         }
+    }
+
+    /// The peer's rank, when the connection was built knowing it (through the communicator).
+    pub fn remote_rank(&self) -> Option<usize> {
+        self.state.rank
+    }
+
+    /// The first fatal error once the connection is broken (see the module docs).
+    pub fn broken(&self) -> Option<String> {
+        if !self.state.is_broken.load(Ordering::Acquire) {
+            return None;
+        }
+        self.state
+            .broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `Ok` while the connection is usable as far as this side knows; the error (naming the
+    /// peer) once it is broken or the transport saw the peer go. Never blocks: waits on data
+    /// the peer sends poll it.
+    pub fn health(&self) -> Result<()> {
+        self.check_broken()?;
+        let r = self.inner.health();
+        self.track(r)
+    }
+
+    /// Breaks the connection with `reason`: an operation blocked on the peer returns with an
+    /// error, every later one fails at once.
+    pub fn abort(&self, reason: &str) {
+        self.mark_broken(format!("aborted: {reason}"));
+        self.inner.abort(reason);
+    }
+
+    fn mark_broken(&self, msg: String) {
+        let mut b = self.state.broken.lock().unwrap_or_else(|p| p.into_inner());
+        if b.is_none() {
+            *b = Some(msg);
+            self.state.is_broken.store(true, Ordering::Release);
+        }
+    }
+
+    /// The error of a broken connection, naming the rank when known.
+    fn broken_error(&self, first: &str) -> Error {
+        let what = format!(
+            "{} connection is broken (later operations fail at once): {first}",
+            self.inner.transport()
+        );
+        match self.state.rank {
+            Some(r) => Error::remote(r, what),
+            None => Error::io(
+                what,
+                std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "connection broken"),
+            ),
+        }
+    }
+
+    fn check_broken(&self) -> Result<()> {
+        match self.broken() {
+            Some(first) => Err(self.broken_error(&first)),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the connection broken when `r` is a fatal error (anything but invalid usage: a
+    /// bad argument or a write the peer rejected leaves the connection usable).
+    fn track<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            if e.code() != ErrorCode::InvalidUsage {
+                self.mark_broken(e.to_string());
+            }
+        }
+        r
     }
 
     /// A process-unique id of this connection (shared by its clones).
@@ -112,10 +244,12 @@ impl Connection {
             )));
         }
         self.check_reachable("write", dst)?;
+        self.check_broken()?;
         if size == 0 {
             return Ok(());
         }
-        self.inner.write(dst, dst_offset, src, src_offset, size)
+        let r = self.inner.write(dst, dst_offset, src, src_offset, size);
+        self.track(r)
     }
 
     /// Stores `new_value` into `src` and makes the u64 at `dst + dst_offset` equal to it after
@@ -135,12 +269,17 @@ impl Connection {
             )));
         }
         self.check_reachable("update_and_sync", dst)?;
-        self.inner.update_and_sync(dst, dst_offset, src, new_value)
+        self.check_broken()?;
+        let r = self.inner.update_and_sync(dst, dst_offset, src, new_value);
+        self.track(r)
     }
 
-    /// Waits (at most `timeout`) until every earlier operation is complete at the peer.
+    /// Waits (at most `timeout`) until every earlier operation is complete at the peer. A
+    /// timeout breaks the connection (the peer is frozen or gone); later calls fail at once.
     pub fn flush(&self, timeout: Duration) -> Result<()> {
-        self.inner.flush(timeout)
+        self.check_broken()?;
+        let r = self.inner.flush(timeout);
+        self.track(r)
     }
     /// This side's transport.
     pub fn transport(&self) -> Transport {
@@ -176,7 +315,9 @@ impl Connection {
                 dst.original_data_ptr()
             )));
         }
-        Ok(())
+        // An imported mapping whose registration the owner has dropped: never write into it
+        // (the owner may have registered other data there).
+        dst.check_live(op)
     }
 }
 

@@ -56,6 +56,16 @@ impl FifoDeviceHandle {
         Ok(pos)
     }
 
+    /// Triggers the host failed to carry out so far (the word after the tail; see
+    /// [`crate::fifo`]).
+    ///
+    /// # Safety
+    /// As [`FifoDeviceHandle::push`].
+    pub unsafe fn failed_triggers(&self) -> u64 {
+        // SAFETY: the caller's contract; the tail allocation holds two words.
+        unsafe { Self::word(self.tail.add(1)) }.load(Ordering::Acquire)
+    }
+
     /// Waits (at most `timeout`) until the host has handled position `pos` (`tail > pos`).
     ///
     /// # Safety

@@ -110,7 +110,28 @@ impl BasePortChannelDeviceHandle {
         .map(|_| ())
     }
 
-    /// put, signal and flush in one request, then waits until the proxy handled it.
+    /// Waits until the proxy handled position `pos`; an error when a request failed meanwhile
+    /// (the FIFO's failed-trigger count grew past `failed_before`).
+    ///
+    /// # Safety
+    /// See the module docs.
+    unsafe fn sync_checked(&self, pos: u64, failed_before: u64, timeout: Duration) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.fifo.sync(pos, timeout)? };
+        // SAFETY: forwarded.
+        let failed = unsafe { self.fifo.failed_triggers() };
+        if failed > failed_before {
+            return Err(Error::Aborted(format!(
+                "port channel flush: the proxy failed {} request(s) of this FIFO up to this \
+                 flush (see ProxyService::last_error)",
+                failed - failed_before
+            )));
+        }
+        Ok(())
+    }
+
+    /// put, signal and flush in one request, then waits until the proxy handled it. An error
+    /// when the proxy failed a request of this FIFO meanwhile.
     ///
     /// # Safety
     /// See the module docs.
@@ -125,6 +146,7 @@ impl BasePortChannelDeviceHandle {
     ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe {
+            let before = self.fifo.failed_triggers();
             let pos = self.push(
                 TRIGGER_DATA | TRIGGER_FLAG | TRIGGER_SYNC,
                 dst,
@@ -134,19 +156,21 @@ impl BasePortChannelDeviceHandle {
                 size,
                 timeout,
             )?;
-            self.fifo.sync(pos, timeout)
+            self.sync_checked(pos, before, timeout)
         }
     }
 
-    /// Waits until every earlier request of this FIFO is complete.
+    /// Waits until every earlier request of this FIFO is complete; an error when the proxy
+    /// failed one of them meanwhile (the FIFO's failed-trigger count grew).
     ///
     /// # Safety
     /// See the module docs.
     pub unsafe fn flush(&self, timeout: Duration) -> Result<()> {
         // SAFETY: forwarded.
         unsafe {
+            let before = self.fifo.failed_triggers();
             let pos = self.push(TRIGGER_SYNC, 0, 0, 0, 0, 0, timeout)?;
-            self.fifo.sync(pos, timeout)
+            self.sync_checked(pos, before, timeout)
         }
     }
 

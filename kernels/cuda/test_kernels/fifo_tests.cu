@@ -17,6 +17,12 @@
 //   0: throughput, with one sync after the last push) and writes the time it took to *elapsed:
 //   nanoseconds on CUDA (%globaltimer); on HIP wall_clock64() ticks (rate:
 //   hipDeviceAttributeWallClockRate, kHz).
+//
+// extern "C" __global__ void fifo_failed_triggers(FifoDeviceHandle fifo, uint64_t n, int unused,
+//                                                 uint64_t* out);
+//   One thread: out[0] = fifo.failedTriggers(), pushes test trigger 0 and waits for its pop,
+//   out[1] = fifo.failedTriggers(). A host that failed the trigger (and counted it before the
+//   pop) makes out[1] - out[0] == 1.
 #include <mscclpp/fifo_device.hpp>
 
 using mscclpp::FifoDeviceHandle;
@@ -61,4 +67,13 @@ extern "C" __global__ void fifo_push_perf(FifoDeviceHandle fifo, uint64_t n, int
   pushRange(fifo, 0, n, syncEvery > 0 ? syncEvery : 0, &last);
   if (syncEvery <= 0 && n > 0) fifo.sync(last);
   *elapsed = deviceTimer() - t0;
+}
+
+extern "C" __global__ void fifo_failed_triggers(FifoDeviceHandle fifo, uint64_t n, int unused, uint64_t* out) {
+  (void)n;
+  (void)unused;
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  out[0] = fifo.failedTriggers();
+  fifo.sync(fifo.push(testTrigger(0)));
+  out[1] = fifo.failedTriggers();
 }

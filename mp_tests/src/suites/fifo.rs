@@ -192,6 +192,78 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
     }
 });
 
+TEST!(FifoTest, FailedTriggersReachTheDevice, |_ctx| {
+    // The host fails the pusher's trigger (counting it before the pop, as the proxy does);
+    // the pusher reads the count before its push and after its sync.
+    let timeout = mp_env().timeout;
+    let k = if is_gpu_build() {
+        Some(ok!(
+            GpuKernel::load(gpu_device(), "fifo_tests", "fifo_failed_triggers"),
+            "loading fifo_failed_triggers"
+        ))
+    } else {
+        None
+    };
+    let fifo = new_fifo(8, k.as_ref());
+    let h = fifo.device_handle();
+    let fail_one = |fifo: &Fifo| -> bool {
+        let start = Instant::now();
+        while fifo.poll().is_none() {
+            if start.elapsed() > timeout {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        fifo.record_failure();
+        fifo.pop();
+        true
+    };
+    let (before, after) = if let Some(k) = &k {
+        let out: GpuBuffer<u64> = ok!(GpuBuffer::new(gpu_device(), 2), "allocating");
+        let a = PushArgs {
+            fifo: h,
+            n: 1,
+            sync_every: 0,
+            out: out.data() as usize as *mut u64,
+        };
+        // SAFETY: PushArgs mirrors fifo_failed_triggers' parameters; the FIFO outlives it.
+        ok!(
+            unsafe { k.launch(1, 1, &a) },
+            "launching fifo_failed_triggers"
+        );
+        ASSERT_TRUE!(fail_one(&fifo), "no trigger within {:?}", timeout);
+        ok!(k.wait(timeout), "fifo_failed_triggers");
+        let v = ok!(out.to_vec(), "reading the counts");
+        (v[0], v[1])
+    } else {
+        std::thread::scope(|s| {
+            let pusher = s.spawn(move || -> mscclpp::Result<(u64, u64)> {
+                // SAFETY: the FIFO outlives the scope; host backend memory.
+                unsafe {
+                    let before = h.failed_triggers();
+                    let pos = h.push(test_trigger(0), timeout)?;
+                    h.sync(pos, timeout)?;
+                    Ok((before, h.failed_triggers()))
+                }
+            });
+            ASSERT_TRUE!(fail_one(&fifo), "no trigger within {:?}", timeout);
+            ok!(
+                pusher
+                    .join()
+                    .unwrap_or_else(|_| Err(mscclpp::Error::Internal("pusher panicked".into()))),
+                "pusher"
+            )
+        })
+    };
+    EXPECT_EQ!(before, 0);
+    EXPECT_EQ!(
+        after,
+        1,
+        "the device sees the failure once its trigger is popped"
+    );
+    EXPECT_EQ!(fifo.failed(), 1);
+});
+
 PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
     let timeout = mp_env().timeout;
     let n: u64 = if is_gpu_build() { 100_000 } else { 20_000 };

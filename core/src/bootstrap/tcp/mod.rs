@@ -454,6 +454,9 @@ impl Bootstrap for TcpBootstrap {
     fn nranks_per_node(&self) -> usize {
         self.session.as_ref().map_or(0, |s| s.nranks_per_node)
     }
+    fn operation_timeout(&self) -> Option<Duration> {
+        self.session.as_ref().map(|s| s.timeout)
+    }
 
     fn send(&self, data: &[u8], peer: usize, tag: u64) -> Result<()> {
         let s = self.session("send")?;

@@ -25,6 +25,11 @@ pub(super) struct RecvShared {
 }
 
 impl RecvShared {
+    /// The receive thread's fatal error, without taking anything.
+    pub(super) fn fatal_message(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub(super) fn take_error(&self, peer: &str) -> Option<Error> {
         if let Some(f) = self
             .fatal

@@ -24,8 +24,19 @@
 //!   a decreasing value is an error. The destination must be a live local memory registered for
 //!   this IB transport, else the thread records an error. Errors of the receive thread surface
 //!   on the next `flush` (and `write`/`update_and_sync`) of this side.
+//!
+//! # Peer liveness
+//! A side that only waits for the peer's signals posts nothing, so its QP would never learn
+//! that the peer died. [`BaseConnection::health`] (polled by waits) therefore retires send
+//! completions, polls the receive CQ in Host mode (where no receive thread does; a responder
+//! QP that went to the error state flushes the posted receives there) and, at most every
+//! [`PROBE_INTERVAL`] while nothing is outstanding, posts a signaled 0-byte RDMA write (a
+//! probe; it needs no remote key): a dead peer makes it complete with a retry error, which
+//! breaks the connection. [`BaseConnection::abort`] breaks it from outside: waits for
+//! send-queue room or completions return at once.
 
 mod forwarder;
+mod liveness;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +58,11 @@ use crate::ib::{ibv_err, IbCtx, CQ_BACKOFF};
 use crate::registered_memory::{find_local, RegisteredMemory};
 use crate::transport::{Device, IbMode, Transport};
 
+use super::Peer;
+
+/// How often `health` may post a liveness probe while the connection is idle.
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(200);
+
 /// Largest RDMA write one work request carries.
 const MAX_CHUNK: u64 = 1 << 30;
 /// How long an operation waits for send-queue room before the peer counts as stuck.
@@ -67,6 +83,8 @@ struct SendState {
     signals_done: u64,
     broken: Option<String>,
     wcs: Vec<WorkCompletion>,
+    /// When `health` last posted a probe.
+    last_probe: Option<Instant>,
 }
 
 pub(crate) struct IbConnection {
@@ -74,6 +92,9 @@ pub(crate) struct IbConnection {
     remote_transport: Transport,
     local_device: Device,
     peer: String,
+    rank: Option<usize>,
+    /// Set by `abort`, outside the send lock (an operation may hold it while it waits).
+    aborted: Mutex<Option<String>>,
     mode: IbMode,
     remote: QpInfo,
     send: Mutex<SendState>,
@@ -101,19 +122,29 @@ impl Drop for IbConnection {
 }
 
 impl IbConnection {
-    /// Connects the QP of `local` (taken from it) to the peer's endpoint `remote`.
-    pub(crate) fn connect(local: &Endpoint, remote: &Endpoint, res: IbQp) -> Result<IbConnection> {
+    /// Connects the QP of `local` (taken from it) to the peer's endpoint `remote` (of rank
+    /// `rank` when known: errors then name it).
+    pub(crate) fn connect(
+        local: &Endpoint,
+        remote: &Endpoint,
+        res: IbQp,
+        rank: Option<usize>,
+    ) -> Result<IbConnection> {
         let t = local.transport();
         let r = QpInfo::decode(remote.transport_payload())?;
-        let peer = format!(
-            "{} QP {:#x} at {}",
-            remote.transport(),
-            r.qpn,
-            r.gid
-                .ipv4()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| format!("{:02x?}", r.gid.0))
-        );
+        let peer = Peer {
+            rank,
+            addr: format!(
+                "{} QP {:#x} at {}",
+                remote.transport(),
+                r.qpn,
+                r.gid
+                    .ipv4()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| format!("{:02x?}", r.gid.0))
+            ),
+        }
+        .to_string();
         let mode = if res.info.mode == IbMode::HostNoAtomic || r.mode == IbMode::HostNoAtomic {
             IbMode::HostNoAtomic
         } else {
@@ -168,6 +199,8 @@ impl IbConnection {
             remote_transport: remote.transport(),
             local_device: local.device(),
             peer,
+            rank,
+            aborted: Mutex::new(None),
             mode,
             remote: r,
             send: Mutex::new(SendState {
@@ -179,6 +212,7 @@ impl IbConnection {
                 signals_done: 0,
                 broken: None,
                 wcs: Vec::new(),
+                last_probe: None,
             }),
             max_send_wr: res.max_send_wr,
             max_wr_per_send: res.max_wr_per_send,
@@ -198,14 +232,31 @@ impl IbConnection {
     }
 
     fn broken_err(&self, msg: &str) -> Error {
-        Error::io(
-            format!("{} connection to {}", self.transport, self.peer),
-            std::io::Error::new(std::io::ErrorKind::ConnectionAborted, msg.to_string()),
-        )
+        match self.rank {
+            Some(r) => Error::remote(
+                r,
+                format!("{} connection ({}): {msg}", self.transport, self.peer),
+            ),
+            None => Error::io(
+                format!("{} connection to {}", self.transport, self.peer),
+                std::io::Error::new(std::io::ErrorKind::ConnectionAborted, msg.to_string()),
+            ),
+        }
     }
 
-    /// The first error to report: the send side's sticky one, else the receive thread's.
+    fn aborted(&self) -> Option<String> {
+        self.aborted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The first error to report: an abort, the send side's sticky one, else the receive
+    /// thread's.
     fn pending_error(&self, st: &SendState) -> Option<Error> {
+        if let Some(a) = self.aborted() {
+            return Some(self.broken_err(&a));
+        }
         if let Some(b) = &st.broken {
             return Some(self.broken_err(b));
         }
@@ -496,6 +547,17 @@ impl BaseConnection for IbConnection {
     }
     fn local_device(&self) -> Device {
         self.local_device
+    }
+
+    fn health(&self) -> Result<()> {
+        self.check_health()
+    }
+
+    fn abort(&self, reason: &str) {
+        let mut a = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        if a.is_none() {
+            *a = Some(format!("aborted: {reason}"));
+        }
     }
 }
 

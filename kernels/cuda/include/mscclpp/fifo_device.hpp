@@ -14,6 +14,10 @@
 //   head:      device memory; number of positions handed out (fetch-added by pushers).
 //   tail:      host-mapped; number of triggers the host has handled. The host release-stores
 //              tail + 1 after it has finished with a trigger (for Sync: after the flush).
+//   tail[1]:   host-mapped, the word after tail: the number of triggers the host failed to carry
+//              out (incremented before the failed trigger is popped). A thread that saw
+//              tail > pos and reads failedTriggers() above the value it read before pushing knows
+//              a request up to pos failed; the host API says which (ProxyService::last_error).
 //   tailCache: device memory; a recent value of tail, so pushers rarely read over PCIe.
 //   size:      number of slots, a power of two.
 //
@@ -107,6 +111,9 @@ struct FifoDeviceHandle {
     store128ReleaseSys(reinterpret_cast<uint64_t*>(slot), trigger.fst, snd);
     return pos;
   }
+
+  /// The number of triggers the host failed to carry out so far (monotonic; see tail[1] above).
+  MSCCLPP_DEVICE_INLINE uint64_t failedTriggers() const { return loadAcquireSys(tail + 1); }
 
   /// Wait until the host has handled the trigger at position pos (tail > pos).
   MSCCLPP_DEVICE_INLINE void sync(uint64_t pos, int64_t maxSpin = -1) {

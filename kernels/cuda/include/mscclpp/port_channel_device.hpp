@@ -15,6 +15,7 @@
 //   putWithSignalAndFlush(...)             TriggerData | TriggerFlag | TriggerSync, then fifo.sync(pos)
 //   flush()                                TriggerSync, then fifo.sync(pos): all earlier requests done
 //   wait() / poll()                        the Host2Device semaphore (one thread per handle)
+//   fifo.failedTriggers()                  requests the proxy failed so far (compare before/after)
 // Offsets and sizes must be < 2^32 (trigger fields); memory ids < 512; semaphore ids < 1024.
 #ifndef MSCCLPP_PORT_CHANNEL_DEVICE_HPP_
 #define MSCCLPP_PORT_CHANNEL_DEVICE_HPP_
