@@ -6,9 +6,16 @@
 //! request naming the fd id, and receives the fd as SCM_RIGHTS ancillary data. A registered fd
 //! stays available until its [`FdRegistration`] is dropped (the exported allocation is freed).
 //!
-//! Wire format (little endian): request = magic `MFDQ`, version u16 (1), id u64 (14 bytes);
-//! reply = magic `MFDR`, version u16 (1), status u8 (0 = ok and one fd attached, 1 = unknown
-//! id) (7 bytes).
+//! Wire format (little endian): request = magic `MFDQ`, version u16 (2), id u64 (14 bytes);
+//! reply = magic `MFDR`, version u16 (2), status u8 (0 = ok and one fd attached, 1 = unknown
+//! id, 2 = refused: the client runs as another user) (7 bytes).
+//!
+//! Access control: an fd is a capability to the exporter's memory, so the server answers only
+//! clients whose kernel-reported credentials (`SO_PEERCRED`) show the server's effective uid
+//! (or root), and ids are random 64-bit values (not a counter), so a process of the same user
+//! that was not given the id cannot guess one. Each client is served on its own short-lived
+//! thread (at most [`MAX_CONCURRENT`] at once, the rest inline), so one client that connects and
+//! sends nothing delays nobody else.
 
 use super::os;
 use crate::{Error, Result};
@@ -17,19 +24,21 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 const REQ_MAGIC: &[u8; 4] = b"MFDQ";
 const REP_MAGIC: &[u8; 4] = b"MFDR";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 const REQ_LEN: usize = 14;
 const REP_LEN: usize = 7;
 /// How long imports wait for the exporter's fd server.
 pub(crate) const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for a client's request, and a client for the reply.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Clients served on their own threads at once; beyond this the accept loop answers inline.
+const MAX_CONCURRENT: usize = 64;
 
 /// This host's id: FNV-1a of `MSCCLPP_HOSTID` if set, else of the hostname and boot id.
 pub fn host_id() -> u64 {
@@ -65,7 +74,7 @@ struct Server {
     table: Arc<Table>,
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static SERVER: OnceLock<std::result::Result<Server, String>> = OnceLock::new();
 
 fn server() -> Result<&'static Server> {
@@ -103,7 +112,22 @@ fn serve(listener: UnixListener, table: Arc<Table>) {
         match conn {
             // A misbehaving client must not stop the server; its error is its own problem.
             Ok(stream) => {
-                let _ = answer(stream, &table);
+                if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) < MAX_CONCURRENT {
+                    let t = Arc::clone(&table);
+                    let spawned = std::thread::Builder::new()
+                        .name("mscclpp-hal-fd-client".into())
+                        .spawn(move || {
+                            let _ = answer(stream, &t);
+                            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        // No thread: the stream went with the closure; the client sees EOF.
+                        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                    }
+                } else {
+                    let _ = answer(stream, &table);
+                    IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             // Accept failures (e.g. out of fds) are transient: back off instead of spinning.
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -123,6 +147,10 @@ fn answer(mut stream: UnixStream, table: &Table) -> Result<()> {
     let mut reply = [0u8; REP_LEN];
     reply[..4].copy_from_slice(REP_MAGIC);
     reply[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    if !client_allowed(&stream) {
+        reply[6] = 2;
+        return stream.write_all(&reply).map_err(io);
+    }
     let valid = &req[..4] == REQ_MAGIC && req[4..6] == VERSION.to_le_bytes();
     let id = u64::from_le_bytes([
         req[6], req[7], req[8], req[9], req[10], req[11], req[12], req[13],
@@ -144,6 +172,37 @@ fn answer(mut stream: UnixStream, table: &Table) -> Result<()> {
         None => {
             reply[6] = 1;
             stream.write_all(&reply).map_err(io)
+        }
+    }
+}
+
+/// Whether the connected client runs as this process's effective uid, or as root.
+fn client_allowed(stream: &UnixStream) -> bool {
+    match rustix::net::sockopt::socket_peercred(stream) {
+        Ok(cred) => {
+            let uid = cred.uid.as_raw();
+            uid == 0 || uid == rustix::process::geteuid().as_raw()
+        }
+        Err(_) => false,
+    }
+}
+
+/// A random, nonzero id not in `table` (the kernel's getrandom: ids must be unguessable).
+fn fresh_id(table: &HashMap<u64, Arc<OwnedFd>>) -> Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        let mut filled = 0;
+        while filled < b.len() {
+            filled +=
+                rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty())
+                    .map_err(|e| Error::Os {
+                        op: "fd id (getrandom)",
+                        source: e.into(),
+                    })?;
+        }
+        let id = u64::from_le_bytes(b);
+        if id != 0 && !table.contains_key(&id) {
+            return Ok(id);
         }
     }
 }
@@ -176,12 +235,9 @@ impl Drop for FdRegistration {
 /// Makes `fd` available to other processes on this host; starts the server on first use.
 pub fn register(fd: OwnedFd) -> Result<FdRegistration> {
     let server = server()?;
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    server
-        .table
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id, Arc::new(fd));
+    let mut table = server.table.lock().unwrap_or_else(|p| p.into_inner());
+    let id = fresh_id(&table)?;
+    table.insert(id, Arc::new(fd));
     Ok(FdRegistration { id })
 }
 
@@ -244,6 +300,11 @@ pub fn fetch(host_id: u64, pid: u32, id: u64, timeout: Duration) -> Result<Owned
             format!("an fd registered under id {id}"),
             "unknown id (memory freed?)",
         )),
+        (2, _) => Err(Error::invalid(
+            OP,
+            "an fd server of a process running as the same user (or root)".to_string(),
+            format!("process {pid} refused: this process runs as another user"),
+        )),
         (s, _) => Err(gone(format!("unknown reply status {s}"))),
     }
 }
@@ -283,5 +344,91 @@ mod tests {
             Err(Error::PeerGone { .. }) => {}
             other => panic!("expected PeerGone, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn ids_are_random_not_a_counter() {
+        let regs: Vec<_> = (0..4)
+            .map(|_| register(os::memfd(c"fdpass-id", 8).unwrap()).unwrap())
+            .collect();
+        let ids: Vec<u64> = regs.iter().map(|r| r.id()).collect();
+        // A counter (the old design) gives small consecutive ids; four random 64-bit ids all
+        // below 2^32 happen with probability 2^-128.
+        assert!(ids.iter().any(|&i| i > u64::from(u32::MAX)), "{ids:?}");
+        assert!(ids.iter().all(|&i| i != 0));
+        for w in ids.windows(2) {
+            assert_ne!(w[0] + 1, w[1], "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn a_silent_client_does_not_delay_others() {
+        let reg = register(os::memfd(c"fdpass-silent", 8).unwrap()).unwrap();
+        let name = socket_name(host_id(), std::process::id());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        // Connects and never sends its request: a serial server would wait IO_TIMEOUT (10 s)
+        // on it before answering anyone else.
+        let silent = UnixStream::connect_addr(&addr).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        let got = fetch(
+            host_id(),
+            std::process::id(),
+            reg.id(),
+            Duration::from_secs(3),
+        );
+        assert!(got.is_ok(), "{got:?}");
+        assert!(t.elapsed() < Duration::from_secs(3));
+        drop(silent);
+    }
+
+    /// Env of the child in [`another_user_is_refused`]: "pid:id" of the parent's registration.
+    const CHILD_ENV: &str = "MSCCLPP_FDPASS_TEST_TARGET";
+
+    #[test]
+    fn child_fetch_as_another_user() {
+        // Runs only as the child of another_user_is_refused (as uid 65534).
+        let Ok(target) = std::env::var(CHILD_ENV) else {
+            return;
+        };
+        let (pid, id) = target.split_once(':').unwrap();
+        match fetch(
+            host_id(),
+            pid.parse().unwrap(),
+            id.parse().unwrap(),
+            Duration::from_secs(5),
+        ) {
+            Err(e) if e.to_string().contains("another user") => println!("REFUSED-OK"),
+            other => panic!("expected a refusal naming another user, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn another_user_is_refused() {
+        use std::os::unix::process::CommandExt;
+        if rustix::process::geteuid().as_raw() != 0 {
+            println!("skipped: needs root to start a client as another uid");
+            return;
+        }
+        let reg = register(os::memfd(c"fdpass-user", 8).unwrap()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "auxil::fdpass::tests::child_fetch_as_another_user",
+            ])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{}:{}", std::process::id(), reg.id()))
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("REFUSED-OK"), "{text}");
     }
 }
