@@ -4,8 +4,6 @@
 //! the device with `mscclpp::device_emu` (same protocol, std atomics). Also holds the helpers the
 //! other data-plane suites share (`common`).
 
-use std::sync::Barrier;
-
 use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
 use mscclpp::packet::{LL16Packet, LL8Packet};
 use mscclpp::semaphore::MemoryDevice2DeviceSemaphore;
@@ -17,7 +15,7 @@ use self::common::*;
 /// Helpers shared by the data-plane suites.
 pub(crate) mod common {
     use std::hash::BuildHasher;
-    use std::sync::Barrier;
+    use std::sync::{Condvar, Mutex};
     use std::time::{Duration, Instant};
 
     use mscclpp::bootstrap::Bootstrap;
@@ -216,17 +214,140 @@ pub(crate) mod common {
         errors
     }
 
+    /// The `__syncthreads()` of a host "thread block": a barrier whose wait ends with an error
+    /// when another thread of the block has failed (it will never arrive) or after
+    /// [`BlockBarrier::LIMIT`], instead of blocking forever as `std::sync::Barrier` does.
+    const BARRIER_ABORTED: &str = "another thread of this host block failed";
+
+    pub(crate) struct BlockBarrier {
+        n: usize,
+        /// (threads arrived in this generation, generation, aborted)
+        state: Mutex<(usize, u64, bool)>,
+        cv: Condvar,
+    }
+
+    impl BlockBarrier {
+        /// The longest a thread waits for the others (every test's own waits are shorter).
+        pub(crate) const LIMIT: Duration = Duration::from_secs(300);
+
+        fn new(n: usize) -> Self {
+            BlockBarrier {
+                n,
+                state: Mutex::new((0, 0, false)),
+                cv: Condvar::new(),
+            }
+        }
+
+        /// Waits until all `n` threads arrived; Err once a thread of the block failed.
+        pub(crate) fn wait(&self) -> mscclpp::Result<()> {
+            let aborted = || mscclpp::Error::Aborted(BARRIER_ABORTED.into());
+            let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if g.2 {
+                return Err(aborted());
+            }
+            g.0 += 1;
+            if g.0 == self.n {
+                g.0 = 0;
+                g.1 += 1;
+                self.cv.notify_all();
+                return Ok(());
+            }
+            let (gen, start) = (g.1, Instant::now());
+            while g.1 == gen {
+                if g.2 {
+                    return Err(aborted());
+                }
+                let left = Self::LIMIT.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Err(mscclpp::Error::timeout(
+                        "the other threads of this host block at a barrier".to_string(),
+                        Self::LIMIT,
+                    ));
+                }
+                g = self
+                    .cv
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            Ok(())
+        }
+
+        fn abort(&self) {
+            let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            g.2 = true;
+            self.cv.notify_all();
+        }
+    }
+
+    #[cfg(test)]
+    mod block_tests {
+        use super::*;
+
+        #[test]
+        fn a_failed_thread_releases_the_others_barrier_waits() {
+            let start = Instant::now();
+            let r = run_block(4, |tid, bar| {
+                if tid == 2 {
+                    return Err(mscclpp::Error::Internal("thread 2 failed".into()));
+                }
+                bar.wait()?;
+                Ok(1)
+            });
+            // std::sync::Barrier (the old one) blocked the three others forever here.
+            match r {
+                Err(mscclpp::Error::Internal(m)) => assert!(m.contains("thread 2"), "{m}"),
+                other => panic!("expected thread 2's error first, got {other:?}"),
+            }
+            assert!(start.elapsed() < Duration::from_secs(5));
+        }
+
+        #[test]
+        fn a_barrier_of_live_threads_synchronises_every_round() {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            let arrived = AtomicU32::new(0);
+            let r = run_block(3, |_, bar| {
+                let mut bad = 0;
+                for round in 1..=50u32 {
+                    arrived.fetch_add(1, Ordering::SeqCst);
+                    bar.wait()?;
+                    if arrived.load(Ordering::SeqCst) != 3 * round {
+                        bad += 1;
+                    }
+                    bar.wait()?;
+                }
+                Ok(bad)
+            });
+            assert_eq!(r.unwrap(), 0);
+        }
+    }
+
     /// Runs `body(tid, barrier)` on `n` threads (a host "thread block"); sums what they return.
+    /// A thread that fails (or panics) releases the others' barrier waits with an error.
     pub(crate) fn run_block<F>(n: u32, body: F) -> mscclpp::Result<u64>
     where
-        F: Fn(u32, &Barrier) -> mscclpp::Result<u64> + Sync,
+        F: Fn(u32, &BlockBarrier) -> mscclpp::Result<u64> + Sync,
     {
-        let barrier = Barrier::new(n as usize);
+        let barrier = BlockBarrier::new(n as usize);
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
                 .map(|t| {
                     let (b, f) = (&barrier, &body);
-                    s.spawn(move || f(t, b))
+                    s.spawn(move || {
+                        // Aborts the barrier if this thread leaves early by error or panic.
+                        struct OnExit<'a>(&'a BlockBarrier, bool);
+                        impl Drop for OnExit<'_> {
+                            fn drop(&mut self) {
+                                if !self.1 {
+                                    self.0.abort();
+                                }
+                            }
+                        }
+                        let mut guard = OnExit(b, false);
+                        let r = f(t, b);
+                        guard.1 = r.is_ok();
+                        r
+                    })
                 })
                 .collect();
             let mut sum = 0;
@@ -234,9 +355,14 @@ pub(crate) mod common {
             for h in handles {
                 match h.join() {
                     Ok(Ok(v)) => sum += v,
-                    Ok(Err(e)) => {
-                        first_err.get_or_insert(e);
-                    }
+                    // The failing thread's own error, not the others' barrier aborts.
+                    Ok(Err(e)) => match &first_err {
+                        Some(mscclpp::Error::Aborted(m)) if m == BARRIER_ABORTED => {
+                            first_err = Some(e)
+                        }
+                        None => first_err = Some(e),
+                        Some(_) => {}
+                    },
                     Err(_) => {
                         first_err.get_or_insert(mscclpp::Error::Internal(
                             "a device thread panicked".into(),
@@ -465,7 +591,7 @@ fn host_ping_pong(
     let (seed, t) = (s.pair.seed, s.pair.timeout);
     let buf_addr = ch.src as usize;
     let bytes = n * 4;
-    run_block(threads, |tid, bar: &Barrier| {
+    run_block(threads, |tid, bar: &BlockBarrier| {
         let buf = buf_addr as *mut u32;
         let mut errors = 0;
         for r in 0..iters {
@@ -475,19 +601,19 @@ fn host_ping_pong(
                 if s.pair.sends(r) {
                     if check {
                         fill_pattern(buf, n, seed, r, tid, threads);
-                        bar.wait();
+                        bar.wait()?;
                     }
                     match mode {
                         Mode::Put => {
-                            bar.wait();
+                            bar.wait()?;
                             ch.put(0, 0, bytes, tid, threads)?;
-                            bar.wait();
+                            bar.wait()?;
                             if tid == 0 {
                                 ch.signal();
                             }
                         }
                         Mode::Get => {
-                            bar.wait();
+                            bar.wait()?;
                             if tid == 0 {
                                 ch.signal();
                             }
@@ -505,10 +631,10 @@ fn host_ping_pong(
                             if tid == 0 {
                                 ch.wait(t)?;
                             }
-                            bar.wait();
+                            bar.wait()?;
                             if mode == Mode::Get {
                                 ch.get(0, 0, bytes, tid, threads)?;
-                                bar.wait();
+                                bar.wait()?;
                             }
                         }
                         Mode::Ll8 => {
@@ -519,12 +645,12 @@ fn host_ping_pong(
                         }
                     }
                     if check {
-                        bar.wait();
+                        bar.wait()?;
                         errors += check_pattern(buf, n, seed, r, tid, threads);
                     }
                 }
             }
-            bar.wait();
+            bar.wait()?;
         }
         Ok(errors)
     })

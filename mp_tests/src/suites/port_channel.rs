@@ -183,7 +183,7 @@ fn host_ping_pong(
                     if check {
                         fill_pattern(buf, n, seed, r, tid, threads);
                     }
-                    bar.wait();
+                    bar.wait()?;
                     if tid == 0 {
                         if n > 0 {
                             ch.put_with_signal(0, 0, n * 4, t)?;
@@ -208,11 +208,11 @@ fn host_ping_pong(
                             ch.wait(t)?;
                         }
                     }
-                    bar.wait();
+                    bar.wait()?;
                     if check {
                         errors += check_pattern(buf, n, seed, r, tid, threads);
                     }
-                    bar.wait();
+                    bar.wait()?;
                 }
             }
         }
@@ -240,7 +240,7 @@ fn host_packet_ping_pong(s: &PcSetup, n: u64, iters: u32, flag_base: u32) -> msc
             unsafe {
                 if s.pair.sends(r) {
                     fill_pattern(buf, n, seed, r, tid, threads);
-                    bar.wait();
+                    bar.wait()?;
                     copy_to_packets(
                         pk.add(p as usize).cast::<LL16Packet>(),
                         buf.cast(),
@@ -249,7 +249,7 @@ fn host_packet_ping_pong(s: &PcSetup, n: u64, iters: u32, flag_base: u32) -> msc
                         threads,
                         flag,
                     )?;
-                    bar.wait();
+                    bar.wait()?;
                     if tid == 0 {
                         ch.put(0, p, p, t)?;
                     }
@@ -263,11 +263,11 @@ fn host_packet_ping_pong(s: &PcSetup, n: u64, iters: u32, flag_base: u32) -> msc
                         flag,
                         t,
                     )?;
-                    bar.wait();
+                    bar.wait()?;
                     errors += check_pattern(buf, n, seed, r, tid, threads);
                 }
             }
-            bar.wait();
+            bar.wait()?;
         }
         if tid == 0 {
             // SAFETY: as above.
