@@ -109,6 +109,7 @@ pub fn compile_tree(
     let cuda_inc = kernels.join("cuda").join("include");
     let hip_inc = kernels.join("hip").join("include");
     let mut objects = Vec::new();
+    let mut jobs: Vec<(String, Command)> = Vec::new();
     match backend {
         Backend::Host => {}
         Backend::Cuda => {
@@ -129,7 +130,7 @@ pub fn compile_tree(
                     .args(["-O3", "-std=c++17", "-o"])
                     .arg(&dst)
                     .arg(src);
-                run(cmd, &format!("nvcc {}", src.display()));
+                jobs.push((format!("nvcc {}", src.display()), cmd));
                 objects.push((stem, dst));
             }
         }
@@ -155,12 +156,47 @@ pub fn compile_tree(
                     .arg("-I")
                     .arg(&cuda_inc);
                 cmd.arg("-o").arg(&dst).arg(src);
-                run(cmd, &format!("hipcc {}", src.display()));
+                jobs.push((format!("hipcc {}", src.display()), cmd));
                 objects.push((stem, dst));
             }
         }
     }
+    run_all(jobs);
     objects
+}
+
+/// Runs the compiler commands on as many threads as cargo gives this build script
+/// (`NUM_JOBS`, else the machine's parallelism): each nvcc/hipcc process is single-threaded
+/// for one machine code, so one at a time left cores idle. Fails with the first error, in
+/// source order.
+fn run_all(jobs: Vec<(String, Command)>) {
+    let workers = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .clamp(1, jobs.len().max(1));
+    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let errors = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                let Some((i, (what, cmd))) = next else { break };
+                if let Err(e) = run(cmd, &what) {
+                    errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((i, e));
+                }
+            });
+        }
+    });
+    let mut errors = errors.into_inner().unwrap_or_else(|p| p.into_inner());
+    errors.sort_by_key(|(i, _)| *i);
+    if let Some((_, e)) = errors.into_iter().next() {
+        fail(&e);
+    }
 }
 
 /// Writes `file`, a Rust source declaring `pub static KERNEL_OBJECTS: &[(&str, &[u8])]` with
@@ -216,17 +252,17 @@ pub fn stem_of(p: &Path, root: &Path) -> String {
         .join("/")
 }
 
-fn run(mut cmd: Command, what: &str) {
+fn run(mut cmd: Command, what: &str) -> Result<(), String> {
     match cmd.output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => fail(&format!(
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
             "{what} failed ({}):\n{:?}\n{}{}",
             o.status,
             cmd,
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         )),
-        Err(e) => fail(&format!("{what}: cannot run {:?}: {e}", cmd.get_program())),
+        Err(e) => Err(format!("{what}: cannot run {:?}: {e}", cmd.get_program())),
     }
 }
 
