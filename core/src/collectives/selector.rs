@@ -1,7 +1,9 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
 //! and GPU architecture (upstream's single-node rules without NVLS: all-reduce up to 16 KiB
-//! `allpair_packet`, up to 1 MiB `packet`, larger `rsag_pipeline`; all-gather, reduce-scatter
-//! and broadcast `fullmesh`).
+//! `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather, reduce-scatter
+//! and broadcast `fullmesh`). The large-size choice is measured: two ranks sharing one H200
+//! (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md), `rsag` took 12.3
+//! / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 / 129.5 / 921.1.
 
 use super::types::CollectiveKind;
 use super::{algorithm_names, find_algorithm};
@@ -53,7 +55,7 @@ pub fn select(q: &Query) -> Result<&'static str> {
             } else {
                 // Not rsag_zero_copy: its registration on a cache miss is collective, so it
                 // is only safe where every rank meets the same buffers (forced by the user).
-                &["rsag_pipeline", "rsag", "packet"]
+                &["rsag", "rsag_pipeline", "packet"]
             };
             first_registered(q.kind, prefs)
         }
@@ -91,8 +93,8 @@ mod tests {
         assert_eq!(pick(AllReduce, 16 << 10, 2), "allpair_packet");
         assert_eq!(pick(AllReduce, 64 << 10, 4), "packet");
         assert_eq!(pick(AllReduce, 1 << 20, 2), "packet");
-        assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag_pipeline");
-        assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag_pipeline");
+        assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag");
+        assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag");
         for bytes in [1, 1 << 20, 1 << 30] {
             assert_eq!(pick(AllGather, bytes, 2), "fullmesh");
             assert_eq!(pick(ReduceScatter, bytes, 4), "fullmesh");
