@@ -1,5 +1,6 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
-//! and GPU architecture (upstream's single-node rules without NVLS: all-reduce up to 16 KiB
+//! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one node,
+//! see `nvls::selector_prefs`; else upstream's single-node rules without NVLS: all-reduce up to 16 KiB
 //! `allpair_packet`, up to 1 MiB `packet`, larger `rsag_pipeline`; all-gather, reduce-scatter
 //! and broadcast `fullmesh`).
 
@@ -22,6 +23,10 @@ pub struct Query {
     pub arch: (u32, u32),
     /// Whether the host backend runs the call.
     pub host: bool,
+    /// Whether the NVLS variants may be picked (NVLS usable on the communicator's device; on
+    /// the host backend also opted in by `MSCCLPP_NVLS_EMULATION=1`); they are picked only
+    /// when every rank is on this node too.
+    pub nvls: bool,
 }
 
 /// The first registered algorithm of `preferences` (in order), or an error naming them.
@@ -46,6 +51,11 @@ pub fn select(q: &Query) -> Result<&'static str> {
     }
     match q.kind {
         CollectiveKind::AllReduce => {
+            if let Some(prefs) =
+                super::nvls::selector_prefs(q.nvls, q.nranks, q.nranks_per_node, q.bytes)
+            {
+                return first_registered(q.kind, prefs);
+            }
             let prefs: &[&'static str] = if q.bytes <= 16 << 10 {
                 &["allpair_packet", "packet", "rsag"]
             } else if q.bytes <= 1 << 20 {
@@ -75,6 +85,7 @@ mod tests {
             nranks_per_node: nranks,
             arch: (9, 0),
             host: false,
+            nvls: false,
         };
         let name = select(&q).unwrap();
         assert!(
