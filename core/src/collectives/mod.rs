@@ -14,11 +14,16 @@
 //!
 //! | variable | collective | values |
 //! |---|---|---|
-//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy` |
+//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy`, `nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`, `nvls_block_pipeline` |
 //! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `port_channel` |
 //! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
+//! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
+//!
+//! The NVLS all-reduces ([`nvls`]) are picked by the selector only where NVLS is usable for the
+//! communicator's device (`nvls_usable`; never while `MSCCLPP_FORCE_DISABLE_NVLS=1` or
+//! `NCCL_NVLS_ENABLE=0`) and every rank is on one node.
 //!
 //! An unknown name is an error listing the valid ones ([`Collectives::new`] fails). A forced
 //! algorithm that cannot run a call (e.g. too large for its scratch) makes that call fail with
@@ -37,6 +42,7 @@ pub mod gpu;
 pub(crate) mod host_ll;
 pub(crate) mod host_math;
 pub(crate) mod mesh;
+pub mod nvls;
 pub(crate) mod port;
 pub mod reduce_scatter;
 pub mod selector;
@@ -74,6 +80,10 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &allreduce::rsag_pipeline::RsagPipeline,
         &allreduce::rsag_port_channel::RsagPortChannel,
         &allreduce::rsag_zero_copy::RsagZeroCopy,
+        &allreduce::nvls_packet::NvlsPacket,
+        &allreduce::nvls_zero_copy::NvlsZeroCopy,
+        &allreduce::nvls_warp_pipeline::NvlsWarpPipeline,
+        &allreduce::nvls_block_pipeline::NvlsBlockPipeline,
         &allgather::fullmesh::Fullmesh,
         &allgather::port_channel::PortChannel,
         &reduce_scatter::fullmesh::Fullmesh,
@@ -138,6 +148,8 @@ pub struct Collectives {
     gpu: Option<GpuCtx>,
     forced: Mutex<HashMap<CollectiveKind, &'static str>>,
     launch: Mutex<()>,
+    /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
+    nvls: bool,
 }
 
 impl std::fmt::Debug for Collectives {
@@ -160,7 +172,9 @@ impl Collectives {
     /// Sets up with `cfg` (collective: every rank calls it with the same sizes).
     pub fn with_config(comm: Arc<Communicator>, cfg: CollectivesConfig) -> Result<Collectives> {
         let forced = forced_from_env(|k| std::env::var(k).ok())?;
+        let nvls_opt_in = nvls::emulation_opt_in(std::env::var(nvls::EMULATION_ENV).ok())?;
         let res = Resources::new(&comm, cfg)?;
+        let nvls = nvls::selectable(res.device, nvls_opt_in);
         let gpu = match res.device.kind {
             DeviceType::Gpu => Some(GpuCtx::new(res.device.id)?),
             DeviceType::Cpu => None,
@@ -170,6 +184,7 @@ impl Collectives {
             gpu,
             forced: Mutex::new(forced),
             launch: Mutex::new(()),
+            nvls,
         })
     }
 
@@ -221,6 +236,7 @@ impl Collectives {
             nranks_per_node: self.res.nranks_per_node,
             arch: self.res.arch,
             host: self.gpu.is_none(),
+            nvls: self.nvls,
         })
     }
 

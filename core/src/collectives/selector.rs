@@ -1,9 +1,11 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
-//! and GPU architecture (upstream's single-node rules without NVLS: all-reduce up to 16 KiB
-//! `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather, reduce-scatter
-//! and broadcast `fullmesh`). The large-size choice is measured: two ranks sharing one H200
-//! (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md), `rsag` took 12.3
-//! / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 / 129.5 / 921.1.
+//! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one
+//! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS: all-reduce
+//! up to 16 KiB `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather,
+//! reduce-scatter and broadcast `fullmesh`). The large-size choice is measured: two ranks
+//! sharing one H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
+//! `rsag` took 12.3 / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 /
+//! 129.5 / 921.1.
 
 use super::types::CollectiveKind;
 use super::{algorithm_names, find_algorithm};
@@ -24,6 +26,10 @@ pub struct Query {
     pub arch: (u32, u32),
     /// Whether the host backend runs the call.
     pub host: bool,
+    /// Whether the NVLS variants may be picked (NVLS usable on the communicator's device; on
+    /// the host backend also opted in by `MSCCLPP_NVLS_EMULATION=1`); they are picked only
+    /// when every rank is on this node too.
+    pub nvls: bool,
 }
 
 /// The first registered algorithm of `preferences` (in order), or an error naming them.
@@ -48,6 +54,11 @@ pub fn select(q: &Query) -> Result<&'static str> {
     }
     match q.kind {
         CollectiveKind::AllReduce => {
+            if let Some(prefs) =
+                super::nvls::selector_prefs(q.nvls, q.nranks, q.nranks_per_node, q.bytes)
+            {
+                return first_registered(q.kind, prefs);
+            }
             let prefs: &[&'static str] = if q.bytes <= 16 << 10 {
                 &["allpair_packet", "packet", "rsag"]
             } else if q.bytes <= 1 << 20 {
@@ -77,6 +88,7 @@ mod tests {
             nranks_per_node: nranks,
             arch: (9, 0),
             host: false,
+            nvls: false,
         };
         let name = select(&q).unwrap();
         assert!(

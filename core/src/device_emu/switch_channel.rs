@@ -321,6 +321,88 @@ impl SwitchChannelDeviceHandle {
     }
 }
 
+impl SwitchChannelDeviceHandle {
+    /// `dst`'s vector `first + k` on every rank = the sum over every rank of this channel's
+    /// vector `first + k` (load-reduce here, store into the other channel), this thread's share.
+    /// The zero-copy all-reduce: input channel to output channel; in place when both are one.
+    ///
+    /// # Safety
+    /// Both handles come from live channels of the same group; as for
+    /// [`SwitchChannelDeviceHandle::all_reduce`].
+    pub unsafe fn reduce_store_to<V: MultimemVector>(
+        &self,
+        dst: &SwitchChannelDeviceHandle,
+        first: u64,
+        count: u64,
+        thread_id: u32,
+        num_threads: u32,
+    ) -> Result<()> {
+        self.check::<V>(first, count)?;
+        dst.check::<V>(first, count)?;
+        let (b, e) = share(count, thread_id, num_threads)?;
+        if b == e {
+            return Ok(());
+        }
+        let from = members::<V>(self.mc_at::<V>(first + b), e - b)?;
+        let to = members::<V>(dst.mc_at::<V>(first + b), e - b)?;
+        for i in 0..(e - b) as usize {
+            // SAFETY: both member sets are valid for e - b vectors while they live.
+            unsafe {
+                let v = V::sum(
+                    from.ptrs()
+                        .iter()
+                        .map(|p| p.cast::<V>().add(i).read_unaligned()),
+                );
+                for p in to.ptrs() {
+                    p.cast::<V>().add(i).write_unaligned(v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores `count` 8-byte words from local `src` into every rank's copy at byte offset
+    /// `offset` of the buffer, each word with one relaxed 64-bit atomic store (as an LL packet
+    /// half must land: data and flag together), this thread's share. The host form of storing
+    /// LL16 packets through the multicast address.
+    ///
+    /// # Safety
+    /// As [`SwitchChannelDeviceHandle::reduce`]; `src` is valid for `count` words; `offset` is a
+    /// multiple of 8.
+    pub unsafe fn broadcast_words(
+        &self,
+        src: *const u64,
+        offset: u64,
+        count: u64,
+        thread_id: u32,
+        num_threads: u32,
+    ) -> Result<()> {
+        if !offset.is_multiple_of(8) {
+            return Err(Error::invalid(format!(
+                "switch channel: broadcast_words at offset {offset}: expected a multiple of 8"
+            )));
+        }
+        self.check::<u64>(offset / 8, count)?;
+        let (b, e) = share(count, thread_id, num_threads)?;
+        if b == e {
+            return Ok(());
+        }
+        let m = members::<u64>(self.mc_ptr as usize as u64 + offset + b * 8, e - b)?;
+        for i in 0..(e - b) as usize {
+            // SAFETY: src valid for count words; members for e - b words, 8-byte aligned
+            // (page-aligned bindings, offset a multiple of 8).
+            unsafe {
+                let w = src.add(b as usize + i).read_unaligned();
+                for p in m.ptrs() {
+                    std::sync::atomic::AtomicU64::from_ptr(p.cast::<u64>().add(i))
+                        .store(w, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -58,6 +58,7 @@ TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     let algos: Vec<&str> = algorithm_names(CollectiveKind::AllReduce)
         .into_iter()
         .filter(|a| (*a == "copy") == (env.coll.nranks() == 1))
+        .filter(|a| !a.starts_with("nvls_") || mscclpp::nvls_usable(env.device).is_ok())
         .collect();
     let cases = [
         (DataType::I32, 1023usize),
@@ -111,6 +112,7 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
     let algos: Vec<&str> = algorithm_names(CollectiveKind::AllReduce)
         .into_iter()
         .filter(|a| (*a == "copy") == (env.coll.nranks() == 1))
+        .filter(|a| !a.starts_with("nvls_") || mscclpp::nvls_usable(env.device).is_ok())
         .collect();
     for algo in algos {
         ok!(

@@ -2,6 +2,7 @@
 
 mod allgather;
 mod allreduce;
+mod allreduce_nvls;
 mod bootstrap;
 mod broadcast;
 mod coll_common;

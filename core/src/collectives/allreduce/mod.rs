@@ -1,6 +1,10 @@
 //! All-reduce algorithms, one file each (upstream names).
 
 pub mod allpair_packet;
+pub mod nvls_block_pipeline;
+pub mod nvls_packet;
+pub mod nvls_warp_pipeline;
+pub mod nvls_zero_copy;
 pub mod packet;
 pub mod rsag;
 pub mod rsag_pipeline;

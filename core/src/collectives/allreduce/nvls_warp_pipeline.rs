@@ -1,0 +1,158 @@
+//! All-reduce `nvls_warp_pipeline` (upstream `AllreduceNvlsWarpPipeline`, formerly
+//! `AllreduceNvlsWithCopy`): the input goes through the NVLS scratch buffer (bound once per
+//! communicator, [`super::super::nvls::state`]), so any buffer works and nothing is bound per
+//! call.
+//!
+//! The scratch is cut into one region per block; the input is cut into region-sized chunks,
+//! chunk j done by block `j % blocks`. Per chunk a block 1. copies the whole chunk into its
+//! region of this rank's scratch (zero padding the last vector), 2. handshakes with the same
+//! block of every peer (all copies are in), 3. load-reduces its rank's share of the chunk over
+//! every rank's scratch and stores the sums into every rank's scratch (`multimem.ld_reduce` +
+//! `multimem.st` on the scratch's multicast address), 4. handshakes (every share has landed),
+//! 5. copies the chunk out of its region into the output. Two handshakes per chunk; see
+//! `nvls_block_pipeline` for the double-buffered form with one. f32/f16/bf16 sum only (any
+//! count); other calls go to the copying fallback.
+//! Kernel: kernels/cuda/src/collectives/allreduce/nvls_warp_pipeline.cu (a warp-strided loop per
+//! phase).
+
+use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::gpu::GpuCtx;
+use super::super::mesh::{self, host_copy, THREADS};
+use super::super::nvls::{
+    check_usable, count_launch, fallback, multimem_reduces, split, state, with_vec16, NvlsState,
+};
+use super::super::setup::Resources;
+use super::super::types::{CollectiveKind, RawStream};
+use crate::device_emu::switch_channel::MultimemVector;
+use crate::error::{Error, Result};
+
+/// The algorithm object.
+pub struct NvlsWarpPipeline;
+
+/// Bytes of each block's scratch region (whole vectors).
+pub(crate) fn region_bytes(scratch: usize, blocks: usize, stages: usize) -> usize {
+    (scratch / blocks / stages) / 16 * 16
+}
+
+/// Blocks of a launch: one per chunk up to what the census allows (identical on every rank).
+pub(crate) fn gpu_blocks(
+    res: &Resources,
+    gpu: &GpuCtx,
+    stream: RawStream,
+    st: &NvlsState,
+    stages: usize,
+    bytes: usize,
+) -> Result<u32> {
+    let census = mesh::census(res, gpu, stream)?;
+    let limit = 16usize;
+    let want = bytes
+        .div_ceil(region_bytes(st.bytes, limit, stages))
+        .clamp(1, limit);
+    Ok(mesh::grid(&census, want, limit))
+}
+
+impl Algorithm for NvlsWarpPipeline {
+    fn name(&self) -> &'static str {
+        "nvls_warp_pipeline"
+    }
+    fn kind(&self) -> CollectiveKind {
+        CollectiveKind::AllReduce
+    }
+    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+        check_usable(self.name(), res)?;
+        fallback()?.check(res, call)
+    }
+
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let st = if multimem_reduces(call) {
+            state(res, Some((gpu, stream)))?
+        } else {
+            None
+        };
+        let Some(st) = st else {
+            return fallback()?.launch_gpu(res, gpu, call, stream);
+        };
+        let blocks = gpu_blocks(res, gpu, stream, &st, 1, call.bytes())?;
+        let mut args = CollArgs::new(res, call);
+        args.extra[0] = st.table.ptr();
+        args.extra[1] = region_bytes(st.bytes, blocks as usize, 1) as u64;
+        let name = kernel_name("allreduce_nvls_warp_pipeline", call.dtype, call.op);
+        count_launch();
+        // SAFETY: CollArgs mirrors the kernel's parameter; the scratch and its handle table live
+        // in `res.ext`; the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/allreduce/nvls_warp_pipeline",
+                &name,
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
+    }
+
+    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+        let st = if multimem_reduces(call) {
+            state(res, None)?
+        } else {
+            None
+        };
+        let Some(st) = st else {
+            return fallback()?.run_host(res, call);
+        };
+        count_launch();
+        with_vec16!(call.dtype, V => host::<V>(res, call, &st))
+    }
+}
+
+/// Copies chunk bytes `[o, o + l)` of `src` into `dst` and zeroes `dst[l..pad)`.
+///
+/// # Safety
+/// `src + o` readable for `l` bytes, `dst` writable for `pad >= l` bytes; no overlap.
+pub(crate) unsafe fn copy_in(dst: u64, src: u64, l: usize, pad: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        host_copy(dst, src, l);
+        std::ptr::write_bytes((dst as usize + l) as *mut u8, 0, pad - l);
+    }
+}
+
+fn host<V: MultimemVector>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()> {
+    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let region = region_bytes(st.bytes, nb, 1);
+    if region == 0 {
+        return Err(Error::invalid(format!(
+            "allreduce nvls_warp_pipeline: {} scratch bytes for {nb} blocks",
+            st.bytes
+        )));
+    }
+    let total = call.bytes();
+    let chunks = total.div_ceil(region);
+    let h = st.channel.device_handle();
+    let local = st.channel.device_ptr();
+    for b in 0..nb {
+        let base = (b * region) as u64;
+        for j in (b..chunks).step_by(nb) {
+            let o = j * region;
+            let l = region.min(total - o);
+            let nv = l.div_ceil(16) as u64;
+            // SAFETY: the region lies in this rank's scratch; the input holds `total` bytes.
+            unsafe { copy_in(local + base, call.send + o as u64, l, nv as usize * 16) };
+            host_barrier(res, b)?;
+            let (v0, v1) = split(nv, n as u64, me as u64);
+            // SAFETY: the scratch channel is live (kept by `res.ext`) and bound on every rank.
+            unsafe { h.all_reduce::<V>(base / 16 + v0, v1 - v0, 0, 1) }?;
+            host_barrier(res, b)?;
+            // SAFETY: the output holds `total` bytes; the region holds the chunk's sums.
+            unsafe { host_copy(call.recv + o as u64, local + base, l) };
+        }
+    }
+    Ok(())
+}
