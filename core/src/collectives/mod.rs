@@ -37,10 +37,12 @@ pub mod gpu;
 pub(crate) mod host_ll;
 pub(crate) mod host_math;
 pub(crate) mod mesh;
+pub mod net;
 pub(crate) mod port;
 pub mod reduce_scatter;
 pub mod selector;
 pub mod setup;
+pub mod topology;
 pub mod types;
 pub mod user_buffers;
 
@@ -69,12 +71,14 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &COPY_REDUCESCATTER,
         &COPY_BROADCAST,
         &allreduce::allpair_packet::AllpairPacket,
+        &allreduce::hier_rsag_port::HierRsagPort,
         &allreduce::packet::Packet,
         &allreduce::rsag::Rsag,
         &allreduce::rsag_pipeline::RsagPipeline,
         &allreduce::rsag_port_channel::RsagPortChannel,
         &allreduce::rsag_zero_copy::RsagZeroCopy,
         &allgather::fullmesh::Fullmesh,
+        &allgather::hier_port::HierPort,
         &allgather::port_channel::PortChannel,
         &reduce_scatter::fullmesh::Fullmesh,
         &broadcast::fullmesh::Fullmesh,
@@ -219,9 +223,32 @@ impl Collectives {
             bytes,
             nranks: self.res.nranks,
             nranks_per_node: self.res.nranks_per_node,
+            nnodes: self.res.topo.nnodes,
             arch: self.res.arch,
             host: self.gpu.is_none(),
         })
+    }
+
+    /// The algorithm that runs `call` (forced or selected), after its own check and, in a
+    /// world spanning nodes, the check that it is a multi-node algorithm.
+    pub fn checked_algorithm(&self, call: &Call) -> Result<&'static dyn Algorithm> {
+        let name = self.algorithm_for(call.kind, call.bytes())?;
+        let algo = find_algorithm(call.kind, name)?;
+        if self.res.topo.nnodes > 1 && !algo.multi_node() {
+            let multi: Vec<&str> = registry()
+                .iter()
+                .filter(|a| a.kind() == call.kind && a.multi_node())
+                .map(|a| a.name())
+                .collect();
+            return Err(Error::invalid(format!(
+                "{} {name}: this world spans {} nodes; expected a multi-node algorithm (one of: {})",
+                call.kind,
+                self.res.topo.nnodes,
+                if multi.is_empty() { "none yet".to_string() } else { multi.join(", ") }
+            )));
+        }
+        algo.check(&self.res, call)?;
+        Ok(algo)
     }
 
     /// Runs `call` with the chosen algorithm (validated arguments).
@@ -247,9 +274,7 @@ impl Collectives {
                 call.kind, call.send, call.recv
             )));
         }
-        let name = self.algorithm_for(call.kind, call.bytes())?;
-        let algo = find_algorithm(call.kind, name)?;
-        algo.check(&self.res, &call)?;
+        let algo = self.checked_algorithm(&call)?;
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
         match &self.gpu {
             Some(gpu) => algo.launch_gpu(&self.res, gpu, &call, stream),

@@ -1,6 +1,7 @@
 //! All-reduce algorithms, one file each (upstream names).
 
 pub mod allpair_packet;
+pub mod hier_rsag_port;
 pub mod packet;
 pub mod rsag;
 pub mod rsag_pipeline;
