@@ -1,8 +1,9 @@
 //! Collectives (all-reduce, all-gather, reduce-scatter, broadcast) over memory channels and
 //! LL packets, chosen by size, safe under CUDA-graph capture, on GPUs and on the host backend.
 //!
-//! [`Collectives::new`] connects every peer of a communicator once (CudaIpc; every rank must
-//! share one host for now), allocates and exchanges the scratch buffers and semaphores, and
+//! [`Collectives::new`] connects every peer of a communicator once (CudaIpc inside a node; in a
+//! world spanning nodes also port channels to the same local rank of every other node, over IB
+//! or Ethernet: [`net`]), allocates and exchanges the scratch buffers and semaphores, and
 //! then runs calls like `all_reduce(send, recv, count, dtype, op, stream)`. GPU builds launch
 //! kernels (kernels/cuda/src/collectives/) on the caller's stream; the host backend runs the
 //! same algorithms (same scratch layout, flags and protocol) on the calling CPU thread and
@@ -14,15 +15,19 @@
 //!
 //! | variable | collective | values |
 //! |---|---|---|
-//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy` |
-//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `port_channel` |
+//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `hier_rsag_port`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy` |
+//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel` |
+//! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
 //! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //!
 //! An unknown name is an error listing the valid ones ([`Collectives::new`] fails). A forced
 //! algorithm that cannot run a call (e.g. too large for its scratch) makes that call fail with
-//! the reason. `copy` is what every collective does at world size 1.
+//! the reason. `copy` is what every collective does at world size 1. When the ranks span nodes
+//! (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated nodes) the selector
+//! takes the hierarchical algorithms (`hier_rsag_port`, `hier_port`; host backend only so far)
+//! and any other algorithm is refused with the reason.
 //!
 //! See README.md in this folder for the Algorithm trait, the scratch layout and flags, and how
 //! to add an algorithm.
