@@ -18,7 +18,7 @@
 //! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `hier_rsag_port`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy` |
 //! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel` |
 //! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
-//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh` |
+//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //!
@@ -26,7 +26,8 @@
 //! algorithm that cannot run a call (e.g. too large for its scratch) makes that call fail with
 //! the reason. `copy` is what every collective does at world size 1. When the ranks span nodes
 //! (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated nodes) the selector
-//! takes the hierarchical algorithms (`hier_rsag_port`, `hier_port`; host backend only so far)
+//! takes the hierarchical algorithms (all-reduce `hier_rsag_port`, all-gather and reduce-scatter `hier_port`; host backend
+//! only so far)
 //! and any other algorithm is refused with the reason.
 //!
 //! See README.md in this folder for the Algorithm trait, the scratch layout and flags, and how
@@ -86,6 +87,7 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &allgather::hier_port::HierPort,
         &allgather::port_channel::PortChannel,
         &reduce_scatter::fullmesh::Fullmesh,
+        &reduce_scatter::hier_port::HierPort,
         &broadcast::fullmesh::Fullmesh,
     ];
     ALGOS

@@ -51,10 +51,12 @@ pub fn select(q: &Query) -> Result<&'static str> {
         // channels between nodes) can run.
         return match q.kind {
             CollectiveKind::AllReduce => first_registered(q.kind, &["hier_rsag_port"]),
-            CollectiveKind::AllGather => first_registered(q.kind, &["hier_port"]),
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
+                first_registered(q.kind, &["hier_port"])
+            }
             kind => Err(Error::invalid(format!(
-                "{kind}: no multi-node algorithm yet (this world spans {} nodes; all-reduce and \
-                 all-gather have one)",
+                "{kind}: no multi-node algorithm yet (this world spans {} nodes; all-reduce, \
+                 all-gather and reduce-scatter have one)",
                 q.nnodes
             ))),
         };
@@ -133,10 +135,9 @@ mod tests {
                 select(&q(CollectiveKind::AllReduce, bytes)).unwrap(),
                 "hier_rsag_port"
             );
-            assert_eq!(
-                select(&q(CollectiveKind::AllGather, bytes)).unwrap(),
-                "hier_port"
-            );
+            for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+                assert_eq!(select(&q(kind, bytes)).unwrap(), "hier_port");
+            }
         }
         let e = select(&q(CollectiveKind::Broadcast, 1))
             .unwrap_err()

@@ -1,5 +1,5 @@
 //! MultiNodeTest: the hierarchical collectives (memory inside a node, port channels between
-//! nodes): the all-reduce `hier_rsag_port` and all-gather `hier_port` matrices (every data
+//! nodes): the all-reduce `hier_rsag_port`, all-gather and reduce-scatter `hier_port` matrices (every data
 //! type x op x in/out of place x sizes, checked exactly against the host reference, poisoned
 //! outputs and a guard zone), the selector's choice across nodes, and the refusal of
 //! single-node algorithms there.
@@ -72,6 +72,7 @@ TEST!(MultiNodeTest, Topology, |_ctx| {
     for (kind, name) in [
         (CollectiveKind::AllReduce, "hier_rsag_port"),
         (CollectiveKind::AllGather, "hier_port"),
+        (CollectiveKind::ReduceScatter, "hier_port"),
     ] {
         for bytes in [4usize, 1 << 20, 64 << 20] {
             let got = ok!(env.coll.algorithm_for(kind, bytes), "selecting {kind}");
@@ -90,10 +91,15 @@ TEST!(MultiNodeTest, AllGatherHierPort, |_ctx| {
     matrix(CollectiveKind::AllGather, "hier_port")
 });
 
+TEST!(MultiNodeTest, ReduceScatterHierPort, |_ctx| {
+    spanning_nodes();
+    matrix(CollectiveKind::ReduceScatter, "hier_port")
+});
+
 TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
     spanning_nodes();
     // Nine chunks per call (64 KiB shards / chunks: the 4-slot pipeline wraps twice) and
-    // back-to-back calls of both algorithms with changing data.
+    // back-to-back calls of the three algorithms with changing data.
     let env = coll_env();
     let per_node = env.coll.resources().topo.per_node();
     let mut errors = Vec::new();
@@ -120,6 +126,17 @@ TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
             ReduceOp::Sum,
             call % 2 == 1,
             9 * (64 << 10) - 7 + call as usize,
+            0,
+            seed,
+            call,
+            &mut errors,
+        );
+        bad += one_call(
+            CollectiveKind::ReduceScatter,
+            DataType::I32,
+            ReduceOp::Sum,
+            call % 2 == 0,
+            9 * (64 << 10) / 4 - 3 + call as usize,
             0,
             seed,
             call,

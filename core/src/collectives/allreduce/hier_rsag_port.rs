@@ -45,7 +45,7 @@ pub(crate) const DEPTH: usize = 4;
 const MAX_SHARD: usize = 64 << 10;
 
 /// How many times wider than an element its accumulator is (the partials' width).
-fn widen(dtype: DataType) -> usize {
+pub(crate) fn widen(dtype: DataType) -> usize {
     match dtype {
         DataType::F16 | DataType::Bf16 => 2,
         DataType::Fp8E4M3 | DataType::Fp8E5M2 => 4,
