@@ -11,7 +11,7 @@ use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
 use mscclpp::collectives::{
-    find_algorithm, Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
+    Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
 };
 use mscclpp::{Communicator, Device, LocalMemory};
 use mscclpp_hal::prelude::*;
@@ -85,22 +85,32 @@ pub struct Native {
 
 impl Native {
     /// Sets up the collectives (collective over the communicator). A communicator spanning
-    /// hosts gets none (the collectives are single-node): its collectives go to the fallback.
+    /// hosts gets the hierarchical algorithms on the host backend; on GPU builds (no kernels for
+    /// them yet) it gets none and its collectives go to the fallback.
     pub fn new(communicator: &Arc<Communicator>, device: Device) -> NResult<Native> {
         let b = communicator.bootstrap();
         let (rank, n, per_node) = (b.rank(), b.nranks(), b.nranks_per_node());
-        let coll = if per_node != n {
-            Err(format!(
-                "the native collectives need every rank on one host; this communicator has \
-                 {per_node} of its {n} ranks on this host"
-            ))
-        } else {
-            let cfg = CollectivesConfig {
-                device: Some(device),
-                ..CollectivesConfig::default()
-            };
+        let cfg = CollectivesConfig {
+            device: Some(device),
+            ..CollectivesConfig::default()
+        };
+        let coll = if per_node == n {
             Ok(Collectives::with_config(communicator.clone(), cfg)
                 .map_err(|e| NcclError::from(e).context("setting up the collectives"))?)
+        } else if device.kind == mscclpp::DeviceType::Gpu {
+            // Every rank takes this branch alike (GPU builds), so no rank is left waiting in a
+            // collective setup.
+            Err(format!(
+                "the hierarchical (multi-node) collectives run on the host backend only so far; \
+                 this communicator has {per_node} of its {n} ranks on this host"
+            ))
+        } else {
+            // Across nodes: the hierarchical algorithms (memory channels inside the node, port
+            // channels between nodes). A failed setup leaves the collectives to the fallback;
+            // MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION still sends chosen operations there.
+            Collectives::with_config(communicator.clone(), cfg).map_err(|e| {
+                format!("setting up the hierarchical collectives ({per_node} of {n} ranks on this host): {e}")
+            })
         };
         let gpu = match device.kind {
             mscclpp::DeviceType::Gpu => {
@@ -169,12 +179,9 @@ impl Native {
         if call.send == 0 {
             call.send = call.recv;
         }
-        let name = coll
-            .algorithm_for(call.kind, call.bytes())
-            .map_err(|e| e.to_string())?;
-        let algo = find_algorithm(call.kind, name).map_err(|e| e.to_string())?;
-        algo.check(coll.resources(), &call)
-            .map_err(|e| format!("{name} cannot run it: {e}"))
+        coll.checked_algorithm(&call)
+            .map(|_| ())
+            .map_err(|e| format!("no native algorithm can run it: {e}"))
     }
 
     /// Runs `args` natively (asynchronously on its stream on GPUs).

@@ -66,6 +66,11 @@ pub trait Algorithm: Send + Sync + 'static {
     ) -> Result<()>;
     /// Runs the call with CPU threads (host backend); returns when it is complete.
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()>;
+    /// Whether it runs on worlds spanning nodes (only the hierarchical algorithms do: the
+    /// others map every peer's memory).
+    fn multi_node(&self) -> bool {
+        false
+    }
 }
 
 /// The kernel argument block (`struct CollArgs` of kernels/cuda/src/collectives/common.hpp).
@@ -197,4 +202,16 @@ pub fn split(n: usize, parts: usize, i: usize) -> (usize, usize) {
     let rem = n % parts;
     let begin = i * per + i.min(rem);
     (begin, begin + per + usize::from(i < rem))
+}
+
+/// Host backend: block `blk` synchronises with the same block of every peer on this node
+/// (the hierarchical algorithms; peers on other nodes have no memory semaphores).
+pub fn host_local_barrier(res: &Resources, blk: usize) -> Result<()> {
+    for p in res.topo.local_peers() {
+        host_signal(res, blk, p);
+    }
+    for p in res.topo.local_peers() {
+        host_wait(res, blk, p)?;
+    }
+    Ok(())
 }

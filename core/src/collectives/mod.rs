@@ -1,8 +1,9 @@
 //! Collectives (all-reduce, all-gather, reduce-scatter, broadcast) over memory channels and
 //! LL packets, chosen by size, safe under CUDA-graph capture, on GPUs and on the host backend.
 //!
-//! [`Collectives::new`] connects every peer of a communicator once (CudaIpc; every rank must
-//! share one host for now), allocates and exchanges the scratch buffers and semaphores, and
+//! [`Collectives::new`] connects every peer of a communicator once (CudaIpc inside a node; in a
+//! world spanning nodes also port channels to the same local rank of every other node, over IB
+//! or Ethernet: [`net`]), allocates and exchanges the scratch buffers and semaphores, and
 //! then runs calls like `all_reduce(send, recv, count, dtype, op, stream)`. GPU builds launch
 //! kernels (kernels/cuda/src/collectives/) on the caller's stream; the host backend runs the
 //! same algorithms (same scratch layout, flags and protocol) on the calling CPU thread and
@@ -14,9 +15,10 @@
 //!
 //! | variable | collective | values |
 //! |---|---|---|
-//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy`, `nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`, `nvls_block_pipeline` |
-//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `port_channel` |
-//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh` |
+//! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `hier_rsag_port`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy`, `nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`, `nvls_block_pipeline` |
+//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel` |
+//! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
+//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
@@ -27,7 +29,11 @@
 //!
 //! An unknown name is an error listing the valid ones ([`Collectives::new`] fails). A forced
 //! algorithm that cannot run a call (e.g. too large for its scratch) makes that call fail with
-//! the reason. `copy` is what every collective does at world size 1.
+//! the reason. `copy` is what every collective does at world size 1. When the ranks span nodes
+//! (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated nodes) the selector
+//! takes the hierarchical algorithms (all-reduce `hier_rsag_port`, all-gather and reduce-scatter `hier_port`; host backend
+//! only so far)
+//! and any other algorithm is refused with the reason.
 //!
 //! See README.md in this folder for the Algorithm trait, the scratch layout and flags, and how
 //! to add an algorithm.
@@ -42,11 +48,13 @@ pub mod gpu;
 pub(crate) mod host_ll;
 pub(crate) mod host_math;
 pub(crate) mod mesh;
+pub mod net;
 pub mod nvls;
 pub(crate) mod port;
 pub mod reduce_scatter;
 pub mod selector;
 pub mod setup;
+pub mod topology;
 pub mod types;
 pub mod user_buffers;
 
@@ -75,6 +83,7 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &COPY_REDUCESCATTER,
         &COPY_BROADCAST,
         &allreduce::allpair_packet::AllpairPacket,
+        &allreduce::hier_rsag_port::HierRsagPort,
         &allreduce::packet::Packet,
         &allreduce::rsag::Rsag,
         &allreduce::rsag_pipeline::RsagPipeline,
@@ -85,8 +94,10 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &allreduce::nvls_warp_pipeline::NvlsWarpPipeline,
         &allreduce::nvls_block_pipeline::NvlsBlockPipeline,
         &allgather::fullmesh::Fullmesh,
+        &allgather::hier_port::HierPort,
         &allgather::port_channel::PortChannel,
         &reduce_scatter::fullmesh::Fullmesh,
+        &reduce_scatter::hier_port::HierPort,
         &broadcast::fullmesh::Fullmesh,
     ];
     ALGOS
@@ -234,10 +245,33 @@ impl Collectives {
             bytes,
             nranks: self.res.nranks,
             nranks_per_node: self.res.nranks_per_node,
+            nnodes: self.res.topo.nnodes,
             arch: self.res.arch,
             host: self.gpu.is_none(),
             nvls: self.nvls,
         })
+    }
+
+    /// The algorithm that runs `call` (forced or selected), after its own check and, in a
+    /// world spanning nodes, the check that it is a multi-node algorithm.
+    pub fn checked_algorithm(&self, call: &Call) -> Result<&'static dyn Algorithm> {
+        let name = self.algorithm_for(call.kind, call.bytes())?;
+        let algo = find_algorithm(call.kind, name)?;
+        if self.res.topo.nnodes > 1 && !algo.multi_node() {
+            let multi: Vec<&str> = registry()
+                .iter()
+                .filter(|a| a.kind() == call.kind && a.multi_node())
+                .map(|a| a.name())
+                .collect();
+            return Err(Error::invalid(format!(
+                "{} {name}: this world spans {} nodes; expected a multi-node algorithm (one of: {})",
+                call.kind,
+                self.res.topo.nnodes,
+                if multi.is_empty() { "none yet".to_string() } else { multi.join(", ") }
+            )));
+        }
+        algo.check(&self.res, call)?;
+        Ok(algo)
     }
 
     /// Runs `call` with the chosen algorithm (validated arguments).
@@ -263,9 +297,7 @@ impl Collectives {
                 call.kind, call.send, call.recv
             )));
         }
-        let name = self.algorithm_for(call.kind, call.bytes())?;
-        let algo = find_algorithm(call.kind, name)?;
-        algo.check(&self.res, &call)?;
+        let algo = self.checked_algorithm(&call)?;
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
         match &self.gpu {
             Some(gpu) => algo.launch_gpu(&self.res, gpu, &call, stream),

@@ -20,8 +20,10 @@ pub struct Query {
     pub bytes: usize,
     /// World size.
     pub nranks: usize,
-    /// Ranks on this host.
+    /// Ranks on this node.
     pub nranks_per_node: usize,
+    /// Nodes of the world (the ranks span nodes when > 1).
+    pub nnodes: usize,
     /// GPU compute capability ((0, 0) on the host backend).
     pub arch: (u32, u32),
     /// Whether the host backend runs the call.
@@ -51,6 +53,21 @@ fn first_registered(kind: CollectiveKind, preferences: &[&'static str]) -> Resul
 pub fn select(q: &Query) -> Result<&'static str> {
     if q.nranks == 1 {
         return Ok("copy");
+    }
+    if q.nnodes > 1 {
+        // Across nodes only the hierarchical algorithms (memory inside the node, port
+        // channels between nodes) can run.
+        return match q.kind {
+            CollectiveKind::AllReduce => first_registered(q.kind, &["hier_rsag_port"]),
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
+                first_registered(q.kind, &["hier_port"])
+            }
+            kind => Err(Error::invalid(format!(
+                "{kind}: no multi-node algorithm yet (this world spans {} nodes; all-reduce, \
+                 all-gather and reduce-scatter have one)",
+                q.nnodes
+            ))),
+        };
     }
     match q.kind {
         CollectiveKind::AllReduce => {
@@ -86,6 +103,7 @@ mod tests {
             bytes,
             nranks,
             nranks_per_node: nranks,
+            nnodes: 1,
             arch: (9, 0),
             host: false,
             nvls: false,
@@ -113,5 +131,33 @@ mod tests {
             assert_eq!(pick(Broadcast, bytes, 8), "fullmesh");
         }
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
+    }
+
+    #[test]
+    fn across_nodes() {
+        let q = |kind, bytes| Query {
+            kind,
+            bytes,
+            nranks: 16,
+            nranks_per_node: 8,
+            nnodes: 2,
+            arch: (9, 0),
+            host: false,
+            // Even with NVLS usable, a world spanning nodes takes the hierarchical ones.
+            nvls: true,
+        };
+        for bytes in [1, 1 << 20, 1 << 30] {
+            assert_eq!(
+                select(&q(CollectiveKind::AllReduce, bytes)).unwrap(),
+                "hier_rsag_port"
+            );
+            for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+                assert_eq!(select(&q(kind, bytes)).unwrap(), "hier_port");
+            }
+        }
+        let e = select(&q(CollectiveKind::Broadcast, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no multi-node algorithm"), "{e}");
     }
 }

@@ -135,8 +135,14 @@ pub struct Resources {
     pub rank: usize,
     /// World size.
     pub nranks: usize,
-    /// Ranks on this host (all of them: multi-host worlds are refused).
+    /// Ranks on this node (host hash; `MSCCLPP_HOSTID` tells emulated nodes apart).
     pub nranks_per_node: usize,
+    /// Which rank runs on which node (peers on other nodes are not mapped: their
+    /// `peer_bases` entry is this rank's own buffer and their `connections` entry `None`).
+    pub topo: super::topology::Topology,
+    /// Port channels to the peers of the same local index on the other nodes (`None` on one
+    /// node); see net.rs.
+    pub net: Option<super::net::NetState>,
     /// The device kernels (or CPU threads) run on.
     pub device: Device,
     /// GPU compute capability (major, minor); (0, 0) on the host backend.
@@ -155,7 +161,7 @@ pub struct Resources {
     pub shared: LocalMemory,
     /// The local meta buffer.
     pub meta: LocalMemory,
-    /// CudaIpc connections, index = rank (`None` for this rank).
+    /// CudaIpc connections, index = rank (`None` for this rank and ranks on other nodes).
     pub connections: Vec<Option<Connection>>,
     /// Base address of every rank's shared buffer mapped here (own at index `rank`).
     pub peer_bases: Vec<u64>,
@@ -181,13 +187,7 @@ impl Resources {
             )));
         }
         let hosts = b.all_gather(&host_hash().to_le_bytes())?;
-        let mine = host_hash().to_le_bytes();
-        if let Some(other) = hosts.iter().position(|h| h.as_slice() != mine) {
-            return Err(Error::invalid(format!(
-                "collectives: rank {other} runs on another host than rank {rank}; multi-node \
-                 collectives are not supported yet (every rank must share one host)"
-            )));
-        }
+        let topo = super::topology::Topology::new(rank, &hosts)?;
         let device = match config.device {
             Some(d) => d,
             None => default_device(rank, b.nranks_per_node())?,
@@ -208,10 +208,12 @@ impl Resources {
         let shared = LocalMemory::alloc_kind(device, layout.total, kind)?;
         let meta = LocalMemory::alloc(device, meta_layout.total)?;
 
-        // Connections (CudaIpc to every peer), then the shared buffers.
+        // Connections (CudaIpc to every peer of this node), then the shared buffers; peers on
+        // other nodes are reached by the port channels of `net` (built below).
+        let local = |p: usize| p != rank && topo.node_of[p] == topo.node;
         let futures: Vec<_> = (0..nranks)
             .map(|p| {
-                (p != rank).then(|| {
+                local(p).then(|| {
                     comm.connect(
                         EndpointConfig::new(Transport::CudaIpc, device),
                         p,
@@ -223,9 +225,9 @@ impl Resources {
         let registered =
             comm.register_memory(shared.ptr(), layout.total, Transport::CudaIpc.into())?;
         let recvs: Vec<_> = (0..nranks)
-            .map(|p| (p != rank).then(|| comm.recv_memory(p, TAG_SHARED)))
+            .map(|p| local(p).then(|| comm.recv_memory(p, TAG_SHARED)))
             .collect();
-        for p in (0..nranks).filter(|&p| p != rank) {
+        for p in (0..nranks).filter(|&p| local(p)) {
             comm.send_memory(&registered, p, TAG_SHARED)?;
         }
         let mut connections = Vec::with_capacity(nranks);
@@ -256,10 +258,11 @@ impl Resources {
                 None => shared.ptr(),
             })
             .collect();
-        let res = Resources {
+        let mut res = Resources {
             rank,
             nranks,
-            nranks_per_node: nranks,
+            nranks_per_node: topo.local_ranks.len(),
+            topo,
             device,
             arch,
             sm_count,
@@ -274,10 +277,14 @@ impl Resources {
             comm: comm.clone(),
             user_buffers: Default::default(),
             ext: Default::default(),
+            net: None,
             _registered: registered,
             _peer_shared: peer_shared,
         };
         res.write_meta()?;
+        if res.topo.nnodes > 1 {
+            res.net = Some(super::net::NetState::build(&res)?);
+        }
         // The first launch of any rank writes into its peers' shared buffers: start only when
         // every rank has finished its setup.
         b.barrier()?;

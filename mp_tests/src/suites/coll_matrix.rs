@@ -237,8 +237,9 @@ pub(crate) fn matrix(kind: CollectiveKind, algo: &str) {
     ok!(env.coll.force_algorithm(kind, None), "un-forcing {algo}");
 }
 
-/// Runs the matrix of every registered algorithm of `kind` but the copy (world size > 1);
-/// skips with the reason when none is registered yet.
+/// Runs the matrix of every registered algorithm of `kind` but the copy (world size > 1) and
+/// the multi-node ones (MultiNodeTest runs those); skips with the reason when none is
+/// registered yet.
 pub(crate) fn every_registered(kind: CollectiveKind) {
     let env = coll_env();
     if env.coll.nranks() == 1 {
@@ -247,6 +248,7 @@ pub(crate) fn every_registered(kind: CollectiveKind) {
     let names: Vec<&str> = algorithm_names(kind)
         .into_iter()
         .filter(|a| *a != "copy")
+        .filter(|a| find_algorithm(kind, a).is_ok_and(|x| !x.multi_node()))
         .collect();
     if names.is_empty() {
         SKIP!("no {kind} algorithm for more than one rank is registered yet");

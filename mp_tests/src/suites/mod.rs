@@ -17,6 +17,7 @@ mod ib;
 mod local_communicator;
 mod memory_channel;
 mod multi_process;
+mod multinode;
 mod port_channel;
 mod port_channel_ib;
 mod reduce_scatter;

@@ -1,4 +1,5 @@
 //! All-gather algorithms, one file each (upstream names).
 
 pub mod fullmesh;
+pub mod hier_port;
 pub mod port_channel;

@@ -1,6 +1,7 @@
 //! All-reduce algorithms, one file each (upstream names).
 
 pub mod allpair_packet;
+pub mod hier_rsag_port;
 pub mod nvls_block_pipeline;
 pub mod nvls_packet;
 pub mod nvls_warp_pipeline;

@@ -1,3 +1,4 @@
 //! Reduce-scatter algorithms, one file each.
 
 pub mod fullmesh;
+pub mod hier_port;

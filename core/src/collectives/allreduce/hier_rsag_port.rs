@@ -1,0 +1,273 @@
+//! All-reduce `hier_rsag_port`: the hierarchical all-reduce of worlds spanning nodes.
+//! With L ranks per node and N nodes, per chunk of `L x S` bytes:
+//! 1. reduce-scatter inside the node over memory (every local rank reduces its shard `l` of
+//!    the chunk from the local ranks' copies of their input, local-rank order);
+//! 2. all-reduce of the shards across nodes over port channels (the proxy: IB or Ethernet,
+//!    see net.rs): every rank puts its reduced shard to the rank of the same local index on
+//!    every other node ("rail peers"), waits for theirs, and reduces the N shards in node
+//!    order (so every rail rank computes the same bits); Avg divides by the world size here;
+//! 3. all-gather inside the node over memory (every rank reads its local peers' final shards).
+//!
+//! Pipelined: the network put of chunk k+1 is issued before chunk k's network wait and
+//! intra-node all-gather, so the proxy moves chunk k+1 while the CPU (or GPU) works on chunk k.
+//!
+//! Partial sums travel in the accumulation type (f32 for f16, bf16 and fp8; the type itself
+//! otherwise), so every element is rounded once, at the end, as in the single-node algorithms
+//! (this doubles the network bytes of f16/bf16 and quadruples those of fp8).
+//!
+//! Scratch (plain): A `L x S` (this rank's copy of the chunk's input), R `D x W` (reduced
+//! partial shards, the put sources), NET `D x N x W` (slot (k mod D, j): node j's partial from
+//! the rail peer there), F `S` (the final shard), D = 4, W = S x (accumulator / element size). Slot reuse: the rail peer puts chunk k only
+//! after it received this rank's chunk k-2, which this rank sent after finishing chunk k-4, so
+//! D = 4 slots suffice (and R's slot of chunk k-4 has left: its put landed before the peer's
+//! put of chunk k-2, which this rank waited for). A handshake with the rail peers and a
+//! node-local barrier open every call, so nothing of the previous call is still in use.
+//!
+//! Host backend only for now: GPU builds refuse the call with the reason (the selector picks
+//! this algorithm when the world spans nodes). At N = 1 it is a plain RS + AG on one node.
+
+use super::super::algorithm::{host_local_barrier, Algorithm, Call};
+use super::super::gpu::GpuCtx;
+use super::super::host_math::{with_elem, HostElem};
+use super::super::mesh::{host_copy, VEC};
+use super::super::setup::Resources;
+use super::super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
+use super::rsag_port_channel::put_or_signal;
+use crate::error::{Error, Result};
+use crate::port_channel::PortChannelDeviceHandle;
+
+/// The algorithm object.
+pub struct HierRsagPort;
+
+/// Pipeline slots of R and NET.
+pub(crate) const DEPTH: usize = 4;
+/// Largest shard of one chunk (smaller chunks pipeline deeper).
+const MAX_SHARD: usize = 64 << 10;
+
+/// How many times wider than an element its accumulator is (the partials' width).
+pub(crate) fn widen(dtype: DataType) -> usize {
+    match dtype {
+        DataType::F16 | DataType::Bf16 => 2,
+        DataType::Fp8E4M3 | DataType::Fp8E5M2 => 4,
+        _ => 1,
+    }
+}
+
+/// Scratch units of `S` bytes the layout needs.
+fn slots(res: &Resources, dtype: DataType) -> usize {
+    res.topo.per_node() + (DEPTH + DEPTH * res.topo.nnodes) * widen(dtype) + 1
+}
+
+/// Shard bytes per chunk: the buffer split over the local ranks, capped by the scratch and
+/// [`MAX_SHARD`].
+fn shard_bytes(res: &Resources, call: &Call) -> usize {
+    let l = res.topo.per_node();
+    let cap = (res.layout.plain_bytes / slots(res, call.dtype)) / VEC * VEC;
+    call.bytes()
+        .div_ceil(l)
+        .next_multiple_of(VEC)
+        .min(cap)
+        .min(MAX_SHARD)
+}
+
+/// The refusal of GPU builds.
+pub(crate) fn no_gpu(what: &str) -> Error {
+    Error::invalid(format!(
+        "{what}: the hierarchical (multi-node) collectives run on the host backend only so far; \
+         GPU builds have no kernel for them yet"
+    ))
+}
+
+/// Handshake with every rail peer (a signal each way on the port channels).
+pub(crate) fn rail_handshake(res: &Resources, handles: &[PortChannelDeviceHandle]) -> Result<()> {
+    let t = res.config.host_timeout;
+    for p in res.topo.rail_peers() {
+        // SAFETY: the handle is a live channel of this rank's net proxy.
+        unsafe { handles[p].signal(t)? };
+    }
+    for p in res.topo.rail_peers() {
+        // SAFETY: as above.
+        unsafe { handles[p].wait(t)? };
+    }
+    Ok(())
+}
+
+impl Algorithm for HierRsagPort {
+    fn name(&self) -> &'static str {
+        "hier_rsag_port"
+    }
+    fn kind(&self) -> CollectiveKind {
+        CollectiveKind::AllReduce
+    }
+    fn multi_node(&self) -> bool {
+        true
+    }
+    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+        if shard_bytes(res, call) < VEC {
+            return Err(Error::invalid(format!(
+                "allreduce hier_rsag_port: expected a plain scratch of at least {} bytes, got {}",
+                slots(res, call.dtype) * VEC,
+                res.layout.plain_bytes
+            )));
+        }
+        Ok(())
+    }
+    fn launch_gpu(&self, _: &Resources, _: &GpuCtx, _: &Call, _: RawStream) -> Result<()> {
+        Err(no_gpu("allreduce hier_rsag_port"))
+    }
+    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+        with_elem!(call.dtype, T => host::<T>(res, call))
+    }
+}
+
+/// Where things are for one call.
+struct Plan {
+    s: usize,
+    total: usize,
+    base: u64,
+    a: usize,
+    r: usize,
+    net: usize,
+    f: usize,
+}
+
+impl Plan {
+    /// Bytes of shard `l` of chunk `k`.
+    fn len(&self, k: usize, l: usize, per_node: usize) -> usize {
+        self.total
+            .saturating_sub(k * per_node * self.s + l * self.s)
+            .min(self.s)
+    }
+    /// Offset in the buffers of shard `l` of chunk `k`.
+    fn at(&self, k: usize, l: usize, per_node: usize) -> usize {
+        k * per_node * self.s + l * self.s
+    }
+}
+
+fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
+    let topo = &res.topo;
+    let (l, nn, me_l, me_node) = (topo.per_node(), topo.nnodes, topo.local, topo.node);
+    let s = shard_bytes(res, call);
+    let plain = res.layout.plain_offset;
+    let w = s * widen(call.dtype);
+    debug_assert_eq!(
+        std::mem::size_of::<T::Acc>(),
+        std::mem::size_of::<T>() * widen(call.dtype)
+    );
+    let p = Plan {
+        s,
+        total: call.bytes(),
+        base: plain as u64,
+        a: 0,
+        r: l * s,
+        net: l * s + DEPTH * w,
+        f: l * s + (DEPTH + DEPTH * nn) * w,
+    };
+    let empty: &[PortChannelDeviceHandle] = &[];
+    let handles = res.net.as_ref().map_or(empty, |n| n.handles.as_slice());
+    let t = res.config.host_timeout;
+    let size = std::mem::size_of::<T>();
+    let inner_op = if call.op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        call.op
+    };
+    let chunks = p.total.div_ceil(l * s);
+    let scratch = |r: usize, off: usize| res.peer_bases[r] + p.base + off as u64;
+    let mine = |off: usize| scratch(res.rank, off);
+
+    host_local_barrier(res, 0)?;
+    rail_handshake(res, handles)?;
+
+    // Stage 1 of chunk k: intra-node reduce-scatter into R[k % D], then the network puts.
+    let stage_a = |k: usize| -> Result<()> {
+        let span = p.total.saturating_sub(k * l * s).min(l * s);
+        // SAFETY: area A of the own scratch holds l * s bytes; the input holds the chunk.
+        unsafe { host_copy(mine(p.a), call.send + (k * l * s) as u64, span) };
+        host_local_barrier(res, 0)?;
+        let len = p.len(k, me_l, l);
+        let srcs: Vec<*const T> = topo
+            .local_ranks
+            .iter()
+            .map(|&r| scratch(r, p.a + me_l * s) as usize as *const T)
+            .collect();
+        let rslot = mine(p.r + (k % DEPTH) * w) as usize as *mut T::Acc;
+        for i in 0..len / size {
+            // SAFETY: every local rank's A holds this chunk (barrier above); R's slot of w
+            // bytes is free (module doc); the peers' shared buffers are mapped here.
+            unsafe {
+                let mut acc = srcs[0].add(i).read_unaligned().to_acc();
+                for src in &srcs[1..] {
+                    acc = T::combine(inner_op, acc, src.add(i).read_unaligned().to_acc());
+                }
+                rslot.add(i).write_unaligned(acc);
+            }
+        }
+        host_local_barrier(res, 0)?;
+        let wlen = len / size * std::mem::size_of::<T::Acc>();
+        for q in topo.rail_peers() {
+            let dst = p.base as usize + p.net + ((k % DEPTH) * nn + me_node) * w;
+            let src = p.base as usize + p.r + (k % DEPTH) * w;
+            // SAFETY: a live channel of the net proxy; both ranges lie in the shared buffers.
+            unsafe { put_or_signal(&handles[q], dst as u64, src as u64, wlen, t)? };
+        }
+        Ok(())
+    };
+    // Stage 2 of chunk k: the network reduction into F and the output, then the intra-node
+    // all-gather.
+    let stage_b = |k: usize| -> Result<()> {
+        for q in topo.rail_peers() {
+            // SAFETY: as above.
+            unsafe { handles[q].wait(t)? };
+        }
+        let len = p.len(k, me_l, l);
+        let srcs: Vec<*const T::Acc> = (0..nn)
+            .map(|j| {
+                let off = if j == me_node {
+                    p.r + (k % DEPTH) * w
+                } else {
+                    p.net + ((k % DEPTH) * nn + j) * w
+                };
+                mine(off) as usize as *const T::Acc
+            })
+            .collect();
+        let f = mine(p.f) as usize as *mut T;
+        for i in 0..len / size {
+            // SAFETY: the rail peers' partials have landed (waited above); F holds s bytes.
+            unsafe {
+                let mut acc = srcs[0].add(i).read_unaligned();
+                for src in &srcs[1..] {
+                    acc = T::combine(inner_op, acc, src.add(i).read_unaligned());
+                }
+                if call.op == ReduceOp::Avg {
+                    acc = T::div(acc, res.nranks);
+                }
+                f.add(i).write_unaligned(T::from_acc(acc));
+            }
+        }
+        let out = call.recv + p.at(k, me_l, l) as u64;
+        // SAFETY: the output holds the chunk.
+        unsafe { host_copy(out, mine(p.f), len) };
+        host_local_barrier(res, 0)?;
+        for q in topo.local_peers() {
+            let ql = topo.local_of[q];
+            let dst = call.recv + p.at(k, ql, l) as u64;
+            // SAFETY: q's F holds its final shard (barrier above); q's buffer is mapped here.
+            unsafe { host_copy(dst, scratch(q, p.f), p.len(k, ql, l)) };
+        }
+        host_local_barrier(res, 0)
+    };
+
+    stage_a(0)?;
+    for k in 0..chunks {
+        if k + 1 < chunks {
+            stage_a(k + 1)?;
+        }
+        stage_b(k)?;
+    }
+    for q in topo.rail_peers() {
+        // SAFETY: as above.
+        unsafe { handles[q].flush(t)? };
+    }
+    Ok(())
+}

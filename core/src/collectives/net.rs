@@ -1,0 +1,158 @@
+//! The network side of the hierarchical (multi-node) collectives: one connection, one
+//! registered copy of the shared buffer and one port channel per rail peer (the rank of the
+//! same local index on every other node), served by one proxy thread. Built eagerly by
+//! [`super::Resources::new`] when the world spans nodes.
+//!
+//! Transport: `MSCCLPP_COLL_NET_TRANSPORT` = `ib` or `ethernet` when set; otherwise IB (`Ib0`,
+//! in the mode of `MSCCLPP_IBV_MODE`) when an IB device is usable (a NIC, or the verbs test
+//! provider named by `MSCCLPP_IBV_SO`), else Ethernet. Every rank must pick the same.
+//!
+//! Channel p (index p of `handles`; only rail peers have one) puts from this rank's shared
+//! buffer into peer p's shared buffer at offsets from the buffers' starts, so plain-scratch
+//! areas have the same offsets on both sides; the proxy signals the peer's semaphore after the
+//! data (in order per connection), and `flush` waits until it handled every earlier request.
+
+use crate::error::{Error, Result};
+use crate::fifo::{Fifo, DEFAULT_FIFO_SIZE};
+use crate::gpu_buffer::GpuBuffer;
+use crate::port_channel::{PortChannel, PortChannelDeviceHandle};
+use crate::proxy::ProxyService;
+use crate::semaphore::Host2DeviceSemaphore;
+use crate::transport::{DeviceType, EndpointConfig, Transport};
+
+use super::setup::Resources;
+
+/// Communicator tags of the setup exchanges.
+const TAG_CONNECT: u64 = 0xC013_0000;
+const TAG_MEMORY: u64 = 0xC013_0001;
+const TAG_SEMAPHORE: u64 = 0xC013_0002;
+
+/// The variable that forces the network transport.
+pub const NET_TRANSPORT_ENV: &str = "MSCCLPP_COLL_NET_TRANSPORT";
+
+/// The rail peers' port channels and their proxy.
+pub struct NetState {
+    /// The transport of the network connections (`Ib0` or `Ethernet`).
+    pub transport: Transport,
+    /// Device handles, index = rank (ranks that are not rail peers hold a copy of another
+    /// entry, unused).
+    pub handles: Vec<PortChannelDeviceHandle>,
+    /// The same handles in device memory (host memory on the host backend).
+    pub table: GpuBuffer<PortChannelDeviceHandle>,
+    _channels: Vec<PortChannel>,
+    _proxy: ProxyService,
+}
+
+/// The transport `value` of [`NET_TRANSPORT_ENV`] (or, when unset, what is available) names.
+pub fn pick_transport(value: Option<&str>) -> Result<Transport> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        Some(v) if v.eq_ignore_ascii_case("ib") => Ok(Transport::Ib0),
+        Some(v) if v.eq_ignore_ascii_case("ethernet") => Ok(Transport::Ethernet),
+        Some(v) => Err(Error::invalid(format!(
+            "{NET_TRANSPORT_ENV}={v}: expected one of ib, ethernet"
+        ))),
+        None if crate::ib::ib_unavailable_reason().is_none() => Ok(Transport::Ib0),
+        None => Ok(Transport::Ethernet),
+    }
+}
+
+impl NetState {
+    /// Connects the rail peers of `res` (collective over all ranks: every rank calls it after
+    /// its intra-node setup).
+    pub fn build(res: &Resources) -> Result<NetState> {
+        let env = std::env::var(NET_TRANSPORT_ENV).ok();
+        let transport = pick_transport(env.as_deref())?;
+        let (n, comm) = (res.nranks, &res.comm);
+        let rails: Vec<usize> = res.topo.rail_peers().collect();
+        let mut proxy = match res.device.kind {
+            DeviceType::Cpu => ProxyService::new_host()?,
+            DeviceType::Gpu => {
+                let dev = crate::memory::gpu_device(res.device.id)?;
+                ProxyService::with_fifo(Fifo::new_on::<mscclpp_hal::Gpu>(&dev, DEFAULT_FIFO_SIZE)?)?
+            }
+        };
+        let conns: Vec<_> = rails
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    comm.connect(EndpointConfig::new(transport, res.device), p, TAG_CONNECT),
+                )
+            })
+            .collect();
+        let local = comm.register_memory(res.shared.ptr(), res.layout.total, transport.into())?;
+        let remote: Vec<_> = rails
+            .iter()
+            .map(|&p| comm.recv_memory(p, TAG_MEMORY))
+            .collect();
+        for &p in &rails {
+            comm.send_memory(&local, p, TAG_MEMORY)?;
+        }
+        let mut sems = Vec::with_capacity(rails.len());
+        for (p, f) in conns {
+            let conn = f.get().map_err(|e| {
+                Error::invalid(format!(
+                    "collectives: connecting rank {p} on another node over {transport:?}: {e}"
+                ))
+            })?;
+            sems.push(comm.build_semaphore(&conn, p, TAG_SEMAPHORE));
+        }
+        let src = proxy.add_memory(local)?;
+        let mut channels = Vec::with_capacity(rails.len());
+        let mut handles = Vec::with_capacity(rails.len());
+        for ((&p, m), s) in rails.iter().zip(remote).zip(sems) {
+            let m = m.get()?;
+            if m.size() < res.layout.total {
+                return Err(Error::remote(
+                    p,
+                    format!(
+                        "collectives: expected the peer's shared buffer of {} bytes, got {}",
+                        res.layout.total,
+                        m.size()
+                    ),
+                ));
+            }
+            let dst = proxy.add_memory(m)?;
+            let sid = proxy.add_semaphore(Host2DeviceSemaphore::new(s.get()?)?)?;
+            let ch = proxy.port_channel(sid, dst, src)?;
+            handles.push((p, ch.device_handle()));
+            channels.push(ch);
+        }
+        let filler = handles
+            .first()
+            .map(|(_, h)| *h)
+            .ok_or_else(|| Error::invalid("collectives: a multi-node world without rail peers"))?;
+        let mut table_host = vec![filler; n];
+        for (p, h) in handles {
+            table_host[p] = h;
+        }
+        let table = GpuBuffer::new(res.device, n)?;
+        table.copy_from_host(0, &table_host)?;
+        proxy.start_proxy()?;
+        // Every rank's proxy runs before anyone pushes.
+        comm.bootstrap().barrier()?;
+        Ok(NetState {
+            transport,
+            handles: table_host,
+            table,
+            _channels: channels,
+            _proxy: proxy,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_names() {
+        assert_eq!(pick_transport(Some("IB")).unwrap(), Transport::Ib0);
+        assert_eq!(
+            pick_transport(Some(" ethernet ")).unwrap(),
+            Transport::Ethernet
+        );
+        let e = pick_transport(Some("tcp")).unwrap_err().to_string();
+        assert!(e.contains("expected one of ib, ethernet"), "{e}");
+    }
+}
