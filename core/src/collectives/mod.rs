@@ -21,6 +21,7 @@
 //! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
+//! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 256M; K/M/G suffixes; `0`: none) use the driver's copy, larger ones the copy kernel |
 //! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
 //!
 //! The NVLS all-reduces ([`nvls`]) are picked by the selector only where NVLS is usable for the
@@ -184,6 +185,7 @@ impl Collectives {
     pub fn with_config(comm: Arc<Communicator>, cfg: CollectivesConfig) -> Result<Collectives> {
         let forced = forced_from_env(|k| std::env::var(k).ok())?;
         let nvls_opt_in = nvls::emulation_opt_in(std::env::var(nvls::EMULATION_ENV).ok())?;
+        copy::driver_copy_max()?;
         let res = Resources::new(&comm, cfg)?;
         let nvls = nvls::selectable(res.device, nvls_opt_in);
         let gpu = match res.device.kind {

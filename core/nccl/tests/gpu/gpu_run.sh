@@ -96,6 +96,11 @@ for t in $TESTS; do
   verdict "${t}_perf LD_PRELOAD libmscclpp_nccl" $([ $rc2 = 0 ] && [ "$w2" = 0 ] && [ "$used" -ge 1 ] && echo 1 || echo 0) \
     "(exit $rc2, wrong $w2, our init logged $used time(s))"
 done
+# The world-size-1 copy's two paths side by side: every size through the copy kernel
+# (MSCCLPP_COPY_DRIVER_MAX_BYTES=0) next to the default (the driver's copy up to 256 MiB).
+MSCCLPP_COPY_DRIVER_MAX_BYTES=0 LD_PRELOAD="$LIB" timeout 120 "$B/all_reduce_perf" $ARGS >"$OUT/all_reduce.mscclpp_kernel.log" 2>&1
+rc3=$?; w3=$(wrong_of "$OUT/all_reduce.mscclpp_kernel.log")
+verdict "all_reduce_perf LD_PRELOAD, copy kernel at every size" $([ $rc3 = 0 ] && [ "$w3" = 0 ] && echo 1 || echo 0) "(exit $rc3, wrong $w3)"
 
 # ---- 4. PyTorch ----------------------------------------------------------------------------
 PY=$ROOT/core/nccl/tests/gpu/torch_allreduce.py
@@ -120,6 +125,12 @@ for t in $TESTS; do
     printf '%-15s %12s %10s / %-8s %10s / %-8s\n' "$t" "$bytes" "$a" "$b" "$c" "$d"
   done | tee -a "$SUM"
 done
+awk '$1 ~ /^[0-9]+$/ && NF >= 13 { print $1, $6 }' "$OUT/all_reduce.mscclpp_kernel.log" >"$W/k.t"
+say ""
+say "all_reduce out-of-place (us): ours default (driver copy <= 256 MiB) / ours copy kernel at every size"
+paste -d' ' "$W/all_reduce.mscclpp.t" "$W/k.t" | while read -r bytes a _ _ c; do
+  printf '%12s %10s / %-10s\n' "$bytes" "$a" "$c"
+done | tee -a "$SUM"
 say ""
 say "targets (PERF.md, one H200): out-of-place <= 1.0 us at 1 KiB, <= 560 us at 1 GiB"
 say "$FAILS failed check(s); logs in $OUT"
