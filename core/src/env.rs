@@ -61,6 +61,20 @@ pub enum IbvMode {
     HostNoAtomic,
 }
 
+/// Which IB memory registration paths may be used (`MSCCLPP_IB_MR_PATH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IbMrPath {
+    /// `auto` (the default): mlx5 Data Direct, then `ibv_reg_dmabuf_mr`, then `ibv_reg_mr`,
+    /// each falling back to the next.
+    Auto,
+    /// `data-direct`: only `mlx5dv_reg_dmabuf_mr` with Data Direct (an error otherwise).
+    DataDirect,
+    /// `dmabuf`: only `ibv_reg_dmabuf_mr` (an error otherwise).
+    DmaBuf,
+    /// `plain`: only `ibv_reg_mr` (with the peermem check for GPU memory).
+    Plain,
+}
+
 /// Address family for bootstrap sockets (`MSCCLPP_SOCKET_FAMILY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SocketFamily {
@@ -82,6 +96,7 @@ pub struct Env {
     ibv_so: Option<PathBuf>,
     ibv_mode: Parsed<IbvMode>,
     ib_gid_index: Parsed<u32>,
+    ib_mr_path: Parsed<IbMrPath>,
     hostid: Option<String>,
     socket_ifname: Option<String>,
     bootstrap_key: Option<String>,
@@ -151,6 +166,19 @@ impl Env {
             }),
         };
 
+        let ib_mr_path = match non_empty(lookup("MSCCLPP_IB_MR_PATH")) {
+            None => Ok(IbMrPath::Auto),
+            Some(v) => match v.to_ascii_lowercase().as_str() {
+                "auto" => Ok(IbMrPath::Auto),
+                "data-direct" => Ok(IbMrPath::DataDirect),
+                "dmabuf" => Ok(IbMrPath::DmaBuf),
+                "plain" => Ok(IbMrPath::Plain),
+                _ => Err(format!(
+                    "MSCCLPP_IB_MR_PATH={v}: expected one of auto, data-direct, dmabuf, plain"
+                )),
+            },
+        };
+
         let socket_family = match non_empty(lookup("MSCCLPP_SOCKET_FAMILY")) {
             None => Ok(None),
             Some(v) => match v.to_ascii_uppercase().as_str() {
@@ -193,6 +221,7 @@ impl Env {
             ibv_so: non_empty(lookup("MSCCLPP_IBV_SO")).map(PathBuf::from),
             ibv_mode,
             ib_gid_index,
+            ib_mr_path,
             hostid: non_empty(lookup("MSCCLPP_HOSTID")),
             socket_ifname: non_empty(lookup("MSCCLPP_SOCKET_IFNAME")),
             bootstrap_key: non_empty(lookup("MSCCLPP_BOOTSTRAP_KEY")),
@@ -267,6 +296,10 @@ impl Env {
     /// library keeps NVLS disabled meanwhile (fail closed).
     pub fn force_disable_nvls(&self) -> Result<bool> {
         Self::typed(&self.force_disable_nvls)
+    }
+    /// `MSCCLPP_IB_MR_PATH`: auto | data-direct | dmabuf | plain (default auto).
+    pub fn ib_mr_path(&self) -> Result<IbMrPath> {
+        Self::typed(&self.ib_mr_path)
     }
     /// `MSCCLPP_FORCE_DISABLE_GDR`.
     pub fn force_disable_gdr(&self) -> Result<bool> {

@@ -220,8 +220,7 @@ impl RegisteredMemory {
         for t in transports.iter().filter(|t| t.is_ib()) {
             // SAFETY: the region is stored in the returned memory next to the `Arc` of the
             // allocation and dropped before it (field order of RegInner).
-            let mr =
-                unsafe { crate::ib::mr::register(t, alloc.ptr() + offset, size, alloc.device()) }?;
+            let mr = unsafe { crate::ib::mr::register(t, &alloc, offset, size) }?;
             infos.push((t, mr.info()));
             ib_mrs.push(mr);
         }
@@ -338,6 +337,17 @@ impl RegisteredMemory {
             .iter()
             .find(|(t, _)| *t == transport)
             .map(|(_, b)| b.as_slice())
+    }
+
+    /// How this process registered the memory with IB transport `t` (dma-buf through mlx5 Data
+    /// Direct, dma-buf, or plain `ibv_reg_mr`); `None` for a transport it was not registered
+    /// with here (or a deserialized copy).
+    pub fn ib_registration_path(&self, t: Transport) -> Option<crate::ib::RegPath> {
+        self.inner
+            .ib_mrs
+            .iter()
+            .find(|m| m.transport == t)
+            .map(|m| m.path)
     }
 
     /// The local key of this process's memory region for IB transport `t` (registrations

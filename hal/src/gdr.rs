@@ -1,9 +1,13 @@
 //! GDRCopy (`libgdrapi.so`) loaded at run time: CPU mappings of GPU memory, used to forward
 //! semaphore values into GPU memory from a host thread.
 //!
-//! [`Gdr::open`] returns `Ok(None)` when `MSCCLPP_FORCE_DISABLE_GDR=1` or when the library is
-//! absent, so callers fall back without treating it as an error; a present library whose
-//! `gdr_open` fails (no `gdrdrv` module) is an error naming that cause.
+//! [`Gdr::probe`] reports one [`GdrStatus`] with a message: `Ok` (with the open handle),
+//! `NotBuilt` (a GPU backend GDRCopy does not serve: ROCm), `DisabledByEnv`
+//! (`MSCCLPP_FORCE_DISABLE_GDR=1`), `DriverMissing` (no library loads: `MSCCLPP_GDRCOPY_SO`
+//! when set, else `libgdrapi.so`, `libgdrapi.so.2`), `OpenFailed` (`gdr_open` returned NULL,
+//! usually no `gdrdrv` module, or a required symbol is missing) and `DriverTooOld` (runtime or
+//! driver older than [`GDR_MIN_VERSION`], or without the version calls of GDRCopy 2).
+//! [`Gdr::open`] is the older form: `Ok(None)` when disabled or absent.
 
 use std::ffi::{c_int, c_ulong, c_void};
 use std::path::PathBuf;
@@ -13,6 +17,10 @@ use std::sync::{Arc, Mutex};
 pub const GDR_DISABLE_ENV: &str = "MSCCLPP_FORCE_DISABLE_GDR";
 /// Library names tried, in order.
 pub const GDR_CANDIDATES: [&str; 2] = ["libgdrapi.so", "libgdrapi.so.2"];
+/// Set to a path to load that GDRCopy library (and only it).
+pub const GDR_SO_ENV: &str = "MSCCLPP_GDRCOPY_SO";
+/// The oldest GDRCopy runtime and driver used (major, minor): the 2.x `gdr_info_t` layout.
+pub const GDR_MIN_VERSION: (i32, i32) = (2, 0);
 /// GPU pages pinned by GDRCopy are 64 KiB.
 pub const GPU_PAGE_SIZE: u64 = 1 << 16;
 
@@ -71,6 +79,50 @@ type GdrUnpin = unsafe extern "C" fn(*mut c_void, GdrMh) -> c_int;
 type GdrMap = unsafe extern "C" fn(*mut c_void, GdrMh, *mut *mut c_void, usize) -> c_int;
 type GdrUnmap = unsafe extern "C" fn(*mut c_void, GdrMh, *mut c_void, usize) -> c_int;
 type GdrGetInfo = unsafe extern "C" fn(*mut c_void, GdrMh, *mut GdrInfo) -> c_int;
+type GdrRuntimeVersion = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
+type GdrDriverVersion = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> c_int;
+
+/// Whether GDRCopy can be used in this process, and if not, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GdrStatus {
+    /// Loaded and opened; mappings can be made.
+    Ok,
+    /// This build's GPU backend has no GDRCopy support (ROCm).
+    NotBuilt,
+    /// `MSCCLPP_FORCE_DISABLE_GDR` is set.
+    DisabledByEnv,
+    /// No GDRCopy library could be loaded.
+    DriverMissing,
+    /// The library loaded but could not be opened (`gdr_open` failed or a symbol is missing).
+    OpenFailed,
+    /// The runtime or the gdrdrv driver is older than [`GDR_MIN_VERSION`].
+    DriverTooOld,
+}
+
+impl GdrStatus {
+    /// A short name for logs (`ok`, `not built`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            GdrStatus::Ok => "ok",
+            GdrStatus::NotBuilt => "not built",
+            GdrStatus::DisabledByEnv => "disabled by MSCCLPP_FORCE_DISABLE_GDR",
+            GdrStatus::DriverMissing => "driver missing",
+            GdrStatus::OpenFailed => "open failed",
+            GdrStatus::DriverTooOld => "driver too old",
+        }
+    }
+}
+
+/// The outcome of [`Gdr::probe`]: a status, a message saying why, and the handle when `Ok`.
+#[derive(Debug, Clone)]
+pub struct GdrProbe {
+    /// What was found.
+    pub status: GdrStatus,
+    /// Why (library path, versions, the failing call).
+    pub message: String,
+    /// The open handle (only with [`GdrStatus::Ok`]).
+    pub gdr: Option<Gdr>,
+}
 
 struct GdrInner {
     handle: *mut c_void,
@@ -80,6 +132,8 @@ struct GdrInner {
     map: GdrMap,
     unmap: GdrUnmap,
     get_info: GdrGetInfo,
+    runtime_version: Option<GdrRuntimeVersion>,
+    driver_version: Option<GdrDriverVersion>,
     /// GDRCopy handles are not documented as thread-safe: serialise calls.
     lock: Mutex<()>,
     path: String,
@@ -124,6 +178,96 @@ pub fn disabled_by(value: Option<&str>) -> bool {
 }
 
 impl Gdr {
+    /// Probes GDRCopy under this process's environment (`MSCCLPP_FORCE_DISABLE_GDR`,
+    /// `MSCCLPP_GDRCOPY_SO`) and this build's GPU backend.
+    pub fn probe() -> GdrProbe {
+        let disable = std::env::var(GDR_DISABLE_ENV).ok();
+        let so = std::env::var_os(GDR_SO_ENV);
+        let not_built =
+            cfg!(hal_rocm).then_some("GDRCopy serves CUDA GPUs; this build's GPU backend is rocm");
+        Self::probe_with(disable.as_deref(), so.as_deref(), not_built)
+    }
+
+    /// [`Gdr::probe`] with the inputs given: the two variables' values and, for a backend
+    /// GDRCopy does not serve, why.
+    pub fn probe_with(
+        disable: Option<&str>,
+        so: Option<&std::ffi::OsStr>,
+        not_built: Option<&str>,
+    ) -> GdrProbe {
+        let fail = |status, message: String| GdrProbe {
+            status,
+            message,
+            gdr: None,
+        };
+        if let Some(why) = not_built {
+            return fail(GdrStatus::NotBuilt, why.to_string());
+        }
+        if disabled_by(disable) {
+            return fail(
+                GdrStatus::DisabledByEnv,
+                format!("{GDR_DISABLE_ENV}={}", disable.unwrap_or_default()),
+            );
+        }
+        let cands: Vec<PathBuf> = match so.filter(|v| !v.is_empty()) {
+            Some(p) => vec![PathBuf::from(p)],
+            None => GDR_CANDIDATES.iter().map(PathBuf::from).collect(),
+        };
+        let mut tried = Vec::new();
+        for path in &cands {
+            // SAFETY: loading GDRCopy runs its initialisers; it is trusted native code.
+            match unsafe { libloading::Library::new(path) } {
+                Ok(lib) => {
+                    let p = path.display().to_string();
+                    return match Self::resolve(lib, p.clone()) {
+                        Ok(g) => match g.check_versions() {
+                            Ok(v) => GdrProbe {
+                                status: GdrStatus::Ok,
+                                message: format!("{p}: {v}"),
+                                gdr: Some(g),
+                            },
+                            Err(m) => fail(GdrStatus::DriverTooOld, format!("{p}: {m}")),
+                        },
+                        Err(e) => fail(GdrStatus::OpenFailed, e.to_string()),
+                    };
+                }
+                Err(e) => tried.push(format!("`{}` ({e})", path.display())),
+            }
+        }
+        fail(
+            GdrStatus::DriverMissing,
+            format!("no GDRCopy library loads; tried {}", tried.join(", ")),
+        )
+    }
+
+    /// The runtime and driver versions when both are at least [`GDR_MIN_VERSION`].
+    fn check_versions(&self) -> Result<String, String> {
+        let g = &self.inner;
+        let (Some(rt), Some(drv)) = (g.runtime_version, g.driver_version) else {
+            return Err("no gdr_runtime_get_version / gdr_driver_get_version (GDRCopy 1.x)".into());
+        };
+        let (mut rmaj, mut rmin, mut dmaj, mut dmin) = (0, 0, 0, 0);
+        let _guard = g.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: valid out pointers; the handle is open.
+        let (a, b) = unsafe {
+            (
+                rt(&mut rmaj, &mut rmin),
+                drv(g.handle, &mut dmaj, &mut dmin),
+            )
+        };
+        if a != 0 || b != 0 {
+            return Err(format!("version queries failed ({a}, {b})"));
+        }
+        let v = format!("runtime {rmaj}.{rmin}, driver {dmaj}.{dmin}");
+        if (rmaj, rmin) < GDR_MIN_VERSION || (dmaj, dmin) < GDR_MIN_VERSION {
+            return Err(format!(
+                "{v}: expected at least {}.{}",
+                GDR_MIN_VERSION.0, GDR_MIN_VERSION.1
+            ));
+        }
+        Ok(v)
+    }
+
     /// Opens GDRCopy: `None` when disabled by `MSCCLPP_FORCE_DISABLE_GDR=1` or when no
     /// candidate library loads.
     pub fn open() -> Result<Option<Gdr>, GdrError> {
@@ -172,6 +316,14 @@ impl Gdr {
         let map: GdrMap = sym!("gdr_map");
         let unmap: GdrUnmap = sym!("gdr_unmap");
         let get_info: GdrGetInfo = sym!("gdr_get_info");
+        // SAFETY: as above; the version calls are GDRCopy 2 additions, optional here.
+        let runtime_version = unsafe { lib.get::<GdrRuntimeVersion>(b"gdr_runtime_get_version\0") }
+            .ok()
+            .map(|s| *s);
+        // SAFETY: as above.
+        let driver_version = unsafe { lib.get::<GdrDriverVersion>(b"gdr_driver_get_version\0") }
+            .ok()
+            .map(|s| *s);
         // SAFETY: gdr_open takes no arguments and returns a handle or NULL.
         let handle = unsafe { open() };
         if handle.is_null() {
@@ -186,6 +338,8 @@ impl Gdr {
                 map,
                 unmap,
                 get_info,
+                runtime_version,
+                driver_version,
                 lock: Mutex::new(()),
                 path,
                 _lib: lib,
@@ -294,7 +448,9 @@ impl GdrMapping {
                 ),
             });
         }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        // Full fences (mfence on x86) on both sides: a release fence alone emits no instruction
+        // on x86 and does not order write-combining stores to the BAR mapping.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         // SAFETY: in bounds and aligned (checked above); the mapping lives as long as self.
         unsafe { std::ptr::write_volatile(self.ptr.add(offset).cast::<u64>(), value) };
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
@@ -343,6 +499,29 @@ mod tests {
         assert!(Gdr::open_with(None, &cands)
             .expect("absent is not an error")
             .is_none());
+    }
+
+    #[test]
+    fn probe_reports_each_status_with_its_reason() {
+        let p = Gdr::probe_with(Some("1"), None, None);
+        assert_eq!(p.status, GdrStatus::DisabledByEnv);
+        assert!(p.message.contains(GDR_DISABLE_ENV) && p.gdr.is_none());
+        let p = Gdr::probe_with(
+            None,
+            Some(std::ffi::OsStr::new("/nonexistent/libgdrapi.so")),
+            None,
+        );
+        assert_eq!(p.status, GdrStatus::DriverMissing);
+        assert!(
+            p.message.contains("/nonexistent/libgdrapi.so"),
+            "{}",
+            p.message
+        );
+        let p = Gdr::probe_with(None, Some(std::ffi::OsStr::new("libc.so.6")), None);
+        assert_eq!(p.status, GdrStatus::OpenFailed);
+        assert!(p.message.contains("gdr_open"), "{}", p.message);
+        let p = Gdr::probe_with(None, None, Some("rocm"));
+        assert_eq!(p.status, GdrStatus::NotBuilt);
     }
 
     #[test]

@@ -36,6 +36,7 @@
 //! of a backend starts by entering the device it works on, which checks for them first).
 
 pub mod auxil;
+pub mod dmabuf;
 mod error;
 
 pub mod gdr;
@@ -54,6 +55,7 @@ pub mod host;
 pub mod rocm;
 
 pub use auxil::deferred::take_deferred_errors;
+pub use dmabuf::{DmaBuf, DmaBufApi};
 pub use error::{Error, Result};
 pub use graph::StreamInterop;
 pub use ipc::{IpcDescriptor, IpcKind};
@@ -164,6 +166,7 @@ pub trait Api:
     + ModuleApi
     + IpcApi
     + MulticastApi
+    + DmaBufApi
     + Sized
     + Send
     + Sync
@@ -467,7 +470,7 @@ pub trait IpcApi {
 /// The HAL traits, for code that calls them on a concrete backend (`Gpu::alloc(..)`).
 pub mod prelude {
     pub use crate::{
-        Api, Buffer, DeviceApi, HostRegisterApi, IpcApi, MemoryApi, ModuleApi, MulticastApi,
-        StreamApi,
+        Api, Buffer, DeviceApi, DmaBufApi, HostRegisterApi, IpcApi, MemoryApi, ModuleApi,
+        MulticastApi, StreamApi,
     };
 }

@@ -16,13 +16,23 @@
 //!
 //! # Memory registration
 //! Every IB transport of a registration gets its own memory region (LOCAL_WRITE | REMOTE_WRITE |
-//! REMOTE_READ | REMOTE_ATOMIC). Host memory (and the host backend's "GPU" memory) is registered
-//! with `ibv_reg_mr`. Real GPU memory prefers dma-buf (`ibv_reg_dmabuf_mr`) when the verbs
-//! library exports it and the GPU layer can export a dma-buf fd; the GPU layer of this build
-//! cannot yet ([`gpu_dmabuf_supported`]), so GPU memory goes through `ibv_reg_mr`, which needs
-//! the `nvidia-peermem` kernel module (checked in `/sys/module` and `/proc/modules`; without it
-//! registration is an error saying so). The [`mr::IbMr`] is owned by the registered memory and
-//! deregistered when it drops.
+//! REMOTE_READ | REMOTE_ATOMIC), registered along the first path that works ([`RegPath`]):
+//! 1. GPU memory is exported as a dma-buf by the HAL (`cuMemGetHandleForAddressRange`; the host
+//!    backend's memfd) and registered with mlx5 Direct Verbs Data Direct
+//!    (`mlx5dv_reg_dmabuf_mr`) when an mlx5dv library is loaded
+//!    ([`mscclpp_hal::ibv::Mlx5Lib`]) and
+//!    `mlx5dv_get_data_direct_sysfs_path` finds the device's Data Direct function;
+//! 2. else with `ibv_reg_dmabuf_mr` when the verbs library exports it;
+//! 3. else with `ibv_reg_mr`, which for real GPU memory needs the `nvidia-peermem` kernel module
+//!    (checked in `/sys/module` and `/proc/modules`; without it registration is an error naming
+//!    why each dma-buf path was not taken). CPU memory always takes this path under `auto`.
+//!
+//! `MSCCLPP_IB_MR_PATH` = `data-direct` | `dmabuf` | `plain` allows only that path (an error
+//! naming why when it cannot be taken; the forced dma-buf paths also take the host backend's CPU
+//! memory, so tests can run every path); `auto` (default) is the order above. The path taken is
+//! logged at info level (subsystem NET) and read back with
+//! [`crate::RegisteredMemory::ib_registration_path`]. The [`mr::IbMr`] is owned by the
+//! registered memory and deregistered when it drops, before its dma-buf fd is closed.
 //!
 //! The memory's transport info blob for an IB transport (what a peer needs to write to it):
 //! `MIBM` envelope version 1 with `address u64 | length u64 | rkey u32` ([`mr`]).
@@ -31,8 +41,11 @@
 //! This file opens devices; [`mr`] registers memory; [`qp`] creates the queue pairs of IB
 //! endpoints (used by [`crate::endpoint`] and [`crate::connection`]'s IB transport).
 
+pub(crate) mod gdr;
 pub(crate) mod mr;
 pub(crate) mod qp;
+
+pub use gdr::{gdr_forwarded_signals, gdr_status, GdrStatus};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -216,11 +229,26 @@ pub(crate) fn ib_ctx(t: Transport) -> Result<Arc<IbCtx>> {
     Ok(c)
 }
 
-/// Whether the GPU layer can export GPU memory as a dma-buf fd for `ibv_reg_dmabuf_mr`. The
-/// HAL of this build has no dma-buf export yet, so this is `false`; GPU memory then needs
-/// `nvidia-peermem`.
-pub fn gpu_dmabuf_supported() -> bool {
-    false
+/// How a memory region was registered (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RegPath {
+    /// A dma-buf through mlx5 Direct Verbs Data Direct (`mlx5dv_reg_dmabuf_mr`).
+    DmaBufDataDirect,
+    /// A dma-buf through `ibv_reg_dmabuf_mr`.
+    DmaBuf,
+    /// An address range through `ibv_reg_mr`.
+    Plain,
+}
+
+impl RegPath {
+    /// The verbs call behind the path, for logs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RegPath::DmaBufDataDirect => "mlx5dv_reg_dmabuf_mr (dma-buf, Data Direct)",
+            RegPath::DmaBuf => "ibv_reg_dmabuf_mr (dma-buf)",
+            RegPath::Plain => "ibv_reg_mr",
+        }
+    }
 }
 
 /// Whether the `nvidia-peermem` (or legacy `nv_peer_mem`) kernel module is loaded.

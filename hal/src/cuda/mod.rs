@@ -16,6 +16,7 @@
 
 mod conv;
 mod device;
+mod dmabuf;
 mod graph;
 mod ipc;
 mod memory;

@@ -193,3 +193,28 @@ impl HostRegisterApi for Host {
         r.device_ptr()
     }
 }
+
+impl crate::DmaBufApi for Host {
+    /// The host backend's stand-in for a dma-buf: a duplicate of the allocation's memfd (the
+    /// verbs test provider maps it), offset = the byte offset in the allocation.
+    fn export_dmabuf(mem: &HostMemory, offset: usize, len: usize) -> Result<crate::DmaBuf> {
+        HostDevice::enter()?;
+        check_range("export_dmabuf(host)", mem.size, offset, len)?;
+        if len == 0 {
+            return Err(Error::invalid(
+                "export_dmabuf(host)",
+                "a non-zero length",
+                "0",
+            ));
+        }
+        let fd = mem.fd.try_clone().map_err(|source| Error::Os {
+            op: "dup(memfd) for export_dmabuf(host)",
+            source,
+        })?;
+        Ok(crate::DmaBuf {
+            fd,
+            offset: offset as u64,
+            len,
+        })
+    }
+}

@@ -184,6 +184,11 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// Wraps a region returned by a registration call of `pd`'s library (or its mlx5dv).
+    pub(crate) fn from_raw(pd: Arc<ProtectionDomain>, raw: NonNull<sys::ibv_mr>) -> Self {
+        MemoryRegion { pd, raw }
+    }
+
     fn raw(&self) -> &sys::ibv_mr {
         // SAFETY: the MR is live until drop and its public fields are not changed by the library.
         unsafe { self.raw.as_ref() }

@@ -32,6 +32,7 @@ mod device;
 pub mod inline;
 mod loader;
 mod memory;
+mod mlx5;
 mod qp;
 
 pub use ibverbs_sys as sys;
@@ -41,6 +42,7 @@ pub use cq::{CompletionQueue, WorkCompletion};
 pub use device::{Context, DeviceAttr, Gid, PortAttr};
 pub use loader::{IbvLib, IBV_SO_ENV};
 pub use memory::{AccessFlags, MemoryRegion, ProtectionDomain};
+pub use mlx5::{Mlx5Lib, MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT, MLX5_SO_ENV};
 pub use qp::{QpCaps, QpState, QueuePair, RecvWr, RtrParams, RtsParams, SendOp, SendWr, Sge};
 
 /// Errors of the run-time verbs layer.

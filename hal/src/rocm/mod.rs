@@ -14,6 +14,7 @@
 
 mod conv;
 mod device;
+mod dmabuf;
 mod graph;
 mod ipc;
 mod memory;

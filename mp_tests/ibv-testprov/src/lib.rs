@@ -37,7 +37,9 @@
 //!   the death instead of hanging. A clean `ibv_destroy_qp` sends a "bye" and changes nothing
 //!   on the peer until it sends again (then `RETRY_EXC_ERR`).
 //! * The send payload is copied when posted; CQs grow instead of overrunning; no completion
-//!   channels (`ibv_req_notify_cq` returns `EOPNOTSUPP`), SRQs, UD, reads or dmabuf.
+//!   channels (`ibv_req_notify_cq` returns `EOPNOTSUPP`), SRQs, UD or reads.
+//! * `ibv_reg_dmabuf_mr` maps the fd itself (the host backend exports a memfd) and translates
+//!   the iova to that mapping; `IBV_TESTPROV_NO_DMABUF=1` makes it fail with `EOPNOTSUPP`.
 
 #![allow(clippy::missing_safety_doc)] // every exported function documents its contract below
 
@@ -192,6 +194,8 @@ struct ProvMr {
     ibv: sys::ibv_mr,
     shared: Arc<CtxShared>,
     pd: *mut ProvPd,
+    /// `(base, len)` of the provider's own mapping of a dma-buf region.
+    mapping: Option<(usize, usize)>,
 }
 
 #[repr(C)]

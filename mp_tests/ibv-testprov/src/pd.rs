@@ -1,5 +1,5 @@
 //! Protection domains and memory regions: `ibv_alloc_pd`, `ibv_dealloc_pd`, `ibv_reg_mr`,
-//! `ibv_reg_mr_iova2`, `ibv_dereg_mr`.
+//! `ibv_reg_mr_iova2`, `ibv_reg_dmabuf_mr` (maps the fd it is given), `ibv_dereg_mr`.
 
 use super::*;
 
@@ -50,6 +50,7 @@ unsafe fn reg_mr_common(
     length: usize,
     iova: u64,
     access: u32,
+    dmabuf_map: Option<(usize, usize, usize)>,
 ) -> *mut sys::ibv_mr {
     let p = pd.cast::<ProvPd>();
     // SAFETY: caller contract; ibv is the first field.
@@ -60,7 +61,7 @@ unsafe fn reg_mr_common(
     let remote = ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC;
     let bad = addr.is_null()
         || length == 0
-        || iova != addr as u64
+        || (dmabuf_map.is_none() && iova != addr as u64)
         || (access & remote != 0 && access & ACCESS_LOCAL_WRITE == 0)
         || (addr as usize).checked_add(length).is_none();
     if bad {
@@ -68,8 +69,18 @@ unsafe fn reg_mr_common(
         return std::ptr::null_mut();
     }
     let key = state::next_key();
+    // A dma-buf region is addressed by its iova and reached through our mapping of the fd.
+    let (reg_addr, host) = match dmabuf_map {
+        Some((_, _, host)) => (iova as usize, host),
+        None => (addr as usize, addr as usize),
+    };
+    if reg_addr.checked_add(length).is_none() {
+        set_errno(EINVAL);
+        return std::ptr::null_mut();
+    }
     let info = MrInfo {
-        addr: addr as usize,
+        addr: reg_addr,
+        host,
         len: length,
         access,
         pd: pr.ibv.handle,
@@ -84,7 +95,7 @@ unsafe fn reg_mr_common(
         ibv: sys::ibv_mr {
             context: pr.ibv.context,
             pd,
-            addr,
+            addr: reg_addr as *mut c_void,
             length,
             handle: state::next_handle(),
             lkey: key,
@@ -92,6 +103,7 @@ unsafe fn reg_mr_common(
         },
         shared: pr.shared.clone(),
         pd: p,
+        mapping: dmabuf_map.map(|(base, len, _)| (base, len)),
     };
     Box::into_raw(Box::new(mr)).cast()
 }
@@ -108,7 +120,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
     access: c_int,
 ) -> *mut sys::ibv_mr {
     // SAFETY: forwarded caller contract.
-    unsafe { reg_mr_common(pd, addr, length, addr as u64, access as u32) }
+    unsafe { reg_mr_common(pd, addr, length, addr as u64, access as u32, None) }
 }
 
 /// `ibv_reg_mr_iova2` (only `iova == addr` is supported).
@@ -124,7 +136,82 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     access: c_uint,
 ) -> *mut sys::ibv_mr {
     // SAFETY: forwarded caller contract.
-    unsafe { reg_mr_common(pd, addr, length, iova, access) }
+    unsafe { reg_mr_common(pd, addr, length, iova, access, None) }
+}
+
+/// `ibv_reg_dmabuf_mr`: maps `length` bytes at `offset` of `fd` (a memfd on the host backend)
+/// into this process and registers that mapping at `iova`; remote writes land in the pages of
+/// the fd, so they show through every other mapping of it. `EOPNOTSUPP` when
+/// `IBV_TESTPROV_NO_DMABUF=1` (a library without dma-buf support at run time).
+///
+/// # Safety
+/// `pd` is a live PD of this provider; `fd` is a mappable fd whose pages outlive the region.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    pd: *mut sys::ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut sys::ibv_mr {
+    if matches!(
+        std::env::var("IBV_TESTPROV_NO_DMABUF").as_deref(),
+        Ok("1") | Ok("true") | Ok("yes")
+    ) {
+        set_errno(EOPNOTSUPP);
+        return std::ptr::null_mut();
+    }
+    let page = rustix::param::page_size() as u64;
+    let base_off = offset & !(page - 1);
+    let Some(map_len) = (offset - base_off)
+        .checked_add(length as u64)
+        .map(|l| l.div_ceil(page) * page)
+        .filter(|&l| length > 0 && l <= isize::MAX as u64)
+    else {
+        set_errno(EINVAL);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the caller passes an fd it owns for the duration of the call; mmap dups what it
+    // needs (the mapping keeps the pages alive after the fd is closed).
+    let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    // SAFETY: a fresh shared mapping chosen by the kernel; nothing aliases it yet.
+    let mapped = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            map_len as usize,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            bfd,
+            base_off,
+        )
+    };
+    let base = match mapped {
+        Ok(p) => p as usize,
+        Err(e) => {
+            set_errno(e.raw_os_error());
+            return std::ptr::null_mut();
+        }
+    };
+    let host = base + (offset - base_off) as usize;
+    // SAFETY: forwarded caller contract; the mapping is undone by dereg (or below).
+    let mr = unsafe {
+        reg_mr_common(
+            pd,
+            host as *mut c_void,
+            length,
+            iova,
+            access as u32,
+            Some((base, map_len as usize, host)),
+        )
+    };
+    if mr.is_null() {
+        let err = errno::errno();
+        // SAFETY: mapped just above and not registered.
+        let _ = unsafe { rustix::mm::munmap(base as *mut c_void, map_len as usize) };
+        errno::set_errno(err);
+    }
+    mr
 }
 
 /// `ibv_dereg_mr`: waits for in-flight remote accesses to the region, then forgets it.
@@ -147,6 +234,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
     // SAFETY: the PD outlives its MRs (dealloc_pd refuses while users != 0).
     if let Some(pd) = unsafe { b.pd.as_ref() } {
         pd.users.fetch_sub(1, Ordering::SeqCst);
+    }
+    if let Some((base, len)) = b.mapping {
+        // SAFETY: our own mapping of a dma-buf region, now out of the table (no access left:
+        // the table's write lock above waited for in-flight accesses).
+        let _ = unsafe { rustix::mm::munmap(base as *mut c_void, len) };
     }
     0
 }

@@ -98,7 +98,11 @@ impl Config {
 /// A registered region as the context's table sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct MrInfo {
+    /// The address the region is registered at (what work requests name: the iova).
     pub addr: usize,
+    /// Where this process reaches `addr`: `addr` itself for `ibv_reg_mr`, the provider's own
+    /// mapping of the fd for `ibv_reg_dmabuf_mr`.
+    pub host: usize,
     pub len: usize,
     pub access: u32,
     pub pd: u32,
@@ -109,6 +113,11 @@ impl MrInfo {
         let start = self.addr as u64;
         let end = start + self.len as u64;
         addr >= start && addr.checked_add(len).is_some_and(|e| e <= end)
+    }
+
+    /// The pointer this process uses for `addr` (which [`MrInfo::contains`] accepted).
+    pub fn host_addr(&self, addr: u64) -> usize {
+        self.host + (addr - self.addr as u64) as usize
     }
 }
 
@@ -451,8 +460,9 @@ impl QpShared {
                 Some(mr) if mr.pd == self.pd && mr.contains(addr, len as u64) => {
                     // SAFETY: the range lies inside a registered region, alive while registered
                     // (dereg waits for our read lock).
-                    let src =
-                        unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+                    let src = unsafe {
+                        std::slice::from_raw_parts(mr.host_addr(addr) as *const u8, len as usize)
+                    };
                     out.extend_from_slice(src);
                 }
                 _ => return Err(wcs::IBV_WC_LOC_PROT_ERR),

@@ -14,6 +14,7 @@ mod executor;
 mod executor_bad;
 mod fifo;
 mod ib;
+mod ib_reg;
 mod local_communicator;
 mod memory_channel;
 mod multi_process;

@@ -54,12 +54,26 @@ impl RecvShared {
     }
 }
 
-/// Where forwarded values go: a host store, a GDRCopy mapping, or a GPU copy.
+/// Where forwarded values go: a GDRCopy mapping (GPU memory, GDRCopy status ok), a host
+/// store (host-addressable memory), or a blocking GPU copy.
+///
+/// # Ordering: data before token
+/// A token is forwarded only after its RECV_RDMA_WITH_IMM completion was polled. On an RC QP
+/// the responder completes that receive only after the data of the write-with-immediate, and
+/// of every RDMA write posted before it on the QP, has been placed in memory (writes execute in
+/// order; the completion is generated after placement). The NIC places data in GPU memory and
+/// the CQE in host memory with PCIe posted writes, which stay ordered without relaxed ordering
+/// (the MRs are registered without IBV_ACCESS_RELAXED_ORDERING); a PCIe bridge that reorders
+/// posted writes breaks this, as it breaks peermem-based IB for every library. The poll reads
+/// the CQE with acquire semantics; [`mscclpp_hal::gdr::GdrMapping::store_u64`] then issues a
+/// full fence (x86 `mfence`, which also orders write-combining stores) before the token store
+/// and another after it (draining the write-combining buffer so the token reaches the GPU
+/// promptly). So the GPU can observe the token only after the data it announces landed.
+/// Tested by the IbGdrTest suite (data checked when the token is seen, every round).
 struct Forwarder {
     transport: Transport,
     peer: String,
     prev: HashMap<u64, u64>,
-    gdr: Option<Option<mscclpp_hal::gdr::Gdr>>,
     /// Mappings first in each tuple: a mapping is dropped before the memory it maps.
     maps: HashMap<u64, (mscclpp_hal::gdr::GdrMapping, RegisteredMemory)>,
 }
@@ -93,20 +107,7 @@ impl Forwarder {
         let step = imm.wrapping_sub(prev as u32);
         let value = prev.wrapping_add(u64::from(step));
         self.prev.insert(addr, value);
-        if host {
-            // SAFETY: as above.
-            unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) }
-                .store(value, Ordering::Release);
-            return Ok(());
-        }
-        let gdr = self.gdr.get_or_insert_with(|| {
-            if crate::env::env().force_disable_gdr().unwrap_or(false) {
-                None
-            } else {
-                mscclpp_hal::gdr::Gdr::open().ok().flatten()
-            }
-        });
-        if let Some(g) = gdr {
+        if let Some(g) = gdr_for(device) {
             if let std::collections::hash_map::Entry::Vacant(slot) = self.maps.entry(addr) {
                 // SAFETY: `addr..addr+8` lies in a live device allocation kept alive by `mem`,
                 // which is stored next to the mapping and dropped after it.
@@ -120,15 +121,30 @@ impl Forwarder {
                 }
             }
             if let Some((m, _)) = self.maps.get(&addr) {
+                crate::ib::gdr::count_forward();
                 return m
                     .store_u64(0, value)
                     .map_err(|e| format!("GDRCopy store to {addr:#x}: {e}"));
             }
         }
+        if host {
+            // SAFETY: as above.
+            unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) }
+                .store(value, Ordering::Release);
+            return Ok(());
+        }
         // SAFETY: `addr..addr+8` is live memory of `device` (kept alive by `mem`).
         unsafe { crate::memory::write_to(device, addr, &value.to_le_bytes()) }
             .map_err(|e| format!("forwarding to GPU token {addr:#x}: {e}"))
     }
+}
+
+/// The GDRCopy handle for tokens in memory of `device`: GPU memory only (the host backend's
+/// "GPU" memory too, so its stand-in library exercises this path), when the status is ok.
+fn gdr_for(device: crate::transport::Device) -> Option<&'static mscclpp_hal::gdr::Gdr> {
+    (device.kind == crate::transport::DeviceType::Gpu)
+        .then(crate::ib::gdr::gdr)
+        .flatten()
 }
 
 pub(super) fn recv_loop(
@@ -147,7 +163,6 @@ pub(super) fn recv_loop(
         transport,
         peer: peer.clone(),
         prev: HashMap::new(),
-        gdr: None,
         maps: HashMap::new(),
     };
     let mut count: u64 = 0;

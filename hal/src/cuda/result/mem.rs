@@ -152,3 +152,25 @@ pub(in crate::cuda) unsafe fn copy_async(
         sys::cuMemcpyAsync(dst, src, len, stream)
     })
 }
+
+/// `cuMemGetHandleForAddressRange(.., CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)`: a dma-buf fd
+/// for `ptr..ptr+size` (both host-page aligned).
+/// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>
+///
+/// # Safety
+/// `ptr..ptr+size` lies inside live device memory of the current context.
+pub(in crate::cuda) unsafe fn dmabuf_fd(ptr: sys::CUdeviceptr, size: usize) -> Result<i32> {
+    let mut fd: i32 = -1;
+    // SAFETY: the out pointer is a valid int (the driver writes an int fd); the caller vouches
+    // for the range.
+    checked("cuMemGetHandleForAddressRange(DMA_BUF_FD)", || unsafe {
+        sys::cuMemGetHandleForAddressRange(
+            (&mut fd as *mut i32).cast::<c_void>(),
+            ptr,
+            size,
+            sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+            0,
+        )
+    })?;
+    Ok(fd)
+}

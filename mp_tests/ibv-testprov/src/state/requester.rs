@@ -122,7 +122,7 @@ impl QpShared {
             {
                 // SAFETY: the range lies inside a registered region (whose owner keeps it alive
                 // while registered, and dereg waits for this read lock).
-                unsafe { std::ptr::write_unaligned(addr as *mut u64, value) };
+                unsafe { std::ptr::write_unaligned(mr.host_addr(addr) as *mut u64, value) };
                 wcs::IBV_WC_SUCCESS
             }
             _ => wcs::IBV_WC_LOC_PROT_ERR,

@@ -142,7 +142,13 @@ impl QpShared {
                     Some(mr) if mr.pd == self.pd && mr.contains(dst, n as u64) => {
                         // SAFETY: the destination lies inside a registered region that cannot be
                         // deregistered while we hold the read lock.
-                        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst as *mut u8, n) };
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                buf.as_ptr(),
+                                mr.host_addr(dst) as *mut u8,
+                                n,
+                            )
+                        };
                     }
                     _ => status = wcs::IBV_WC_REM_ACCESS_ERR,
                 }
@@ -240,7 +246,8 @@ impl QpShared {
                                 // SAFETY: 8-byte aligned, inside a registered region that stays
                                 // registered while we hold the read lock; all accesses through
                                 // the provider to it are atomic.
-                                let a = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+                                let a =
+                                    unsafe { AtomicU64::from_ptr(mr.host_addr(addr) as *mut u64) };
                                 value = a.fetch_add(add, Ordering::SeqCst);
                                 wcs::IBV_WC_SUCCESS
                             }
