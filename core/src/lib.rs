@@ -63,3 +63,8 @@ pub use port_channel::{
 };
 pub use proxy::ProxyService;
 pub use switch_channel::{SwitchChannel, SwitchChannelDeviceHandle};
+
+/// The README's Rust snippets, compiled and run as doctests (`cargo test -p mscclpp --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
