@@ -121,7 +121,7 @@ for t in $TESTS; do
   done | tee -a "$SUM"
 done
 say ""
-say "targets (PERF.md, one H200): out-of-place <= 1.0 us at 1 KiB, <= 560 us at 1 GiB"
+say "targets (one H200): out-of-place <= 1.0 us at 1 KiB, <= 560 us at 1 GiB"
 say "$FAILS failed check(s); logs in $OUT"
 rm -rf "$W"
 [ $FAILS -eq 0 ]
