@@ -123,6 +123,7 @@ pub mod executor;
 pub mod fifo;
 pub mod future;
 pub mod gpu_buffer;
+#[allow(rustdoc::private_intra_doc_links)] // its docs link its private parts (mr, qp)
 pub mod ib;
 pub mod identity;
 pub mod logger;

@@ -1,3 +1,5 @@
+// No unwrap() a peer, a file or the environment could make panic (tests may).
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
 //! Hardware abstraction for mscclpp-rs: host, CUDA and ROCm backends, GPU IPC, run-time
 //! libibverbs and GDRCopy.
 //!
@@ -34,9 +36,6 @@
 //! Failures inside `Drop` (a free, an unmap) cannot be returned; they are recorded and
 //! surfaced as [`Error::Deferred`] by the next call that enters a device (every fallible call
 //! of a backend starts by entering the device it works on, which checks for them first).
-
-// No unwrap() a peer, a file or the environment could make panic (tests may).
-#![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 pub mod auxil;
 mod error;

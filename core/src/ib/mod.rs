@@ -21,14 +21,14 @@
 //! library exports it and the GPU layer can export a dma-buf fd; the GPU layer of this build
 //! cannot yet ([`gpu_dmabuf_supported`]), so GPU memory goes through `ibv_reg_mr`, which needs
 //! the `nvidia-peermem` kernel module (checked in `/sys/module` and `/proc/modules`; without it
-//! registration is an error saying so). The `mr::IbMr` is owned by the registered memory and
+//! registration is an error saying so). The [`mr::IbMr`] is owned by the registered memory and
 //! deregistered when it drops.
 //!
 //! The memory's transport info blob for an IB transport (what a peer needs to write to it):
-//! `MIBM` envelope version 1 with `address u64 | length u64 | rkey u32` (`mr`).
+//! `MIBM` envelope version 1 with `address u64 | length u64 | rkey u32` ([`mr`]).
 //!
 //! # Files
-//! This file opens devices; `mr` registers memory; `qp` creates the queue pairs of IB
+//! This file opens devices; [`mr`] registers memory; [`qp`] creates the queue pairs of IB
 //! endpoints (used by [`crate::endpoint`] and [`crate::connection`]'s IB transport).
 
 pub(crate) mod mr;

@@ -1,3 +1,5 @@
+// No unwrap() a peer, a file or the environment could make panic (tests may).
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
 //! A user-space libibverbs **test provider**: a shared library that exports the libibverbs ABI
 //! (the same symbol names and struct layouts, from `ibverbs-sys`) and implements it over TCP,
 //! so the real InfiniBand code path of mscclpp-rs runs on machines without RDMA hardware.
@@ -39,8 +41,6 @@
 //! * The send payload is copied when posted; CQs grow instead of overrunning; no completion
 //!   channels (`ibv_req_notify_cq` returns `EOPNOTSUPP`), SRQs, UD, reads or dmabuf.
 
-// No unwrap() a peer, a file or the environment could make panic (tests may).
-#![cfg_attr(not(test), warn(clippy::unwrap_used))]
 #![allow(clippy::missing_safety_doc)] // every exported function documents its contract below
 
 mod cq;
