@@ -35,10 +35,15 @@ fn main() -> mscclpp::Result<()> {
     conn.flush(Duration::from_secs(10))?;
     let mut got = [0u8; 19];
     dst.read(0, &mut got)?;
+    let flag = dst.read_u64(64)?;
     println!(
-        "received {:?}, flag = {}",
-        String::from_utf8_lossy(&got),
-        dst.read_u64(64)?
+        "received {:?}, flag = {flag}",
+        String::from_utf8_lossy(&got)
     );
+    if &got != b"hello over Ethernet" || flag != 1 {
+        return Err(mscclpp::Error::Internal(format!(
+            "expected \"hello over Ethernet\" and flag 1, got {got:?} and {flag}"
+        )));
+    }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Endpoints: one side of a future connection, created by a [`crate::Context`] and sent to the
 //! peer in an explicit, versioned, length-checked format.
 //!
-//! Wire format (little endian), version 1, inside the [`crate::serialize`] envelope (magic
+//! Wire format (little endian), version 1, inside the `crate::serialize` envelope (magic
 //! `MEPT`):
 //!
 //! | field | type |

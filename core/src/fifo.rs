@@ -59,7 +59,7 @@ const fn mask(bits: u32) -> u64 {
 /// One FIFO slot, `struct ProxyTrigger` of the C header (size 16, align 16).
 ///
 /// `fst` = size[0,32) | src offset[32,64); `snd` = dst offset[0,32) | src memory id[32,41) |
-/// dst memory id[41,50) | type[50,53) | semaphore id[53,63) | commit[63].
+/// dst memory id[41,50) | type[50,53) | semaphore id[53,63) | commit\[63\].
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProxyTrigger {

@@ -1,9 +1,9 @@
 //! Process identity: which host and which process a rank, an endpoint or a memory belongs to.
 //!
 //! [`host_hash`] is the same for every process on one host and network namespace; [`pid_hash`]
-//! names one process (pid, start time and host mixed). Both are built on [`fnv1a`], a hash
+//! names one process (pid, start time and host mixed). Both are built on `fnv1a`, a hash
 //! that is the same in every process (unlike `std`'s `RandomState`), so they can be compared
-//! across processes. This is the bottom layer of core: it depends only on [`crate::env`].
+//! across processes. This is the bottom layer of core: it depends only on [`crate::env`](mod@crate::env).
 
 use std::sync::OnceLock;
 

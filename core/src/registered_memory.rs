@@ -1,7 +1,7 @@
 //! Registered memory: a range of a live allocation made reachable over a set of transports,
 //! and its explicit wire format.
 //!
-//! Wire format (little endian), version 2, inside the [`crate::serialize`] envelope (magic
+//! Wire format (little endian), version 2, inside the `crate::serialize` envelope (magic
 //! `MREG`):
 //!
 //! | field | type |
@@ -27,8 +27,8 @@
 //! names one registration, not an address range: after the owner drops a registration (and
 //! perhaps registers other memory at the same address) the old handle is stale and refused
 //! everywhere. Ethernet writes carry the id and the receiver accepts them only into the live
-//! registration with that id ([`find_registration`]); IB refuses them by rkey (the region
-//! was deregistered); CudaIpc checks the owner's liveness table ([`liveness`]) at import and
+//! registration with that id (`find_registration`); IB refuses them by rkey (the region
+//! was deregistered); CudaIpc checks the owner's liveness table (`liveness`) at import and
 //! before every write through the import; deserializing in the owning process finds the live
 //! registration by id.
 //!

@@ -104,7 +104,9 @@ impl Semaphore {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Host2DeviceSemaphoreDeviceHandle {
+    /// The token the host signals (increments).
     pub inbound_token: *mut u64,
+    /// The value the next `wait` expects (device memory, advanced by `wait`/`poll`).
     pub expected_inbound_token: *mut u64,
 }
 
@@ -112,8 +114,11 @@ pub struct Host2DeviceSemaphoreDeviceHandle {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryDevice2DeviceSemaphoreDeviceHandle {
+    /// This side's inbound token: the peer's `signal` increments it.
     pub inbound_token: *mut u64,
+    /// The peer's inbound token (mapped here): this side's `signal` increments it.
     pub remote_inbound_token: *mut u64,
+    /// The value this side's next `wait` expects.
     pub expected_inbound_token: *mut u64,
 }
 

@@ -12,13 +12,21 @@ pub enum Transport {
     Unknown = 0,
     /// GPU IPC: peers map each other's memory (any backend: CUDA, HIP, host memfd).
     CudaIpc = 1,
+    /// InfiniBand / RoCE HCA 0.
     Ib0 = 2,
+    /// HCA 1.
     Ib1 = 3,
+    /// HCA 2.
     Ib2 = 4,
+    /// HCA 3.
     Ib3 = 5,
+    /// HCA 4.
     Ib4 = 6,
+    /// HCA 5.
     Ib5 = 7,
+    /// HCA 6.
     Ib6 = 8,
+    /// HCA 7.
     Ib7 = 9,
     /// TCP sockets with a receive thread; works between any two hosts.
     Ethernet = 10,
@@ -98,8 +106,10 @@ impl fmt::Display for Transport {
 pub struct TransportFlags(u32);
 
 impl TransportFlags {
+    /// The empty set.
     pub const NONE: TransportFlags = TransportFlags(0);
 
+    /// The set with these bits (one per transport); an error for bits naming no transport.
     pub fn from_bits(bits: u32) -> Result<TransportFlags> {
         let all = Transport::ALL.iter().fold(0, |a, t| a | t.bit());
         if bits & !all != 0 {
@@ -109,18 +119,23 @@ impl TransportFlags {
         }
         Ok(TransportFlags(bits))
     }
+    /// The set's bits.
     pub fn bits(self) -> u32 {
         self.0
     }
+    /// Whether `t` is in the set.
     pub fn has(self, t: Transport) -> bool {
         self.0 & t.bit() != 0
     }
+    /// Whether the set is empty.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
+    /// How many transports are in the set.
     pub fn count(self) -> usize {
         self.0.count_ones() as usize
     }
+    /// The transports in the set, in their numeric order.
     pub fn iter(self) -> impl Iterator<Item = Transport> {
         Transport::ALL.into_iter().filter(move |t| self.has(*t))
     }
@@ -173,22 +188,28 @@ impl fmt::Debug for TransportFlags {
 /// Where an endpoint's memory and work live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceType {
+    /// Host memory and CPU threads.
     Cpu,
+    /// A GPU.
     Gpu,
 }
 
 /// A device: the CPU, or GPU `id` of the backend this binary was built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Device {
+    /// CPU or GPU.
     pub kind: DeviceType,
+    /// The GPU's ordinal (-1 for the CPU).
     pub id: i32,
 }
 
 impl Device {
+    /// The CPU.
     pub const CPU: Device = Device {
         kind: DeviceType::Cpu,
         id: -1,
     };
+    /// GPU `id`.
     pub fn gpu(id: i32) -> Device {
         Device {
             kind: DeviceType::Gpu,
@@ -233,11 +254,17 @@ pub struct IbConfig {
     pub port: i32,
     /// -1: `MSCCLPP_IB_GID_INDEX`, default 0.
     pub gid_index: i32,
+    /// Completion queue entries.
     pub max_cq_size: i32,
+    /// Completions taken per poll.
     pub max_cq_poll_num: i32,
+    /// Send work requests the queue pair holds.
     pub max_send_wr: i32,
+    /// Receive work requests the queue pair holds.
     pub max_recv_wr: i32,
+    /// Work requests posted per `ibv_post_send` at most.
     pub max_wr_per_send: i32,
+    /// How signals are delivered (RDMA atomics or write-with-immediate).
     pub mode: IbMode,
 }
 
@@ -260,10 +287,13 @@ impl Default for IbConfig {
 /// Everything needed to create an endpoint. A plain `Transport` converts into one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndpointConfig {
+    /// The transport.
     pub transport: Transport,
+    /// Where the endpoint's memory lives.
     pub device: Device,
     /// -1: the transport's default.
     pub max_write_queue_size: i32,
+    /// IB settings (used by the IB transports only).
     pub ib: IbConfig,
 }
 
@@ -288,6 +318,7 @@ impl From<Transport> for EndpointConfig {
 }
 
 impl EndpointConfig {
+    /// An endpoint of `transport` on `device` with default IB settings.
     pub fn new(transport: Transport, device: Device) -> Self {
         EndpointConfig {
             transport,

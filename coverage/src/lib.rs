@@ -32,30 +32,51 @@ pub enum CoverageError {
     /// Reading or writing a file failed.
     #[error("{what} {path}: {source}")]
     Io {
+        /// What was being done (e.g. `reading`).
         what: &'static str,
+        /// The file.
         path: PathBuf,
         #[source]
+        /// The cause.
         source: std::io::Error,
     },
     /// A line of an lcov file is not what lcov allows.
     #[error("{path}:{line}: {message}")]
     Lcov {
+        /// The lcov file.
         path: String,
+        /// The line number in it.
         line: usize,
+        /// What is wrong with the line.
         message: String,
     },
     /// lcov-parser rejected the normalised input or could not merge records.
     #[error("lcov-parser could not merge {path}: {message}")]
-    Merge { path: String, message: String },
+    Merge {
+        /// The lcov file.
+        path: String,
+        /// lcov-parser's message.
+        message: String,
+    },
     /// The thresholds config is unreadable or inconsistent.
     #[error("thresholds config {path}: {message}")]
-    Config { path: String, message: String },
+    Config {
+        /// The config file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// `cargo metadata` output did not have the expected shape.
     #[error("cargo metadata: {0}")]
     Metadata(String),
     /// `cargo llvm-cov show-env` output did not have the expected shape.
     #[error("cargo llvm-cov show-env output, line {line}: {message}")]
-    ShowEnv { line: usize, message: String },
+    ShowEnv {
+        /// The line number in the output.
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 pub use lcov::{load_report, normalise, Normalised};

@@ -118,7 +118,9 @@ impl Args {
 
 /// What `cargo metadata` says about the workspace.
 pub struct Workspace {
+    /// The workspace's crates and their folders.
     pub map: CrateMap,
+    /// Cargo's target directory.
     pub target_dir: PathBuf,
 }
 
@@ -151,6 +153,7 @@ impl Workspace {
             .collect()
     }
 
+    /// `coverage/thresholds.json` of this workspace.
     pub fn default_config(&self) -> PathBuf {
         self.map.root().join("coverage").join("thresholds.json")
     }

@@ -9,9 +9,13 @@ use crate::workspace::CrateMap;
 /// Found/hit counts of lines and functions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
+    /// Instrumented lines.
     pub lines_found: u64,
+    /// Lines executed at least once.
     pub lines_hit: u64,
+    /// Instrumented functions.
     pub functions_found: u64,
+    /// Functions called at least once.
     pub functions_hit: u64,
 }
 
@@ -41,16 +45,22 @@ fn percent(hit: u64, found: u64) -> Option<f64> {
 /// Coverage of one source file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FileCoverage {
+    /// The source file, relative to the workspace root.
     pub path: String,
+    /// The crate (its folder) the file belongs to.
     pub crate_name: String,
+    /// Its counts.
     pub counts: Counts,
 }
 
 /// Coverage per crate (folder name, or [`crate::workspace::OTHER`]) and in total.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Summary {
+    /// Counts per crate (by folder name).
     pub crates: BTreeMap<String, Counts>,
+    /// Counts over every file.
     pub total: Counts,
+    /// Every file's counts, sorted by path.
     pub files: Vec<FileCoverage>,
 }
 

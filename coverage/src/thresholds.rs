@@ -24,10 +24,13 @@ pub struct Thresholds {
     /// Free text: where the numbers come from.
     #[serde(default)]
     pub note: Option<String>,
+    /// Minimum line coverage of the whole workspace, percent.
     pub overall_line_percent: f64,
     #[serde(default)]
+    /// Minimum function coverage of the whole workspace, percent (none: not gated).
     pub overall_function_percent: Option<f64>,
     #[serde(default)]
+    /// Per-crate minimums, by the crate's folder name.
     pub crates: BTreeMap<String, CrateThreshold>,
 }
 
@@ -35,8 +38,10 @@ pub struct Thresholds {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CrateThreshold {
+    /// Minimum line coverage, percent.
     pub line_percent: f64,
     #[serde(default)]
+    /// Minimum function coverage, percent (none: not gated).
     pub function_percent: Option<f64>,
 }
 
@@ -82,7 +87,9 @@ impl Thresholds {
 /// Which measure a gate failure is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metric {
+    /// Line coverage.
     Lines,
+    /// Function coverage.
     Functions,
 }
 
@@ -91,11 +98,15 @@ pub enum Metric {
 pub struct GateFailure {
     /// `"overall"` or the crate's folder name.
     pub scope: String,
+    /// Which measure.
     pub metric: Metric,
     /// Measured percent; `None` when nothing of that kind was found.
     pub actual: Option<f64>,
+    /// The minimum, percent.
     pub threshold: f64,
+    /// Lines or functions hit.
     pub hit: u64,
+    /// Lines or functions found.
     pub found: u64,
 }
 

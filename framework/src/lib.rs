@@ -51,6 +51,9 @@
 //! fn main() { std::process::exit(run_main()); }
 //! ```
 
+// No unwrap() a peer, a file or the environment could make panic (tests may).
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
 mod macros;
 mod runner;
 mod state;

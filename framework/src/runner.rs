@@ -10,7 +10,9 @@ use crate::verdict::{SingleProcessWorld, Verdict, World};
 
 /// Process-wide setup run once before all tests and torn down once after them.
 pub trait Environment {
+    /// Runs once before the first test; an error stops the run.
     fn setup(&mut self) -> Result<(), String>;
+    /// Runs once after the last test.
     fn teardown(&mut self);
 }
 
@@ -44,6 +46,7 @@ impl Filter {
         }
     }
 
+    /// Whether the test `Suite.Name` is selected.
     pub fn matches(&self, full_name: &str) -> bool {
         match self {
             Filter::All => true,
@@ -56,20 +59,28 @@ impl Filter {
 /// Which kinds of tests run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PerfSelection {
+    /// Perf tests and the others.
     Both,
+    /// Every test but the perf tests (`--exclude-perf-tests`).
     ExcludePerf,
+    /// Only the perf tests (`--only-perf-tests`).
     OnlyPerf,
 }
 
 /// The parsed command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
+    /// Which tests run (`--filter`).
     pub filter: Filter,
+    /// Whether perf tests run.
     pub perf: PerfSelection,
+    /// `--list`: print the selected tests instead of running them.
     pub list: bool,
+    /// `--help`: print [`USAGE`].
     pub help: bool,
 }
 
+/// The `--help` text.
 pub const USAGE: &str = "\
 Options:
   --filter=PAT, --filter PAT  run tests whose Suite.Name contains one of the comma-separated

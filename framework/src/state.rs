@@ -12,10 +12,15 @@ use std::sync::{Mutex, MutexGuard, Once};
 /// One registered test, as the `TEST!`/`PERF_TEST!` macros describe it.
 #[derive(Clone, Copy)]
 pub struct TestCase {
+    /// The suite name (first argument of `TEST!`).
     pub suite: &'static str,
+    /// The test name.
     pub name: &'static str,
+    /// The source file that defines it.
     pub file: &'static str,
+    /// Its line there.
     pub line: u32,
+    /// Whether it is a `PERF_TEST!`.
     pub is_perf: bool,
     /// The test body (for fixture tests: setup, body, teardown).
     pub body: fn(&TestContext),
@@ -59,9 +64,13 @@ pub fn registered_tests() -> Vec<TestCase> {
 /// A perf result reported through [`TestContext::report_perf`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct PerfRecord {
+    /// The test's `Suite.Name`.
     pub test: String,
+    /// What was measured.
     pub label: String,
+    /// The figure.
     pub value: f64,
+    /// Its unit (e.g. `GB/s`, `us`).
     pub unit: String,
 }
 
@@ -129,9 +138,11 @@ impl TestContext {
             line: case.line,
         }
     }
+    /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
     }
+    /// The number of ranks.
     pub fn size(&self) -> usize {
         self.size
     }
@@ -156,7 +167,9 @@ impl TestContext {
 /// A suite type with per-test setup and teardown. Setup failure fails the test (teardown is
 /// not run); teardown runs iff setup succeeded, also when the body failed, panicked or skipped.
 pub trait Fixture: Sized {
+    /// Builds the fixture before the body; an error fails the test.
     fn setup(ctx: &TestContext) -> Result<Self, String>;
+    /// Runs after the body when setup succeeded.
     fn teardown(&mut self, _ctx: &TestContext) {}
 }
 

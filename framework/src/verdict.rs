@@ -3,7 +3,9 @@
 /// The outcome of one test on one rank, or the combined outcome over all ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
+    /// Every check held.
     Passed,
+    /// A check failed (the messages say which).
     Failed,
     /// Skipped, with the reason given to `SKIP!`.
     Skipped(String),
@@ -92,7 +94,9 @@ pub fn combine_verdicts(all: &[Verdict]) -> Verdict {
 /// The set of ranks running the same test binary. The runner calls [`World::combine`] once
 /// after every selected test, on every rank, in the same order.
 pub trait World: Send + Sync {
+    /// This process's rank.
     fn rank(&self) -> usize;
+    /// The number of ranks.
     fn size(&self) -> usize;
     /// Exchanges `local` with all other ranks and returns [`combine_verdicts`] of all of them.
     /// An error (a peer gone, a timeout) fails the test and stops the run; implementations

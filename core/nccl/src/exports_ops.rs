@@ -1,7 +1,7 @@
 //! The exported collectives and point-to-point functions of `nccl.h` (2.28.3), each as
 //! `ncclX` and its profiling twin `pncclX`. Arguments are checked here (NULL buffers with a
 //! non-zero count, count overflow, unknown types and operators, bad roots and peers), then
-//! [`crate::ops`] routes and issues the call.
+//! `crate::ops` routes and issues the call.
 
 #![allow(non_snake_case)]
 

@@ -198,6 +198,7 @@ impl FallbackLib {
             .unwrap_or_default();
         let last = self
             .last_error
+            // SAFETY: as above.
             .map(|f| text(unsafe { f(comm) }))
             .unwrap_or_default();
         Err(NcclError {
@@ -298,8 +299,8 @@ impl FallbackComm {
     /// The fallback's `ncclCommAbort` (or destroy when it lacks one).
     pub fn abort(&self) {
         match self.lib.abort {
-            // SAFETY: our own live handle.
             Some(f) => {
+                // SAFETY: our own live handle.
                 let _ = unsafe { f(self.comm) };
             }
             None => self.destroy(),

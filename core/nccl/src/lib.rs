@@ -11,6 +11,9 @@
 //! mscclpp-rs's core: the NCCL ABI, nothing else (`fallback` holds the same ABI's function
 //! pointer types, to call a real NCCL).
 
+// No unwrap() a peer, a file or the environment could make panic (tests may).
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
+
 /// Defines an exported C function `$name` and its profiling twin `$pname` (which calls it).
 macro_rules! nccl_export {
     ($(#[doc = $doc:literal])* fn $name:ident, $pname:ident ($($a:ident: $t:ty),* $(,)?) -> $r:ty $body:block) => {

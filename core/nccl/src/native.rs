@@ -196,7 +196,7 @@ impl Native {
             .map_err(|why| NcclError::usage(why.clone()))?;
         let call = Self::call_of(args).map_err(NcclError::usage)?;
         let (s, r, n, st) = (call.send, call.recv, call.count, args.stream);
-        // SAFETY (all arms): the caller's buffers and stream, checked by the exported function.
+        // SAFETY: (all arms) the caller's buffers and stream, checked by the exported function.
         let result = unsafe {
             match args.op {
                 Op::AllReduce => coll.all_reduce(s, r, n, call.dtype, call.op, st),

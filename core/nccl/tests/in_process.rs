@@ -22,7 +22,7 @@ fn ok(r: c_int, what: &str) {
 /// `n` communicators of one clique created by this thread inside one group.
 fn grouped_init(n: usize, config: Option<NcclConfig>) -> (Vec<Comm>, c_int) {
     let mut id = NcclUniqueId { internal: [0; 128] };
-    // SAFETY (all calls here): valid pointers to locals.
+    // SAFETY: (all calls here) valid pointers to locals.
     unsafe {
         ok(ncclGetUniqueId(&mut id), "ncclGetUniqueId");
         ok(ncclGroupStart(), "ncclGroupStart");

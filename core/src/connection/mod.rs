@@ -2,9 +2,9 @@
 //!
 //! [`Connection`] wraps an `Arc<dyn BaseConnection>`; cloning it shares the transport. Every
 //! operation is bounds-checked here, against both memories, before the transport sees it, so
-//! a transport never writes outside a registered range. Transports: [`ipc`] (CudaIpc, same
-//! host: GPU copies on a context-owned stream, memcpy on the host backend) and [`ethernet`]
-//! (TCP with a receive thread, any two hosts) and [`ib`] (an RC queue pair per connection;
+//! a transport never writes outside a registered range. Transports: `ipc` (CudaIpc, same
+//! host: GPU copies on a context-owned stream, memcpy on the host backend) and `ethernet`
+//! (TCP with a receive thread, any two hosts) and `ib` (an RC queue pair per connection;
 //! Host and HostNoAtomic signalling).
 //!
 //! # Failure

@@ -164,10 +164,10 @@ pub unsafe fn copy_from_packets<P: HostPacket>(
                 data.add(i as usize * P::PAYLOAD_BYTES).cast::<u32>(),
             )
         };
-        // SAFETY: as above.
         spin_until(
             &format!("{} packet {i} flag {flag}", P::NAME),
             timeout,
+            // SAFETY: as above.
             || unsafe { P::read_once(pkt, flag, out) },
         )?;
         i += u64::from(num_threads);
@@ -190,10 +190,10 @@ pub unsafe fn read_packet<P: HostPacket>(
     // SAFETY: forwarded from the caller; out has room for 2 words >= PAYLOAD_BYTES.
     let pkt = unsafe { packets.add(index) };
     let o = out.as_mut_ptr();
-    // SAFETY: as above.
     spin_until(
         &format!("{} packet {index} flag {flag}", P::NAME),
         timeout,
+        // SAFETY: as above.
         || unsafe { P::read_once(pkt, flag, o) },
     )?;
     Ok(out)

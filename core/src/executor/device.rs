@@ -128,7 +128,7 @@ pub struct ExecArgs {
     pub barriers: u64,
     /// Device semaphores (i32).
     pub semaphores: u64,
-    /// [`dtype_code`].
+    /// `dtype_code`.
     pub dtype: u32,
     /// 0 LL16, 1 LL8.
     pub packet: u32,

@@ -1,6 +1,6 @@
 //! The JSON shape of an execution plan (upstream MSCCL++'s current format, as its Python DSL
 //! writes it), deserialized with serde. Unknown fields are ignored; fields upstream treats as
-//! optional have its defaults. Meaning is checked later ([`super::validate`]).
+//! optional have its defaults. Meaning is checked later (`super::validate`).
 
 use serde::Deserialize;
 

@@ -2,13 +2,13 @@
 //! writes them) as one kernel launch on GPUs, or on CPU threads on the host backend.
 //!
 //! - [`ExecutionPlan`] parses a plan with serde and validates it for every rank before
-//!   anything is set up ([`validate`]); errors name the JSON path.
+//!   anything is set up (`validate`); errors name the JSON path.
 //! - [`Executor::execute`] sets up connections, channels, remote buffers, scratch and
 //!   semaphores on first use of a (plan, buffers) pair and caches them; lowers the plan for
 //!   the message size into `#[repr(C)]` per-block op lists ([`device`]); then either launches
 //!   `kernels/cuda/src/executor/executor.cu` (each block copies its op list into shared memory
 //!   and interprets it) or interprets the same lists on one CPU thread per thread block
-//!   through [`crate::device`] ([`host`]).
+//!   through [`crate::device_emu`] (`host`).
 //! - [`cache`] finds plans under `MSCCLPP_CACHE_DIR` for the collectives and the NCCL library.
 
 pub mod cache;

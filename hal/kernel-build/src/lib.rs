@@ -115,7 +115,7 @@ pub fn compile_tree(
         Backend::Cuda => {
             let nvcc = find_nvcc().unwrap_or_else(|tried| {
                 fail(&format!(
-                    "feature `cuda` needs nvcc; tried {tried}. Install it (see TOOLCHAIN.md: pinned PyPI nvidia-cuda-nvcc) and set NVCC or PATH"
+                    "feature `cuda` needs nvcc; tried {tried}. Install it (`bash .ci/setup --all` installs the pinned PyPI nvidia-cuda-nvcc) and set NVCC or PATH"
                 ))
             });
             let gencode = nvcc_gencode(&nvcc);

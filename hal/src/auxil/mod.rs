@@ -1,6 +1,6 @@
 //! Helpers shared by the backends that are not part of the HAL contract: system calls
-//! ([`os`], through rustix), fd passing between processes ([`fdpass`]), NUMA placement
-//! ([`numa`]), drop-time failures surfaced later ([`deferred`]), the polling back-off
+//! (`os`, through rustix), fd passing between processes ([`fdpass`]), NUMA placement
+//! ([`numa`]), drop-time failures surfaced later (`deferred`), the polling back-off
 //! ([`Backoff`], [`poll_until`]), the driver-call count ([`driver_calls_on_this_thread`]) and
 //! argument range checks.
 

@@ -1,3 +1,5 @@
+// No unwrap() a peer, a file or the environment could make panic (tests may).
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
 //! A user-space libibverbs **test provider**: a shared library that exports the libibverbs ABI
 //! (the same symbol names and struct layouts, from `ibverbs-sys`) and implements it over TCP,
 //! so the real InfiniBand code path of mscclpp-rs runs on machines without RDMA hardware.
@@ -48,7 +50,10 @@ use cq::{tp_poll_cq, tp_req_notify_cq};
 mod pd;
 mod qp;
 use qp::{tp_post_recv, tp_post_send};
+#[allow(missing_docs)]
+// TODO(issue 15): document the remaining provider state's fields and constants
 pub mod state;
+#[allow(missing_docs)] // TODO(issue 15): document the remaining wire structs' fields
 pub mod wire;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};

@@ -299,8 +299,8 @@ fn fetch_and_add_is_atomic_under_concurrency() {
     let mut all: Vec<u64> = mine.iter().chain(theirs.iter()).copied().collect();
     all.sort_unstable();
     assert_eq!(all, (0..2 * n as u64).collect::<Vec<_>>());
-    // SAFETY: all adds completed.
     assert_eq!(
+        // SAFETY: all adds completed.
         unsafe { std::ptr::read_volatile(me.buf.as_ptr()) },
         2 * n as u64
     );

@@ -14,7 +14,7 @@ use crate::world::mp_env;
 
 const AR: CollectiveKind = CollectiveKind::AllReduce;
 
-/// One all-reduce (see [`coll_matrix::one_call`]).
+/// One all-reduce (see `coll_matrix::one_call`).
 fn one_ar(
     dtype: DataType,
     op: ReduceOp,
@@ -125,8 +125,8 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
         let send = poisoned(env.device, bytes);
         let recv = poisoned(env.device, bytes);
         // Seen once outside capture (registration, kernels loaded), then captured.
-        // SAFETY: buffers live until the end of this scope, after the final sync.
         ok!(
+            // SAFETY: buffers live until the end of this scope, after the final sync.
             unsafe {
                 env.coll
                     .all_reduce(send.data(), recv.data(), count, dtype, op, env.raw_stream())

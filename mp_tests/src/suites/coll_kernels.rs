@@ -119,8 +119,8 @@ PERF_TEST!(CollectivesKernelPerfTest, LocalReduceBandwidth, |ctx| {
     let two = half::f16::from_f32(2.0).to_bits().to_le_bytes();
     ok!(a.copy_from_host(0, &one.repeat(8)), "writing a");
     ok!(b.copy_from_host(0, &two.repeat(8)), "writing b");
-    // SAFETY: as above.
     ok!(
+        // SAFETY: as above.
         unsafe { Gpu::launch(&reduce, &cfg, &stream, &ra) },
         "launch"
     );

@@ -199,6 +199,7 @@ TEST!(ExecutorTest, Refusals, |ctx| {
     );
     expect(
         "rank",
+        // SAFETY: as in `run`: buf holds 64 KiB and the call is refused before it touches memory.
         unsafe {
             env.exec.execute(
                 r + 1,
@@ -217,6 +218,7 @@ TEST!(ExecutorTest, Refusals, |ctx| {
     let host = vec![0u8; 4096];
     expect(
         "foreign memory",
+        // SAFETY: as in `run`: buf holds 64 KiB and the call is refused before it touches memory.
         unsafe {
             env.exec.execute(
                 r,
@@ -252,6 +254,7 @@ TEST!(ExecutorTest, Refusals, |ctx| {
     );
     expect(
         "LL8 f64",
+        // SAFETY: as in `run`: buf holds 64 KiB and the call is refused before it touches memory.
         unsafe {
             env.exec.execute(
                 r,

@@ -153,8 +153,8 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
                 sync_every,
                 out: std::ptr::null_mut(),
             };
-            // SAFETY: PushArgs mirrors fifo_push's parameters; the FIFO outlives the kernel.
             ok!(
+                // SAFETY: PushArgs mirrors fifo_push's parameters; the FIFO outlives the kernel.
                 unsafe { k.launch(1, pushers as u32, &a) },
                 "launching fifo_push"
             );
@@ -226,8 +226,8 @@ TEST!(FifoTest, FailedTriggersReachTheDevice, |_ctx| {
             sync_every: 0,
             out: out.data() as usize as *mut u64,
         };
-        // SAFETY: PushArgs mirrors fifo_failed_triggers' parameters; the FIFO outlives it.
         ok!(
+            // SAFETY: PushArgs mirrors fifo_failed_triggers' parameters; the FIFO outlives it.
             unsafe { k.launch(1, 1, &a) },
             "launching fifo_failed_triggers"
         );

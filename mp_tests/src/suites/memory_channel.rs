@@ -694,8 +694,8 @@ pub(crate) fn ping_pong(
                 check: check as i32,
                 error_count: err_ptr,
             };
-            // SAFETY: PacketArgs mirrors the kernel's parameters; the setup outlives the launch.
             ok!(
+                // SAFETY: PacketArgs mirrors the kernel's parameters; the setup outlives the launch.
                 unsafe { k.run(1, 1024, &a, s.pair.timeout) },
                 "running {name}"
             )
@@ -710,8 +710,8 @@ pub(crate) fn ping_pong(
                 check: check as i32,
                 error_count: err_ptr,
             };
-            // SAFETY: PingPongArgs mirrors the kernel's parameters.
             ok!(
+                // SAFETY: PingPongArgs mirrors the kernel's parameters.
                 unsafe { k.run(1, 1024, &a, s.pair.timeout) },
                 "running {name}"
             )

@@ -397,8 +397,8 @@ pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
                 check: 1,
                 error_count: s.errors.data() as usize as *mut i32,
             };
-            // SAFETY: PacketArgs mirrors the kernel's parameters.
             ok!(
+                // SAFETY: PacketArgs mirrors the kernel's parameters.
                 unsafe { k.run(1, 1024, &a, s.pair.timeout) },
                 "running port_channel_packet_ping_pong"
             );

@@ -121,8 +121,8 @@ fn same_chan_concurrent_flush(ctx: &TestContext, cfg: EndpointConfig) {
         "the inbound token after the peer's {} puts",
         puts
     );
-    // SAFETY: as above; no other thread waits on the channel now.
     EXPECT_FALSE!(
+        // SAFETY: as above; no other thread waits on the channel now.
         unsafe { ch.poll() },
         "a signal beyond the {} expected",
         puts

@@ -109,8 +109,8 @@ TEST!(SemaphorePerfTest, SignalCounting, |ctx| {
                 GpuKernel::load(pair.device, "semaphore_tests", "semaphore_signal_n"),
                 "loading semaphore_signal_n"
             );
-            // SAFETY: SignalNArgs mirrors the kernel's parameters.
             ok!(
+                // SAFETY: SignalNArgs mirrors the kernel's parameters.
                 unsafe { k.run(1, 1, &SignalNArgs { h, n: n as i32 }, pair.timeout) },
                 "signal_n"
             );

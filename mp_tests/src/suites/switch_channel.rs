@@ -171,8 +171,8 @@ pub(crate) fn all_reduce<E: Elem>(s: &Nvls, ch: &SwitchChannel, first: u64, coun
             count,
             kind: E::KIND,
         };
-        // SAFETY: the channel (and its buffer) lives until the kernel is done.
         ok!(
+            // SAFETY: the channel (and its buffer) lives until the kernel is done.
             unsafe { k.run(4, 256, &args, s.timeout) },
             "switch_all_reduce ({})",
             E::NAME

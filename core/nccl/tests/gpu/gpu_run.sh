@@ -132,7 +132,7 @@ paste -d' ' "$W/all_reduce.mscclpp.t" "$W/k.t" | while read -r bytes a _ _ c; do
   printf '%12s %10s / %-10s\n' "$bytes" "$a" "$c"
 done | tee -a "$SUM"
 say ""
-say "targets (PERF.md, one H200): out-of-place <= 1.0 us at 1 KiB, <= 560 us at 1 GiB"
+say "targets (one H200): out-of-place <= 1.0 us at 1 KiB, <= 560 us at 1 GiB"
 say "$FAILS failed check(s); logs in $OUT"
 rm -rf "$W"
 [ $FAILS -eq 0 ]

@@ -15,7 +15,7 @@
 //! The final flush makes every copy of this rank complete before the launch ends.
 //!
 //! The proxy and channels are built at the first call outside graph capture
-//! ([`super::super::port`]); a call captured before that fails with the reason.
+//! (`super::super::port`); a call captured before that fails with the reason.
 //! Kernel: kernels/cuda/src/collectives/allgather/port_channel.cu (one kernel for every type).
 
 use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};

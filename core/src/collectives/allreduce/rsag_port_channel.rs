@@ -21,7 +21,7 @@
 //! rank complete before the launch ends.
 //!
 //! The proxy and channels are built at the first call outside graph capture
-//! ([`super::super::port`]); a call captured before that fails with the reason.
+//! (`super::super::port`); a call captured before that fails with the reason.
 //! Kernel: kernels/cuda/src/collectives/allreduce/rsag_port_channel.cu.
 
 use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
