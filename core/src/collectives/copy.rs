@@ -181,7 +181,10 @@ mod tests {
         assert_eq!(parse_driver_copy_max(Some("1G")).unwrap(), 1 << 30);
         for bad in ["x", "-1", "1.5G", "K", "99999999999999999999G", "1T"] {
             let e = parse_driver_copy_max(Some(bad)).unwrap_err().to_string();
-            assert!(e.contains(DRIVER_COPY_ENV) && e.contains("expected"), "{bad}: {e}");
+            assert!(
+                e.contains(DRIVER_COPY_ENV) && e.contains("expected"),
+                "{bad}: {e}"
+            );
         }
     }
 }

@@ -102,11 +102,11 @@ impl Mlx5Lib {
     }
 
     fn resolve(lib: libloading::Library, path: String) -> Mlx5Lib {
-        // SAFETY (each): the type matches the prototype in mlx5dv.h; a missing symbol is None.
-        let get_data_direct_sysfs_path =
-            unsafe { lib.get::<GetDataDirectSysfsPath>(b"mlx5dv_get_data_direct_sysfs_path\0") }
-                .ok()
-                .map(|s| *s);
+        const SYSFS: &[u8] = b"mlx5dv_get_data_direct_sysfs_path\0";
+        // SAFETY: (each) the type matches the prototype in mlx5dv.h; a missing symbol is None.
+        let get_data_direct_sysfs_path = unsafe { lib.get::<GetDataDirectSysfsPath>(SYSFS) }
+            .ok()
+            .map(|s| *s);
         // SAFETY: as above.
         let reg_dmabuf_mr = unsafe { lib.get::<RegDmabufMr>(b"mlx5dv_reg_dmabuf_mr\0") }
             .ok()

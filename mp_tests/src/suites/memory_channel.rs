@@ -280,48 +280,6 @@ pub(crate) mod common {
         }
     }
 
-    #[cfg(test)]
-    mod block_tests {
-        use super::*;
-
-        #[test]
-        fn a_failed_thread_releases_the_others_barrier_waits() {
-            let start = Instant::now();
-            let r = run_block(4, |tid, bar| {
-                if tid == 2 {
-                    return Err(mscclpp::Error::Internal("thread 2 failed".into()));
-                }
-                bar.wait()?;
-                Ok(1)
-            });
-            // std::sync::Barrier (the old one) blocked the three others forever here.
-            match r {
-                Err(mscclpp::Error::Internal(m)) => assert!(m.contains("thread 2"), "{m}"),
-                other => panic!("expected thread 2's error first, got {other:?}"),
-            }
-            assert!(start.elapsed() < Duration::from_secs(5));
-        }
-
-        #[test]
-        fn a_barrier_of_live_threads_synchronises_every_round() {
-            use std::sync::atomic::{AtomicU32, Ordering};
-            let arrived = AtomicU32::new(0);
-            let r = run_block(3, |_, bar| {
-                let mut bad = 0;
-                for round in 1..=50u32 {
-                    arrived.fetch_add(1, Ordering::SeqCst);
-                    bar.wait()?;
-                    if arrived.load(Ordering::SeqCst) != 3 * round {
-                        bad += 1;
-                    }
-                    bar.wait()?;
-                }
-                Ok(bad)
-            });
-            assert_eq!(r.unwrap(), 0);
-        }
-    }
-
     /// Runs `body(tid, barrier)` on `n` threads (a host "thread block"); sums what they return.
     /// A thread that fails (or panics) releases the others' barrier waits with an error.
     pub(crate) fn run_block<F>(n: u32, body: F) -> mscclpp::Result<u64>
@@ -893,4 +851,47 @@ fn report_bw(ctx: &TestContext, s: &McSetup, bytes: u64, iters: i32, secs: f64) 
     }
     EXPECT_GT!(gbps, 0.0);
     s.pair.sync();
+}
+
+#[cfg(test)]
+mod block_tests {
+    use super::common::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_failed_thread_releases_the_others_barrier_waits() {
+        let start = Instant::now();
+        let r = run_block(4, |tid, bar| {
+            if tid == 2 {
+                return Err(mscclpp::Error::Internal("thread 2 failed".into()));
+            }
+            bar.wait()?;
+            Ok(1)
+        });
+        // std::sync::Barrier (the old one) blocked the three others forever here.
+        match r {
+            Err(mscclpp::Error::Internal(m)) => assert!(m.contains("thread 2"), "{m}"),
+            other => panic!("expected thread 2's error first, got {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_barrier_of_live_threads_synchronises_every_round() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let arrived = AtomicU32::new(0);
+        let r = run_block(3, |_, bar| {
+            let mut bad = 0;
+            for round in 1..=50u32 {
+                arrived.fetch_add(1, Ordering::SeqCst);
+                bar.wait()?;
+                if arrived.load(Ordering::SeqCst) != 3 * round {
+                    bad += 1;
+                }
+                bar.wait()?;
+            }
+            Ok(bad)
+        });
+        assert_eq!(r.unwrap(), 0);
+    }
 }
