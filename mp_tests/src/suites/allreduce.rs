@@ -3,7 +3,7 @@
 //! for integers); outputs poisoned with a guard zone; 1000 repeated calls with changing data;
 //! a CUDA-graph capture + replay test (GPU only); argument errors.
 
-use mscclpp::collectives::{algorithm_names, CollectiveKind, DataType, ReduceOp};
+use mscclpp::collectives::{CollectiveKind, DataType, ReduceOp};
 use mscclpp_framework::*;
 use mscclpp_hal::{Gpu, StreamInterop};
 
@@ -55,7 +55,7 @@ TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     let env = coll_env();
     let _ = ctx;
     let seed = agreed_seed();
-    let algos: Vec<&str> = algorithm_names(CollectiveKind::AllReduce)
+    let algos: Vec<&str> = super::coll_common::single_node_algorithms(CollectiveKind::AllReduce)
         .into_iter()
         .filter(|a| (*a == "copy") == (env.coll.nranks() == 1))
         .filter(|a| !a.starts_with("nvls_") || mscclpp::nvls_usable(env.device).is_ok())
@@ -109,7 +109,7 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
     };
     let seed = agreed_seed();
     let (dtype, op) = (DataType::F16, ReduceOp::Sum);
-    let algos: Vec<&str> = algorithm_names(CollectiveKind::AllReduce)
+    let algos: Vec<&str> = super::coll_common::single_node_algorithms(CollectiveKind::AllReduce)
         .into_iter()
         .filter(|a| (*a == "copy") == (env.coll.nranks() == 1))
         .filter(|a| !a.starts_with("nvls_") || mscclpp::nvls_usable(env.device).is_ok())

@@ -3,7 +3,7 @@
 //! (exact for integers), with poisoned outputs and a guard zone (coll_matrix.rs), plus the
 //! world-size-1 copy and 1000 repeated calls with changing data.
 
-use mscclpp::collectives::{algorithm_names, CollectiveKind, DataType, ReduceOp};
+use mscclpp::collectives::{CollectiveKind, DataType, ReduceOp};
 use mscclpp_framework::*;
 
 use super::coll_common::{agreed_seed, coll_env};
@@ -20,7 +20,7 @@ TEST!(BroadcastTest, EveryRegisteredAlgorithm, |_ctx| {
 TEST!(BroadcastTest, RepeatedCalls, |_ctx| {
     let env = coll_env();
     let n = env.coll.nranks();
-    let algos: Vec<&str> = algorithm_names(KIND)
+    let algos: Vec<&str> = super::coll_common::single_node_algorithms(KIND)
         .into_iter()
         .filter(|a| (*a == "copy") == (n == 1))
         .collect();

@@ -168,3 +168,15 @@ pub(crate) fn agreed_seed() -> u64 {
 pub(crate) fn exhaustive() -> bool {
     std::env::var("MSCCLPP_COLL_TEST_EXHAUSTIVE").is_ok_and(|v| v == "1")
 }
+
+/// The algorithms of `kind` that run inside one node (the registry without the multi-node
+/// ones, which MultiNodeTest covers and which a world on one node cannot run on GPUs).
+pub(crate) fn single_node_algorithms(
+    kind: mscclpp::collectives::CollectiveKind,
+) -> Vec<&'static str> {
+    use mscclpp::collectives::{algorithm_names, find_algorithm};
+    algorithm_names(kind)
+        .into_iter()
+        .filter(|a| find_algorithm(kind, a).is_ok_and(|x| !x.multi_node()))
+        .collect()
+}

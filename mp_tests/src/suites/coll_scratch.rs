@@ -12,7 +12,7 @@
 use std::sync::{Arc, OnceLock};
 
 use mscclpp::collectives::{
-    algorithm_names, find_algorithm, Call, CollectiveKind, Collectives, CollectivesConfig,
+    find_algorithm, Call, CollectiveKind, Collectives, CollectivesConfig,
     DataType, ReduceOp,
 };
 use mscclpp::{Communicator, Context, Device};
@@ -82,7 +82,7 @@ fn small_scratch(kind: CollectiveKind, cases: &[(DataType, ReduceOp, usize)]) {
     let mut call = 0u32;
     // The NVLS variants use their own fixed scratch (nvls.rs), not the small one configured
     // here: AllReduceNvlsTest runs them across several of its chunks.
-    for algo in algorithm_names(kind)
+    for algo in super::coll_common::single_node_algorithms(kind)
         .into_iter()
         .filter(|a| *a != "copy" && !a.starts_with("nvls_"))
     {
@@ -191,7 +191,7 @@ TEST!(BroadcastTest, EveryRoot, |_ctx| {
     let kind = CollectiveKind::Broadcast;
     let seed = agreed_seed();
     let mut call = 0u32;
-    for algo in algorithm_names(kind).into_iter().filter(|a| *a != "copy") {
+    for algo in super::coll_common::single_node_algorithms(kind).into_iter().filter(|a| *a != "copy") {
         ok!(env.coll.force_algorithm(kind, Some(algo)), "forcing {algo}");
         for root in 0..n {
             for (dtype, count, in_place) in [
@@ -426,7 +426,7 @@ fn graph_replay(kind: CollectiveKind) {
     let n = env.coll.nranks();
     let (dtype, op, count) = (DataType::F32, ReduceOp::Sum, 3003);
     let seed = agreed_seed();
-    for algo in algorithm_names(kind)
+    for algo in super::coll_common::single_node_algorithms(kind)
         .into_iter()
         .filter(|a| (*a == "copy") == (n == 1))
         .filter(|a| !a.starts_with("nvls_") || mscclpp::nvls_usable(env.device).is_ok())
