@@ -20,6 +20,11 @@ Families (r = this rank, p = a peer, pos(q, r) = index of q among r's peers):
   allgather_ll_fwd   LL, double scratch; cpkt, rppkt, upkt.
   allgather_port     in place; port channels: signal/wait, pws+flush or pwsf, device semaphores.
   allgather_pipeline in place; pipeline of puts (unit 1 KiB), barrier.
+  allreduce_nvls     in place; one switch channel over every rank's input (NVLS): start sync,
+                     glres of chunk r (load-reduce through the switch, store to every rank),
+                     nop, end sync.
+  allreduce_nvls_ls  as allreduce_nvls with glre of chunk r into the local input, nop, then
+                     gstore of it through the switch.
 """
 
 import json
@@ -50,6 +55,7 @@ class Gpu:
     def __init__(self, rank, ic, oc, sc):
         self.rank, self.ic, self.oc, self.sc = rank, ic, oc, sc
         self.chans = {"memory": [], "port": []}
+        self.switch = []  # (buffer type, ranks)
         self.remote = []  # (rank, type, set(access))
         self.sems = []
         self.tbs = []
@@ -77,7 +83,11 @@ class Gpu:
             "input_chunks": self.ic,
             "output_chunks": self.oc,
             "scratch_chunks": self.sc,
-            "channels": [{"channel_type": t, "connected_to": p} for t, p in self.chans.items() if p],
+            "channels": [{"channel_type": t, "connected_to": p} for t, p in self.chans.items() if p]
+            + [
+                {"channel_type": "switch", "buffer_type": b, "rank_groups": [{"size": len(rs), "ranks": rs}]}
+                for b, rs in self.switch
+            ],
             "remote_buffers": [
                 {"rank": r, "type": t, "access_channel_types": sorted(a)} for r, t, a in self.remote
             ],
@@ -89,7 +99,7 @@ class Gpu:
 class Tb:
     def __init__(self, gpu, id):
         self.gpu, self.id = gpu, id
-        self.chans = {"memory": [], "port": []}
+        self.chans = {"memory": [], "port": [], "switch": []}
         self.rbufs = {"memory": [], "port": []}
         self.ops = []
 
@@ -289,6 +299,47 @@ def allreduce_ll_fwd(n):
     return plan(f"allreduce_ll_fwd_n{n}", "allreduce", n, "LL", True, gpus, double=True)
 
 
+def sync_all(t, ps):
+    """Signal every peer, then wait for every peer (memory channels), then nop."""
+    cs = [t.chan("memory", p) for p in ps]
+    t.op("signal", channel_ids=cs, channel_type="memory")
+    t.op("wait", channel_ids=cs, channel_type="memory")
+    t.op("nop")
+
+
+def allreduce_nvls_family(n, name, load_store):
+    gpus = []
+    for r in range(n):
+        g = Gpu(r, n, n, 0)
+        g.switch.append(("i", list(range(n))))
+        ps = peers(r, n)
+        t = g.tb()
+        t.chans["switch"].append(0)
+        # Every rank's input is ready before anyone reduces through the switch.
+        sync_all(t, ps)
+        sw = {"switch_channel_id": 0, "index": r, "size": 1}
+        if load_store:
+            t.op("glre", src_buff=[sw], dst_buff=[ch("i", r)], channel_type="switch")
+            t.op("nop")
+            t.op("gstore", src_buff=[ch("i", r)], dst_buff=[sw], channel_type="switch")
+        else:
+            t.op("glres", src_buff=[sw], dst_buff=[sw], channel_type="switch")
+        # Every rank's stores landed before anyone returns (nop first: each thread signals
+        # one peer, after every thread's share of the stores is done).
+        t.op("nop")
+        sync_all(t, ps)
+        gpus.append(g)
+    return plan(f"{name}_n{n}", "allreduce", n, "Simple", True, gpus)
+
+
+def allreduce_nvls(n):
+    return allreduce_nvls_family(n, "allreduce_nvls", False)
+
+
+def allreduce_nvls_ls(n):
+    return allreduce_nvls_family(n, "allreduce_nvls_ls", True)
+
+
 def allgather_simple(n):
     gpus = []
     for r in range(n):
@@ -418,7 +469,7 @@ def render(p):
 FAMILIES = [
     allreduce_simple, allreduce_oop, allreduce_put, allreduce_ll, allreduce_ll_fwd,
     allgather_simple, allgather_oop, allgather_ll, allgather_ll_fwd, allgather_port,
-    allgather_pipeline,
+    allgather_pipeline, allreduce_nvls, allreduce_nvls_ls,
 ]
 
 

@@ -8,7 +8,9 @@ use std::mem::{align_of, offset_of, size_of};
 use std::path::PathBuf;
 use std::process::Command;
 
-use mscclpp::executor::device::{op, ExecArgs, ExecBlock, ExecOp, EXEC_BLOCK_HEADER_BYTES};
+use mscclpp::executor::device::{
+    op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, REF_SWITCH,
+};
 
 fn dump() -> HashMap<String, usize> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -121,6 +123,20 @@ fn executor_structs_match_the_c_header() {
 
     assert_eq!(usize::from(op::PIPELINE), get("EXEC_PIPELINE value"));
     assert_eq!(usize::from(op::SEM_RELEASE), get("EXEC_SEM_RELEASE value"));
+    assert_eq!(
+        usize::from(op::GROUP_LOAD_REDUCE),
+        get("EXEC_GROUP_LOAD_REDUCE value")
+    );
+    assert_eq!(
+        usize::from(op::GROUP_LOAD_REDUCE_STORE),
+        get("EXEC_GROUP_LOAD_REDUCE_STORE value")
+    );
+    assert_eq!(usize::from(op::GROUP_STORE), get("EXEC_GROUP_STORE value"));
+    assert_eq!(usize::from(REF_SWITCH), get("EXEC_REF_SWITCH value"));
+    assert_eq!(
+        usize::from(CHANNEL_SWITCH),
+        get("EXEC_CHANNEL_SWITCH value")
+    );
     assert_eq!(
         usize::from(op::REDUCE_COPY_SEND_PACKETS),
         get("EXEC_REDUCE_COPY_SEND_PACKETS value")

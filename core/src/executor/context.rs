@@ -17,10 +17,12 @@ use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::gpu_buffer::GpuBuffer;
 use crate::memory_channel::{BaseMemoryChannel, BaseMemoryChannelDeviceHandle};
+use crate::nvls::NvlsConnection;
 use crate::port_channel::{BasePortChannel, BasePortChannelDeviceHandle};
 use crate::proxy::ProxyService;
 use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::{Host2DeviceSemaphore, MemoryDevice2DeviceSemaphore, Semaphore};
+use crate::switch_channel::{SwitchChannel, SwitchChannelDeviceHandle};
 use crate::transport::{Device, DeviceType, EndpointConfig, Transport, TransportFlags};
 
 /// Communicator tags of the executor's connections (plus a per-peer counter) and memories
@@ -66,7 +68,12 @@ pub(crate) struct ExecContext {
     pub semaphores: GpuBuffer<i32>,
     pub barriers: GpuBuffer<u32>,
     pub flags: GpuBuffer<u32>,
-    // Owners of what the handles point at.
+    /// Per switch channel of the rank (plan order): its handle (host-side table; the lowered
+    /// blocks name switch channels by slot).
+    pub switch_handles: Vec<SwitchChannelDeviceHandle>,
+    // Owners of what the handles point at (switch channels before their connections).
+    _switch: Vec<SwitchChannel>,
+    _nvls: Vec<NvlsConnection>,
     _memory_channels: Vec<BaseMemoryChannel>,
     _unpaired: Vec<Semaphore>,
     _port_channels: Vec<BasePortChannel>,
@@ -269,6 +276,29 @@ impl ExecContext {
             })?);
         }
 
+        // Switch channels: one multicast object per channel and group, in plan order (every
+        // rank of a group binds the same buffer type, so the same sizes, in the same order).
+        let mut switch = Vec::with_capacity(rp.switch_channels.len());
+        let mut nvls = Vec::with_capacity(rp.switch_channels.len());
+        for (i, sc) in rp.switch_channels.iter().enumerate() {
+            let (ptr, size) = bufs.of(sc.ty, &scratch);
+            let what = |e: Error| {
+                exec_err(
+                    plan,
+                    format!(
+                        "switch channel {i} ({} buffer, ranks {:?}): {e}",
+                        sc.ty.name(),
+                        sc.ranks
+                    ),
+                )
+            };
+            let conn =
+                NvlsConnection::connect_collective(comm, &sc.ranks, device, size).map_err(what)?;
+            switch.push(conn.bind_allocated_memory(ptr, size).map_err(what)?);
+            nvls.push(conn);
+        }
+        let switch_handles = switch.iter().map(|c| c.device_handle()).collect();
+
         let init: Vec<i32> = if rp.semaphores.is_empty() {
             vec![0]
         } else {
@@ -296,6 +326,9 @@ impl ExecContext {
             semaphores,
             barriers,
             flags,
+            switch_handles,
+            _switch: switch,
+            _nvls: nvls,
             _memory_channels: memory_channels,
             _unpaired: unpaired,
             _port_channels: port_channels,

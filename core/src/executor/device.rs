@@ -42,17 +42,30 @@ pub mod op {
     pub const PIPELINE: u8 = 24;
     pub const SEM_ACQUIRE: u8 = 25;
     pub const SEM_RELEASE: u8 = 26;
+    /// glre: load-reduce a switch chunk (every rank's copy) into a local chunk.
+    pub const GROUP_LOAD_REDUCE: u8 = 27;
+    /// glres: load-reduce a switch chunk and store the sum through a switch chunk.
+    pub const GROUP_LOAD_REDUCE_STORE: u8 = 28;
+    /// gstore: store a local chunk through a switch chunk (into every rank's copy).
+    pub const GROUP_STORE: u8 = 29;
 }
 
 /// `ExecOp.inputRefs[i]` / `outputRefs[i]`: a local buffer type (0..=2), or this bit plus the
 /// slot of a remote buffer in the block's table of the op's channel type.
 pub const REF_REMOTE: u8 = 0x80;
+/// `ExecOp.inputRefs[i]` / `outputRefs[i]` of a switch operation: this bit plus the slot of a
+/// switch channel in the block's (host-side) switch table; offsets are in its bound buffer.
+pub const REF_SWITCH: u8 = 0x40;
 /// Channel types of `ExecOp.channelType`.
 pub const CHANNEL_NONE: u8 = 0;
 /// Memory channel.
 pub const CHANNEL_MEMORY: u8 = 1;
 /// Port channel.
 pub const CHANNEL_PORT: u8 = 2;
+/// Switch (NVLS) channel.
+pub const CHANNEL_SWITCH: u8 = 3;
+/// Bytes of one multimem vector: switch operations move whole 16-byte vectors.
+pub const SWITCH_VECTOR_BYTES: u64 = 16;
 
 /// `struct ExecOp` (256 bytes).
 #[repr(C)]
@@ -201,11 +214,13 @@ fn code(n: OpName) -> R<u8> {
         Pipeline => op::PIPELINE,
         SemAcquire => op::SEM_ACQUIRE,
         SemRelease => op::SEM_RELEASE,
-        Glre | Glres | Gstore | Gstorepkt => {
-            return Err(format!(
-                "operation {} needs a switch channel (NVLS), which is off here",
-                n.name()
-            ))
+        Glre => op::GROUP_LOAD_REDUCE,
+        Glres => op::GROUP_LOAD_REDUCE_STORE,
+        Gstore => op::GROUP_STORE,
+        Gstorepkt => {
+            return Err(
+                "operation gstorepkt (packets through a switch channel): not supported by this executor yet; expected glre, glres or gstore".into(),
+            )
         }
     })
 }
@@ -229,9 +244,17 @@ fn lower_side(
         let (r, t) = match c.buf {
             BufRef::Local(t) => (t as u8, t),
             BufRef::Remote { slot, ty, .. } => (REF_REMOTE | slot as u8, ty),
-            BufRef::Switch(_) => return Err("switch channel chunks need NVLS".into()),
+            BufRef::Switch { slot, ty } => (REF_SWITCH | slot as u8, ty),
         };
         let (off, size) = l.chunk(c, tbg);
+        if matches!(c.buf, BufRef::Switch { .. })
+            && (!off.is_multiple_of(SWITCH_VECTOR_BYTES)
+                || !size.is_multiple_of(SWITCH_VECTOR_BYTES))
+        {
+            return Err(format!(
+                "switch channel chunk at byte {off} of {size} bytes: switch operations move 16-byte vectors, expected a multiple of 16 (a buffer_alignment of 16 and sizes to match)"
+            ));
+        }
         refs[i] = r;
         types[i] = t as u8;
         offs[i] = u32_of(off, "chunk offset")?;
@@ -247,7 +270,8 @@ fn lower_op(l: &Layout, o: &Op, out: &mut Vec<ExecOp>) -> R<()> {
     e.channel_type = match o.channel_type {
         ChannelType::Memory => CHANNEL_MEMORY,
         ChannelType::Port => CHANNEL_PORT,
-        _ => CHANNEL_NONE,
+        ChannelType::Switch => CHANNEL_SWITCH,
+        ChannelType::None => CHANNEL_NONE,
     };
     e.n_channels = o.channels.len() as u8;
     for (i, &c) in o.channels.iter().enumerate() {

@@ -23,6 +23,8 @@ use crate::packet::{LL16Packet, LL8Packet};
 /// One host launch: the lowered blocks and the addresses they run on.
 pub(crate) struct HostLaunch<'a> {
     pub blocks: &'a [Box<ExecBlock>],
+    /// Per block: its switch channels (the slots its switch chunk references name).
+    pub switch: &'a [Vec<crate::switch_channel::SwitchChannelDeviceHandle>],
     pub input: u64,
     pub output: u64,
     pub scratch: u64,
@@ -116,6 +118,7 @@ pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
                     let t = Thread {
                         l,
                         block,
+                        sw: l.switch.get(b).map_or(&[], Vec::as_slice),
                         tid,
                         n: threads,
                         flag,
@@ -154,6 +157,7 @@ pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
 struct Thread<'a> {
     l: &'a HostLaunch<'a>,
     block: &'a ExecBlock,
+    sw: &'a [crate::switch_channel::SwitchChannelDeviceHandle],
     tid: u32,
     n: u32,
     flag: u32,
@@ -401,6 +405,10 @@ impl Thread<'_> {
                     }
                 }
             }
+            op::GROUP_LOAD_REDUCE | op::GROUP_LOAD_REDUCE_STORE | op::GROUP_STORE => {
+                // SAFETY: forwarded.
+                unsafe { self.switch_op(o, off, unit)? }
+            }
             other => {
                 return Err(Error::Executor(format!(
                     "host interpreter: unknown operation code {other}"
@@ -433,3 +441,5 @@ impl Thread<'_> {
 
 #[path = "host_ops.rs"]
 mod ops;
+#[path = "host_switch.rs"]
+mod switch;

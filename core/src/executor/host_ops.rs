@@ -5,7 +5,7 @@ use super::*;
 
 impl Thread<'_> {
     /// This thread's contiguous share of `n` items.
-    fn share(&self, n: u64) -> (u64, u64) {
+    pub(super) fn share(&self, n: u64) -> (u64, u64) {
         let per = n.div_ceil(u64::from(self.n));
         let b = (per * u64::from(self.tid)).min(n);
         (b, (b + per).min(n))

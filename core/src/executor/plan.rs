@@ -23,16 +23,17 @@ pub(crate) enum BufRef {
         ty: BufferType,
         rank: usize,
     },
-    /// A switch channel of the thread block.
-    Switch(usize),
+    /// Slot `slot` of the thread block's switch channels, bound to this rank's buffer `ty`.
+    Switch { slot: usize, ty: BufferType },
 }
 
 impl BufRef {
-    /// The buffer type behind the reference (switch channels: none).
+    /// The buffer type behind the reference (switch channels: the buffer they bind).
     pub(crate) fn buffer_type(self) -> Option<BufferType> {
         match self {
-            BufRef::Local(t) | BufRef::Remote { ty: t, .. } => Some(t),
-            BufRef::Switch(_) => None,
+            BufRef::Local(t) | BufRef::Remote { ty: t, .. } | BufRef::Switch { ty: t, .. } => {
+                Some(t)
+            }
         }
     }
 }
@@ -72,7 +73,7 @@ pub(crate) struct Block {
     pub memory_channels: Vec<usize>,
     /// Indexes into the rank's port channels.
     pub port_channels: Vec<usize>,
-    /// Switch channel indexes (only counted: switch channels are refused while NVLS is off).
+    /// Indexes into the rank's switch channels.
     pub switch_channels: Vec<usize>,
     /// Indexes into the rank's remote buffers, reached through memory channels.
     pub memory_buffers: Vec<usize>,
@@ -101,6 +102,14 @@ pub(crate) struct BufferSend {
     pub tag: usize,
 }
 
+/// A switch (NVLS multicast) channel of a rank: its buffer `ty` bound to one multicast object
+/// shared by `ranks` (this rank among them).
+#[derive(Debug, Clone)]
+pub(crate) struct SwitchSpec {
+    pub ty: BufferType,
+    pub ranks: Vec<usize>,
+}
+
 /// Everything one rank needs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RankPlan {
@@ -114,7 +123,8 @@ pub(crate) struct RankPlan {
     /// Extra connections (no channel) so peers with more channels to us can pair theirs.
     pub unpaired_memory: Vec<usize>,
     pub unpaired_port: Vec<usize>,
-    pub switch_channels: usize,
+    /// Switch channels in plan order (every rank of a group sets them up in this order).
+    pub switch_channels: Vec<SwitchSpec>,
     pub remote_buffers: Vec<RemoteBuffer>,
     pub sends: Vec<BufferSend>,
     pub semaphores: Vec<i32>,
@@ -127,7 +137,7 @@ impl RankPlan {
         fn any(ops: &[Op]) -> bool {
             ops.iter().any(|o| o.name.is_switch() || any(&o.inner))
         }
-        self.switch_channels > 0 || self.blocks.iter().any(|b| any(&b.ops))
+        !self.switch_channels.is_empty() || self.blocks.iter().any(|b| any(&b.ops))
     }
 
     /// Whether any port channel (and so the proxy) is used.
@@ -300,7 +310,8 @@ impl ExecutionPlan {
     pub fn path(&self) -> Option<&Path> {
         self.inner.path.as_deref()
     }
-    /// Whether it needs switch channels (NVLS), which this build refuses while NVLS is off.
+    /// Whether it needs switch channels (NVLS): run on the host backend's multicast emulation,
+    /// refused on GPUs (with [`crate::nvls_usable`]'s reason while NVLS is off).
     pub fn uses_switch_channels(&self) -> bool {
         self.inner.ranks.iter().any(RankPlan::uses_switch)
     }

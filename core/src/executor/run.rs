@@ -181,9 +181,6 @@ impl Executor {
                 ),
             ));
         }
-        if plan.uses_switch_channels() {
-            return Err(err(plan, "it uses switch channels (NVLS multicast: glres/gstore/gstorepkt or a switch channel), which this build refuses while NVLS is off"));
-        }
         if send == 0 || recv == 0 || send_size == 0 || recv_size == 0 {
             return Err(err(
                 plan,
@@ -220,6 +217,9 @@ impl Executor {
             ));
         }
         let device = device.0;
+        if plan.uses_switch_channels() {
+            check_switch(plan, device, dtype)?;
+        }
         if device.kind == DeviceType::Gpu
             && <mscclpp_hal::Gpu as mscclpp_hal::Api>::NAME == "rocm"
             && matches!(dtype, DataType::Fp8E4M3 | DataType::Fp8E5M2)
@@ -296,8 +296,20 @@ impl Executor {
         }
         match gpu {
             None => {
+                let switch: Vec<Vec<_>> = plan
+                    .rank_plan()
+                    .blocks
+                    .iter()
+                    .map(|b| {
+                        b.switch_channels
+                            .iter()
+                            .map(|&c| ctx.switch_handles[c])
+                            .collect()
+                    })
+                    .collect();
                 let l = HostLaunch {
                     blocks: &low.blocks,
+                    switch: &switch,
                     input: send,
                     output: recv,
                     scratch: ctx.scratch.data(),
@@ -364,6 +376,28 @@ fn low_args(
         nblocks: low.blocks.len() as u32,
         pad: 0,
     }
+}
+
+/// Whether a plan with switch channels can run on `device` with `dtype`: NVLS must be usable
+/// there ([`crate::nvls_usable`]'s reason otherwise), the GPU kernel has no switch operations
+/// (only the host interpreter runs them), and NVLS sums f32, f16 and bf16 only.
+fn check_switch(plan: &ExecutionPlan, device: Device, dtype: DataType) -> Result<()> {
+    crate::nvls::nvls_usable(device).map_err(|e| {
+        err(
+            plan,
+            format!("it uses switch channels (NVLS multicast: glre/glres/gstore): {e}"),
+        )
+    })?;
+    if device.kind == DeviceType::Gpu {
+        return Err(err(plan, "it uses switch channels (NVLS multicast: glre/glres/gstore): the GPU executor kernel has no switch-channel operations yet (they run on the host backend's multicast emulation)"));
+    }
+    if !matches!(dtype, DataType::F32 | DataType::F16 | DataType::Bf16) {
+        return Err(err(
+            plan,
+            format!("{dtype}: switch channels (NVLS) reduce f32, f16 and bf16 only"),
+        ));
+    }
+    Ok(())
 }
 
 /// The device of the allocation holding `ptr..ptr+size`.

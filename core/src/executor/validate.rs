@@ -5,7 +5,7 @@
 //! the JSON path (`gpus[1].threadblocks[3].ops[7].channel_ids[0]`) and what was expected.
 
 use super::json::{BufferType, ChannelType, ChunkJson, GpuJson, PlanJson, ThreadBlockJson};
-use super::plan::{Block, BufRef, BufferSend, Chunk, RankPlan, RemoteBuffer};
+use super::plan::{Block, BufRef, BufferSend, Chunk, RankPlan, RemoteBuffer, SwitchSpec};
 use super::validate_ops::{check_block_sync, check_signals, resolve_op};
 use super::{
     MAX_CHANNELS_PER_BLOCK, MAX_OPS_PER_BLOCK, MAX_REMOTE_BUFFERS_PER_BLOCK, MAX_THREADBLOCKS,
@@ -107,6 +107,7 @@ pub(super) struct BlockCtx<'a> {
     pub gpu: &'a GpuJson,
     pub block: &'a Block,
     pub remote: &'a [RemoteBuffer],
+    pub switch: &'a [SwitchSpec],
 }
 
 fn resolve_gpu(plan: &PlanJson, g: usize, gpu: &GpuJson) -> R<RankPlan> {
@@ -141,20 +142,42 @@ fn resolve_gpu(plan: &PlanJson, g: usize, gpu: &GpuJson) -> R<RankPlan> {
                 }
             }
             ChannelType::Switch => {
-                if ch.buffer_type.is_none() {
-                    return Err(format!("{path}.buffer_type: missing for a switch channel"));
+                let ty = ch
+                    .buffer_type
+                    .ok_or_else(|| format!("{path}.buffer_type: missing for a switch channel"))?;
+                if gpu.chunks(ty) == 0 {
+                    return Err(format!(
+                        "{path}.buffer_type: rank {g} has no {} chunks to bind ({}_chunks is 0)",
+                        ty.name(),
+                        long_name(ty)
+                    ));
                 }
                 let groups = ch
                     .rank_groups
                     .as_ref()
                     .ok_or_else(|| format!("{path}.rank_groups: missing for a switch channel"))?;
                 for (i, grp) in groups.iter().enumerate() {
+                    let gp = format!("{path}.rank_groups[{i}]");
                     if let Some((k, &r)) = grp.ranks.iter().enumerate().find(|(_, &r)| r >= n) {
                         return Err(format!(
-                            "{path}.rank_groups[{i}].ranks[{k}]: expected a rank below {n}, got {r}"
+                            "{gp}.ranks[{k}]: expected a rank below {n}, got {r}"
                         ));
                     }
-                    rp.switch_channels += 1;
+                    let mut sorted = grp.ranks.clone();
+                    sorted.sort_unstable();
+                    sorted.dedup();
+                    if sorted.len() != grp.ranks.len() || !grp.ranks.contains(&g) {
+                        return Err(format!(
+                            "{gp}.ranks: expected distinct ranks including this rank {g}, got {:?}",
+                            grp.ranks
+                        ));
+                    }
+                    // `size` (upstream: chunks of the group's share) is not needed: the whole
+                    // buffer is bound.
+                    rp.switch_channels.push(SwitchSpec {
+                        ty,
+                        ranks: grp.ranks.clone(),
+                    });
                 }
             }
             ChannelType::None => {
@@ -228,6 +251,7 @@ fn resolve_gpu(plan: &PlanJson, g: usize, gpu: &GpuJson) -> R<RankPlan> {
             gpu,
             block: &block,
             remote: &rp.remote_buffers,
+            switch: &rp.switch_channels,
         };
         let mut ops = Vec::with_capacity(tb.ops.len());
         for (o, op) in tb.ops.iter().enumerate() {
@@ -270,7 +294,7 @@ fn resolve_block_tables(rp: &RankPlan, tb: &ThreadBlockJson, path: &str) -> R<Bl
         let (list, n) = match ch.channel_type {
             ChannelType::Memory => (&mut b.memory_channels, rp.memory_peers.len()),
             ChannelType::Port => (&mut b.port_channels, rp.port_peers.len()),
-            ChannelType::Switch => (&mut b.switch_channels, rp.switch_channels),
+            ChannelType::Switch => (&mut b.switch_channels, rp.switch_channels.len()),
             ChannelType::None => {
                 return Err(format!(
                     "{path}.channels[{c}].channel_type: expected memory, port or switch, got none"
@@ -391,22 +415,39 @@ pub(super) fn resolve_chunk(
         )
     } else {
         let id = c.switch_channel_id.unwrap_or_default();
-        if id >= ctx.block.switch_channels.len() {
-            return Err(format!(
-                "{path}.switch_channel_id: expected an index below {} (the thread block's switch channels), got {id}",
-                ctx.block.switch_channels.len()
-            ));
-        }
-        (BufRef::Switch(id), u32::MAX, ctx.rank)
+        let spec = ctx
+            .block
+            .switch_channels
+            .get(id)
+            .map(|&i| &ctx.switch[i])
+            .ok_or_else(|| {
+                format!(
+                    "{path}.switch_channel_id: expected an index below {} (the thread block's switch channels), got {id}",
+                    ctx.block.switch_channels.len()
+                )
+            })?;
+        (
+            BufRef::Switch {
+                slot: id,
+                ty: spec.ty,
+            },
+            ctx.gpu.chunks(spec.ty),
+            ctx.rank,
+        )
     };
     if c.size == 0 {
         return Err(format!("{path}.size: expected at least 1 chunk, got 0"));
     }
     let end = u64::from(c.index) + u64::from(c.size);
     if end > u64::from(chunks) {
-        let t = buf.buffer_type().map_or("switch", long_name);
+        let t = buf.buffer_type().map_or("?", long_name);
+        let via = if matches!(buf, BufRef::Switch { .. }) {
+            " (bound to the switch channel)"
+        } else {
+            ""
+        };
         return Err(format!(
-            "{path}: chunks {}..{end} lie outside rank {owner}'s {t} buffer of {chunks} chunks",
+            "{path}: chunks {}..{end} lie outside rank {owner}'s {t} buffer{via} of {chunks} chunks",
             c.index
         ));
     }

@@ -374,8 +374,45 @@ fn check_shape(ctx: &BlockCtx, op: &OpJson, o: &mut Op, path: &str) -> R<()> {
                 return fail("a pipeline takes no buffers or channels of its own".into());
             }
         }
-        // Switch-channel operations: parsed, refused at execution while NVLS is off.
-        Glre | Glres | Gstore | Gstorepkt => {}
+        // Switch-channel operations: one chunk each side; glre reads the switch and writes a
+        // local chunk, gstore the reverse, glres both through switch channels (NVLS sums).
+        Glre | Glres | Gstore | Gstorepkt => {
+            need_ct(&[ChannelType::Switch, ChannelType::None])?;
+            count("src_buff", ns, 1, 1)?;
+            count("dst_buff", nd, 1, 1)?;
+            let sw = |c: &Chunk| matches!(c.buf, BufRef::Switch { .. });
+            let (src_sw, dst_sw) = match o.name {
+                Glre => (true, false),
+                Glres => (true, true),
+                _ => (false, true),
+            };
+            for (field, c, want) in [
+                ("src_buff", &o.src[0], src_sw),
+                ("dst_buff", &o.dst[0], dst_sw),
+            ] {
+                if sw(c) != want || (!want && !matches!(c.buf, Local(_))) {
+                    return Err(format!(
+                        "{path}.{field}[0]: {name} expects {}, got {}",
+                        if want {
+                            "a switch_channel_id chunk"
+                        } else {
+                            "a local chunk (type i, o or s)"
+                        },
+                        if sw(c) {
+                            "a switch channel chunk"
+                        } else if matches!(c.buf, Local(_)) {
+                            "a local chunk"
+                        } else {
+                            "a remote chunk"
+                        }
+                    ));
+                }
+            }
+            if o.reduce != super::json::PlanReduceOp::Sum {
+                return fail("NVLS reduces with sum only: expected reduce_op sum".into());
+            }
+            same_pairs(o, path)?;
+        }
     }
     Ok(())
 }

@@ -63,5 +63,9 @@ int main() {
   std::printf("EXEC_BLOCK_HEADER_BYTES value %zu\n", EXEC_BLOCK_HEADER_BYTES);
   std::printf("EXEC_PIPELINE value %d\nEXEC_SEM_RELEASE value %d\nEXEC_REDUCE_COPY_SEND_PACKETS value %d\n",
               (int)EXEC_PIPELINE, (int)EXEC_SEM_RELEASE, (int)EXEC_REDUCE_COPY_SEND_PACKETS);
+  std::printf("EXEC_GROUP_LOAD_REDUCE value %d\nEXEC_GROUP_LOAD_REDUCE_STORE value %d\nEXEC_GROUP_STORE value %d\n",
+              (int)EXEC_GROUP_LOAD_REDUCE, (int)EXEC_GROUP_LOAD_REDUCE_STORE, (int)EXEC_GROUP_STORE);
+  std::printf("EXEC_REF_SWITCH value %d\nEXEC_CHANNEL_SWITCH value %d\n", (int)EXEC_REF_SWITCH,
+              (int)EXEC_CHANNEL_SWITCH);
   return 0;
 }

@@ -43,6 +43,8 @@ pub(crate) static SHIPPED: &[(&str, [&str; 3])] = shipped!(
     "allgather_ll_fwd",
     "allgather_port",
     "allgather_pipeline",
+    "allreduce_nvls",
+    "allreduce_nvls_ls",
 );
 
 /// The JSON of shipped plan `family` for `n` ranks, or why there is none.
@@ -277,7 +279,20 @@ fn run_family(ctx: &TestContext, family: &str) {
     ASSERT_EQ!(plan.world_size(), n);
     let seed = agreed_seed();
     let gather = plan.collective() == "allgather";
-    let dtypes: &[DataType] = if gather {
+    let nvls = plan.uses_switch_channels();
+    if nvls {
+        // Every rank decides alike (same build, same environment), so every rank skips.
+        if let Err(e) = mscclpp::nvls_usable(env.device) {
+            SKIP!("{family}: switch channels need NVLS: {}", e);
+        }
+        if is_gpu_build() {
+            SKIP!("{family}: the GPU executor kernel has no switch-channel operations yet (host backend only)");
+        }
+    }
+    let dtypes: &[DataType] = if nvls {
+        // NVLS sums f32, f16 and bf16 only.
+        &[DataType::F32, DataType::F16, DataType::Bf16]
+    } else if gather {
         &[DataType::I32, DataType::F16]
     } else {
         &[
@@ -371,6 +386,14 @@ TEST!(ExecutorTest, AllGatherPort, |ctx| run_family(
 TEST!(ExecutorTest, AllGatherPipeline, |ctx| run_family(
     ctx,
     "allgather_pipeline"
+));
+TEST!(ExecutorTest, AllReduceNvls, |ctx| run_family(
+    ctx,
+    "allreduce_nvls"
+));
+TEST!(ExecutorTest, AllReduceNvlsLoadStore, |ctx| run_family(
+    ctx,
+    "allreduce_nvls_ls"
 ));
 
 // Plans made by upstream's DSL (a folder named by `MSCCLPP_EXECUTOR_UPSTREAM_PLANS`): each

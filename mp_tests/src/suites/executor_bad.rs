@@ -10,7 +10,7 @@ use mscclpp_framework::*;
 use serde_json::{json, Value};
 
 use super::executor::{exec_env, shipped_json};
-use super::memory_channel::common::ok;
+use super::memory_channel::common::{is_gpu_build, ok};
 
 /// A corruption: what it does to the plan, and a fragment the error must contain.
 type Corruption = (&'static str, fn(&mut Value), &'static str);
@@ -234,19 +234,70 @@ TEST!(ExecutorTest, Refusals, |ctx| {
         },
         "expected memory allocated through mscclpp",
     );
-    // A switch-channel op parses, and is refused while NVLS is off.
+    // A switch-channel op without its chunks is refused when parsing.
     let mut v: Value = ok!(serde_json::from_str(text), "JSON");
     ops(&mut v, 0, 0).push(json!({"name": "glres", "src_buff": [], "dst_buff": []}));
+    match ExecutionPlan::from_json(&v.to_string(), ctx.rank()) {
+        Ok(_) => EXPECT_TRUE!(false, "a glres without chunks parsed"),
+        Err(e) => EXPECT_TRUE!(
+            e.to_string().contains("src_buff: glres expects 1 chunks"),
+            "glres without chunks: {e}"
+        ),
+    }
+    // A shipped NVLS plan: refused on GPUs with the reason; integers refused everywhere.
     let nvls = ok!(
-        ExecutionPlan::from_json(&v.to_string(), ctx.rank()),
-        "a glres plan parses"
+        ExecutionPlan::from_json(ok!(shipped_json("allreduce_nvls", n), "plan"), ctx.rank()),
+        "an NVLS plan parses"
     );
     EXPECT_TRUE!(nvls.uses_switch_channels());
+    if is_gpu_build() {
+        expect(
+            "NVLS on a GPU",
+            run(&nvls, 256, 256),
+            "switch channels (NVLS",
+        );
+    }
     expect(
-        "NVLS",
-        run(&nvls, 256, 256),
-        "switch channels (NVLS multicast",
+        "NVLS i32",
+        // SAFETY: buf holds 64 KiB; refused before it touches memory.
+        unsafe {
+            env.exec.execute(
+                r,
+                buf.data(),
+                buf.data(),
+                256,
+                256,
+                DataType::I32,
+                &nvls,
+                stream,
+                PacketType::LL16,
+            )
+        },
+        if is_gpu_build() {
+            "switch channels (NVLS"
+        } else {
+            "reduce f32, f16 and bf16 only"
+        },
     );
+    // A switch chunk outside the buffer the channel binds.
+    let mut v: Value = ok!(
+        serde_json::from_str(ok!(shipped_json("allreduce_nvls", n), "plan")),
+        "JSON"
+    );
+    let glres = ops(&mut v, 0, 0)
+        .iter_mut()
+        .find(|o| o["name"] == "glres")
+        .expect("allreduce_nvls has a glres");
+    glres["src_buff"][0]["index"] = json!(n);
+    match ExecutionPlan::from_json(&v.to_string(), ctx.rank()) {
+        Ok(_) => EXPECT_TRUE!(false, "a switch chunk past the buffer parsed"),
+        Err(e) => EXPECT_TRUE!(
+            e.to_string().contains(&format!(
+                "input buffer (bound to the switch channel) of {n} chunks"
+            )),
+            "switch chunk past the buffer: {e}"
+        ),
+    }
     // LL8 packets cannot carry 8-byte elements.
     let ll = ok!(
         ExecutionPlan::from_json(ok!(shipped_json("allreduce_ll", n), "plan"), ctx.rank()),

@@ -27,6 +27,8 @@ constexpr int EXEC_MAX_CHANNELS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_OPS_PER_BLOCK = 64;
 constexpr uint8_t EXEC_REF_REMOTE = 0x80;
+// Switch-op chunk references: this bit | slot of the block's (host-side) switch channel table.
+constexpr uint8_t EXEC_REF_SWITCH = 0x40;
 
 enum ExecOpType : uint8_t {
   EXEC_NOP = 0,
@@ -56,9 +58,19 @@ enum ExecOpType : uint8_t {
   EXEC_PIPELINE = 24,
   EXEC_SEM_ACQUIRE = 25,
   EXEC_SEM_RELEASE = 26,
+  // Switch-channel (NVLS) ops: run by the host interpreter only; the host refuses plans with
+  // them on GPUs, so this kernel never sees them (its default case fails loudly if it did).
+  EXEC_GROUP_LOAD_REDUCE = 27,
+  EXEC_GROUP_LOAD_REDUCE_STORE = 28,
+  EXEC_GROUP_STORE = 29,
 };
 
-enum ExecChannelType : uint8_t { EXEC_CHANNEL_NONE = 0, EXEC_CHANNEL_MEMORY = 1, EXEC_CHANNEL_PORT = 2 };
+enum ExecChannelType : uint8_t {
+  EXEC_CHANNEL_NONE = 0,
+  EXEC_CHANNEL_MEMORY = 1,
+  EXEC_CHANNEL_PORT = 2,
+  EXEC_CHANNEL_SWITCH = 3,
+};
 
 /// Data types (core/src/executor/gpu.rs `dtype_code`).
 enum ExecDataType : uint32_t {
