@@ -117,8 +117,6 @@ pub mod device_emu;
 pub mod endpoint;
 pub mod env;
 pub mod error;
-#[allow(missing_docs)]
-// TODO(issue 15): document the remaining plan fields (json.rs) and device structs (device.rs)
 pub mod executor;
 pub mod fifo;
 pub mod future;

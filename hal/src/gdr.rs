@@ -31,24 +31,39 @@ pub enum GdrError {
     /// The library was opened but lacks a required symbol.
     #[error("{path} does not export required symbol `{symbol}`: {message}")]
     MissingSymbol {
+        /// Path of the shared library that was opened.
         path: String,
+        /// Name of the `gdr_*` function that could not be resolved.
         symbol: &'static str,
+        /// The dynamic loader's error text.
         message: String,
     },
     /// A GDRCopy call returned an error code.
     #[error("{op} failed with {code} (for GPU address {addr:#x}, {size} bytes)")]
     Call {
+        /// Name of the GDRCopy function that failed (e.g. `gdr_pin_buffer`).
         op: &'static str,
+        /// Its non-zero return code.
         code: i32,
+        /// Device address of the buffer being pinned or mapped.
         addr: u64,
+        /// Length of that buffer in bytes.
         size: usize,
     },
     /// `gdr_open` returned NULL (usually: the gdrdrv kernel module is not loaded).
     #[error("gdr_open failed (is the gdrdrv kernel module loaded?) using {path}")]
-    OpenFailed { path: String },
+    OpenFailed {
+        /// Path of the libgdrapi shared library whose `gdr_open` failed.
+        path: String,
+    },
     /// An argument was out of range.
     #[error("invalid argument to {op}: {reason}")]
-    InvalidArgument { op: &'static str, reason: String },
+    InvalidArgument {
+        /// The function that rejected the argument.
+        op: &'static str,
+        /// What was expected and what was given.
+        reason: String,
+    },
 }
 
 #[repr(C)]

@@ -41,11 +41,8 @@ pub mod auxil;
 pub mod dmabuf;
 mod error;
 
-#[allow(missing_docs)] // TODO(issue 15): document the remaining GDRCopy struct fields
 pub mod gdr;
 pub mod graph;
-#[allow(missing_docs)]
-// TODO(issue 15): document the remaining verbs struct fields and enum variants
 pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;

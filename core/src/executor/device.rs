@@ -71,33 +71,53 @@ pub const SWITCH_VECTOR_BYTES: u64 = 16;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ExecOp {
+    /// Operation code, one of the [`op`] constants (`ExecOp.type`).
     pub op_type: u8,
+    /// Channel type the op uses: [`CHANNEL_NONE`], [`CHANNEL_MEMORY`] or [`CHANNEL_PORT`].
     pub channel_type: u8,
+    /// Number of used entries in `channels`.
     pub n_channels: u8,
+    /// Number of used entries in the `input_*` arrays (the plan op's `src` chunks).
     pub n_inputs: u8,
+    /// Number of used entries in the `output_*` arrays (the plan op's `dst` chunks).
     pub n_outputs: u8,
     /// 0 sum, 1 min, 2 max.
     pub reduce_op: u8,
+    /// Number of used entries in `semaphore_ids`.
     pub n_semaphores: u8,
+    /// Padding to the C layout; always 0.
     pub pad0: u8,
     /// Indexes into the block's channels of `channel_type`.
     pub channels: [u8; MAX_CHANNELS_PER_OP],
+    /// Per input: a local buffer type, or [`REF_REMOTE`] plus a remote-buffer slot.
     pub input_refs: [u8; MAX_BUFFERS_PER_OP],
+    /// Per output: a local buffer type, or [`REF_REMOTE`] plus a remote-buffer slot.
     pub output_refs: [u8; MAX_BUFFERS_PER_OP],
     /// Buffer type (0 input, 1 output, 2 scratch) behind each reference, remote ones too.
     pub input_types: [u8; MAX_BUFFERS_PER_OP],
+    /// Buffer type (0 input, 1 output, 2 scratch) behind each output reference.
     pub output_types: [u8; MAX_BUFFERS_PER_OP],
+    /// Indexes into the launch's device semaphores (`ExecArgs::semaphores`) for sem ops.
     pub semaphore_ids: [u8; MAX_SEMAPHORES_PER_OP],
+    /// Per input: byte offset of the chunk in its buffer, for this message size.
     pub input_offsets: [u32; MAX_BUFFERS_PER_OP],
+    /// Per input: length of the chunk in bytes.
     pub input_sizes: [u32; MAX_BUFFERS_PER_OP],
+    /// Per output: byte offset of the chunk in its buffer, for this message size.
     pub output_offsets: [u32; MAX_BUFFERS_PER_OP],
+    /// Per output: length of the chunk in bytes.
     pub output_sizes: [u32; MAX_BUFFERS_PER_OP],
+    /// Barrier ops: which barrier (index into `ExecArgs::barriers`) the blocks meet at.
     pub barrier_id: u32,
+    /// Barrier ops: how many thread blocks take part in that barrier.
     pub n_blocks: u32,
     /// Pipeline: bytes per iteration, iterations, and how many following ops it repeats.
     pub unit_size: u32,
+    /// Pipeline: how many iterations of `unit_size` bytes cover the chunks.
     pub n_iterations: u32,
+    /// Pipeline: how many of the ops after this one form its body.
     pub n_inner: u32,
+    /// Padding to the C layout; always 0.
     pub pad1: u32,
 }
 
@@ -105,11 +125,17 @@ pub struct ExecOp {
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug)]
 pub struct ExecBlock {
+    /// Number of used entries in `ops`.
     pub n_ops: u32,
+    /// Number of used entries in `memory_channels`.
     pub n_memory_channels: u32,
+    /// Number of used entries in `port_channels`.
     pub n_port_channels: u32,
+    /// Padding to the C layout; always 0.
     pub pad: u32,
+    /// Device handles of the block's memory channels, indexed by `ExecOp::channels`.
     pub memory_channels: [BaseMemoryChannelDeviceHandle; MAX_CHANNELS_PER_BLOCK],
+    /// Device handles of the block's port channels, indexed by `ExecOp::channels`.
     pub port_channels: [BasePortChannelDeviceHandle; MAX_CHANNELS_PER_BLOCK],
     /// Addresses (mapped here) of remote buffers reached through memory channels.
     pub memory_buffers: [u64; MAX_REMOTE_BUFFERS_PER_BLOCK],
@@ -118,7 +144,9 @@ pub struct ExecBlock {
     /// Double scratch: the second half's offset in each remote buffer (0 unless it is the
     /// peer's scratch), used on launches with an even flag.
     pub memory_buffer_halves: [u32; MAX_REMOTE_BUFFERS_PER_BLOCK],
+    /// Like `memory_buffer_halves`, for the remote buffers of `port_buffers`.
     pub port_buffer_halves: [u32; MAX_REMOTE_BUFFERS_PER_BLOCK],
+    /// The block's operations in execution order; the first `n_ops` are used.
     pub ops: [ExecOp; MAX_OPS_PER_BLOCK],
 }
 
@@ -128,8 +156,11 @@ pub struct ExecBlock {
 pub struct ExecArgs {
     /// Device array of `ExecBlock`, one per block.
     pub blocks: u64,
+    /// Device address of the user's input buffer.
     pub input: u64,
+    /// Device address of the user's output buffer.
     pub output: u64,
+    /// Device address of the executor's scratch buffer.
     pub scratch: u64,
     /// Offset of the second scratch half (0: single scratch); used when the flag is even.
     pub scratch_half: u64,
@@ -145,7 +176,9 @@ pub struct ExecArgs {
     pub dtype: u32,
     /// 0 LL16, 1 LL8.
     pub packet: u32,
+    /// Number of thread blocks launched (entries of `blocks`).
     pub nblocks: u32,
+    /// Padding to the C layout; always 0.
     pub pad: u32,
 }
 

@@ -31,12 +31,15 @@ impl std::fmt::Debug for CompletionQueue {
 /// One polled work completion, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
+    /// `ibv_wc.wr_id`: the caller's id of the work request this completes.
     pub wr_id: u64,
     /// `ibv_wc_status::Type`; 0 is success.
     pub status: u32,
     /// `ibv_wc_opcode::Type` (only meaningful on success, as in verbs).
     pub opcode: u32,
+    /// `ibv_wc.vendor_err`: the HCA's vendor-specific error syndrome (set on failures).
     pub vendor_err: u32,
+    /// `ibv_wc.byte_len`: bytes transferred (for receives, bytes written to the buffer).
     pub byte_len: u32,
     /// Immediate data in host order, when the completion carries it.
     pub imm_data: Option<u32>,

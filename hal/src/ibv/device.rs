@@ -34,14 +34,21 @@ impl std::fmt::Debug for Context {
 /// The device attributes the core looks at (`ibv_query_device`), plus the raw struct.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceAttr {
+    /// `ibv_device_attr.phys_port_cnt`: number of physical ports (numbered from 1).
     pub phys_port_cnt: u8,
+    /// `ibv_device_attr.max_qp`: most queue pairs the device supports.
     pub max_qp: i32,
+    /// `ibv_device_attr.max_qp_wr`: most outstanding work requests on one queue.
     pub max_qp_wr: i32,
+    /// `ibv_device_attr.max_sge`: most scatter/gather entries per work request.
     pub max_sge: i32,
+    /// `ibv_device_attr.max_cqe`: most entries one completion queue may hold.
     pub max_cqe: i32,
+    /// `ibv_device_attr.max_mr_size`: largest memory region that can be registered, in bytes.
     pub max_mr_size: u64,
     /// `IBV_ATOMIC_NONE` (0), `IBV_ATOMIC_HCA` (1) or `IBV_ATOMIC_GLOB` (2).
     pub atomic_cap: u32,
+    /// The whole `ibv_device_attr` as `ibv_query_device` filled it.
     pub raw: sys::ibv_device_attr,
 }
 
@@ -61,9 +68,13 @@ pub struct PortAttr {
     pub link_layer: u8,
     /// `IBV_MTU_256` (1) .. `IBV_MTU_4096` (5).
     pub active_mtu: u32,
+    /// `ibv_port_attr.max_mtu`: largest MTU the port supports, same encoding as `active_mtu`.
     pub max_mtu: u32,
+    /// `ibv_port_attr.lid`: the port's local identifier (InfiniBand only; 0 on RoCE).
     pub lid: u16,
+    /// `ibv_port_attr.gid_tbl_len`: number of entries in the port's GID table.
     pub gid_tbl_len: i32,
+    /// The whole `ibv_port_attr` as `ibv_query_port` filled it.
     pub raw: sys::ibv_port_attr,
 }
 

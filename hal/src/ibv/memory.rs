@@ -15,12 +15,16 @@ use super::{CompletionQueue, IbvError};
 pub struct AccessFlags(pub u32);
 
 impl AccessFlags {
+    /// `IBV_ACCESS_LOCAL_WRITE`: the local HCA may write the region (needed for receives).
     pub const LOCAL_WRITE: AccessFlags =
         AccessFlags(sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+    /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA-write into the region.
     pub const REMOTE_WRITE: AccessFlags =
         AccessFlags(sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0);
+    /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA-read from the region.
     pub const REMOTE_READ: AccessFlags =
         AccessFlags(sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
+    /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics (fetch-add, CAS) on the region.
     pub const REMOTE_ATOMIC: AccessFlags =
         AccessFlags(sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
     /// LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC: what the core registers with.

@@ -51,40 +51,63 @@ pub use qp::{QpCaps, QpState, QueuePair, RecvWr, RtrParams, RtsParams, SendOp, S
 pub enum IbvError {
     /// No candidate library could be opened; `tried` holds `(path, loader message)` pairs.
     #[error("could not load libibverbs; tried {}", format_tried(.tried))]
-    LibraryNotFound { tried: Vec<(String, String)> },
+    LibraryNotFound {
+        /// Each candidate path that was tried, with the dynamic loader's error for it.
+        tried: Vec<(String, String)>,
+    },
     /// The library was opened but lacks a required symbol.
     #[error("{path} does not export required symbol `{symbol}`: {message}")]
     MissingSymbol {
+        /// Path of the shared library that was opened.
         path: String,
+        /// Name of the verbs function that could not be resolved.
         symbol: &'static str,
+        /// The dynamic loader's error text.
         message: String,
     },
     /// A verbs call failed; `source` carries the errno it reported.
     #[error("{op} failed: {source}")]
     Call {
+        /// Name of the verbs function that failed (e.g. `ibv_modify_qp`).
         op: &'static str,
+        /// The OS error built from the errno the call returned or set.
         #[source]
         source: std::io::Error,
     },
     /// No device with the requested name.
     #[error("IB device `{name}` not found; available devices: {available:?}")]
     DeviceNotFound {
+        /// The device name that was asked for (e.g. `mlx5_0`).
         name: String,
+        /// Names of the devices `ibv_get_device_list` did report.
         available: Vec<String>,
     },
     /// The port exists but is not ACTIVE, or has no usable link layer / GID.
     #[error("port {port} of `{device}` is not usable: {reason}")]
     PortNotActive {
+        /// Name of the IB device.
         device: String,
+        /// The 1-based port number that was queried.
         port: u8,
+        /// What is wrong with it (its state, link layer or GID).
         reason: String,
     },
     /// The library or device does not offer the requested feature.
     #[error("{what} is not supported by {by}")]
-    Unsupported { what: &'static str, by: String },
+    Unsupported {
+        /// The missing feature, usually the function name (e.g. `ibv_reg_dmabuf_mr`).
+        what: &'static str,
+        /// Path of the library (or name of the device) that lacks it.
+        by: String,
+    },
     /// An argument was out of range; the message names what was expected and what came.
     #[error("invalid argument to {op}: {reason}")]
-    InvalidArgument { op: &'static str, reason: String },
+    InvalidArgument {
+        /// The function that rejected the argument.
+        op: &'static str,
+        /// What was expected and what was given.
+        reason: String,
+    },
 }
 
 fn format_tried(tried: &[(String, String)]) -> String {

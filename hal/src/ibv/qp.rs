@@ -15,10 +15,15 @@ use super::{inline, IbvError};
 /// Queue sizes for [`ProtectionDomain::create_rc_qp`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
+    /// `ibv_qp_cap.max_send_wr`: outstanding work requests the send queue can hold.
     pub max_send_wr: u32,
+    /// `ibv_qp_cap.max_recv_wr`: outstanding work requests the receive queue can hold.
     pub max_recv_wr: u32,
+    /// `ibv_qp_cap.max_send_sge`: scatter/gather entries per send work request.
     pub max_send_sge: u32,
+    /// `ibv_qp_cap.max_recv_sge`: scatter/gather entries per receive work request.
     pub max_recv_sge: u32,
+    /// `ibv_qp_cap.max_inline_data`: largest payload, in bytes, that may be posted inline.
     pub max_inline_data: u32,
 }
 
@@ -37,13 +42,21 @@ impl Default for QpCaps {
 /// QP states (`ibv_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QpState {
+    /// `IBV_QPS_RESET`: freshly created, or reset; no work can be posted.
     Reset,
+    /// `IBV_QPS_INIT`: port and access flags set; receives may be posted.
     Init,
+    /// `IBV_QPS_RTR`: ready to receive; connected to the remote QP.
     Rtr,
+    /// `IBV_QPS_RTS`: ready to send; the normal operating state.
     Rts,
+    /// `IBV_QPS_SQD`: send queue drained.
     Sqd,
+    /// `IBV_QPS_SQE`: send queue error (a send failed; receives still work).
     Sqe,
+    /// `IBV_QPS_ERR`: error; every outstanding request is flushed with an error.
     Err,
+    /// A state value this crate does not know, as the library returned it.
     Unknown(u32),
 }
 
@@ -66,16 +79,23 @@ impl QpState {
 /// What the RTR transition needs to know about the remote QP.
 #[derive(Debug, Clone, Copy)]
 pub struct RtrParams {
+    /// `ah_attr.port_num`: the local port (1-based) the QP sends from.
     pub port: u8,
+    /// `dest_qp_num`: the remote QP's number.
     pub remote_qpn: u32,
+    /// `rq_psn`: the first packet sequence number expected from the remote QP (its `sq_psn`).
     pub remote_psn: u32,
+    /// `ah_attr.dlid`: the remote port's LID (InfiniBand; 0 on RoCE).
     pub remote_lid: u16,
     /// Required on Ethernet (RoCE) ports: the remote GID, with `sgid_index` our GID index.
     pub remote_gid: Option<Gid>,
+    /// `ah_attr.grh.sgid_index`: index of our GID in the local port's table (with `remote_gid`).
     pub sgid_index: u8,
     /// `IBV_MTU_*`, normally the port's active MTU.
     pub path_mtu: u32,
+    /// `max_dest_rd_atomic`: RDMA reads/atomics the remote side may have outstanding on us.
     pub max_dest_rd_atomic: u8,
+    /// `min_rnr_timer`: IB-encoded delay the peer waits before retrying when no receive is posted.
     pub min_rnr_timer: u8,
 }
 
@@ -99,10 +119,15 @@ impl RtrParams {
 /// RTS attributes; `Default` holds the usual values (timeout 18, 7 retries, infinite RNR).
 #[derive(Debug, Clone, Copy)]
 pub struct RtsParams {
+    /// `sq_psn`: our first send packet sequence number (the peer's `remote_psn`).
     pub sq_psn: u32,
+    /// `timeout`: IB-encoded ACK timeout, 4.096 us * 2^timeout (0 means infinite).
     pub timeout: u8,
+    /// `retry_cnt`: times a send is retried after an ACK timeout before failing.
     pub retry_cnt: u8,
+    /// `rnr_retry`: times a send is retried on receiver-not-ready (7 means forever).
     pub rnr_retry: u8,
+    /// `max_rd_atomic`: RDMA reads/atomics we may have outstanding on the peer.
     pub max_rd_atomic: u8,
 }
 
@@ -121,8 +146,11 @@ impl Default for RtsParams {
 /// A scatter/gather entry: `length` bytes at `addr` inside the region with `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
+    /// `ibv_sge.addr`: start address of the local buffer.
     pub addr: u64,
+    /// `ibv_sge.length`: length of the buffer in bytes.
     pub length: u32,
+    /// `ibv_sge.lkey`: local key of the memory region that contains it.
     pub lkey: u32,
 }
 
@@ -130,19 +158,30 @@ pub struct Sge {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
     /// `IBV_WR_RDMA_WRITE` of the local SGE to `remote_addr`.
-    Write { remote_addr: u64, rkey: u32 },
+    Write {
+        /// `wr.rdma.remote_addr`: destination address in the peer's region.
+        remote_addr: u64,
+        /// `wr.rdma.rkey`: the peer region's remote key.
+        rkey: u32,
+    },
     /// `IBV_WR_RDMA_WRITE_WITH_IMM`; consumes a receive on the peer, which completes with
     /// `imm` (host order here; sent in network order). A write of 0 bytes is allowed.
     WriteWithImm {
+        /// `wr.rdma.remote_addr`: destination address in the peer's region.
         remote_addr: u64,
+        /// `wr.rdma.rkey`: the peer region's remote key.
         rkey: u32,
+        /// The 32-bit immediate value delivered in the peer's receive completion.
         imm: u32,
     },
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD` of `add` on the 8 aligned bytes at `remote_addr`; the old
     /// value lands in the local SGE (8 bytes, LOCAL_WRITE).
     FetchAndAdd {
+        /// `wr.atomic.remote_addr`: the 8-byte aligned target in the peer's region.
         remote_addr: u64,
+        /// `wr.atomic.rkey`: the peer region's remote key.
         rkey: u32,
+        /// `wr.atomic.compare_add`: the value added.
         add: u64,
     },
 }
@@ -150,7 +189,9 @@ pub enum SendOp {
 /// One send work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr {
+    /// `ibv_send_wr.wr_id`: returned in the completion's `wr_id`.
     pub wr_id: u64,
+    /// The operation and its remote target (`opcode` plus `wr.rdma` / `wr.atomic`).
     pub op: SendOp,
     /// The local buffer (`None` for a 0-byte write).
     pub local: Option<Sge>,
@@ -161,7 +202,9 @@ pub struct SendWr {
 /// One receive work request (RDMA_WRITE_WITH_IMM needs no buffer, so `local` may be `None`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWr {
+    /// `ibv_recv_wr.wr_id`: returned in the completion's `wr_id`.
     pub wr_id: u64,
+    /// The buffer incoming data lands in; `None` posts a receive with no SGE.
     pub local: Option<Sge>,
 }
 

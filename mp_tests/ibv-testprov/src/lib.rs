@@ -53,7 +53,6 @@ use qp::{tp_post_recv, tp_post_send};
 #[allow(missing_docs)]
 // TODO(issue 15): document the remaining provider state's fields and constants
 pub mod state;
-#[allow(missing_docs)] // TODO(issue 15): document the remaining wire structs' fields
 pub mod wire;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};

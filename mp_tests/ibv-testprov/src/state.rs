@@ -18,13 +18,19 @@ mod responder;
 
 use responder::accept_loop;
 
+/// Linux errno `EINVAL` (invalid argument), an error code of the provider's verbs entry points.
 pub const EINVAL: i32 = 22;
+/// Linux errno `ENOMEM` (out of memory), an error code of the provider's verbs entry points.
 pub const ENOMEM: i32 = 12;
+/// Linux errno `EBUSY` (resource busy), an error code of the provider's verbs entry points.
 pub const EBUSY: i32 = 16;
+/// Linux errno `EOPNOTSUPP` (operation not supported), an error code of the provider's verbs entry points.
 pub const EOPNOTSUPP: i32 = 95;
 
 /// Access bits (`ibv_access_flags`).
+/// `IBV_ACCESS_LOCAL_WRITE`.
 pub const ACCESS_LOCAL_WRITE: u32 = 1;
+/// `IBV_ACCESS_REMOTE_WRITE`.
 pub const ACCESS_REMOTE_WRITE: u32 = 2;
 pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
 
@@ -46,18 +52,31 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RawWc {
+    /// `ibv_wc.wr_id`: id of the completed work request.
     pub wr_id: u64,
+    /// `ibv_wc.status`: an `ibv_wc_status` (0 success).
     pub status: u32,
+    /// `ibv_wc.opcode`: an `ibv_wc_opcode`.
     pub opcode: u32,
+    /// `ibv_wc.vendor_err`: vendor error syndrome.
     pub vendor_err: u32,
+    /// `ibv_wc.byte_len`: bytes transferred.
     pub byte_len: u32,
+    /// `ibv_wc.imm_data`: immediate data, in network order.
     pub imm_data: u32,
+    /// `ibv_wc.qp_num`: the local QP number.
     pub qp_num: u32,
+    /// `ibv_wc.src_qp`: the remote QP number (UD only).
     pub src_qp: u32,
+    /// `ibv_wc.wc_flags`: `IBV_WC_*` flags (e.g. `IBV_WC_WITH_IMM`).
     pub wc_flags: u32,
+    /// `ibv_wc.pkey_index`: P_Key index (UD only).
     pub pkey_index: u16,
+    /// `ibv_wc.slid`: source LID (UD only).
     pub slid: u16,
+    /// `ibv_wc.sl`: service level (UD only).
     pub sl: u8,
+    /// `ibv_wc.dlid_path_bits`: destination LID path bits (UD only).
     pub dlid_path_bits: u8,
 }
 

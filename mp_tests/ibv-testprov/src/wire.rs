@@ -16,7 +16,9 @@ const TAG_ACK: u8 = 4;
 /// The connector's hello: which QP it wants to reach and which QP it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
+    /// QP number, on the responder's context, that the connection is for.
     pub dst_qpn: u32,
+    /// QP number of the connecting (requester) QP.
     pub src_qpn: u32,
 }
 
@@ -25,14 +27,22 @@ pub struct Hello {
 pub enum Request {
     /// Followed by `len` payload bytes.
     Write {
+        /// Remote key of the responder's memory region being written.
         rkey: u32,
+        /// Destination address inside that region.
         addr: u64,
+        /// Payload length in bytes (at most [`MAX_MSG`]).
         len: u32,
+        /// Immediate data of a write-with-immediate (host order); `None` for a plain write.
         imm: Option<u32>,
     },
+    /// An 8-byte fetch-and-add on the responder's memory; answered with the old value.
     FetchAdd {
+        /// Remote key of the responder's memory region.
         rkey: u32,
+        /// Address of the 8 aligned bytes to add to.
         addr: u64,
+        /// The value added.
         add: u64,
     },
     /// The requester QP is going away cleanly.
@@ -43,7 +53,12 @@ pub enum Request {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Response {
     /// `status` is an `ibv_wc_status`; `value` the old value of a fetch-and-add.
-    Ack { status: u32, value: u64 },
+    Ack {
+        /// `ibv_wc_status` of the request (0 is success).
+        status: u32,
+        /// Old value of a fetch-and-add (not meaningful for a write).
+        value: u64,
+    },
     /// The responder QP is going away cleanly.
     Bye,
 }
@@ -64,6 +79,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(x)
 }
 
+/// Sends the connector's hello: [`MAGIC`], then `dst_qpn` and `src_qpn` (u32 LE each).
 pub fn write_hello(w: &mut impl Write, h: Hello) -> io::Result<()> {
     let mut b = Vec::with_capacity(12);
     b.extend_from_slice(&MAGIC);
@@ -72,6 +88,7 @@ pub fn write_hello(w: &mut impl Write, h: Hello) -> io::Result<()> {
     w.write_all(&b)
 }
 
+/// Reads a hello, failing with `InvalidData` when the magic is not [`MAGIC`].
 pub fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
     let mut b = [0u8; 12];
     r.read_exact(&mut b)?;
@@ -87,10 +104,12 @@ pub fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
     })
 }
 
+/// Sends the responder's answer to a hello: 0 when the QP exists, non-zero (2) when not.
 pub fn write_hello_ack(w: &mut impl Write, status: u32) -> io::Result<()> {
     w.write_all(&status.to_le_bytes())
 }
 
+/// Reads the responder's answer to a hello (0: accepted).
 pub fn read_hello_ack(r: &mut impl Read) -> io::Result<u32> {
     let mut b = [0u8; 4];
     r.read_exact(&mut b)?;
@@ -125,6 +144,7 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
     b
 }
 
+/// Reads one request header (not a write's payload), checking tag, length and imm flag.
 pub fn read_request(r: &mut impl Read) -> io::Result<Request> {
     let mut tag = [0u8; 1];
     r.read_exact(&mut tag)?;
@@ -164,6 +184,7 @@ pub fn read_request(r: &mut impl Read) -> io::Result<Request> {
     }
 }
 
+/// Encodes a response: tag, then for an ack `status` (u32 LE) and `value` (u64 LE).
 pub fn encode_response(resp: &Response) -> Vec<u8> {
     let mut b = Vec::with_capacity(13);
     match *resp {
@@ -177,6 +198,7 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
     b
 }
 
+/// Reads one response, failing with `InvalidData` on an unknown tag.
 pub fn read_response(r: &mut impl Read) -> io::Result<Response> {
     let mut tag = [0u8; 1];
     r.read_exact(&mut tag)?;
