@@ -14,7 +14,7 @@
 //! same block of its peers (`host_barrier` / `meshBarrier` on the framework's semaphores).
 //!
 //! The selector picks these only where NVLS is usable for the communicator's device and every
-//! rank is on one node ([`selector_prefs`]); on the host backend only when forced
+//! rank is on one node (`selector_prefs`); on the host backend only when forced
 //! (`MSCCLPP_ALLREDUCE_ALGO=nvls_...`) or opted in with `MSCCLPP_NVLS_EMULATION=1`, so the
 //! host tests keep their algorithms. They run over the multicast emulation there.
 //! Kernels: kernels/cuda/src/collectives/allreduce/nvls_*.cu (sm_90+; `nvls.hpp`).

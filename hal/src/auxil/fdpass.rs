@@ -14,7 +14,7 @@
 //! clients whose kernel-reported credentials (`SO_PEERCRED`) show the server's effective uid
 //! (or root), and ids are random 64-bit values (not a counter), so a process of the same user
 //! that was not given the id cannot guess one. Each client is served on its own short-lived
-//! thread (at most [`MAX_CONCURRENT`] at once, the rest inline), so one client that connects and
+//! thread (at most `MAX_CONCURRENT` at once, the rest inline), so one client that connects and
 //! sends nothing delays nobody else.
 
 use super::os;

@@ -134,7 +134,7 @@ impl MrInfo {
         addr >= start && addr.checked_add(len).is_some_and(|e| e <= end)
     }
 
-    /// The pointer this process uses for `addr` (which [`MrInfo::contains`] accepted).
+    /// The pointer this process uses for `addr` (which `MrInfo::contains` accepted).
     pub fn host_addr(&self, addr: u64) -> usize {
         self.host + (addr - self.addr as u64) as usize
     }

@@ -12,8 +12,7 @@
 use std::sync::{Arc, OnceLock};
 
 use mscclpp::collectives::{
-    find_algorithm, Call, CollectiveKind, Collectives, CollectivesConfig,
-    DataType, ReduceOp,
+    find_algorithm, Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
 };
 use mscclpp::{Communicator, Context, Device};
 use mscclpp_framework::*;
@@ -191,7 +190,10 @@ TEST!(BroadcastTest, EveryRoot, |_ctx| {
     let kind = CollectiveKind::Broadcast;
     let seed = agreed_seed();
     let mut call = 0u32;
-    for algo in super::coll_common::single_node_algorithms(kind).into_iter().filter(|a| *a != "copy") {
+    for algo in super::coll_common::single_node_algorithms(kind)
+        .into_iter()
+        .filter(|a| *a != "copy")
+    {
         ok!(env.coll.force_algorithm(kind, Some(algo)), "forcing {algo}");
         for root in 0..n {
             for (dtype, count, in_place) in [

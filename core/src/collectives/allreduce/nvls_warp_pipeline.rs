@@ -1,6 +1,6 @@
 //! All-reduce `nvls_warp_pipeline` (upstream `AllreduceNvlsWarpPipeline`, formerly
 //! `AllreduceNvlsWithCopy`): the input goes through the NVLS scratch buffer (bound once per
-//! communicator, [`super::super::nvls::state`]), so any buffer works and nothing is bound per
+//! communicator, `nvls::state`), so any buffer works and nothing is bound per
 //! call.
 //!
 //! The scratch is cut into one region per block; the input is cut into region-sized chunks,

@@ -1,6 +1,6 @@
 //! All-reduce `nvls_zero_copy` (upstream `AllreduceNvlsZeroCopy`): the user's input and output
 //! are bound to multicast objects of their own (once per `(address, size)`, collectively; see
-//! [`super::super::nvls::user_channel`]), and rank r reduces its share of the input straight in
+//! `nvls::user_channel`), and rank r reduces its share of the input straight in
 //! the switch (`multimem.ld_reduce` over the input's multicast address) and stores the sums into
 //! every rank's output at once (`multimem.st` to the output's multicast address). No scratch, no
 //! copy.
