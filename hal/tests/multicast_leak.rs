@@ -57,6 +57,9 @@ fn cycle<A: Api>(
 
 fn run<A: Api>(dev: &A::Device, check: &dyn Fn(&A::MulticastMapping, &A::Memory)) -> String {
     cycle::<A>(dev, check).expect("warm-up cycle");
+    // The fd server answers each importer on a thread of its own, whose end of the socket
+    // closes just after the importer got its fd: let the warm-up cycle's closes land first.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let (fd0, map0, counts0) = (fds(), maps(), multicast_counts());
     assert_eq!(
         counts0,
@@ -67,6 +70,12 @@ fn run<A: Api>(dev: &A::Device, check: &dyn Fn(&A::MulticastMapping, &A::Memory)
         if let Err(e) = cycle::<A>(dev, check) {
             panic!("{} cycle {i}: {e}", A::NAME);
         }
+    }
+    // The fd server answers each importer on a thread of its own, whose end of the socket
+    // closes just after the importer got its fd: give those closes a moment to land.
+    let settle = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while fds() != fd0 && std::time::Instant::now() < settle {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let (fd1, map1, counts1) = (fds(), maps(), multicast_counts());
     assert_eq!(

@@ -13,9 +13,8 @@
 //! Access control: an fd is a capability to the exporter's memory, so the server answers only
 //! clients whose kernel-reported credentials (`SO_PEERCRED`) show the server's effective uid
 //! (or root), and ids are random 64-bit values (not a counter), so a process of the same user
-//! that was not given the id cannot guess one. Each client is served on its own short-lived
-//! thread (at most `MAX_CONCURRENT` at once, the rest inline), so one client that connects and
-//! sends nothing delays nobody else.
+//! that was not given the id cannot guess one. Clients are answered by a pool of `WORKERS`
+//! threads, so one client that connects and sends nothing delays nobody else.
 
 use super::os;
 use crate::{Error, Result};
@@ -24,7 +23,6 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -37,8 +35,8 @@ const REP_LEN: usize = 7;
 pub(crate) const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for a client's request, and a client for the reply.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Clients served on their own threads at once; beyond this the accept loop answers inline.
-const MAX_CONCURRENT: usize = 64;
+/// Worker threads answering clients (a silent client holds one for at most [`IO_TIMEOUT`]).
+const WORKERS: usize = 8;
 
 /// This host's id: FNV-1a of `MSCCLPP_HOSTID` if set, else of the hostname and boot id.
 pub fn host_id() -> u64 {
@@ -74,7 +72,6 @@ struct Server {
     table: Arc<Table>,
 }
 
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 static SERVER: OnceLock<std::result::Result<Server, String>> = OnceLock::new();
 
 fn server() -> Result<&'static Server> {
@@ -108,25 +105,37 @@ fn start_server() -> Result<Server> {
 }
 
 fn serve(listener: UnixListener, table: Arc<Table>) {
+    // A fixed pool of workers started with the server (not a thread per client: each dead
+    // thread's stack would stay cached as one more mapping of the process, which the leak
+    // tests count).
+    let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
+    let rx = Arc::new(Mutex::new(rx));
+    let mut workers = 0;
+    for _ in 0..WORKERS {
+        let (rx, t) = (Arc::clone(&rx), Arc::clone(&table));
+        let spawned = std::thread::Builder::new()
+            .name("mscclpp-hal-fd-worker".into())
+            .spawn(move || loop {
+                let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                match next {
+                    Ok(stream) => {
+                        let _ = answer(stream, &t);
+                    }
+                    Err(_) => break,
+                }
+            });
+        if spawned.is_ok() {
+            workers += 1;
+        }
+    }
     for conn in listener.incoming() {
         match conn {
             // A misbehaving client must not stop the server; its error is its own problem.
             Ok(stream) => {
-                if IN_FLIGHT.fetch_add(1, Ordering::AcqRel) < MAX_CONCURRENT {
-                    let t = Arc::clone(&table);
-                    let spawned = std::thread::Builder::new()
-                        .name("mscclpp-hal-fd-client".into())
-                        .spawn(move || {
-                            let _ = answer(stream, &t);
-                            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-                        });
-                    if spawned.is_err() {
-                        // No thread: the stream went with the closure; the client sees EOF.
-                        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-                    }
-                } else {
+                if workers == 0 {
                     let _ = answer(stream, &table);
-                    IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+                } else if let Err(std::sync::mpsc::SendError(stream)) = tx.send(stream) {
+                    let _ = answer(stream, &table);
                 }
             }
             // Accept failures (e.g. out of fds) are transient: back off instead of spinning.

@@ -454,6 +454,9 @@ TEST!(SwitchChannelTest, CreateBindDestroyCycles, |ctx| {
     // counts are compared with those before the first cycle, not with zero.
     let mc_before = mscclpp_hal::multicast_counts();
     cycle(0);
+    // The fd server answers each importer on a thread of its own, whose end of the socket
+    // closes just after the importer got its fd: let the first cycle's closes land first.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let (fd0, map0, mc0) = (
         count_lines("fd"),
         count_lines("maps"),
@@ -462,6 +465,12 @@ TEST!(SwitchChannelTest, CreateBindDestroyCycles, |ctx| {
     EXPECT_EQ!(mc0, mc_before, "multicast counts after one cycle");
     for c in 1..=cycles {
         cycle(c);
+    }
+    // The fd server answers each importer on a thread of its own, whose end of the socket
+    // closes just after the importer got its fd: give those closes a moment to land.
+    let settle = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while count_lines("fd") != fd0 && std::time::Instant::now() < settle {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let (fd1, map1, mc1) = (
         count_lines("fd"),
