@@ -46,8 +46,11 @@ pub(crate) fn parse_driver_copy_max(v: Option<&str>) -> Result<usize> {
 pub(crate) fn driver_copy_max() -> Result<usize> {
     static V: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
     V.get_or_init(|| {
-        parse_driver_copy_max(std::env::var(DRIVER_COPY_ENV).ok().as_deref())
-            .map_err(|e| e.to_string())
+        // Kept as the bare message: `Error::invalid` below adds the "invalid usage" prefix.
+        parse_driver_copy_max(std::env::var(DRIVER_COPY_ENV).ok().as_deref()).map_err(|e| match e {
+            Error::InvalidUsage(m) => m,
+            other => other.to_string(),
+        })
     })
     .clone()
     .map_err(Error::invalid)
