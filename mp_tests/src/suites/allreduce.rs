@@ -1,6 +1,7 @@
 //! AllReduceTest: every all-reduce algorithm x data type x op x in/out of place x sizes that
 //! are not multiples of the vector width or the rank count, against a host reference (exact
-//! for integers); outputs poisoned with a guard zone; 1000 repeated calls with changing data;
+//! for integers); outputs poisoned with a guard zone; 1000 repeated calls with changing data
+//! (100 above `coll_common::FULL_MATRIX_MAX_RANKS` ranks);
 //! a CUDA-graph capture + replay test (GPU only); argument errors.
 
 use mscclpp::collectives::{CollectiveKind, DataType, ReduceOp};
@@ -67,7 +68,8 @@ TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     ];
     let mut bad_total = 0;
     let mut errors = Vec::new();
-    for call in 0..1000u32 {
+    let calls = super::coll_common::repeated_calls(env.coll.nranks());
+    for call in 0..calls {
         let algo = algos[call as usize % algos.len()];
         ok!(
             env.coll
@@ -92,7 +94,7 @@ TEST!(AllReduceTest, RepeatedCalls, |ctx| {
     EXPECT_EQ!(
         bad_total,
         0,
-        "mismatches over 1000 calls ({:?}): {}",
+        "mismatches over {calls} calls ({:?}): {}",
         algos,
         errors.join("; ")
     );

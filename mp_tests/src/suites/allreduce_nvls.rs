@@ -11,7 +11,7 @@ use mscclpp::collectives::nvls::nvls_launches;
 use mscclpp::collectives::{find_algorithm, Call, CollectiveKind, DataType, ReduceOp};
 use mscclpp_framework::*;
 
-use super::coll_common::{agreed_seed, coll_env, exhaustive};
+use super::coll_common::{agreed_seed, at_scale, coll_env, exhaustive};
 use super::coll_matrix::one_call;
 use super::memory_channel::common::{is_gpu_build, ok};
 
@@ -28,13 +28,13 @@ fn skip_unless_usable() {
     }
 }
 
-/// The cases of one variant on `n` ranks: (dtype, op, count). Above 8 ranks (CI's -np 16 step,
-/// where every rank shares two cores) only f32 up to 64 Ki elements runs besides the fallback
-/// cases, to keep CI short;
+/// The cases of one variant on `n` ranks: (dtype, op, count). Above
+/// `coll_common::FULL_MATRIX_MAX_RANKS` ranks (CI's -np 8 and 16 steps, where every rank shares
+/// two cores) only f32 up to 64 Ki elements runs besides the fallback cases, to keep CI short;
 /// `MSCCLPP_COLL_TEST_EXHAUSTIVE=1` runs everything.
 fn cases(n: usize) -> Vec<(DataType, ReduceOp, usize)> {
     let mut v = Vec::new();
-    let dtypes: &[DataType] = if n <= 8 || exhaustive() {
+    let dtypes: &[DataType] = if !at_scale(n) {
         &[DataType::F32, DataType::F16, DataType::Bf16]
     } else {
         &[DataType::F32]
@@ -44,7 +44,7 @@ fn cases(n: usize) -> Vec<(DataType, ReduceOp, usize)> {
         // 1 element, odd counts, exactly one 16-byte vector, many vectors, and 4 MiB + 12
         // bytes (more than one scratch chunk of the pipelines at the host's 2 blocks).
         let mut counts = vec![1usize, 7, 16 / e, 1023, 4099, 64 << 10];
-        if (dtype == DataType::F32 && n <= 8) || exhaustive() {
+        if (dtype == DataType::F32 && !at_scale(n)) || exhaustive() {
             counts.push((4 << 20) / e + 3);
         }
         v.extend(counts.into_iter().map(|c| (dtype, ReduceOp::Sum, c)));

@@ -169,6 +169,28 @@ pub(crate) fn exhaustive() -> bool {
     std::env::var("MSCCLPP_COLL_TEST_EXHAUSTIVE").is_ok_and(|v| v == "1")
 }
 
+/// The largest world that runs the full matrices and 1000 repeated calls. CI also runs the
+/// suites at 8 and 16 ranks on a two-core machine, where one call of a debug build's host
+/// backend takes 0.1 to 0.7 s (every rank spins on two cores): above this, [`at_scale`]
+/// worlds run a subset that still exercises every algorithm, rank-dependent offsets and odd
+/// sizes. `MSCCLPP_COLL_TEST_EXHAUSTIVE=1` runs everything at any size.
+pub(crate) const FULL_MATRIX_MAX_RANKS: usize = 4;
+
+/// Whether a world of `n` ranks runs the reduced matrices (see [`FULL_MATRIX_MAX_RANKS`]).
+pub(crate) fn at_scale(n: usize) -> bool {
+    n > FULL_MATRIX_MAX_RANKS && !exhaustive()
+}
+
+/// How many calls the RepeatedCalls tests make on `n` ranks: 1000, or 100 [`at_scale`]
+/// (each algorithm still sees every case several times).
+pub(crate) fn repeated_calls(n: usize) -> u32 {
+    if at_scale(n) {
+        100
+    } else {
+        1000
+    }
+}
+
 /// The algorithms of `kind` that run inside one node (the registry without the multi-node
 /// ones, which MultiNodeTest covers and which a world on one node cannot run on GPUs).
 pub(crate) fn single_node_algorithms(

@@ -139,6 +139,7 @@ pub(crate) fn one_call_on(
 /// Every data type x op (reductions only) x in/out of place x size of `algo` for `kind`;
 /// sizes beyond the algorithm's scratch (its `check` refuses them) are left out, and the
 /// 1 MiB + 3 size runs for f32 and i32 sum only unless `MSCCLPP_COLL_TEST_EXHAUSTIVE=1`.
+/// Above `FULL_MATRIX_MAX_RANKS` ranks a subset runs (see the loop).
 pub(crate) fn matrix(kind: CollectiveKind, algo: &str) {
     let env = coll_env();
     let names = algorithm_names(kind);
@@ -161,19 +162,29 @@ pub(crate) fn matrix(kind: CollectiveKind, algo: &str) {
         kind,
         CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
     );
-    let ops: &[ReduceOp] = if reduces {
-        &ReduceOp::ALL
-    } else {
-        &[ReduceOp::Sum]
-    };
     let n = env.coll.nranks();
+    // At scale (more than FULL_MATRIX_MAX_RANKS ranks, coll_common.rs) the representative
+    // types with sum and avg (the one op that depends on the rank count) at 7 and 4099 elements.
+    let scaled = at_scale(n);
+    let ops: &[ReduceOp] = match (reduces, scaled) {
+        (false, _) => &[ReduceOp::Sum],
+        (true, false) => &ReduceOp::ALL,
+        (true, true) => &[ReduceOp::Sum, ReduceOp::Avg],
+    };
+    let dtypes: &[DataType] = if scaled {
+        &REPRESENTATIVE
+    } else {
+        &DataType::ALL
+    };
     let mut call = 0u32;
-    for dtype in DataType::ALL {
+    for &dtype in dtypes {
         for &op in ops {
             for in_place in [false, true] {
                 // Every combination at 7 and 1023 elements; 1 and 4099 for a representative
                 // set of types (all with MSCCLPP_COLL_TEST_EXHAUSTIVE=1), to keep CI short.
-                let mut sizes = if exhaustive() || REPRESENTATIVE.contains(&dtype) {
+                let mut sizes = if scaled {
+                    vec![7, 4099]
+                } else if exhaustive() || REPRESENTATIVE.contains(&dtype) {
                     SMALL.to_vec()
                 } else {
                     vec![7, 1023]

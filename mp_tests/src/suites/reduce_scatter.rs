@@ -1,7 +1,8 @@
 //! ReduceScatterTest: every registered reduce-scatter algorithm x data type x op x in/out of place x sizes
 //! that are not multiples of the vector width or the rank count, against the host reference
 //! (exact for integers), with poisoned outputs and a guard zone (coll_matrix.rs), plus the
-//! world-size-1 copy and 1000 repeated calls with changing data.
+//! world-size-1 copy and 1000 repeated calls with changing data (100 above
+//! `coll_common::FULL_MATRIX_MAX_RANKS` ranks).
 
 use mscclpp::collectives::{CollectiveKind, DataType, ReduceOp};
 use mscclpp_framework::*;
@@ -34,7 +35,8 @@ TEST!(ReduceScatterTest, RepeatedCalls, |_ctx| {
         (DataType::U8, 4099),
     ];
     let (mut bad, mut errors) = (0, Vec::new());
-    for call in 0..1000u32 {
+    let calls = super::coll_common::repeated_calls(n);
+    for call in 0..calls {
         let algo = algos[call as usize % algos.len()];
         ok!(env.coll.force_algorithm(KIND, Some(algo)), "forcing {algo}");
         let (dtype, count) = cases[(call as usize / algos.len()) % cases.len()];
@@ -55,7 +57,7 @@ TEST!(ReduceScatterTest, RepeatedCalls, |_ctx| {
     EXPECT_EQ!(
         bad,
         0,
-        "mismatches over 1000 calls ({algos:?}): {}",
+        "mismatches over {calls} calls ({algos:?}): {}",
         errors.join("; ")
     );
 });
