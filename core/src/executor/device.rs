@@ -12,35 +12,62 @@ use super::{
 use crate::memory_channel::BaseMemoryChannelDeviceHandle;
 use crate::port_channel::BasePortChannelDeviceHandle;
 
-/// Operation codes (`ExecOpType` of the C header).
-#[allow(missing_docs)]
+/// Operation codes (`ExecOpType` of the C header); each names the plan's JSON op it encodes
+/// (docs/executor.md lists what this executor accepts).
 pub mod op {
+    /// `nop`: no data; a barrier of the thread block's threads.
     pub const NOP: u8 = 0;
+    /// `barrier`: a barrier of the plan's number of this rank's thread blocks (`n_blocks`).
     pub const BARRIER: u8 = 1;
+    /// `put`: copies local chunks into peers' buffers through memory or port channels.
     pub const PUT: u8 = 2;
+    /// `pws`: `put` through port channels, then signals each destination.
     pub const PUT_WITH_SIGNAL: u8 = 3;
+    /// `pwsf`: `pws`, then flushes the port channels (the data has left).
     pub const PUT_WITH_SIGNAL_AND_FLUSH: u8 = 4;
+    /// `get`: copies peers' chunks into local buffers through memory channels.
     pub const GET: u8 = 5;
+    /// `copy`: copies a local chunk into another local chunk.
     pub const COPY: u8 = 6;
+    /// `signal`: signals the semaphore of each listed channel (release ordering).
     pub const SIGNAL: u8 = 7;
+    /// `wait`: waits on the semaphore of each listed channel (acquire ordering).
     pub const WAIT: u8 = 8;
+    /// `flush`: waits until the listed port channels' requests have completed.
     pub const FLUSH: u8 = 9;
+    /// `re`: reduces local chunks into a local output chunk.
     pub const REDUCE: u8 = 10;
+    /// `res`: `re`, then writes the result to peers' buffers too.
     pub const REDUCE_SEND: u8 = 11;
+    /// `rre`: reduces peers' chunks (read through memory channels) with a local one.
     pub const READ_REDUCE: u8 = 12;
+    /// `rres`: `rre`, then writes the result to peers' buffers too.
     pub const READ_REDUCE_SEND: u8 = 13;
+    /// `ppkt`: writes local chunks to peers' scratch as LL packets (data + flag).
     pub const PUT_PACKETS: u8 = 14;
+    /// `rppkt`: forwards packets already in local scratch to peers' scratch.
     pub const READ_PUT_PACKETS: u8 = 15;
+    /// `respkt`: reduces packets in local scratch with a local chunk and writes the result to peers as packets.
     pub const REDUCE_SEND_PACKETS: u8 = 16;
+    /// `cpkt`: copies a local chunk into local scratch as packets.
     pub const COPY_PACKETS: u8 = 17;
+    /// `upkt`: waits for packets in local scratch and unpacks their data into a local chunk.
     pub const UNPACK_PACKETS: u8 = 18;
+    /// `repkt`: waits for packets in local scratch and reduces their data into a local chunk.
     pub const REDUCE_PACKETS: u8 = 19;
+    /// `recpkt`: `repkt`, and also copies the result into local scratch as packets.
     pub const REDUCE_COPY_PACKETS: u8 = 20;
+    /// `recspkt`: `recpkt`, and also writes the result to peers as packets.
     pub const REDUCE_COPY_SEND_PACKETS: u8 = 21;
+    /// `rlxsignal`: `signal` without release ordering (only the count is published).
     pub const RELAXED_SIGNAL: u8 = 22;
+    /// `rlxwait`: `wait` without acquire ordering.
     pub const RELAXED_WAIT: u8 = 23;
+    /// `pipeline`: runs the following ops of its body once per chunk of the message.
     pub const PIPELINE: u8 = 24;
+    /// `sem_acquire`: acquires a device semaphore shared by this rank's thread blocks.
     pub const SEM_ACQUIRE: u8 = 25;
+    /// `sem_release`: releases a device semaphore acquired by `sem_acquire`.
     pub const SEM_RELEASE: u8 = 26;
     /// glre: load-reduce a switch chunk (every rank's copy) into a local chunk.
     pub const GROUP_LOAD_REDUCE: u8 = 27;

@@ -50,8 +50,6 @@ use cq::{tp_poll_cq, tp_req_notify_cq};
 mod pd;
 mod qp;
 use qp::{tp_post_recv, tp_post_send};
-#[allow(missing_docs)]
-// TODO(issue 15): document the remaining provider state's fields and constants
 pub mod state;
 pub mod wire;
 

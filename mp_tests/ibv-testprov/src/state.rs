@@ -32,6 +32,7 @@ pub const EOPNOTSUPP: i32 = 95;
 pub const ACCESS_LOCAL_WRITE: u32 = 1;
 /// `IBV_ACCESS_REMOTE_WRITE`.
 pub const ACCESS_REMOTE_WRITE: u32 = 2;
+/// `IBV_ACCESS_REMOTE_ATOMIC`.
 pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
 
 /// How long a connect / hello exchange may take.
@@ -83,12 +84,18 @@ pub struct RawWc {
 /// Configuration read from the environment when a device is opened.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The address the device's TCP listener binds and its GID encodes (`IBV_TESTPROV_ADDR`,
+    /// default 127.0.0.1).
     pub addr: Ipv4Addr,
+    /// The device reports no atomics (`IBV_TESTPROV_NO_ATOMICS=1`), as some NICs do.
     pub no_atomics: bool,
+    /// How long a write with immediate waits for a posted receive before failing with the RNR retry
+    /// error (`IBV_TESTPROV_RNR_TIMEOUT_MS`, default 10 s).
     pub rnr_timeout: Duration,
 }
 
 impl Config {
+    /// Reads the `IBV_TESTPROV_*` variables; an unparsable value is an error naming it.
     pub fn from_env() -> Result<Config, String> {
         let addr = match std::env::var("IBV_TESTPROV_ADDR") {
             Ok(s) => s.trim().parse::<Ipv4Addr>().map_err(|e| {
@@ -122,8 +129,11 @@ pub struct MrInfo {
     /// Where this process reaches `addr`: `addr` itself for `ibv_reg_mr`, the provider's own
     /// mapping of the fd for `ibv_reg_dmabuf_mr`.
     pub host: usize,
+    /// Its length in bytes.
     pub len: usize,
+    /// The `ibv_access_flags` it was registered with.
     pub access: u32,
+    /// The handle of its protection domain.
     pub pd: u32,
 }
 
@@ -145,14 +155,21 @@ pub const MAX_QP: usize = 256;
 
 /// One open device.
 pub struct CtxShared {
+    /// The device name (`testprov0`, ...).
     pub name: String,
+    /// The address of its TCP listener (from the configuration).
     pub addr: Ipv4Addr,
+    /// The port of its TCP listener, where peers' requesters connect to this device's QPs.
     pub port: u16,
+    /// What the environment said when it was opened.
     pub config: Config,
     /// Keyed by the key (lkey == rkey).
     pub mrs: RwLock<HashMap<u32, MrInfo>>,
+    /// The QPs by index (the low 8 bits of the QP number); `None` for a free slot.
     pub qps: Mutex<Vec<Option<Arc<QpShared>>>>,
+    /// Set by [`CtxShared::close`]: the accept thread stops.
     pub shutdown: AtomicBool,
+    /// The thread accepting peers' connections, joined by [`CtxShared::close`].
     pub accept_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -212,6 +229,7 @@ impl CtxShared {
         }
     }
 
+    /// The region registered under `key`, if any.
     pub fn mr_lookup(&self, key: u32) -> Option<MrInfo> {
         self.mrs
             .read()
@@ -223,11 +241,14 @@ impl CtxShared {
 
 /// A completion queue.
 pub struct CqShared {
+    /// Completions not yet polled, oldest first.
     pub entries: Mutex<VecDeque<RawWc>>,
+    /// How many QPs use it (a CQ in use cannot be destroyed: `EBUSY`).
     pub users: AtomicUsize,
 }
 
 impl CqShared {
+    /// Queues one completion.
     pub fn push(&self, wc: RawWc) {
         lock(&self.entries).push_back(wc);
     }
@@ -247,21 +268,33 @@ struct Pending {
 /// A posted receive.
 #[derive(Debug, Clone, Copy)]
 pub struct RecvEntry {
+    /// The caller's id, reported in the completion that consumes it.
     pub wr_id: u64,
 }
 
 /// QP attributes and the receive queue, under one lock.
 pub struct QpInner {
+    /// `ibv_qp_state` (RESET, INIT, RTR, RTS, ERR).
     pub state: u32,
+    /// The port number given at INIT.
     pub port: u8,
+    /// The remote access flags given at INIT (what peers may do to this QP's regions).
     pub access: u32,
+    /// The path MTU given at RTR (reported back by query, not used for framing).
     pub path_mtu: u32,
+    /// The peer's QP number, given at RTR.
     pub dest_qpn: u32,
+    /// The peer device's TCP listener, decoded from the GID given at RTR.
     pub remote: Option<SocketAddrV4>,
+    /// The GID given at RTR, as given.
     pub dgid: [u8; 16],
+    /// The local ACK timeout given at RTS (reported back by query).
     pub timeout: u8,
+    /// The retry count given at RTS (reported back by query).
     pub retry_cnt: u8,
+    /// The RNR retry count given at RTS (reported back by query).
     pub rnr_retry: u8,
+    /// Posted receives, consumed in order by incoming writes with immediate.
     pub recvs: VecDeque<RecvEntry>,
 }
 
@@ -277,25 +310,41 @@ struct SendSide {
 /// Capacities fixed at creation.
 #[derive(Debug, Clone, Copy)]
 pub struct QpCaps {
+    /// Most send requests in flight.
     pub max_send_wr: u32,
+    /// Most receives posted.
     pub max_recv_wr: u32,
+    /// Most scatter/gather entries per send.
     pub max_send_sge: u32,
+    /// Most scatter/gather entries per receive.
     pub max_recv_sge: u32,
 }
 
 /// An RC queue pair.
 pub struct QpShared {
+    /// The device it was created on.
     pub ctx: Arc<CtxShared>,
+    /// Its QP number.
     pub qpn: u32,
+    /// Its slot in the device's QP table.
     pub index: usize,
+    /// The handle of its protection domain.
     pub pd: u32,
+    /// Capacities fixed at creation.
     pub caps: QpCaps,
+    /// Every send completes with a completion (`sq_sig_all`), not only signaled ones.
     pub sq_sig_all: bool,
+    /// Where send completions go.
     pub send_cq: Arc<CqShared>,
+    /// Where receive completions go.
     pub recv_cq: Arc<CqShared>,
+    /// Attributes and posted receives.
     pub inner: Mutex<QpInner>,
+    /// Notified when `inner` changes (a receive posted, a state change), for responders
+    /// waiting on a receive.
     pub cond: Condvar,
     send: Mutex<SendSide>,
+    /// Set by [`QpShared::destroy`]: its threads stop.
     pub destroyed: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
     responder_streams: Mutex<Vec<TcpStream>>,
@@ -304,22 +353,34 @@ pub struct QpShared {
 /// A send work request as the C layer decoded it.
 #[derive(Debug, Clone)]
 pub enum SendKind {
+    /// RDMA write (with immediate when `imm` is set, which consumes a receive at the peer).
     Write {
+        /// The peer region's key.
         rkey: u32,
+        /// Where in the peer region.
         addr: u64,
+        /// The immediate value.
         imm: Option<u32>,
     },
+    /// 64-bit fetch-and-add on the peer; the old value lands in the one SGE.
     FetchAdd {
+        /// The peer region's key.
         rkey: u32,
+        /// The 8-byte aligned address in the peer region.
         addr: u64,
+        /// What to add.
         add: u64,
     },
 }
 
+/// One send work request.
 #[derive(Debug, Clone)]
 pub struct SendReq {
+    /// The caller's id, reported in its completion.
     pub wr_id: u64,
+    /// Whether it completes with a completion (or `sq_sig_all`).
     pub signaled: bool,
+    /// What it does at the peer.
     pub kind: SendKind,
     /// (addr, length, lkey) of each SGE.
     pub sges: Vec<(u64, u32, u32)>,
@@ -337,6 +398,7 @@ fn wc(wr_id: u64, status: u32, opcode: u32, byte_len: u32, qpn: u32) -> RawWc {
 }
 
 impl QpShared {
+    /// A QP in RESET with no connection yet.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: Arc<CtxShared>,
@@ -383,6 +445,7 @@ impl QpShared {
         }
     }
 
+    /// Its `ibv_qp_state`.
     pub fn state(&self) -> u32 {
         lock(&self.inner).state
     }
