@@ -268,3 +268,51 @@ pub(crate) fn every_registered(kind: CollectiveKind) {
         matrix(kind, name);
     }
 }
+
+/// `calls` (coll_common::repeated_calls) calls of `kind` cycling through every single-node
+/// algorithm, three (dtype, count) cases, in/out of place and the root, each with fresh data
+/// checked against the host reference (the RepeatedCalls tests of all-gather,
+/// reduce-scatter and broadcast).
+pub(crate) fn repeated_calls_test(kind: CollectiveKind) {
+    let env = coll_env();
+    let n = env.coll.nranks();
+    let algos: Vec<&str> = single_node_algorithms(kind)
+        .into_iter()
+        .filter(|a| (*a == "copy") == (n == 1))
+        .collect();
+    if algos.is_empty() {
+        SKIP!("no {kind} algorithm for {n} ranks is registered yet");
+    }
+    let seed = agreed_seed();
+    let cases = [
+        (DataType::I32, 1023usize),
+        (DataType::F16, 7),
+        (DataType::U8, 4099),
+    ];
+    let (mut bad, mut errors) = (0, Vec::new());
+    let calls = repeated_calls(n);
+    for call in 0..calls {
+        let algo = algos[call as usize % algos.len()];
+        ok!(env.coll.force_algorithm(kind, Some(algo)), "forcing {algo}");
+        let (dtype, count) = cases[(call as usize / algos.len()) % cases.len()];
+        let root = call as usize % n;
+        bad += one_call(
+            kind,
+            dtype,
+            ReduceOp::Sum,
+            call % 2 == 1,
+            count,
+            root,
+            seed,
+            call,
+            &mut errors,
+        );
+    }
+    ok!(env.coll.force_algorithm(kind, None), "un-forcing");
+    EXPECT_EQ!(
+        bad,
+        0,
+        "mismatches over {calls} calls ({algos:?}): {}",
+        errors.join("; ")
+    );
+}
