@@ -42,45 +42,53 @@ impl CollEnv {
     }
 }
 
-/// The shared collectives of this process, set up by the first test that asks (every rank
-/// runs the tests in the same order, so the setup is collective). Skips on a GPU build
-/// without a GPU.
-pub(crate) fn coll_env() -> &'static CollEnv {
-    static ENV: OnceLock<Result<CollEnv, String>> = OnceLock::new();
-    let r = ENV.get_or_init(|| {
-        let env = mp_env();
-        let device = if is_gpu_build() {
-            let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
-            Device::gpu((env.placement.local_rank % n) as i32)
-        } else {
-            Device::CPU
-        };
-        let context = Context::new().map_err(|e| e.to_string())?;
-        let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
-        let cfg = CollectivesConfig {
-            device: Some(device),
-            host_timeout: env.timeout,
-            ..Default::default()
-        };
-        let coll = Collectives::with_config(comm, cfg)
-            .map_err(|e| format!("setting up the collectives: {e}"))?;
-        let stream = if is_gpu_build() {
-            let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
-            Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
-        } else {
-            None
-        };
-        Ok(CollEnv {
-            coll: Arc::new(coll),
-            device,
-            stream,
-        })
-    });
+/// Sets up collectives on this rank's device with `config` (its device and host timeout filled
+/// in); `Err("skip: ...")` on a GPU build without a GPU. `what` names the setup in errors.
+pub(crate) fn new_coll_env(config: CollectivesConfig, what: &str) -> Result<CollEnv, String> {
+    let env = mp_env();
+    let device = if is_gpu_build() {
+        let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
+        Device::gpu((env.placement.local_rank % n) as i32)
+    } else {
+        Device::CPU
+    };
+    let context = Context::new().map_err(|e| e.to_string())?;
+    let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
+    let cfg = CollectivesConfig {
+        device: Some(device),
+        host_timeout: env.timeout,
+        ..config
+    };
+    let coll =
+        Collectives::with_config(comm, cfg).map_err(|e| format!("setting up {what}: {e}"))?;
+    let stream = if is_gpu_build() {
+        let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
+        Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    Ok(CollEnv {
+        coll: Arc::new(coll),
+        device,
+        stream,
+    })
+}
+
+/// The environment a `OnceLock` holds, or the test skips (`skip: ` errors) or fails.
+pub(crate) fn env_or_skip(r: &Result<CollEnv, String>) -> &CollEnv {
     match r {
         Ok(e) => e,
         Err(msg) if msg.starts_with("skip: ") => SKIP!("{}", &msg[6..]),
         Err(msg) => FAIL!("{}", msg),
     }
+}
+
+/// The shared collectives of this process, set up by the first test that asks (every rank
+/// runs the tests in the same order, so the setup is collective). Skips on a GPU build
+/// without a GPU.
+pub(crate) fn coll_env() -> &'static CollEnv {
+    static ENV: OnceLock<Result<CollEnv, String>> = OnceLock::new();
+    env_or_skip(ENV.get_or_init(|| new_coll_env(CollectivesConfig::default(), "the collectives")))
 }
 
 /// A device buffer of `bytes` plus the guard zone, filled with poison.

@@ -9,19 +9,17 @@
 //! * CollectivesGraphTest (GPU): capture + replay of every all-gather, reduce-scatter and
 //!   broadcast algorithm.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use mscclpp::collectives::{
-    find_algorithm, Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
+    find_algorithm, Call, CollectiveKind, CollectivesConfig, DataType, ReduceOp,
 };
-use mscclpp::{Communicator, Context, Device};
 use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Buffer, Gpu, MemoryKind, StreamInterop};
 
 use super::coll_common::*;
 use super::coll_matrix::{one_call, one_call_on};
 use super::memory_channel::common::{is_gpu_build, ok};
-use crate::world::mp_env;
 
 /// Bytes of the small communicator's plain scratch and of each LL half.
 const SMALL_SCRATCH: usize = 16 << 10;
@@ -30,42 +28,15 @@ const SMALL_SCRATCH: usize = 16 << 10;
 /// same test).
 fn small_env() -> &'static CollEnv {
     static ENV: OnceLock<Result<CollEnv, String>> = OnceLock::new();
-    let r = ENV.get_or_init(|| {
-        let env = mp_env();
-        let device = if is_gpu_build() {
-            let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
-            Device::gpu((env.placement.local_rank % n) as i32)
-        } else {
-            Device::CPU
-        };
-        let context = Context::new().map_err(|e| e.to_string())?;
-        let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
+    env_or_skip(ENV.get_or_init(|| {
         let cfg = CollectivesConfig {
-            device: Some(device),
-            host_timeout: env.timeout,
             plain_bytes: SMALL_SCRATCH,
             ll_half_bytes: SMALL_SCRATCH,
             host_blocks: 3,
+            ..Default::default()
         };
-        let coll = Collectives::with_config(comm, cfg)
-            .map_err(|e| format!("setting up the small collectives: {e}"))?;
-        let stream = if is_gpu_build() {
-            let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
-            Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
-        } else {
-            None
-        };
-        Ok(CollEnv {
-            coll: Arc::new(coll),
-            device,
-            stream,
-        })
-    });
-    match r {
-        Ok(e) => e,
-        Err(msg) if msg.starts_with("skip: ") => SKIP!("{}", &msg[6..]),
-        Err(msg) => FAIL!("{}", msg),
-    }
+        new_coll_env(cfg, "the small collectives")
+    }))
 }
 
 /// Every algorithm of `kind` but the copy over `cases` (dtype, op, count) in and out of place
