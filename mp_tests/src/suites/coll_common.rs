@@ -181,7 +181,9 @@ pub(crate) fn exhaustive() -> bool {
 /// suites at 8 and 16 ranks on a two-core machine, where one call of a debug build's host
 /// backend takes 0.1 to 0.7 s (every rank spins on two cores): above this, [`at_scale`]
 /// worlds run a subset that still exercises every algorithm, rank-dependent offsets and odd
-/// sizes. `MSCCLPP_COLL_TEST_EXHAUSTIVE=1` runs everything at any size.
+/// sizes (collective matrices, repeated calls, small-scratch cases, NVLS cases, executor
+/// plans' types, switch-channel leak cycles). `MSCCLPP_COLL_TEST_EXHAUSTIVE=1` runs everything
+/// at any size.
 pub(crate) const FULL_MATRIX_MAX_RANKS: usize = 4;
 
 /// Whether a world of `n` ranks runs the reduced matrices (see [`FULL_MATRIX_MAX_RANKS`]).

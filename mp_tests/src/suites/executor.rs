@@ -308,6 +308,12 @@ fn run_family(ctx: &TestContext, family: &str) {
     } else {
         &[PacketType::LL16]
     };
+    // At scale (coll_common::FULL_MATRIX_MAX_RANKS) the first two types only.
+    let dtypes = if super::coll_common::at_scale(n) {
+        &dtypes[..2]
+    } else {
+        dtypes
+    };
     let mut errors = Vec::new();
     let mut bad = 0;
     for bytes in sizes(&plan) {

@@ -430,9 +430,13 @@ TEST!(SwitchChannelTest, CreateBindDestroyCycles, |ctx| {
     // mapping, fd or memory mapping behind on any rank (the seed's leak: the creator's handle
     // was never released).
     let s = nvls_setup(ctx);
-    // 1000 cycles (issue 16's leak test) up to 8 ranks; 200 beyond, where each collective
-    // cycle costs ranks x more on CI's two cores (the -np 16 step stays short).
-    let cycles = if s.n > 8 { 200 } else { 1000 };
+    // 1000 cycles (issue 16's leak test) up to 4 ranks; 200 beyond, where each collective
+    // cycle costs ranks x more on CI's two cores (the -np 8 and 16 steps stay short).
+    let cycles = if s.n > super::coll_common::FULL_MATRIX_MAX_RANKS {
+        200
+    } else {
+        1000
+    };
     let elems = 4096;
     let cycle = |c: usize| {
         let buf: GpuBuffer<f32> = ok!(GpuBuffer::new(s.device, elems), "allocating");
