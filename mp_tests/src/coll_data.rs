@@ -183,14 +183,42 @@ pub fn all_values(
     n: usize,
     count: usize,
 ) -> Vec<Vec<f64>> {
-    let mut out = vec![Vec::with_capacity(count); n];
-    for i in 0..count {
+    values_in(dtype, op, seed, call, n, 0..count)
+}
+
+/// Every rank's values of the elements in `range` only (index: rank, element - range.start):
+/// what [`all_values`] holds there. A reduce-scatter rank checks only its own window, so it
+/// needs n x count values, not n x n x count (at 16 ranks, most of a call's time).
+pub fn values_in(
+    dtype: DataType,
+    op: ReduceOp,
+    seed: u64,
+    call: u32,
+    n: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<Vec<f64>> {
+    let mut out = vec![Vec::with_capacity(range.len()); n];
+    for i in range {
         let h = mix(seed, call, i as u64);
         for (r, v) in out.iter_mut().enumerate() {
             v.push(value_of(dtype, op, per_rank(h, r)));
         }
     }
     out
+}
+
+/// The values of `rank` alone: `all_values(..)[rank]`.
+pub fn rank_values(
+    dtype: DataType,
+    op: ReduceOp,
+    seed: u64,
+    call: u32,
+    rank: usize,
+    count: usize,
+) -> Vec<f64> {
+    (0..count)
+        .map(|i| value_of(dtype, op, per_rank(mix(seed, call, i as u64), rank)))
+        .collect()
 }
 
 /// `vals` as the bytes of `dtype` elements.
@@ -200,4 +228,28 @@ pub fn encode_all(dtype: DataType, vals: &[f64]) -> Vec<u8> {
         encode_into(dtype, *v, &mut bytes);
     }
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_and_single_ranks_match_all_values() {
+        for (dtype, op) in [
+            (DataType::F16, ReduceOp::Sum),
+            (DataType::I32, ReduceOp::Prod),
+            (DataType::U8, ReduceOp::Max),
+        ] {
+            let (n, count) = (5, 37);
+            let all = all_values(dtype, op, 42, 7, n, count);
+            let win = values_in(dtype, op, 42, 7, n, 10..19);
+            for r in 0..n {
+                assert_eq!(win[r], all[r][10..19], "rank {r} {dtype} {op}");
+                assert_eq!(rank_values(dtype, op, 42, 7, r, count), all[r]);
+            }
+            // Another call gives other values.
+            assert_ne!(all_values(dtype, op, 42, 8, n, count), all);
+        }
+    }
 }

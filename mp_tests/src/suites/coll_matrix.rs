@@ -72,7 +72,18 @@ pub(crate) fn one_call_on(
     let size = dtype.size_in_bytes();
     let (ins, outs) = extents(kind, count, n);
     let (a, b) = buffers(env.device, ins.max(outs) * size);
-    let vals = all_values(dtype, op, seed, call, n, ins);
+    // `cols[r][i]`: rank r's input element i, for the elements this rank's output depends on
+    // (a reduce-scatter rank's own window only).
+    let (mine, cols) = if kind == CollectiveKind::ReduceScatter {
+        let window = rank * count;
+        (
+            rank_values(dtype, op, seed, call, rank, ins),
+            values_in(dtype, op, seed, call, n, window..window + count),
+        )
+    } else {
+        let all = all_values(dtype, op, seed, call, n, ins);
+        (all[rank].clone(), all)
+    };
     // Where the input goes and where the output is read.
     let (send, send_at, recv) = match (kind, in_place) {
         (_, false) => (&a, 0, &b),
@@ -80,7 +91,7 @@ pub(crate) fn one_call_on(
         (CollectiveKind::ReduceScatter, true) => (&a, 0, &a),
         (_, true) => (&a, 0, &a),
     };
-    write_values(send, send_at, dtype, &vals[rank]);
+    write_values(send, send_at, dtype, &mine);
     let s = send.data() + (send_at * size) as u64;
     let (r, recv_at) = match (kind, in_place) {
         (CollectiveKind::ReduceScatter, true) => {
@@ -112,18 +123,13 @@ pub(crate) fn one_call_on(
         0,
         |i| match kind {
             CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
-                let at = if kind == CollectiveKind::ReduceScatter {
-                    rank * count + i
-                } else {
-                    i
-                };
                 for (r, c) in column.iter_mut().enumerate() {
-                    *c = vals[r][at];
+                    *c = cols[r][i];
                 }
                 reference(dtype, op, &column)
             }
-            CollectiveKind::AllGather => vals[i / count][i % count],
-            CollectiveKind::Broadcast => vals[root][i],
+            CollectiveKind::AllGather => cols[i / count][i % count],
+            CollectiveKind::Broadcast => cols[root][i],
         },
         errors,
     );
