@@ -54,7 +54,15 @@ namespace mscclpp {
 namespace detail {
 
 /// Ends the kernel after a failed device check. Kept out of line so the polling loops stay small.
+#if defined(MSCCLPP_DEVICE_CUDA)
 __device__ __noinline__ inline void deviceCheckFailed(const char* what, const char* file, int line) {
+#else
+// hipcc (clang 15) inlined the `__noinline__ inline` form, device printf and all, into every
+// polling loop: ~6 s of compile per kernel instance (a port-channel all-reduce file took 10
+// minutes). A static noinline function stays one call target per translation unit.
+static __device__ __attribute__((noinline, unused)) void deviceCheckFailed(const char* what, const char* file,
+                                                                          int line) {
+#endif
   printf("mscclpp device check failed: %s at %s:%d (block %d,%d,%d thread %d,%d,%d)\n", what, file, line,
          (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, (int)threadIdx.x, (int)threadIdx.y, (int)threadIdx.z);
 #if defined(MSCCLPP_DEVICE_CUDA)
