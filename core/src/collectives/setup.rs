@@ -107,6 +107,9 @@ pub struct MetaLayout {
     pub peer_bases: usize,
     /// `[MAX_SEM_BLOCKS][nranks]` semaphore device handles (entry (b, p): with peer p).
     pub sems: usize,
+    /// `[nnodes][ranks per node]` u32: the ranks of every node, node-major
+    /// ([`super::topology::Topology::nodes`]; the hierarchical kernels index it).
+    pub node_ranks: usize,
     /// Total bytes.
     pub total: usize,
 }
@@ -117,13 +120,15 @@ impl MetaLayout {
         let expected = MAX_FLAGS * 4;
         let peer_bases = expected + MAX_SEM_BLOCKS * nranks * 8;
         let sems = peer_bases + nranks * 8;
-        let total =
+        let node_ranks =
             sems + MAX_SEM_BLOCKS * nranks * size_of::<MemoryDevice2DeviceSemaphoreDeviceHandle>();
+        let total = node_ranks + nranks * 4;
         MetaLayout {
             flags,
             expected,
             peer_bases,
             sems,
+            node_ranks,
             total,
         }
     }
@@ -318,6 +323,10 @@ impl Resources {
                 }
             }
         }
+        for (i, r) in self.topo.nodes.iter().flatten().enumerate() {
+            let off = m.node_ranks + 4 * i;
+            bytes[off..off + 4].copy_from_slice(&(*r as u32).to_le_bytes());
+        }
         self.meta.write(0, &bytes)
     }
 
@@ -354,6 +363,10 @@ impl Resources {
     /// Device address of the semaphore table.
     pub fn sems_ptr(&self) -> u64 {
         self.meta.ptr() + self.meta_layout.sems as u64
+    }
+    /// Device address of the node-major rank table ([`MetaLayout::node_ranks`]).
+    pub fn node_ranks_ptr(&self) -> u64 {
+        self.meta.ptr() + self.meta_layout.node_ranks as u64
     }
 }
 

@@ -15,13 +15,15 @@
 //! chunk k-4, its local peers) finished reading chunk k-4. A handshake with the rail peers and
 //! a node barrier open every call.
 //!
-//! Host backend only for now (GPU builds refuse the call with the reason).
+//! GPU builds run kernels/cuda/src/collectives/allgather/hier_port.cu (the same steps; every
+//! block owns a part of every chunk, node-local barriers per block, the rail threads of block 0
+//! drive the net port channels between grid barriers; see `allreduce/hier_rsag_port.rs`).
 
 use super::super::algorithm::{host_local_barrier, Algorithm, Call};
-use super::super::allreduce::hier_rsag_port::{no_gpu, rail_handshake, DEPTH};
+use super::super::allreduce::hier_rsag_port::{gpu_args, rail_handshake, DEPTH};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{host_copy, VEC};
+use super::super::mesh::{host_copy, THREADS, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
@@ -58,8 +60,29 @@ impl Algorithm for HierPort {
         }
         Ok(())
     }
-    fn launch_gpu(&self, _: &Resources, _: &GpuCtx, _: &Call, _: RawStream) -> Result<()> {
-        Err(no_gpu("allgather hier_port"))
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let c = chunk_bytes(res, call);
+        let (mut args, blocks) = gpu_args(res, gpu, call, stream, c, "allgather hier_port")?;
+        // The kernel moves bytes: its count is the bytes per rank.
+        args.count = call.bytes() as u64;
+        // SAFETY: CollArgs mirrors the kernel's parameter; the net channel table and the rank
+        // table live in `res`; the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/allgather/hier_port",
+                "allgather_hier_port",
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         let topo = &res.topo;

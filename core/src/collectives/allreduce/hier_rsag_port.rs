@@ -23,13 +23,16 @@
 //! put of chunk k-2, which this rank waited for). A handshake with the rail peers and a
 //! node-local barrier open every call, so nothing of the previous call is still in use.
 //!
-//! Host backend only for now: GPU builds refuse the call with the reason (the selector picks
-//! this algorithm when the world spans nodes). At N = 1 it is a plain RS + AG on one node.
+//! GPU builds run kernels/cuda/src/collectives/allreduce/hier_rsag_port.cu (the same steps;
+//! shared device pieces in kernels/cuda/src/collectives/hier.hpp, arguments from [`gpu_args`]): every block of the grid
+//! owns a part of every shard (node-local barriers per block, over the memory semaphores of
+//! the same block of every local peer), and the rail threads of block 0 drive the net port
+//! channels between grid barriers. At N = 1 it is a plain RS + AG on one node.
 
-use super::super::algorithm::{host_local_barrier, Algorithm, Call};
+use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{with_elem, HostElem};
-use super::super::mesh::{host_copy, VEC};
+use super::super::mesh::{self, host_copy, THREADS, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
 use super::rsag_port_channel::put_or_signal;
@@ -70,12 +73,55 @@ fn shard_bytes(res: &Resources, call: &Call) -> usize {
         .min(MAX_SHARD)
 }
 
-/// The refusal of GPU builds.
-pub(crate) fn no_gpu(what: &str) -> Error {
-    Error::invalid(format!(
-        "{what}: the hierarchical (multi-node) collectives run on the host backend only so far; \
-         GPU builds have no kernel for them yet"
-    ))
+/// Most blocks of a hierarchical kernel's launch (they meet at grid barriers, so they must all
+/// be resident).
+const MAX_BLOCKS: usize = 8;
+/// Bytes of a shard (chunk) per block the grid is sized for.
+const BYTES_PER_BLOCK: usize = 8 << 10;
+
+/// The argument block and grid of a hierarchical kernel (kernels/cuda/src/collectives/hier.hpp)
+/// whose pieces (shards, chunks) are `piece` bytes: extra[0] = the net channel table (device
+/// memory; 0 on one node), extra[1] = the node-major rank table, extra[2] = `piece`, extra[3] =
+/// `L | N << 16 | local << 32 | node << 48`. Refuses topologies the kernels cannot address
+/// (a block has one thread per local rank and per rail peer) and shared buffers whose offsets
+/// do not fit the port channels' 32-bit trigger fields.
+pub(crate) fn gpu_args(
+    res: &Resources,
+    gpu: &GpuCtx,
+    call: &Call,
+    stream: RawStream,
+    piece: usize,
+    what: &str,
+) -> Result<(CollArgs, u32)> {
+    let topo = &res.topo;
+    let threads = THREADS as usize;
+    if topo.per_node() > threads || topo.nnodes > threads + 1 {
+        return Err(Error::invalid(format!(
+            "{what}: expected at most {threads} ranks per node and {} nodes on GPUs, got {} \
+             ranks per node on {} nodes",
+            threads + 1,
+            topo.per_node(),
+            topo.nnodes
+        )));
+    }
+    if res.layout.total > u32::MAX as usize {
+        return Err(Error::invalid(format!(
+            "{what}: expected a shared buffer below 4 GiB (port channel offsets are 32-bit), got \
+             {} bytes (reduce the scratch sizes)",
+            res.layout.total
+        )));
+    }
+    let census = mesh::census(res, gpu, stream)?;
+    let blocks = mesh::grid(&census, piece.div_ceil(BYTES_PER_BLOCK), MAX_BLOCKS);
+    let mut args = CollArgs::new(res, call);
+    args.extra[0] = res.net.as_ref().map_or(0, |n| n.table.data());
+    args.extra[1] = res.node_ranks_ptr();
+    args.extra[2] = piece as u64;
+    args.extra[3] = topo.per_node() as u64
+        | (topo.nnodes as u64) << 16
+        | (topo.local as u64) << 32
+        | (topo.node as u64) << 48;
+    Ok((args, blocks))
 }
 
 /// Handshake with every rail peer (a signal each way on the port channels).
@@ -112,8 +158,28 @@ impl Algorithm for HierRsagPort {
         }
         Ok(())
     }
-    fn launch_gpu(&self, _: &Resources, _: &GpuCtx, _: &Call, _: RawStream) -> Result<()> {
-        Err(no_gpu("allreduce hier_rsag_port"))
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let s = shard_bytes(res, call);
+        let (args, blocks) = gpu_args(res, gpu, call, stream, s, "allreduce hier_rsag_port")?;
+        let name = kernel_name("allreduce_hier_rsag_port", call.dtype, call.op);
+        // SAFETY: CollArgs mirrors the kernel's parameter; the net channel table and the rank
+        // table live in `res`; the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/allreduce/hier_rsag_port",
+                &name,
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         with_elem!(call.dtype, T => host::<T>(res, call))

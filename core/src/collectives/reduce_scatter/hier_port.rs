@@ -16,14 +16,17 @@
 //! rank's block), D = 4, W = C x (accumulator / element size). Slot reuse as in the all-reduce.
 //! A handshake with the rail peers and a node barrier open every call.
 //!
-//! Host backend only for now (GPU builds refuse the call with the reason).
+//! GPU builds run kernels/cuda/src/collectives/reduce_scatter/hier_port.cu (the same steps;
+//! every block owns a part of every chunk, node-local barriers per block, the rail threads of
+//! block 0 drive the net port channels between grid barriers; see
+//! `allreduce/hier_rsag_port.rs`).
 
-use super::super::algorithm::{host_local_barrier, Algorithm, Call};
-use super::super::allreduce::hier_rsag_port::{no_gpu, rail_handshake, widen, DEPTH};
+use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
+use super::super::allreduce::hier_rsag_port::{gpu_args, rail_handshake, widen, DEPTH};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{with_elem, HostElem};
-use super::super::mesh::{host_copy, VEC};
+use super::super::mesh::{host_copy, THREADS, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream, ReduceOp};
 use crate::error::{Error, Result};
@@ -64,8 +67,28 @@ impl Algorithm for HierPort {
         }
         Ok(())
     }
-    fn launch_gpu(&self, _: &Resources, _: &GpuCtx, _: &Call, _: RawStream) -> Result<()> {
-        Err(no_gpu("reducescatter hier_port"))
+    fn launch_gpu(
+        &self,
+        res: &Resources,
+        gpu: &GpuCtx,
+        call: &Call,
+        stream: RawStream,
+    ) -> Result<()> {
+        let c = chunk_bytes(res, call);
+        let (args, blocks) = gpu_args(res, gpu, call, stream, c, "reducescatter hier_port")?;
+        let name = kernel_name("reducescatter_hier_port", call.dtype, call.op);
+        // SAFETY: CollArgs mirrors the kernel's parameter; the net channel table and the rank
+        // table live in `res`; the caller keeps the buffers alive.
+        unsafe {
+            gpu.launch(
+                "collectives/reduce_scatter/hier_port",
+                &name,
+                blocks,
+                THREADS,
+                &args,
+                stream,
+            )
+        }
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         with_elem!(call.dtype, T => host::<T>(res, call))

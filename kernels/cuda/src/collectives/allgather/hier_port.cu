@@ -1,0 +1,78 @@
+// All-gather hier_port (core/src/collectives/allgather/hier_port.rs has the protocol and the
+// scratch layout; ../hier.hpp the shared pieces and arguments): per chunk of C bytes of every
+// rank's input,
+// A(k): every block copies its part of the own input's chunk into X slot (k mod D, node); grid
+//       barrier; the rail threads put that slot (same offsets) to their rail peers, with a signal;
+// B(k): the rail threads wait for their rail peers' chunks; grid barrier; local barrier (the local
+//       peers' slots have landed too); every block copies its part of every local rank's N slots
+//       (local rank r, node j: the chunk of rank (j, local index of r)) into the output; local
+//       barrier (the slots are free again).
+// Pipelined: A(0), then A(k + 1) before B(k). A local barrier and a handshake with the rail peers
+// open the launch; a flush of the rail channels closes it.
+// Kernel: allgather_hier_port(CollArgs), count = BYTES per rank (not elements), extra[2] = chunk
+// bytes C.
+// Scratch: X D x N x C, D = 4.
+#include "../hier.hpp"
+
+using namespace mscclpp;
+using namespace mscclpp::coll;
+
+extern "C" __global__ void __launch_bounds__(1024) allgather_hier_port(CollArgs a) {
+  const HierTopo h = hierTopo(a);
+  const uint64_t C = a.extra[2], N = (uint64_t)h.N;
+  const uint64_t total = a.count;
+  const uint64_t base = a.plainOffset;
+  const uint64_t G = gridDim.x, b = blockIdx.x;
+  const char* send = reinterpret_cast<const char*>(a.send);
+  char* recv = reinterpret_cast<char*>(a.recv);
+  char* mine = plainOf(a, a.rank);
+  PortChannelDeviceHandle* rail = railChannel(a, h);
+  const uint32_t flag = blockFlag(a);
+  uint32_t passed = 0;
+  // Offset of X slot (k mod D, j) in the plain scratch, and bytes of chunk k.
+  auto slot = [&](uint64_t k, uint64_t j) -> uint64_t { return ((k % kHierDepth) * N + j) * C; };
+  auto len = [&](uint64_t k) -> uint64_t { return clipLen(total, k * C, C); };
+
+  localBarrier(a, h);
+  if (rail != nullptr) {
+    rail->signal();
+    rail->wait();
+  }
+
+  auto stageA = [&](uint64_t k) {
+    uint64_t x0, x1;
+    blockPart(len(k), G, b, x0, x1);
+    blockCopy(mine + slot(k, h.node) + x0, send + k * C + x0, x1 - x0);
+    gridBarrier(flag, passed);
+    if (rail != nullptr) {
+      const uint64_t off = base + slot(k, h.node);
+      putOrSignal(rail, off, off, len(k));
+    }
+  };
+
+  auto stageB = [&](uint64_t k) {
+    if (rail != nullptr) rail->wait();
+    gridBarrier(flag, passed);
+    localBarrier(a, h);
+    uint64_t x0, x1;
+    blockPart(len(k), G, b, x0, x1);
+    for (int q = 0; q < h.L; ++q) {
+      const int l = (h.local + q) % h.L;
+      const char* x = plainOf(a, h.rankAt(h.node, l));
+      for (int j = 0; j < h.N; ++j) {
+        const uint64_t owner = (uint64_t)h.rankAt(j, l);
+        blockCopy(recv + owner * total + k * C + x0, x + slot(k, j) + x0, x1 - x0);
+      }
+    }
+    localBarrier(a, h);
+  };
+
+  const uint64_t chunks = (total + C - 1) / C;
+  if (chunks > 0) stageA(0);
+  for (uint64_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) stageA(k + 1);
+    stageB(k);
+  }
+  if (rail != nullptr) rail->flush();
+  bumpFlags(a, flag);
+}
