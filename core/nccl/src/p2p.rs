@@ -4,6 +4,8 @@
 //!
 //! A batch of operations (one call, or every call of a group) is progressed together by one
 //! non-blocking loop, so matched sends and receives complete in any order without deadlock.
+//! A send completes when the receiver has acknowledged its last chunk, so no acknowledgement
+//! ever targets a rank that has returned (and may have destroyed the communicator).
 //! Per peer and direction, messages match in call order, as NCCL specifies. Each chunk carries
 //! a header with the message size, so a receive whose count differs from the matching send's
 //! is an error naming both sizes, not silent corruption. A stalled loop checks the peers'
@@ -296,11 +298,12 @@ impl P2p {
                     NcclError::internal(format!("no point-to-point link to rank {p}"))
                 })?;
                 if let Some(s) = sends[p].front_mut() {
-                    while s.done < s.op.bytes {
+                    loop {
                         while link.acked < link.sent && link.ack.poll() {
                             link.acked += 1;
+                            progressed = true;
                         }
-                        if link.sent - link.acked >= SLOTS {
+                        if s.done == s.op.bytes || link.sent - link.acked >= SLOTS {
                             break;
                         }
                         // SAFETY: the caller's contract on the buffers.
@@ -309,7 +312,10 @@ impl P2p {
                         })?;
                         progressed = true;
                     }
-                    if s.done == s.op.bytes {
+                    // A send completes once the receiver has read every chunk (all acks in):
+                    // the receiver's last ack must never reach a sender that already returned
+                    // and may have destroyed the communicator, and its ack semaphore, since.
+                    if s.done == s.op.bytes && link.acked == link.sent {
                         sends[p].pop_front();
                     }
                 }
