@@ -85,8 +85,8 @@ pub struct Native {
 
 impl Native {
     /// Sets up the collectives (collective over the communicator). A communicator spanning
-    /// hosts gets the hierarchical algorithms on the host backend; on GPU builds (no kernels for
-    /// them yet) it gets none and its collectives go to the fallback.
+    /// hosts gets the hierarchical algorithms on the host backend; on GPU builds (their kernels
+    /// are not enabled here yet, see below) it gets none and its collectives go to the fallback.
     pub fn new(communicator: &Arc<Communicator>, device: Device) -> NResult<Native> {
         let b = communicator.bootstrap();
         let (rank, n, per_node) = (b.rank(), b.nranks(), b.nranks_per_node());
@@ -100,9 +100,12 @@ impl Native {
         } else if device.kind == mscclpp::DeviceType::Gpu {
             // Every rank takes this branch alike (GPU builds), so no rank is left waiting in a
             // collective setup.
+            // The GPU kernels pass MultiNodeTest and coll_perf on one GPU, but under PyTorch
+            // through this library a first all-reduce stalled in its rail handshake
+            // (2026-12-01, `gpu-check nccl-multinode`): off here until that is understood.
             Err(format!(
-                "the hierarchical (multi-node) collectives run on the host backend only so far; \
-                 this communicator has {per_node} of its {n} ranks on this host"
+                "the hierarchical (multi-node) collectives are not enabled in the NCCL library on \
+                 GPU builds yet; this communicator has {per_node} of its {n} ranks on this host"
             ))
         } else {
             // Across nodes: the hierarchical algorithms (memory channels inside the node, port
