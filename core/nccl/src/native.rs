@@ -83,6 +83,19 @@ pub struct Native {
     reduce_scratch: Mutex<Option<LocalMemory>>,
 }
 
+/// `MSCCLPP_NCCL_GPU_HIERARCHICAL`: `1` lets GPU communicators spanning hosts use the
+/// hierarchical collectives (experimental, see `Native::new`); unset or `0` leaves them to the
+/// fallback; anything else is an error naming the variable.
+fn gpu_hier_opt_in() -> NResult<bool> {
+    match std::env::var("MSCCLPP_NCCL_GPU_HIERARCHICAL").as_deref() {
+        Err(_) | Ok("") | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(NcclError::usage(format!(
+            "MSCCLPP_NCCL_GPU_HIERARCHICAL: expected 0 or 1, got {v:?}"
+        ))),
+    }
+}
+
 impl Native {
     /// Sets up the collectives (collective over the communicator). A communicator spanning
     /// hosts gets the hierarchical algorithms on the host backend; on GPU builds (their kernels
@@ -97,12 +110,13 @@ impl Native {
         let coll = if per_node == n {
             Ok(Collectives::with_config(communicator.clone(), cfg)
                 .map_err(|e| NcclError::from(e).context("setting up the collectives"))?)
-        } else if device.kind == mscclpp::DeviceType::Gpu {
-            // Every rank takes this branch alike (GPU builds), so no rank is left waiting in a
-            // collective setup.
+        } else if device.kind == mscclpp::DeviceType::Gpu && !gpu_hier_opt_in()? {
+            // Every rank takes this branch alike (GPU builds; the opt-in must be set alike on
+            // every rank), so no rank is left waiting in a collective setup.
             // The GPU kernels pass MultiNodeTest and coll_perf on one GPU, but under PyTorch
             // through this library a first all-reduce stalled in its rail handshake
-            // (2026-12-01, `gpu-check nccl-multinode`): off here until that is understood.
+            // (2026-12-01, `gpu-check nccl-multinode`): off by default until that is understood;
+            // MSCCLPP_NCCL_GPU_HIERARCHICAL=1 turns it on to debug it.
             Err(format!(
                 "the hierarchical (multi-node) collectives are not enabled in the NCCL library on \
                  GPU builds yet; this communicator has {per_node} of its {n} ranks on this host"
