@@ -33,9 +33,11 @@
 //! by in-flight asynchronous work (those calls are `unsafe`), and choosing which IPC kind to use
 //! when an allocation offers several ([`IpcApi::ipc_kinds`] lists them, preferred first).
 //!
-//! Failures inside `Drop` (a free, an unmap) cannot be returned; they are recorded and
-//! surfaced as [`Error::Deferred`] by the next call that enters a device (every fallible call
-//! of a backend starts by entering the device it works on, which checks for them first).
+//! Failures inside `Drop` (a free, an unmap) cannot be returned; they are logged (warning),
+//! recorded and surfaced as [`Error::Deferred`] by the next `device_count` or `open_device`,
+//! and [`take_deferred_errors`] takes them all. Other calls never return them: in a process
+//! where several threads use the HAL, one thread's failed free must not fail another thread's
+//! copy (a proxy's or a network receiver's; a lost signal would stall a kernel).
 
 pub mod auxil;
 pub mod dmabuf;
@@ -312,7 +314,7 @@ pub trait HostRegisterApi {
     /// `PORTABLE | DEVICEMAP`; ROCm: `hipHostRegister` with `Mapped | Portable`; host backend:
     /// nothing to do). [`HostRegisterApi::host_registration_device_ptr`] gives the address
     /// kernels use. Dropping the registration unregisters the range; a failure there is
-    /// surfaced as [`Error::Deferred`] by a later call.
+    /// surfaced as [`Error::Deferred`] by a later `device_count` or `open_device`.
     ///
     /// Errors: [`Error::InvalidArgument`] for a null `ptr`, a zero `len` or a range that wraps
     /// the address space; [`Error::Driver`] when the driver refuses (e.g. the range overlaps

@@ -1,4 +1,5 @@
-//! Failures recorded inside `Drop` (frees, unmaps) and surfaced by the next fallible call.
+//! Failures recorded inside `Drop` (frees, unmaps): logged at once, surfaced by the next
+//! `device_count` / `open_device` (see the crate doc for why no other call returns them).
 
 use crate::{Error, Result};
 use std::sync::Mutex;
@@ -7,6 +8,7 @@ static PENDING: Mutex<Vec<Error>> = Mutex::new(Vec::new());
 
 /// Records a failure that happened where it could not be returned (inside `Drop`).
 pub(crate) fn record(err: Error) {
+    log::warn!(target: "mscclpp::hal", "failure in a destructor (surfaced by the next device_count/open_device): {err}");
     // A poisoned lock only means another thread panicked while pushing; the Vec is still valid.
     let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
     pending.push(err);

@@ -20,7 +20,14 @@ pub(super) struct DeviceInner {
     pub(super) ordinal: usize,
     pub(super) dev: sys::CUdevice,
     pub(super) ctx: sys::CUcontext,
+    /// The non-blocking stream of the synchronous copies and sets (`memset`, `write`, `read`,
+    /// `copy`), created on first use; see `memory::on_sync_stream`.
+    pub(super) sync_stream: OnceLock<RawStream>,
 }
+
+/// A stream handle owned by [`DeviceInner`] (destroyed in its `Drop`).
+#[derive(Debug)]
+pub(super) struct RawStream(pub(super) sys::CUstream);
 
 // SAFETY: a CUcontext handle may be used from any thread (the driver is thread-safe).
 unsafe impl Send for DeviceInner {}
@@ -29,6 +36,15 @@ unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        if let Some(s) = self.sync_stream.get() {
+            // SAFETY: the context is still retained; the stream was created in it by
+            // `sync_stream` and is destroyed once, here.
+            let r = unsafe { ctx::set_current(self.ctx) }
+                .and_then(|()| unsafe { super::result::stream::destroy(s.0) });
+            if let Err(e) = r {
+                deferred::record(e);
+            }
+        }
         // SAFETY: the primary context was retained once in `open_device`.
         if let Err(e) = unsafe { ctx::primary_release(self.dev) } {
             deferred::record(e);
@@ -37,17 +53,35 @@ impl Drop for DeviceInner {
 }
 
 impl CudaDevice {
-    /// Enters the device for one operation: surfaces a failure recorded by an earlier `Drop`
-    /// ([`crate::Error::Deferred`]), then makes the context current. Every fallible operation
-    /// of this backend starts here; `Drop` paths use [`CudaDevice::bind`].
+    /// Enters the device for one operation: makes the context current. Every fallible
+    /// operation of this backend starts here; `Drop` paths use [`CudaDevice::bind`]. It does
+    /// not surface failures recorded by an earlier `Drop` (see `auxil::deferred`): one thread's
+    /// failed free must not fail another thread's copy.
     pub(super) fn enter(&self) -> Result<()> {
-        deferred::check()?;
         self.bind()
     }
     /// Makes this device's context current on the calling thread.
     pub(super) fn bind(&self) -> Result<()> {
         // SAFETY: ctx is retained by `inner` for as long as this device lives.
         unsafe { ctx::set_current(self.inner.ctx) }
+    }
+    /// The device's own non-blocking stream for synchronous copies and sets (created on first
+    /// use; the caller has entered the device).
+    pub(super) fn sync_stream(&self) -> Result<sys::CUstream> {
+        if let Some(s) = self.inner.sync_stream.get() {
+            return Ok(s.0);
+        }
+        let s = super::result::stream::create_non_blocking()?;
+        if let Err(RawStream(extra)) = self.inner.sync_stream.set(RawStream(s)) {
+            // Another thread created one first: use it.
+            // SAFETY: `extra` was created above and nothing else has it.
+            unsafe { super::result::stream::destroy(extra) }?;
+        }
+        self.inner
+            .sync_stream
+            .get()
+            .map(|s| s.0)
+            .ok_or_else(|| Error::invalid("sync_stream(cuda)", "a stream", "none was set"))
     }
     /// The raw CUdevice.
     pub fn cu_device(&self) -> sys::CUdevice {
@@ -110,7 +144,12 @@ impl DeviceApi for Cuda {
         let dev = device::get(ordinal as i32)?;
         let ctx = ctx::primary_retain(dev)?;
         let d = CudaDevice {
-            inner: Arc::new(DeviceInner { ordinal, dev, ctx }),
+            inner: Arc::new(DeviceInner {
+                ordinal,
+                dev,
+                ctx,
+                sync_stream: OnceLock::new(),
+            }),
         };
         d.bind()?;
         Ok(d)
@@ -125,7 +164,6 @@ impl DeviceApi for Cuda {
     }
 
     fn current_ordinal() -> Result<Option<usize>> {
-        crate::auxil::deferred::check()?;
         // A CUdevice is the device's ordinal.
         Ok(ctx::current_device()?.and_then(|d| usize::try_from(d).ok()))
     }

@@ -273,15 +273,31 @@ fn alloc_physical(
     }
 }
 
-/// Waits for the work just issued on the legacy default stream. `cuMemsetD8`, a
-/// device-to-device `cuMemcpy` and a `cuMemcpyHtoD` from pageable memory may return before
-/// the device has finished (the last one once the bytes are staged), but the HAL promises
-/// that `memset`/`write`/`copy` return when done: a peer may read the memory right after.
-/// Our own streams are non-blocking, so kernels running on them are not waited for.
+/// Runs `issue` on the device's own non-blocking stream ([`CudaDevice::sync_stream`]) and waits
+/// for it: the HAL promises that `memset`/`write`/`read`/`copy` return when done (a peer may
+/// read the memory right after).
+///
+/// They never use the legacy default stream (cuMemsetD8, cuMemcpyHtoD, ...): work queued there
+/// would hold them. PyTorch queues its next kernels on the legacy stream (or runs a collective
+/// there) behind the collective's kernel, and that kernel may be waiting for exactly this copy
+/// (the Ethernet receiver writing a peer's signal, the proxy reading a put's source). A
+/// non-blocking stream waits for no other stream (hal/tests/gpu_sync_copies.rs).
+/// What this cannot help: while another thread of the process is blocked in a synchronous
+/// copy on the legacy stream that waits for such a kernel (PyTorch reading a result), these
+/// copies wait too, pinned staging or not (measured on an H200, driver 580, 2026-12-01: 4.75 s,
+/// until the kernel gave up). Transports that must not depend on copy engines while kernels
+/// wait for them (Ethernet to GPU memory) need host-mapped memory instead.
 /// <https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html>
-fn finish_legacy_stream(after: &'static str) -> Result<()> {
-    // SAFETY: a null stream is the legacy default stream of the current context.
-    unsafe { stream::synchronize(after, std::ptr::null_mut()) }
+fn on_sync_stream(
+    dev: &CudaDevice,
+    op: &'static str,
+    issue: impl FnOnce(sys::CUstream) -> Result<()>,
+) -> Result<()> {
+    dev.enter()?;
+    let s = dev.sync_stream()?;
+    issue(s)?;
+    // SAFETY: the device's live stream.
+    unsafe { stream::synchronize(op, s) }
 }
 
 impl MemoryApi for Cuda {
@@ -297,25 +313,26 @@ impl MemoryApi for Cuda {
         len: usize,
     ) -> Result<()> {
         check_range("memset(cuda)", dst.size(), offset, len)?;
-        dev.enter()?;
-        // SAFETY: range checked against a live buffer.
-        unsafe { mem::set_d8(dst.device_ptr() + offset as u64, value, len) }?;
-        finish_legacy_stream("cuMemsetD8")
+        // SAFETY: range checked against a live buffer, which outlives the wait.
+        on_sync_stream(dev, "cuMemsetD8Async", |s| unsafe {
+            mem::set_d8_async(dst.device_ptr() + offset as u64, value, len, s)
+        })
     }
 
     fn write(dev: &CudaDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
         check_range("write(cuda)", dst.size(), offset, src.len())?;
-        dev.enter()?;
-        // SAFETY: range checked against a live buffer.
-        unsafe { mem::copy_htod(dst.device_ptr() + offset as u64, src) }?;
-        finish_legacy_stream("cuMemcpyHtoD")
+        // SAFETY: range checked against a live buffer; both outlive the wait.
+        on_sync_stream(dev, "cuMemcpyHtoDAsync", |s| unsafe {
+            mem::copy_htod_async(dst.device_ptr() + offset as u64, src, s)
+        })
     }
 
     fn read(dev: &CudaDevice, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("read(cuda)", src.size(), offset, dst.len())?;
-        dev.enter()?;
-        // SAFETY: range checked against a live buffer.
-        unsafe { mem::copy_dtoh(dst, src.device_ptr() + offset as u64) }
+        // SAFETY: range checked against a live buffer; both outlive the wait.
+        on_sync_stream(dev, "cuMemcpyDtoHAsync", |s| unsafe {
+            mem::copy_dtoh_async(dst, src.device_ptr() + offset as u64, s)
+        })
     }
 
     fn copy(
@@ -328,16 +345,16 @@ impl MemoryApi for Cuda {
     ) -> Result<()> {
         check_range("copy(cuda) dst", dst.size(), dst_offset, len)?;
         check_range("copy(cuda) src", src.size(), src_offset, len)?;
-        dev.enter()?;
-        // SAFETY: both ranges checked against live buffers (unified addressing).
-        unsafe {
-            mem::copy(
+        // SAFETY: both ranges checked against live buffers (unified addressing), which
+        // outlive the wait.
+        on_sync_stream(dev, "cuMemcpyAsync", |s| unsafe {
+            mem::copy_async(
                 dst.device_ptr() + dst_offset as u64,
                 src.device_ptr() + src_offset as u64,
                 len,
+                s,
             )
-        }?;
-        finish_legacy_stream("cuMemcpy")
+        })
     }
 }
 

@@ -551,6 +551,7 @@ mod tests {
                 ordinal: 0,
                 dev: 0,
                 ctx: std::ptr::null_mut(),
+                sync_stream: std::sync::OnceLock::new(),
             }),
         };
         let info = MulticastInfo {

@@ -10,20 +10,21 @@ use std::time::Duration;
 pub struct HostDevice;
 
 impl HostDevice {
-    /// Enters the backend for one operation: surfaces a failure recorded by an earlier `Drop`.
-    /// Every fallible host operation starts here (the host has no context to make current).
+    /// Enters the backend for one operation. Every fallible host operation starts here (the
+    /// host has no context to make current); like the GPU backends it does not surface failures
+    /// recorded by an earlier `Drop` (`device_count` and `open_device` do).
     pub(super) fn enter() -> Result<()> {
-        deferred::check()
+        Ok(())
     }
 }
 
 impl DeviceApi for Host {
     fn device_count() -> Result<usize> {
-        HostDevice::enter()?;
+        deferred::check()?;
         Ok(1)
     }
     fn open_device(ordinal: usize) -> Result<HostDevice> {
-        HostDevice::enter()?;
+        deferred::check()?;
         if ordinal == 0 {
             Ok(HostDevice)
         } else {

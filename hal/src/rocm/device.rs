@@ -15,11 +15,11 @@ pub struct RocmDevice {
 }
 
 impl RocmDevice {
-    /// Enters the device for one operation: surfaces a failure recorded by an earlier `Drop`
-    /// ([`crate::Error::Deferred`]), then makes the device current. Every fallible operation
-    /// of this backend starts here; `Drop` paths use [`RocmDevice::bind`].
+    /// Enters the device for one operation: makes the device current. Every fallible
+    /// operation of this backend starts here; `Drop` paths use [`RocmDevice::bind`]. It does
+    /// not surface failures recorded by an earlier `Drop` (see `auxil::deferred`): one thread's
+    /// failed free must not fail another thread's copy.
     pub(super) fn enter(&self) -> Result<()> {
-        deferred::check()?;
         self.bind()
     }
     /// Makes this device current on the calling thread.
@@ -63,7 +63,6 @@ impl DeviceApi for Rocm {
     }
 
     fn current_ordinal() -> Result<Option<usize>> {
-        crate::auxil::deferred::check()?;
         Ok(usize::try_from(device::current()?).ok())
     }
 

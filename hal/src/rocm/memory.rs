@@ -9,7 +9,8 @@ use super::conv::{
     HIP_HOST_REGISTER_MAPPED, HIP_HOST_REGISTER_PORTABLE,
 };
 use super::device::RocmDevice;
-use super::result::mem;
+use super::result::{mem, stream};
+use super::sys::HipStream;
 use super::Rocm;
 use crate::auxil::{check_host_range, check_range, deferred};
 use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
@@ -121,37 +122,38 @@ impl MemoryApi for Rocm {
         len: usize,
     ) -> Result<()> {
         check_range("memset(rocm)", dst.size(), offset, len)?;
-        dev.enter()?;
-        // SAFETY: range checked against a live buffer.
-        unsafe { mem::set(dst.device_ptr() + offset as u64, value, len) }
+        // SAFETY: range checked against a live buffer, which outlives the wait.
+        on_sync_stream(dev, "hipMemsetAsync", |s| unsafe {
+            mem::set_async(dst.device_ptr() + offset as u64, value, len, s)
+        })
     }
 
     fn write(dev: &RocmDevice, dst: &impl Buffer, offset: usize, src: &[u8]) -> Result<()> {
         check_range("write(rocm)", dst.size(), offset, src.len())?;
-        dev.enter()?;
-        // SAFETY: range checked against a live buffer; src is a live host slice.
-        unsafe {
-            mem::copy(
-                "hipMemcpy(HtoD)",
+        // SAFETY: range checked against a live buffer; src is a live host slice; both outlive
+        // the wait.
+        on_sync_stream(dev, "hipMemcpyAsync(HtoD)", |s| unsafe {
+            mem::copy_async(
                 dst.device_ptr() + offset as u64,
                 src.as_ptr() as usize as u64,
                 src.len(),
+                s,
             )
-        }
+        })
     }
 
     fn read(dev: &RocmDevice, src: &impl Buffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("read(rocm)", src.size(), offset, dst.len())?;
-        dev.enter()?;
-        // SAFETY: range checked against a live buffer; dst is a live host slice.
-        unsafe {
-            mem::copy(
-                "hipMemcpy(DtoH)",
+        // SAFETY: range checked against a live buffer; dst is a live host slice; both outlive
+        // the wait.
+        on_sync_stream(dev, "hipMemcpyAsync(DtoH)", |s| unsafe {
+            mem::copy_async(
                 dst.as_mut_ptr() as usize as u64,
                 src.device_ptr() + offset as u64,
                 dst.len(),
+                s,
             )
-        }
+        })
     }
 
     fn copy(
@@ -164,17 +166,50 @@ impl MemoryApi for Rocm {
     ) -> Result<()> {
         check_range("copy(rocm) dst", dst.size(), dst_offset, len)?;
         check_range("copy(rocm) src", src.size(), src_offset, len)?;
-        dev.enter()?;
-        // SAFETY: both ranges checked against live buffers.
-        unsafe {
-            mem::copy(
-                "hipMemcpy(DtoD)",
+        // SAFETY: both ranges checked against live buffers, which outlive the wait.
+        on_sync_stream(dev, "hipMemcpyAsync(DtoD)", |s| unsafe {
+            mem::copy_async(
                 dst.device_ptr() + dst_offset as u64,
                 src.device_ptr() + src_offset as u64,
                 len,
+                s,
             )
-        }
+        })
     }
+}
+
+/// A stream handle kept for the life of the process.
+struct SyncStream(HipStream);
+// SAFETY: a HIP stream handle may be used from any thread.
+unsafe impl Send for SyncStream {}
+
+/// Runs `issue` on the device's own non-blocking stream and waits for it: the HAL promises that
+/// `memset`/`write`/`read`/`copy` return when done. They never use the null stream (hipMemcpy,
+/// hipMemset): work queued there (PyTorch's next kernels behind a wait for a collective's
+/// kernel) would hold them while that kernel waits for this very copy (see the CUDA backend's
+/// `on_sync_stream`, also for what it cannot help). One stream per device ordinal, created on first use and kept for the life
+/// of the process (a `RocmDevice` is a plain ordinal with no owner to destroy it).
+fn on_sync_stream(
+    dev: &RocmDevice,
+    op: &'static str,
+    issue: impl FnOnce(HipStream) -> Result<()>,
+) -> Result<()> {
+    static STREAMS: std::sync::Mutex<Vec<(i32, SyncStream)>> = std::sync::Mutex::new(Vec::new());
+    dev.enter()?;
+    let s = {
+        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        match g.iter().find(|(o, _)| *o == dev.ordinal) {
+            Some((_, s)) => s.0,
+            None => {
+                let s = stream::create_non_blocking()?;
+                g.push((dev.ordinal, SyncStream(s)));
+                s
+            }
+        }
+    };
+    issue(s)?;
+    // SAFETY: a live stream (never destroyed).
+    unsafe { stream::synchronize(op, s) }
 }
 
 /// Caller-owned host memory pinned with `hipHostRegister(Mapped | Portable)`; dropping it calls

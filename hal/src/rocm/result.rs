@@ -259,33 +259,6 @@ pub(super) mod mem {
         checked("hipHostUnregister", |h| unsafe { (h.hipHostUnregister)(p) })
     }
 
-    /// `hipMemset`.
-    ///
-    /// # Safety
-    /// `dst..dst+len` is live device memory.
-    pub(in crate::rocm) unsafe fn set(dst: u64, value: u8, len: usize) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        checked("hipMemset", |h| unsafe {
-            (h.hipMemset)(ptr(dst), i32::from(value), len)
-        })
-    }
-
-    /// `hipMemcpy(Default)` between unified addresses; `op` names the direction in errors.
-    ///
-    /// # Safety
-    /// Both ranges of `len` bytes are live memory.
-    pub(in crate::rocm) unsafe fn copy(
-        op: &'static str,
-        dst: u64,
-        src: u64,
-        len: usize,
-    ) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        checked(op, |h| unsafe {
-            (h.hipMemcpy)(ptr(dst), ptr(src).cast_const(), len, HIP_MEMCPY_DEFAULT)
-        })
-    }
-
     /// `hipMemsetAsync`.
     ///
     /// # Safety
@@ -360,6 +333,15 @@ pub(super) mod stream {
             "hipStreamQuery",
             call(|h| unsafe { (h.hipStreamQuery)(s) })?,
         )
+    }
+
+    /// `hipStreamSynchronize` (blocks until the work queued on `s` is done).
+    ///
+    /// # Safety
+    /// `s` is live.
+    pub(in crate::rocm) unsafe fn synchronize(op: &'static str, s: HipStream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        checked(op, |h| unsafe { (h.hipStreamSynchronize)(s) })
     }
 
     /// `hipStreamWriteValue64(s, dst, value, 0)`.

@@ -71,13 +71,12 @@ hip_table! {
     hipHostFree: fn(*mut c_void) -> c_int;
     hipHostRegister: fn(*mut c_void, usize, c_uint) -> c_int;
     hipHostUnregister: fn(*mut c_void) -> c_int;
-    hipMemset: fn(*mut c_void, c_int, usize) -> c_int;
-    hipMemcpy: fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
     hipMemsetAsync: fn(*mut c_void, c_int, usize, HipStream) -> c_int;
     hipMemcpyAsync: fn(*mut c_void, *const c_void, usize, c_int, HipStream) -> c_int;
     hipStreamCreateWithFlags: fn(*mut HipStream, c_uint) -> c_int;
     hipStreamWriteValue64: fn(HipStream, *mut c_void, u64, c_uint) -> c_int;
     hipStreamQuery: fn(HipStream) -> c_int;
+    hipStreamSynchronize: fn(HipStream) -> c_int;
     hipStreamDestroy: fn(HipStream) -> c_int;
     hipEventCreate: fn(*mut HipEvent) -> c_int;
     hipEventRecord: fn(HipEvent, HipStream) -> c_int;

@@ -25,3 +25,19 @@ extern "C" __global__ void hal_check_u32(const uint32_t* src, uint64_t n, uint32
     if (src[i] != hal_pattern(i, seed)) atomicAdd(mismatches, 1ull);
   }
 }
+
+// Waits until *flag >= value or max_cycles SM clock cycles have passed; *result = 1 when it saw
+// the value, 2 when it gave up (hal/tests/gpu_sync_copies.rs: the host's synchronous copies must
+// land while a kernel runs and the legacy default stream waits for it).
+extern "C" __global__ void hal_wait_u64(const volatile unsigned long long* flag, unsigned long long value,
+                                        long long max_cycles, unsigned long long* result) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const long long t0 = clock64();
+  while (*flag < value) {
+    if (clock64() - t0 > max_cycles) {
+      *result = 2ull;
+      return;
+    }
+  }
+  *result = 1ull;
+}

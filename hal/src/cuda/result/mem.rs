@@ -74,50 +74,36 @@ pub(in crate::cuda) unsafe fn host_unregister(p: *mut c_void) -> Result<()> {
     })
 }
 
-/// `cuMemsetD8` (may return before the device is done; see the legacy-stream sync).
+/// `cuMemcpyHtoDAsync` (from pageable memory: returns once the bytes are staged).
 ///
 /// # Safety
-/// `dst..dst+len` is live device memory.
-pub(in crate::cuda) unsafe fn set_d8(dst: sys::CUdeviceptr, value: u8, len: usize) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    checked("cuMemsetD8", || unsafe {
-        sys::cuMemsetD8_v2(dst, value, len)
-    })
-}
-
-/// `cuMemcpyHtoD`.
-///
-/// # Safety
-/// `dst..dst+src.len()` is live device memory.
-pub(in crate::cuda) unsafe fn copy_htod(dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
-    // SAFETY: forwarded from the caller; `src` is a live host slice.
-    checked("cuMemcpyHtoD", || unsafe {
-        sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-    })
-}
-
-/// `cuMemcpyDtoH`.
-///
-/// # Safety
-/// `src..src+dst.len()` is live device memory.
-pub(in crate::cuda) unsafe fn copy_dtoh(dst: &mut [u8], src: sys::CUdeviceptr) -> Result<()> {
-    // SAFETY: forwarded from the caller; `dst` is a live host slice.
-    checked("cuMemcpyDtoH", || unsafe {
-        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
-    })
-}
-
-/// `cuMemcpy` between unified addresses.
-///
-/// # Safety
-/// Both ranges of `len` bytes are live memory the device can reach.
-pub(in crate::cuda) unsafe fn copy(
+/// `dst..dst+src.len()` stays live device memory until `stream` has done this work, and
+/// `src` stays unchanged until then; `stream` is live.
+pub(in crate::cuda) unsafe fn copy_htod_async(
     dst: sys::CUdeviceptr,
-    src: sys::CUdeviceptr,
-    len: usize,
+    src: &[u8],
+    stream: sys::CUstream,
 ) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    checked("cuMemcpy", || unsafe { sys::cuMemcpy(dst, src, len) })
+    // SAFETY: forwarded from the caller; `src` is a live host slice.
+    checked("cuMemcpyHtoDAsync", || unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr().cast(), src.len(), stream)
+    })
+}
+
+/// `cuMemcpyDtoHAsync`.
+///
+/// # Safety
+/// `src..src+dst.len()` stays live device memory and `dst` is not read until `stream` has
+/// done this work; `stream` is live.
+pub(in crate::cuda) unsafe fn copy_dtoh_async(
+    dst: &mut [u8],
+    src: sys::CUdeviceptr,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller; `dst` is a live host slice.
+    checked("cuMemcpyDtoHAsync", || unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), src, dst.len(), stream)
+    })
 }
 
 /// `cuMemsetD8Async`.
