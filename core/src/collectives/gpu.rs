@@ -27,11 +27,23 @@ impl std::fmt::Debug for GpuCtx {
 }
 
 impl GpuCtx {
-    /// The context of GPU `id`.
+    /// The context of GPU `id`, with every collectives code object loaded (all their kernels
+    /// too, see the CUDA backend's `load_module`): loading one at a first launch could wait
+    /// for kernels running on the GPU, which under MPS include other ranks' kernels waiting for
+    /// this rank's.
     pub fn new(id: i32) -> Result<GpuCtx> {
+        let dev = crate::memory::gpu_device(id)?;
+        let mut modules = HashMap::new();
+        for stem in mscclpp_hal::kernels::stems().filter(|s| s.starts_with("collectives/")) {
+            if let Some(code) = mscclpp_hal::kernels::object(stem) {
+                let m = Gpu::load_module(&dev, code)
+                    .map_err(|e| hal_err(&format!("load code object {stem}"), e))?;
+                modules.insert(stem, m);
+            }
+        }
         Ok(GpuCtx {
-            dev: crate::memory::gpu_device(id)?,
-            modules: Mutex::new(HashMap::new()),
+            dev,
+            modules: Mutex::new(modules),
             kernels: Mutex::new(HashMap::new()),
         })
     }

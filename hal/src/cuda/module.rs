@@ -77,6 +77,19 @@ impl ModuleApi for Cuda {
         };
         // SAFETY: the aligned image is complete and alive for the call.
         let raw = unsafe { module::load_data(aligned.as_ptr().cast()) }?;
+        // Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel's
+        // code would be loaded at its first launch, which may wait for the kernels running on
+        // the GPU; those can be other ranks' kernels spinning until this rank's kernel runs (a
+        // collective), a deadlock. Load every function now, as NCCL loads its kernels at init.
+        // cuFuncLoad exists from CUDA 12.4 (older drivers predate default lazy loading).
+        if super::result::init::driver_version()? >= 12040 {
+            // SAFETY: `raw` is the live module just loaded.
+            if let Err(e) = unsafe { module::load_all_functions(raw) } {
+                // SAFETY: nothing uses the module yet.
+                let _ = unsafe { module::unload(raw) };
+                return Err(e);
+            }
+        }
         Ok(CudaModule {
             inner: Arc::new(ModuleInner {
                 dev: dev.clone(),

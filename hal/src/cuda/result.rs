@@ -53,6 +53,16 @@ pub(super) mod init {
         // SAFETY: cuInit has no preconditions; the caller checked that the library loads.
         checked("cuInit", || unsafe { sys::cuInit(0) })
     }
+
+    /// `cuDriverGetVersion` (e.g. 13000 for CUDA 13.0).
+    pub(in crate::cuda) fn driver_version() -> Result<i32> {
+        let mut v = 0i32;
+        // SAFETY: valid out pointer.
+        checked("cuDriverGetVersion", || unsafe {
+            sys::cuDriverGetVersion(&mut v)
+        })?;
+        Ok(v)
+    }
 }
 
 /// Devices and their attributes.
@@ -362,6 +372,29 @@ pub(super) mod module {
             sys::cuModuleLoadData(&mut m, image)
         })?;
         Ok(m)
+    }
+
+    /// Every function of `m` loaded now (`cuModuleGetFunctionCount`, `cuModuleEnumerateFunctions`,
+    /// `cuFuncLoad`; CUDA 12.4 drivers and later).
+    ///
+    /// # Safety
+    /// `m` is a live module.
+    pub(in crate::cuda) unsafe fn load_all_functions(m: sys::CUmodule) -> Result<usize> {
+        let mut n: std::ffi::c_uint = 0;
+        // SAFETY: valid out pointer; the caller vouches for the module.
+        checked("cuModuleGetFunctionCount", || unsafe {
+            sys::cuModuleGetFunctionCount(&mut n, m)
+        })?;
+        let mut funcs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
+        // SAFETY: `funcs` holds `n` entries.
+        checked("cuModuleEnumerateFunctions", || unsafe {
+            sys::cuModuleEnumerateFunctions(funcs.as_mut_ptr(), n, m)
+        })?;
+        for f in &funcs {
+            // SAFETY: a function handle of the live module.
+            checked("cuFuncLoad", || unsafe { sys::cuFuncLoad(*f) })?;
+        }
+        Ok(funcs.len())
     }
 
     /// `cuModuleUnload`.
