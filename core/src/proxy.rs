@@ -540,6 +540,15 @@ fn handle_trigger(
         ))
     })?;
     shared.current.store(sid, Ordering::Release);
+    crate::log_trace!(
+        "PROXY",
+        "trigger type {ty:#x} semaphore {sid} memories {}<-{} offsets {}<-{} size {}",
+        t.dst_memory_id(),
+        t.src_memory_id(),
+        t.dst_offset(),
+        t.src_offset(),
+        t.size()
+    );
     if ty & TRIGGER_DATA != 0 {
         let mem = |id: u32, what: &str| {
             tables.memories.get(id as usize).ok_or_else(|| {

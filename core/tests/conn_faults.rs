@@ -255,3 +255,34 @@ fn a_broken_connection_fails_fast_naming_the_rank() {
     let e = ab.write(&foreign_view(&reg), 60, &reg, 0, 8).unwrap_err();
     assert_eq!(e.code(), mscclpp::ErrorCode::InvalidUsage, "{e}");
 }
+
+/// The end of a collective: the peer sees our last signal, closes at once, and our flush of
+/// that signal must still succeed (its ack is sent before the peer's receive side closes; a
+/// flush only needs every frame acked). Repeated: the close races with the ack.
+#[test]
+fn ethernet_flush_succeeds_when_the_peer_closes_right_after_our_last_signal() {
+    let ctx = Context::new().unwrap();
+    for round in 0..40 {
+        let (ab, ba) = pair(&ctx, Transport::Ethernet);
+        let (a, b) = host_semaphores(&ctx, &ab, &ba);
+        a.signal().unwrap();
+        b.wait(T).unwrap();
+        drop(b);
+        drop(ba);
+        let r = ab.flush(T);
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        // The connection is gone for anything new.
+        let start = Instant::now();
+        while ab.health().is_ok() {
+            assert!(
+                start.elapsed() < T,
+                "round {round}: the closed peer was never noticed"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            a.signal().is_err(),
+            "round {round}: a signal to a closed peer"
+        );
+    }
+}

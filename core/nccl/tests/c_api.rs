@@ -110,6 +110,29 @@ fn c_program_np4() {
     assert!(passed_of(&out) > 200, "too few checks ran:\n{out}");
 }
 
+/// Two emulated nodes of 2 ranks (MSCCLPP_HOSTID per node, Ethernet between them): every
+/// collective natively through the hierarchical algorithms (broadcast included), p2p across
+/// nodes, and the split/shrunk communicators that span nodes with one rank per node. Repeated:
+/// the ends of calls raced with the peer's communicator teardown (a lost last ack).
+#[test]
+fn c_program_two_emulated_nodes_np4() {
+    for round in 0..3 {
+        let out = run(
+            4,
+            &format!("twonodes{round}"),
+            &[
+                ("NCCL_TEST_RANKS_PER_NODE", "2".into()),
+                ("MSCCLPP_COLL_NET_TRANSPORT", "ethernet".into()),
+                ("NCCL_TEST_REQUIRE", "all".into()),
+            ],
+        );
+        assert!(
+            passed_of(&out) > 200,
+            "round {round}: too few checks ran:\n{out}"
+        );
+    }
+}
+
 #[test]
 fn c_program_dead_peer_np3() {
     run(3, "deadpeer", &[("NCCL_TEST_MODE", "deadpeer".into())]);

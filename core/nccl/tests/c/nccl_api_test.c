@@ -9,6 +9,7 @@
  *   fallback  with MSCCLPP_NCCL_LIB_PATH naming the fake NCCL (fake_nccl.c) and
  *             MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION=allreduce: all-reduce and custom operators
  *             reach it (inside its group, with the id rank 0 made), the rest stays native.
+ * NCCL_TEST_RANKS_PER_NODE=k splits the world into emulated nodes of k ranks (MSCCLPP_HOSTID).
  * Each rank prints "rank R: N passed, N failed, N skipped" and exits 1 on a failure. */
 #include "coll_checks.h"
 
@@ -262,6 +263,14 @@ int run_fallback(void);
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   discover_rank();
+  /* NCCL_TEST_RANKS_PER_NODE=k: ranks k*m .. k*m+k-1 form emulated node m (MSCCLPP_HOSTID, set
+   * before the library reads it), so the world spans nodes and runs the multi-node paths. */
+  int per_node = env_int("NCCL_TEST_RANKS_PER_NODE", NULL, NULL, 0);
+  if (per_node > 0) {
+    char host[64];
+    snprintf(host, sizeof host, "nccl-test-node-%d", g_rank / per_node);
+    setenv("MSCCLPP_HOSTID", host, 1);
+  }
   const char* mode = getenv("NCCL_TEST_MODE");
   if (mode && strcmp(mode, "deadpeer") == 0) return run_deadpeer();
   if (mode && strcmp(mode, "fallback") == 0) return run_fallback();

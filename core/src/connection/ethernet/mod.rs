@@ -14,6 +14,12 @@
 //! (with a timeout) until every frame sent so far is acked. A peer that closes or dies breaks
 //! the connection: every later operation is an error naming the peer (its rank when known),
 //! and [`BaseConnection::health`] reports it without blocking.
+//!
+//! Closing is graceful for what was already delivered: dropping a connection stops reading new
+//! frames but lets the receive thread send the ack of the frame it is applying (waiting for it
+//! up to [`CLOSE_GRACE`]), and a flush succeeds once every frame is acked even when the peer
+//! has closed since. Both matter at the end of a collective: the peer's kernel may finish on our
+//! last signal and its communicator go away before the ack of that signal reached us.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -100,6 +106,12 @@ struct State {
     acked: u64,
     /// Set once the socket pair is unusable (peer closed or died).
     broken: Option<String>,
+    /// Set when no more acks can arrive (the ack thread ended, a send failed, an abort): a
+    /// flush with frames still unacked fails then. A broken receive side alone does not end
+    /// it: the acks travel on the other socket and may still be on their way.
+    acks_ended: bool,
+    /// Set when the receive thread has ended (its last ack is written or failed).
+    recv_done: bool,
     /// Errors to report once each on the next write/flush (rejected or invalid frames); at
     /// most [`MAX_REPORTS`] kept, the rest counted.
     reported: Vec<String>,
@@ -135,12 +147,11 @@ impl Shared {
         self.lock().push_report(msg);
         self.cv.notify_all();
     }
-    fn break_with(&self, msg: String) {
-        if self.closing.load(Ordering::Acquire) {
-            return;
-        }
+    /// Marks the connection broken by `msg`; `acks_ended` when no ack can arrive any more.
+    fn break_with(&self, msg: String, acks_ended: bool) {
         let mut s = self.lock();
-        if s.broken.is_none() {
+        s.acks_ended |= acks_ended;
+        if s.broken.is_none() && !self.closing.load(Ordering::Acquire) {
             s.broken = Some(msg);
         }
         drop(s);
@@ -193,11 +204,33 @@ pub(crate) struct EthernetConnection {
     shared: Arc<Shared>,
 }
 
+/// How long dropping a connection waits for its receive thread to send the ack of the frame it
+/// is applying (it stops reading at once; see the module doc).
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 impl Drop for EthernetConnection {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::Release);
-        // Wakes both threads (they see EOF or an error and exit).
+        // The ack thread sees EOF and exits; our frames already sent stay queued before the FIN.
         let _ = self.out_ctl.shutdown(Shutdown::Both);
+        // The receive thread's next read returns EOF, but the ack of the frame it may be
+        // applying can still be written: the peer's flush then sees it.
+        let _ = self.inbound.shutdown(Shutdown::Read);
+        let deadline = Instant::now() + CLOSE_GRACE;
+        let mut s = self.shared.lock();
+        while !s.recv_done {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = self
+                .shared
+                .cv
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        drop(s);
         let _ = self.inbound.shutdown(Shutdown::Both);
     }
 }
@@ -281,6 +314,11 @@ impl EthernetConnection {
             s.sent += 1;
             s.sent
         };
+        crate::log_trace!(
+            "NET",
+            "Ethernet to {}: sending frame #{seq} {op:?} at {addr:#x}",
+            self.shared.peer
+        );
         let h = Frame {
             seq,
             registration,
@@ -290,7 +328,7 @@ impl EthernetConnection {
         .encode();
         let fail = |e: std::io::Error| {
             let msg = format!("sending frame #{seq}: {e}");
-            self.shared.break_with(msg.clone());
+            self.shared.break_with(msg.clone(), true);
             // An abort (or the receive side) may have broken it first: report that cause.
             let first = self.shared.lock().broken.clone().unwrap_or(msg);
             self.shared.broken_error(&first)
@@ -365,10 +403,16 @@ impl BaseConnection for EthernetConnection {
         let deadline = Instant::now() + timeout;
         let mut s = self.shared.lock();
         loop {
-            if let Some(e) = self.shared.take_error(&mut s) {
-                return Err(e);
+            // Rejected frames first; then done once everything is acked, even if the peer has
+            // closed since (see the module doc); a break only fails a flush that still misses
+            // acks which can no longer come.
+            let unacked = s.acked < s.sent;
+            if !s.reported.is_empty() || (unacked && s.broken.is_some() && s.acks_ended) {
+                if let Some(e) = self.shared.take_error(&mut s) {
+                    return Err(e);
+                }
             }
-            if s.acked >= s.sent {
+            if !unacked {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -406,7 +450,7 @@ impl BaseConnection for EthernetConnection {
         }
     }
     fn abort(&self, reason: &str) {
-        self.shared.break_with(format!("aborted: {reason}"));
+        self.shared.break_with(format!("aborted: {reason}"), true);
         // Unblocks a send stuck on a frozen peer and both threads.
         let _ = self.out_ctl.shutdown(Shutdown::Both);
         let _ = self.inbound.shutdown(Shutdown::Both);
@@ -418,12 +462,12 @@ fn ack_loop(mut sock: TcpStream, shared: Arc<Shared>) {
     let mut a = [0u8; ACK_LEN];
     loop {
         if let Err(e) = sock.read_exact(&mut a) {
-            shared.break_with(format!("the peer closed the connection ({e})"));
+            shared.break_with(format!("the peer closed the connection ({e})"), true);
             return;
         }
         let (seq, status) = match wire::decode_ack(&a) {
             Ok(x) => x,
-            Err(e) => return shared.break_with(format!("protocol error: {e}")),
+            Err(e) => return shared.break_with(format!("protocol error: {e}"), true),
         };
         let mut s = shared.lock();
         if seq != s.acked + 1 || seq > s.sent {
@@ -433,7 +477,7 @@ fn ack_loop(mut sock: TcpStream, shared: Arc<Shared>) {
                 s.sent
             );
             drop(s);
-            shared.break_with(msg);
+            shared.break_with(msg, true);
             return;
         }
         s.acked = seq;
@@ -450,7 +494,9 @@ fn recv_loop(mut sock: TcpStream, shared: Arc<Shared>) {
     let mut ack_sock = match sock.try_clone() {
         Ok(s) => s,
         Err(e) => {
-            shared.break_with(format!("cloning the receive socket: {e}"));
+            shared.break_with(format!("cloning the receive socket: {e}"), false);
+            shared.lock().recv_done = true;
+            shared.cv.notify_all();
             return;
         }
     };
@@ -458,5 +504,7 @@ fn recv_loop(mut sock: TcpStream, shared: Arc<Shared>) {
     let end = receiver::serve(&mut sock, &mut ack_sock, &mut buf, &mut |m| {
         shared.report(m)
     });
-    shared.break_with(end);
+    shared.break_with(end, false);
+    shared.lock().recv_done = true;
+    shared.cv.notify_all();
 }

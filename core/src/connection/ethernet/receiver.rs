@@ -43,6 +43,13 @@ pub(crate) fn serve<R: Read, W: Write>(
             },
             Op::Signal { value } => apply_signal(&f, value),
         };
+        crate::log_trace!(
+            "NET",
+            "Ethernet: applied frame #{} {:?} at {:#x}: {status:?}",
+            f.seq,
+            f.op,
+            f.addr
+        );
         if let Some(why) = status.reason() {
             let (what, len) = match f.op {
                 Op::Write { len } => ("write", len),
@@ -111,8 +118,16 @@ fn apply_signal(f: &Frame, value: u64) -> AckStatus {
         // SAFETY: inside the live registration `mem`.
         match unsafe { write_to(mem.device(), addr, &value.to_le_bytes()) } {
             Ok(()) => AckStatus::Applied,
-            // The destination exists but could not be written: as good as out of reach.
-            Err(_) => AckStatus::Rejected(Rejection::OutOfRange),
+            // The destination exists but could not be written: as good as out of reach (the
+            // sender hears that; the cause is only known here).
+            Err(e) => {
+                crate::log_warn!(
+                    "NET",
+                    "Ethernet: signal #{} to {addr:#x} could not be stored: {e}",
+                    f.seq
+                );
+                AckStatus::Rejected(Rejection::OutOfRange)
+            }
         }
     }
 }
