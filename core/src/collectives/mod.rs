@@ -100,6 +100,7 @@ pub fn registry() -> &'static [&'static dyn Algorithm] {
         &reduce_scatter::fullmesh::Fullmesh,
         &reduce_scatter::hier_port::HierPort,
         &broadcast::fullmesh::Fullmesh,
+        &broadcast::hier_allreduce::HierAllreduce,
     ];
     ALGOS
 }
@@ -301,6 +302,22 @@ impl Collectives {
         }
         let algo = self.checked_algorithm(&call)?;
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        crate::log_trace!(
+            "COLL",
+            "rank {}: {} {} of {} {} ({} {}) on stream {stream:#x}: {}",
+            self.res.rank,
+            call.kind,
+            call.count,
+            call.dtype,
+            call.op,
+            if call.send == call.recv {
+                "in place"
+            } else {
+                "out of place"
+            },
+            if self.gpu.is_some() { "GPU" } else { "host" },
+            algo.name()
+        );
         match &self.gpu {
             Some(gpu) => algo.launch_gpu(&self.res, gpu, &call, stream),
             None => algo.run_host(&self.res, &call),

@@ -62,11 +62,7 @@ pub fn select(q: &Query) -> Result<&'static str> {
             CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
                 first_registered(q.kind, &["hier_port"])
             }
-            kind => Err(Error::invalid(format!(
-                "{kind}: no multi-node algorithm yet (this world spans {} nodes; all-reduce, \
-                 all-gather and reduce-scatter have one)",
-                q.nnodes
-            ))),
+            CollectiveKind::Broadcast => first_registered(q.kind, &["hier_allreduce"]),
         };
     }
     match q.kind {
@@ -154,10 +150,10 @@ mod tests {
             for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
                 assert_eq!(select(&q(kind, bytes)).unwrap(), "hier_port");
             }
+            assert_eq!(
+                select(&q(CollectiveKind::Broadcast, bytes)).unwrap(),
+                "hier_allreduce"
+            );
         }
-        let e = select(&q(CollectiveKind::Broadcast, 1))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("no multi-node algorithm"), "{e}");
     }
 }

@@ -1,7 +1,7 @@
 //! MultiNodeTest: the hierarchical collectives (memory inside a node, port channels between
-//! nodes): the all-reduce `hier_rsag_port`, all-gather and reduce-scatter `hier_port` matrices (every data
-//! type x op x in/out of place x sizes, checked exactly against the host reference, poisoned
-//! outputs and a guard zone), the selector's choice across nodes, and the refusal of
+//! nodes): the all-reduce `hier_rsag_port`, all-gather and reduce-scatter `hier_port` and
+//! broadcast `hier_allreduce` matrices (every data type x op x in/out of place x sizes, checked
+//! exactly against the host reference, poisoned outputs and a guard zone), the selector's choice across nodes, and the refusal of
 //! single-node algorithms there.
 //!
 //! Worlds spanning nodes come from .ci/multinode-test: network namespaces (one per "node",
@@ -67,6 +67,7 @@ TEST!(MultiNodeTest, Topology, |_ctx| {
         (CollectiveKind::AllReduce, "hier_rsag_port"),
         (CollectiveKind::AllGather, "hier_port"),
         (CollectiveKind::ReduceScatter, "hier_port"),
+        (CollectiveKind::Broadcast, "hier_allreduce"),
     ] {
         for bytes in [4usize, 1 << 20, 64 << 20] {
             let got = ok!(env.coll.algorithm_for(kind, bytes), "selecting {kind}");
@@ -88,6 +89,11 @@ TEST!(MultiNodeTest, AllGatherHierPort, |_ctx| {
 TEST!(MultiNodeTest, ReduceScatterHierPort, |_ctx| {
     spanning_nodes();
     matrix(CollectiveKind::ReduceScatter, "hier_port")
+});
+
+TEST!(MultiNodeTest, BroadcastHierAllreduce, |_ctx| {
+    spanning_nodes();
+    matrix(CollectiveKind::Broadcast, "hier_allreduce")
 });
 
 TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {

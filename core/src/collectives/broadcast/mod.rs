@@ -1,3 +1,4 @@
 //! Broadcast algorithms, one file each.
 
 pub mod fullmesh;
+pub mod hier_allreduce;
