@@ -83,13 +83,30 @@ pub struct Native {
     reduce_scratch: Mutex<Option<LocalMemory>>,
 }
 
-/// `MSCCLPP_NCCL_GPU_HIERARCHICAL`: `1` lets GPU communicators spanning hosts use the
-/// hierarchical collectives (experimental, see `Native::new`); unset or `0` leaves them to the
-/// fallback; anything else is an error naming the variable.
-fn gpu_hier_opt_in() -> NResult<bool> {
+/// Whether a GPU communicator spanning hosts gets the hierarchical collectives.
+/// `MSCCLPP_NCCL_GPU_HIERARCHICAL=1` or `0` decides; unset, they run when the network transport
+/// is IB (GPUDirect RDMA: the NIC moves the data and the signals, no CUDA call while kernels
+/// wait for them) and stay off over Ethernet. The Ethernet transport moves GPU data and signals
+/// with copies from its threads, and those wait while another thread of the process is blocked
+/// in a synchronous copy on the legacy stream behind the collective's kernel, which is how
+/// PyTorch reads a result: the kernel then waits for them until its spin bound (measured on an
+/// H200, 2026-12-01; docs/perf.md). Anything else is an error naming the variable.
+fn gpu_hier_enabled() -> NResult<Result<(), String>> {
     match std::env::var("MSCCLPP_NCCL_GPU_HIERARCHICAL").as_deref() {
-        Err(_) | Ok("") | Ok("0") => Ok(false),
-        Ok("1") => Ok(true),
+        Ok("1") => Ok(Ok(())),
+        Ok("0") => Ok(Err("MSCCLPP_NCCL_GPU_HIERARCHICAL=0".into())),
+        Err(_) | Ok("") => {
+            let env = std::env::var(mscclpp::collectives::net::NET_TRANSPORT_ENV).ok();
+            match mscclpp::collectives::net::pick_transport(env.as_deref()) {
+                Ok(mscclpp::Transport::Ib0) => Ok(Ok(())),
+                Ok(t) => Ok(Err(format!(
+                    "the network transport is {t:?}, whose copies can stall behind the \
+                     application's synchronous copies on GPUs; MSCCLPP_NCCL_GPU_HIERARCHICAL=1 \
+                     runs them anyway"
+                ))),
+                Err(e) => Err(NcclError::from(e)),
+            }
+        }
         Ok(v) => Err(NcclError::usage(format!(
             "MSCCLPP_NCCL_GPU_HIERARCHICAL: expected 0 or 1, got {v:?}"
         ))),
@@ -98,8 +115,8 @@ fn gpu_hier_opt_in() -> NResult<bool> {
 
 impl Native {
     /// Sets up the collectives (collective over the communicator). A communicator spanning
-    /// hosts gets the hierarchical algorithms on the host backend; on GPU builds (their kernels
-    /// are not enabled here yet, see below) it gets none and its collectives go to the fallback.
+    /// hosts gets the hierarchical algorithms (on GPUs as `gpu_hier_enabled` says; without
+    /// them its collectives go to the fallback).
     pub fn new(communicator: &Arc<Communicator>, device: Device) -> NResult<Native> {
         let b = communicator.bootstrap();
         let (rank, n, per_node) = (b.rank(), b.nranks(), b.nranks_per_node());
@@ -110,16 +127,13 @@ impl Native {
         let coll = if per_node == n {
             Ok(Collectives::with_config(communicator.clone(), cfg)
                 .map_err(|e| NcclError::from(e).context("setting up the collectives"))?)
-        } else if device.kind == mscclpp::DeviceType::Gpu && !gpu_hier_opt_in()? {
-            // Every rank takes this branch alike (GPU builds; the opt-in must be set alike on
-            // every rank), so no rank is left waiting in a collective setup.
-            // The GPU kernels pass MultiNodeTest and coll_perf on one GPU, but under PyTorch
-            // through this library a first all-reduce stalled in its rail handshake
-            // (2026-12-01, `gpu-check nccl-multinode`): off by default until that is understood;
-            // MSCCLPP_NCCL_GPU_HIERARCHICAL=1 turns it on to debug it.
+        } else if let (mscclpp::DeviceType::Gpu, Err(why)) = (device.kind, gpu_hier_enabled()?) {
+            // Every rank takes this branch alike (the variables must be set alike on every
+            // rank, as for the collectives' own transport choice), so no rank is left waiting
+            // in a collective setup.
             Err(format!(
-                "the hierarchical (multi-node) collectives are not enabled in the NCCL library on \
-                 GPU builds yet; this communicator has {per_node} of its {n} ranks on this host"
+                "the hierarchical (multi-node) collectives are off on this GPU communicator \
+                 ({per_node} of its {n} ranks on this host): {why}"
             ))
         } else {
             // Across nodes: the hierarchical algorithms (memory channels inside the node, port
