@@ -419,8 +419,23 @@ mod tests {
             println!("skipped: needs root to start a client as another uid");
             return;
         }
-        let reg = register(os::memfd(c"fdpass-user", 8).unwrap()).unwrap();
         let exe = std::env::current_exe().unwrap();
+        // The client runs this test binary as uid 65534: every folder above it must let others
+        // through (a checkout under a 0700 folder, e.g. from mktemp -d, does not).
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(dir) = exe
+            .ancestors()
+            .skip(1)
+            .find(|d| std::fs::metadata(d).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
+        {
+            println!(
+                "skipped: {} is not searchable by other users, so uid 65534 cannot run {}",
+                dir.display(),
+                exe.display()
+            );
+            return;
+        }
+        let reg = register(os::memfd(c"fdpass-user", 8).unwrap()).unwrap();
         let out = std::process::Command::new(exe)
             .args([
                 "--exact",
