@@ -187,8 +187,9 @@ unsafe impl Send for SyncStream {}
 /// `memset`/`write`/`read`/`copy` return when done. They never use the null stream (hipMemcpy,
 /// hipMemset): work queued there (PyTorch's next kernels behind a wait for a collective's
 /// kernel) would hold them while that kernel waits for this very copy (see the CUDA backend's
-/// `on_sync_stream`, also for what it cannot help). One stream per device ordinal, created on first use and kept for the life
-/// of the process (a `RocmDevice` is a plain ordinal with no owner to destroy it).
+/// `on_sync_stream`, also for what it cannot help). One stream per device ordinal, created on
+/// first use and kept for the life of the process (a `RocmDevice` is a plain ordinal with no
+/// owner to destroy it).
 fn on_sync_stream(
     dev: &RocmDevice,
     op: &'static str,

@@ -489,21 +489,18 @@ fn ack_loop(mut sock: TcpStream, shared: Arc<Shared>) {
     }
 }
 
-/// Applies the peer's frames from the inbound socket and acks each (see [`receiver`]).
+/// Applies the peer's frames from the inbound socket and acks each (see [`receiver`]); when
+/// they end, breaks the connection with why and marks the receive thread done.
 fn recv_loop(mut sock: TcpStream, shared: Arc<Shared>) {
-    let mut ack_sock = match sock.try_clone() {
-        Ok(s) => s,
-        Err(e) => {
-            shared.break_with(format!("cloning the receive socket: {e}"), false);
-            shared.lock().recv_done = true;
-            shared.cv.notify_all();
-            return;
+    let end = match sock.try_clone() {
+        Ok(mut ack_sock) => {
+            let mut buf = Vec::new();
+            receiver::serve(&mut sock, &mut ack_sock, &mut buf, &mut |m| {
+                shared.report(m)
+            })
         }
+        Err(e) => format!("cloning the receive socket: {e}"),
     };
-    let mut buf = Vec::new();
-    let end = receiver::serve(&mut sock, &mut ack_sock, &mut buf, &mut |m| {
-        shared.report(m)
-    });
     shared.break_with(end, false);
     shared.lock().recv_done = true;
     shared.cv.notify_all();
