@@ -83,6 +83,27 @@ impl Allocation {
         &self.backing
     }
 
+    /// The host address of the allocation's device address `addr` when the host can load and
+    /// store there directly without the GPU backend: host memory (the CPU's, or a backend whose
+    /// device memory is host memory) and host-mapped GPU memory (`MemoryKind::HostMapped`,
+    /// whose host and device addresses may differ). `None` for device memory, or when `addr`
+    /// lies outside the allocation.
+    pub(crate) fn host_address(&self, addr: u64) -> Option<*mut u8> {
+        let off = addr.checked_sub(self.ptr)?;
+        if off >= self.size as u64 {
+            return None;
+        }
+        if host_addressable(self.device) {
+            return Some(addr as usize as *mut u8);
+        }
+        let base = match &self.backing {
+            Backing::Host(_, m) => m.host_ptr(),
+            Backing::Gpu(_, m) => m.host_ptr(),
+        }?;
+        // In bounds (checked above).
+        Some(base.wrapping_add(off as usize))
+    }
+
     /// Exports the whole allocation with the backend's preferred IPC kind.
     pub(crate) fn export(&self) -> Result<(BackendTag, IpcDescriptor)> {
         match &self.backing {

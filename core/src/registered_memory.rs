@@ -208,6 +208,15 @@ pub(crate) fn find_local(addr: u64, len: u64, transport: Transport) -> Option<Re
 }
 
 impl RegisteredMemory {
+    /// The host address of `addr` (a device address inside this registration) when this
+    /// process owns the memory and the host can load and store there directly (host memory,
+    /// host-mapped GPU memory; see `Allocation::host_address`); `None` otherwise, when the
+    /// GPU backend has to copy.
+    pub(crate) fn host_address(&self, addr: u64) -> Option<*mut u8> {
+        let (alloc, _) = self.inner.local.as_ref()?;
+        alloc.host_address(addr)
+    }
+
     /// Registers `size` bytes at `offset` of `alloc` for `transports` (used by the context).
     pub(crate) fn register_local(
         alloc: Arc<Allocation>,

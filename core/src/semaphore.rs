@@ -1,7 +1,8 @@
 //! Semaphores, host side: monotonic u64 tokens in memory, signalled over a connection.
 //!
 //! A [`SemaphoreStub`] is the local token (on the connection's local device: host memfd memory
-//! for `Device::CPU`, GPU memory otherwise) registered for the connection's transport; the
+//! for `Device::CPU`, GPU memory otherwise; host-mapped GPU memory for Ethernet, whose
+//! receive thread stores signals with the CPU) registered for the connection's transport; the
 //! peer's stub memory arrives through the communicator and together they make a
 //! [`Semaphore`]. The typed semaphores add the counters and device handles. Tokens only grow.
 //!
@@ -20,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::memory::{host_addressable, LocalMemory};
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, DeviceType, Transport};
+use mscclpp_hal::MemoryKind;
 
 /// A local semaphore token: 8 zeroed bytes on the connection's local device, registered for
 /// the connection's transport.
@@ -32,7 +34,15 @@ pub struct SemaphoreStub {
 impl SemaphoreStub {
     /// Allocates and registers a token for `connection`.
     pub fn new(context: &Context, connection: &Connection) -> Result<SemaphoreStub> {
-        let token = LocalMemory::alloc(connection.local_device(), 8)?;
+        let device = connection.local_device();
+        // Ethernet stores incoming signals with the receive thread's CPU: into pinned host
+        // memory the kernels poll, never through a GPU copy (connection/ethernet, module doc).
+        let kind = if connection.transport() == Transport::Ethernet && !host_addressable(device) {
+            MemoryKind::HostMapped
+        } else {
+            MemoryKind::Device
+        };
+        let token = LocalMemory::alloc_kind(device, 8, kind)?;
         let registered = context.register_buffer(&token, connection.transport().into())?;
         Ok(SemaphoreStub { token, registered })
     }
@@ -89,10 +99,10 @@ impl Semaphore {
     /// Reads the local inbound token (acquire).
     pub fn read_inbound(&self) -> Result<u64> {
         let t = &self.local.token;
-        if host_addressable(t.device()) {
+        if let Some(host) = t.allocation().host_address(t.ptr()) {
             // SAFETY: the token is 8 aligned bytes of the live allocation `t`; every access to
             // it (local or from peers) is atomic.
-            let atom = unsafe { AtomicU64::from_ptr(t.ptr() as usize as *mut u64) };
+            let atom = unsafe { AtomicU64::from_ptr(host.cast::<u64>()) };
             Ok(atom.load(Ordering::Acquire))
         } else {
             t.read_u64(0)

@@ -106,7 +106,7 @@ pub struct CollArgs {
     /// Entries of the flag array.
     pub nflags: u32,
     /// Algorithm-specific values.
-    pub extra: [u64; 4],
+    pub extra: [u64; 5],
 }
 
 impl CollArgs {
@@ -127,7 +127,7 @@ impl CollArgs {
             nranks: res.nranks as i32,
             root: call.root as i32,
             nflags: MAX_FLAGS as u32,
-            extra: [0; 4],
+            extra: [0; 5],
         }
     }
 }

@@ -7,18 +7,29 @@
 //! in the mode of `MSCCLPP_IBV_MODE`) when an IB device is usable (a NIC, or the verbs test
 //! provider named by `MSCCLPP_IBV_SO`), else Ethernet. Every rank must pick the same.
 //!
-//! Channel p (index p of `handles`; only rail peers have one) puts from this rank's shared
-//! buffer into peer p's shared buffer at offsets from the buffers' starts, so plain-scratch
+//! Channel p (index p of `handles`; only rail peers have one) puts from this rank's network
+//! buffer into peer p's network buffer at offsets from the buffers' starts, so plain-scratch
 //! areas have the same offsets on both sides; the proxy signals the peer's semaphore after the
 //! data (in order per connection), and `flush` waits until it handled every earlier request.
+//!
+//! The network buffer is the shared buffer itself, except for GPU ranks over Ethernet: there it
+//! is a separate buffer of the same size in host-mapped memory (`staging`), so the Ethernet
+//! threads move its bytes with the CPU and never wait on a GPU copy (which the application
+//! can hold up indefinitely, see connection/ethernet). The kernels find it at
+//! [`NetState::base`] (`CollArgs.extra[4]`) and keep there only what the network reads or
+//! writes and no local peer reads (all-reduce and reduce-scatter: the R and NET slots;
+//! all-gather copies its slots between the two buffers). Semaphore tokens of Ethernet
+//! connections are host-mapped as well (semaphore.rs).
 
 use crate::error::{Error, Result};
 use crate::fifo::{Fifo, DEFAULT_FIFO_SIZE};
 use crate::gpu_buffer::GpuBuffer;
+use crate::memory::{host_addressable, LocalMemory};
 use crate::port_channel::{PortChannel, PortChannelDeviceHandle};
 use crate::proxy::ProxyService;
 use crate::semaphore::Host2DeviceSemaphore;
 use crate::transport::{DeviceType, EndpointConfig, Transport};
+use mscclpp_hal::MemoryKind;
 
 use super::setup::Resources;
 
@@ -39,8 +50,14 @@ pub struct NetState {
     pub handles: Vec<PortChannelDeviceHandle>,
     /// The same handles in device memory (host memory on the host backend).
     pub table: GpuBuffer<PortChannelDeviceHandle>,
+    /// Device address of this rank's network buffer (see the module doc): the shared buffer's
+    /// start, or the host-mapped staging buffer's.
+    pub base: u64,
     _channels: Vec<PortChannel>,
     _proxy: ProxyService,
+    /// The host-mapped network buffer of GPU ranks over Ethernet (last: after the proxy that
+    /// reads it; its registrations keep it alive anyway).
+    _staging: Option<LocalMemory>,
 }
 
 /// The transport `value` of [`NET_TRANSPORT_ENV`] (or, when unset, what is available) names.
@@ -80,7 +97,17 @@ impl NetState {
                 )
             })
             .collect();
-        let local = comm.register_memory(res.shared.ptr(), res.layout.total, transport.into())?;
+        let staging = if transport == Transport::Ethernet && !host_addressable(res.device) {
+            Some(LocalMemory::alloc_kind(
+                res.device,
+                res.layout.total,
+                MemoryKind::HostMapped,
+            )?)
+        } else {
+            None
+        };
+        let base = staging.as_ref().map_or(res.shared.ptr(), |m| m.ptr());
+        let local = comm.register_memory(base, res.layout.total, transport.into())?;
         let remote: Vec<_> = rails
             .iter()
             .map(|&p| comm.recv_memory(p, TAG_MEMORY))
@@ -135,8 +162,10 @@ impl NetState {
             transport,
             handles: table_host,
             table,
+            base,
             _channels: channels,
             _proxy: proxy,
+            _staging: staging,
         })
     }
 }

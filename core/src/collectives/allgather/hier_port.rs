@@ -18,6 +18,9 @@
 //! GPU builds run kernels/cuda/src/collectives/allgather/hier_port.cu (the same steps; every
 //! block owns a part of every chunk, node-local barriers per block, the rail threads of block 0
 //! drive the net port channels between grid barriers; see `allreduce/hier_rsag_port.rs`).
+//! Over Ethernet the channels move X slots of the host-mapped network buffer (collectives/
+//! net.rs): the own chunk is written to both buffers and the received slots are copied into
+//! the shared buffer before the local barrier that lets the local peers read them.
 
 use super::super::algorithm::{host_local_barrier, Algorithm, Call};
 use super::super::allreduce::hier_rsag_port::{gpu_args, rail_handshake, DEPTH};

@@ -27,7 +27,10 @@
 //! shared device pieces in kernels/cuda/src/collectives/hier.hpp, arguments from `gpu_args`): every block of the grid
 //! owns a part of every shard (node-local barriers per block, over the memory semaphores of
 //! the same block of every local peer), and the rail threads of block 0 drive the net port
-//! channels between grid barriers. At N = 1 it is a plain RS + AG on one node.
+//! channels between grid barriers. At N = 1 it is a plain RS + AG on one node. R and NET live
+//! in the network buffer (`CollArgs.extra[4]`: host-mapped for GPU ranks over Ethernet, see
+//! collectives/net.rs; the shared buffer otherwise), A and F (read by local peers) in the
+//! shared one.
 
 use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
@@ -82,7 +85,8 @@ const BYTES_PER_BLOCK: usize = 8 << 10;
 /// The argument block and grid of a hierarchical kernel (kernels/cuda/src/collectives/hier.hpp)
 /// whose pieces (shards, chunks) are `piece` bytes: extra[0] = the net channel table (device
 /// memory; 0 on one node), extra[1] = the node-major rank table, extra[2] = `piece`, extra[3] =
-/// `L | N << 16 | local << 32 | node << 48`. Refuses topologies the kernels cannot address
+/// `L | N << 16 | local << 32 | node << 48`, extra[4] = the network buffer's device address
+/// (`NetState::base`; 0 on one node). Refuses topologies the kernels cannot address
 /// (a block has one thread per local rank and per rail peer) and shared buffers whose offsets
 /// do not fit the port channels' 32-bit trigger fields.
 pub(crate) fn gpu_args(
@@ -117,6 +121,7 @@ pub(crate) fn gpu_args(
     args.extra[0] = res.net.as_ref().map_or(0, |n| n.table.data());
     args.extra[1] = res.node_ranks_ptr();
     args.extra[2] = piece as u64;
+    args.extra[4] = res.net.as_ref().map_or(0, |n| n.base);
     args.extra[3] = topo.per_node() as u64
         | (topo.nnodes as u64) << 16
         | (topo.local as u64) << 32

@@ -103,7 +103,7 @@ impl Algorithm for RsagPipeline {
         let total = mesh::grid(&census, want * (K + 1), (HANDSHAKE_ROW / K) * (K + 1)) as usize;
         let p = (total / (K + 1)).max(1);
         let mut args = CollArgs::new(res, call);
-        args.extra = [pl.w as u64, pl.d as u64, p as u64, K as u64];
+        args.extra[..4].copy_from_slice(&[pl.w as u64, pl.d as u64, p as u64, K as u64]);
         let name = kernel_name("allreduce_rsag_pipeline", call.dtype, call.op);
         // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
         unsafe {

@@ -19,7 +19,8 @@
 //! GPU builds run kernels/cuda/src/collectives/reduce_scatter/hier_port.cu (the same steps;
 //! every block owns a part of every chunk, node-local barriers per block, the rail threads of
 //! block 0 drive the net port channels between grid barriers; see
-//! `allreduce/hier_rsag_port.rs`).
+//! `allreduce/hier_rsag_port.rs`). R and NET live in the network buffer (host-mapped over
+//! Ethernet, collectives/net.rs), A in the shared one.
 
 use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
 use super::super::allreduce::hier_rsag_port::{gpu_args, rail_handshake, widen, DEPTH};

@@ -20,6 +20,17 @@
 //! up to [`CLOSE_GRACE`]), and a flush succeeds once every frame is acked even when the peer
 //! has closed since. Both matter at the end of a collective: the peer's kernel may finish on our
 //! last signal and its communicator go away before the ack of that signal reached us.
+//!
+//! GPU memory: the sender reads a write's payload and the receiver stores payloads and signals
+//! with plain CPU loads and stores wherever the memory is host-addressable (host memory, and
+//! GPU memory allocated `MemoryKind::HostMapped`: pinned host pages the kernels address), and
+//! through the GPU backend's copies only for device memory. Those copies can wait behind an
+//! unrelated thread of the application: while a thread is blocked in a synchronous pageable
+//! copy on the legacy stream behind a kernel (PyTorch reading a result), the CUDA driver held
+//! another thread's copy into GPU memory for 4.75 s on an H200 (docs/perf.md). A kernel that
+//! waits for such a signal then never gets it. So GPU users that run while the application
+//! blocks (the hierarchical collectives, see collectives/net.rs) put their network buffers
+//! and semaphore tokens in host-mapped memory, as NCCL's socket transport does.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -38,6 +49,7 @@ use super::{BaseConnection, Peer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::memory::{host_addressable, read_from};
+use crate::registered_memory::RegisteredMemory as Reg;
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, Transport};
 
@@ -349,10 +361,10 @@ impl EthernetConnection {
             while done < len_or_value {
                 let n = (len_or_value - done).min(CHUNK as u64) as usize;
                 let at = src.data() + src_offset + done;
-                if host_addressable(src.device()) {
+                if let Some(host) = host_view(src, at) {
                     // SAFETY: the range is inside `src` (checked by Connection), which the
                     // borrow keeps alive; the bytes are only read.
-                    let bytes = unsafe { std::slice::from_raw_parts(at as usize as *const u8, n) };
+                    let bytes = unsafe { std::slice::from_raw_parts(host as *const u8, n) };
                     tx.send(bytes).map_err(fail)?;
                 } else {
                     // SAFETY: as above, read through the GPU backend.
@@ -458,6 +470,14 @@ impl BaseConnection for EthernetConnection {
 }
 
 /// Reads acks of our writes from the outbound socket.
+/// Where the host can load or store `addr` of `mem` itself (host memory, host-mapped GPU
+/// memory), so the transport threads make no GPU call for it: a GPU copy waits behind
+/// whatever the application's threads block on in the driver (see the module doc).
+pub(super) fn host_view(mem: &Reg, addr: u64) -> Option<*mut u8> {
+    mem.host_address(addr)
+        .or_else(|| host_addressable(mem.device()).then_some(addr as usize as *mut u8))
+}
+
 fn ack_loop(mut sock: TcpStream, shared: Arc<Shared>) {
     let mut a = [0u8; ACK_LEN];
     loop {

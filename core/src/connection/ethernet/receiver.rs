@@ -10,9 +10,10 @@
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::host_view;
 use super::wire::{self, AckStatus, Frame, Op, FRAME_LEN};
 use crate::error::{Error, Result};
-use crate::memory::{host_addressable, write_to};
+use crate::memory::write_to;
 use crate::registered_memory::{find_registration, Rejection};
 use crate::transport::Transport;
 
@@ -80,10 +81,10 @@ fn apply_write<R: Read>(sock: &mut R, buf: &mut Vec<u8>, f: &Frame, len: u64) ->
             .map_err(|e| Error::io("reading write payload", e))?;
         if let Ok(mem) = &target {
             let at = f.addr + done;
-            if host_addressable(mem.device()) {
+            if let Some(host) = host_view(mem, at) {
                 // SAFETY: `at..at+n` lies inside the live registration `mem` (checked by
                 // find_registration), which keeps the allocation alive during the copy.
-                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), at as usize as *mut u8, n) };
+                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), host, n) };
             } else {
                 // SAFETY: as above, through the GPU backend.
                 unsafe { write_to(mem.device(), at, &buf[..n]) }?;
@@ -108,10 +109,11 @@ fn apply_signal(f: &Frame, value: u64) -> AckStatus {
         Ok(m) => m,
         Err(r) => return AckStatus::Rejected(r),
     };
-    if host_addressable(mem.device()) {
-        // SAFETY: aligned and inside the live registration `mem`; shared u64 tokens are only
+    if let Some(host) = host_view(&mem, addr) {
+        // SAFETY: aligned (host mappings are page-aligned, so device and host addresses share
+        // their low bits) and inside the live registration `mem`; shared u64 tokens are only
         // accessed atomically.
-        let atom = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+        let atom = unsafe { AtomicU64::from_ptr(host.cast::<u64>()) };
         atom.store(value, Ordering::Release);
         AckStatus::Applied
     } else {

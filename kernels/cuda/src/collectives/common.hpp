@@ -23,7 +23,7 @@
 namespace mscclpp {
 namespace coll {
 
-/// struct CollArgs (core/src/collectives/algorithm.rs), 128 bytes.
+/// struct CollArgs (core/src/collectives/algorithm.rs), 136 bytes.
 struct CollArgs {
   const void* send;
   void* recv;
@@ -39,7 +39,7 @@ struct CollArgs {
   int32_t nranks;
   int32_t root;
   uint32_t nflags;
-  uint64_t extra[4];
+  uint64_t extra[5];
 };
 
 constexpr int kWarp = 32;

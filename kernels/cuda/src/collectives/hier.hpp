@@ -7,6 +7,10 @@
 //             memory (0 on one node: there are no rail peers then)
 //   extra[1]  u32[N][L] node-major rank table (meta buffer, `MetaLayout::node_ranks`)
 //   extra[3]  L | N << 16 | local index << 32 | node << 48
+//   extra[4]  device address of this rank's network buffer (`NetState::base`, core/src/collectives/
+//             net.rs): the own shared buffer, or a host-mapped staging buffer of the same layout
+//             (GPU ranks over Ethernet); 0 on one node. What the rail channels put from or into
+//             lives there (`netPlain`); what local peers read stays in the shared buffer.
 // (extra[2] is the algorithm's: the shard / chunk bytes.)
 //
 // Synchronisation: node-local barriers are per block, with the same block of every local peer
@@ -69,6 +73,13 @@ MSCCLPP_DEVICE_INLINE void localBarrier(const CollArgs& a, const HierTopo& h) {
   __syncthreads();
 }
 
+/// The plain scratch of this rank's network buffer (extra[4]; the shared buffer's on one node).
+/// Host-mapped staging is read and written over PCIe with ordinary loads and stores: the grid
+/// barriers' system-scope fences order them against the rail threads' FIFO pushes and waits.
+MSCCLPP_DEVICE_INLINE char* netPlain(const CollArgs& a) {
+  return a.extra[4] != 0 ? reinterpret_cast<char*>(a.extra[4]) + a.plainOffset : plainOf(a, a.rank);
+}
+
 /// The channel this thread drives (block 0, thread i < N - 1: rail peer i), or null.
 MSCCLPP_DEVICE_INLINE PortChannelDeviceHandle* railChannel(const CollArgs& a, const HierTopo& h) {
   if (blockIdx.x != 0 || (int)threadIdx.x >= h.N - 1) return nullptr;
@@ -98,10 +109,19 @@ struct HierWidths {
   static constexpr uint64_t WID = sizeof(A) / sizeof(T);
 };
 
+/// The NT accumulators of one vector of T as whole 16-byte words (WID of them), so slots in
+/// host-mapped memory (the network buffer over Ethernet) see 16-byte PCIe accesses instead of one
+/// per accumulator.
+template <typename T>
+union AccWords {
+  typename Elem<T>::Acc a[HierWidths<T>::NT];
+  uint4 w[HierWidths<T>::WID];
+};
+
 /// Stage 1 reduction: for the bytes [x0, x1) of an `n`-byte piece (x0 a multiple of 16, x1 <= n),
 /// acc = srcs[0] op ... op srcs[ns - 1] in the accumulation type, stored as accumulators (vector v
-/// of T -> accumulators [v NT, (v + 1) NT) of `dst`, whole vectors: `dst` has room up to the
-/// piece's capacity rounded up to 16 bytes of T). `src(i)` gives source i (16-byte aligned).
+/// of T -> accumulators [v NT, (v + 1) NT) of `dst`, whole vectors stored as 16-byte words: `dst`
+/// is 16-byte aligned and has room up to the piece's capacity rounded up to 16 bytes of T). `src(i)` gives source i (16-byte aligned).
 template <typename T, int OP, typename Src>
 MSCCLPP_DEVICE_INLINE void reduceToAcc(typename Elem<T>::Acc* dst, Src src, int ns, uint64_t n, uint64_t x0,
                                        uint64_t x1) {
@@ -111,8 +131,12 @@ MSCCLPP_DEVICE_INLINE void reduceToAcc(typename Elem<T>::Acc* dst, Src src, int 
     AccPack<T, V> acc;
     acc.load(loadWord<V>(src(0), v, n));
     for (int i = 1; i < ns; ++i) acc.template add<OP>(loadWord<V>(src(i), v, n));
+    AccWords<T> u;
 #pragma unroll
-    for (int e = 0; e < NT; ++e) dst[v * NT + e] = acc.a[e];
+    for (int e = 0; e < NT; ++e) u.a[e] = acc.a[e];
+    uint4* d = reinterpret_cast<uint4*>(dst + v * NT);  // 16-byte aligned: v x 16 x WID bytes in
+#pragma unroll
+    for (uint64_t w = 0; w < HierWidths<T>::WID; ++w) d[w] = u.w[w];
   }
 }
 
@@ -127,14 +151,20 @@ MSCCLPP_DEVICE_INLINE void reduceFromAcc(char* out, char* out2, Src src, int ns,
   using A = typename Elem<T>::Acc;
   constexpr int NT = HierWidths<T>::NT;
   for (uint64_t v = x0 / 16 + threadIdx.x; v * 16 < x1; v += blockDim.x) {
+    constexpr uint64_t WID = HierWidths<T>::WID;
     A acc[NT];
-    const A* s0 = src(0);
+    AccWords<T> u;
+    const uint4* s0 = reinterpret_cast<const uint4*>(src(0) + v * NT);
 #pragma unroll
-    for (int e = 0; e < NT; ++e) acc[e] = s0[v * NT + e];
+    for (uint64_t w = 0; w < WID; ++w) u.w[w] = s0[w];
+#pragma unroll
+    for (int e = 0; e < NT; ++e) acc[e] = u.a[e];
     for (int i = 1; i < ns; ++i) {
-      const A* si = src(i);
+      const uint4* si = reinterpret_cast<const uint4*>(src(i) + v * NT);
 #pragma unroll
-      for (int e = 0; e < NT; ++e) acc[e] = combine<OP>(acc[e], si[v * NT + e]);
+      for (uint64_t w = 0; w < WID; ++w) u.w[w] = si[w];
+#pragma unroll
+      for (int e = 0; e < NT; ++e) acc[e] = combine<OP>(acc[e], u.a[e]);
     }
     Pack<T, V> p;
 #pragma unroll

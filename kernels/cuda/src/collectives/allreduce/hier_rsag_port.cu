@@ -13,7 +13,8 @@
 // Pipelined: A(0), then A(k + 1) before B(k). A local barrier and a handshake with the rail peers
 // open the launch; a flush of the rail channels closes it.
 // Kernels: allreduce_hier_rsag_port_<dtype>_<op>(CollArgs), extra[2] = shard bytes S.
-// Scratch: A L x S, R D x W, NET D x N x W, F S; W = S x sizeof(Acc) / sizeof(T), D = 4.
+// Scratch: A L x S, R D x W, NET D x N x W, F S; W = S x sizeof(Acc) / sizeof(T), D = 4. R and NET
+// are in the network buffer (`netPlain`: host-mapped over Ethernet), A and F in the shared one.
 #include "../hier.hpp"
 
 namespace mscclpp {
@@ -32,6 +33,7 @@ MSCCLPP_DEVICE_INLINE void hierRsagPortAllreduce(const CollArgs& a) {
   const char* send = reinterpret_cast<const char*>(a.send);
   char* recv = reinterpret_cast<char*>(a.recv);
   char* mine = plainOf(a, a.rank);
+  char* net = netPlain(a);  // R and NET (only this rank reads them)
   PortChannelDeviceHandle* rail = railChannel(a, h);
   const uint32_t flag = blockFlag(a);
   uint32_t passed = 0;
@@ -54,7 +56,7 @@ MSCCLPP_DEVICE_INLINE void hierRsagPortAllreduce(const CollArgs& a) {
     localBarrier(a, h);
     const uint64_t n = len(k, h.local), slot = k % kHierDepth;
     blockPart(n, G, b, x0, x1);
-    A* r = reinterpret_cast<A*>(mine + offR + slot * W);
+    A* r = reinterpret_cast<A*>(net + offR + slot * W);
     auto src = [&](int l) -> const char* { return plainOf(a, h.rankAt(h.node, l)) + (uint64_t)h.local * S; };
     reduceToAcc<T, OP>(r, src, h.L, n, x0, x1);
     localBarrier(a, h);
@@ -72,7 +74,7 @@ MSCCLPP_DEVICE_INLINE void hierRsagPortAllreduce(const CollArgs& a) {
     blockPart(n, G, b, x0, x1);
     auto src = [&](int j) -> const A* {
       const uint64_t off = (j == h.node) ? offR + slot * W : offNet + (slot * N + j) * W;
-      return reinterpret_cast<const A*>(mine + off);
+      return reinterpret_cast<const A*>(net + off);
     };
     reduceFromAcc<T, OP>(recv + at(k, h.local), mine + offF, src, h.N, n, x0, x1, a.nranks);
     localBarrier(a, h);

@@ -14,6 +14,7 @@
 // open the launch; a flush of the rail channels closes it.
 // Kernels: reducescatter_hier_port_<dtype>_<op>(CollArgs), extra[2] = chunk bytes C.
 // Scratch: A n x C, R D x N x W, NET D x N x W; W = C x sizeof(Acc) / sizeof(T), D = 4.
+// R and NET are in the network buffer (`netPlain`: host-mapped over Ethernet), A in the shared one.
 #include "../hier.hpp"
 
 namespace mscclpp {
@@ -32,6 +33,7 @@ MSCCLPP_DEVICE_INLINE void hierPortReduceScatter(const CollArgs& a) {
   const char* send = reinterpret_cast<const char*>(a.send);
   char* recv = reinterpret_cast<char*>(a.recv);
   char* mine = plainOf(a, a.rank);
+  char* net = netPlain(a);  // R and NET (only this rank reads them)
   PortChannelDeviceHandle* rail = railChannel(a, h);
   const uint32_t flag = blockFlag(a);
   uint32_t passed = 0;
@@ -57,7 +59,7 @@ MSCCLPP_DEVICE_INLINE void hierPortReduceScatter(const CollArgs& a) {
     for (int j = 0; j < h.N; ++j) {
       const uint64_t blk = (uint64_t)h.rankAt(j, h.local);
       auto src = [&](int l) -> const char* { return plainOf(a, h.rankAt(h.node, l)) + blk * C; };
-      reduceToAcc<T, OP>(reinterpret_cast<A*>(mine + rSlot(k, j)), src, h.L, m, x0, x1);
+      reduceToAcc<T, OP>(reinterpret_cast<A*>(net + rSlot(k, j)), src, h.L, m, x0, x1);
     }
     localBarrier(a, h);
     gridBarrier(flag, passed);
@@ -74,7 +76,7 @@ MSCCLPP_DEVICE_INLINE void hierPortReduceScatter(const CollArgs& a) {
     uint64_t x0, x1;
     blockPart(m, G, b, x0, x1);
     auto src = [&](int j) -> const A* {
-      return reinterpret_cast<const A*>(mine + (j == h.node ? rSlot(k, j) : netSlot(k, j)));
+      return reinterpret_cast<const A*>(net + (j == h.node ? rSlot(k, j) : netSlot(k, j)));
     };
     reduceFromAcc<T, OP>(recv + k * C, nullptr, src, h.N, m, x0, x1, a.nranks);
   };
