@@ -83,29 +83,20 @@ pub struct Native {
     reduce_scratch: Mutex<Option<LocalMemory>>,
 }
 
-/// Whether a GPU communicator spanning hosts gets the hierarchical collectives.
-/// `MSCCLPP_NCCL_GPU_HIERARCHICAL=1` or `0` decides; unset, they run when the network transport
-/// is IB (GPUDirect RDMA: the NIC moves the data and the signals, no CUDA call while kernels
-/// wait for them) and stay off over Ethernet. The Ethernet transport moves GPU data and signals
-/// with copies from its threads, and those wait while another thread of the process is blocked
-/// in a synchronous copy on the legacy stream behind the collective's kernel, which is how
-/// PyTorch reads a result: the kernel then waits for them until its spin bound (measured on an
-/// H200, 2026-12-01; docs/perf.md). Anything else is an error naming the variable.
+/// Whether a GPU communicator spanning hosts gets the hierarchical collectives: yes, over IB
+/// and over Ethernet (whose GPU ranks stage the network bytes and signals in host-mapped
+/// memory, so the transport threads make no CUDA call a blocked application thread could
+/// hold up; collectives/net.rs). `MSCCLPP_NCCL_GPU_HIERARCHICAL=0` leaves them to the fallback
+/// NCCL, `1` (or unset) runs them; anything else is an error naming the variable. The network
+/// transport's variable is checked here too, so a wrong value fails the communicator's
+/// creation with its name.
 fn gpu_hier_enabled() -> NResult<Result<(), String>> {
     match std::env::var("MSCCLPP_NCCL_GPU_HIERARCHICAL").as_deref() {
-        Ok("1") => Ok(Ok(())),
         Ok("0") => Ok(Err("MSCCLPP_NCCL_GPU_HIERARCHICAL=0".into())),
-        Err(_) | Ok("") => {
+        Ok("1") | Ok("") | Err(_) => {
             let env = std::env::var(mscclpp::collectives::net::NET_TRANSPORT_ENV).ok();
-            match mscclpp::collectives::net::pick_transport(env.as_deref()) {
-                Ok(mscclpp::Transport::Ib0) => Ok(Ok(())),
-                Ok(t) => Ok(Err(format!(
-                    "the network transport is {t:?}, whose copies can stall behind the \
-                     application's synchronous copies on GPUs; MSCCLPP_NCCL_GPU_HIERARCHICAL=1 \
-                     runs them anyway"
-                ))),
-                Err(e) => Err(NcclError::from(e)),
-            }
+            mscclpp::collectives::net::pick_transport(env.as_deref()).map_err(NcclError::from)?;
+            Ok(Ok(()))
         }
         Ok(v) => Err(NcclError::usage(format!(
             "MSCCLPP_NCCL_GPU_HIERARCHICAL: expected 0 or 1, got {v:?}"
