@@ -390,6 +390,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn host_address_covers_exactly_the_allocation() {
+        let m = LocalMemory::alloc(Device::CPU, 4096).unwrap();
+        let a = m.allocation();
+        assert_eq!(a.host_address(m.ptr()), Some(m.ptr() as usize as *mut u8));
+        assert_eq!(
+            a.host_address(m.ptr() + 4095),
+            Some((m.ptr() + 4095) as usize as *mut u8)
+        );
+        assert_eq!(a.host_address(m.ptr() + 4096), None);
+        assert_eq!(a.host_address(m.ptr().wrapping_sub(1)), None);
+        // Written through the host address, read back through the backend.
+        // SAFETY: inside the live allocation `m`.
+        unsafe { *a.host_address(m.ptr() + 7).unwrap() = 0x5a };
+        assert_eq!(m.to_vec().unwrap()[7], 0x5a);
+    }
+
+    #[test]
     fn registry_finds_live_allocations_only() {
         let m = LocalMemory::alloc(Device::CPU, 4096).unwrap();
         let (a, off) = find_allocation(m.ptr() + 100, 200).unwrap();

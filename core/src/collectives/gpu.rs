@@ -30,7 +30,11 @@ impl GpuCtx {
     /// The context of GPU `id`, with every collectives code object loaded (all their kernels
     /// too, see the CUDA backend's `load_module`): loading one at a first launch could wait
     /// for kernels running on the GPU, which under MPS include other ranks' kernels waiting for
-    /// this rank's.
+    /// this rank's. Loaded per `Collectives`, not once per process: the code objects hold
+    /// module-scope state (the grid barrier word of mesh.hpp, tagged with the communicator's
+    /// own flags), so two communicators sharing a module would pass each other's grid
+    /// barriers (a process-wide cache did: wrong `rsag_pipeline` results at 4 ranks on an H200,
+    /// 2026-12-02).
     pub fn new(id: i32) -> Result<GpuCtx> {
         let dev = crate::memory::gpu_device(id)?;
         let mut modules = HashMap::new();
