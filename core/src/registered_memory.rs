@@ -49,7 +49,9 @@ use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor};
 
 use crate::error::{Error, Result};
 use crate::identity::{local_host_hash, pid_hash};
-use crate::memory::{default_gpu, gpu_device, hal_err, host_device, Allocation, BackendTag};
+use crate::memory::{
+    default_gpu, gpu_device, hal_err, host_addressable, host_device, Allocation, BackendTag,
+};
 use crate::serialize::{decode_device, Reader, Writer, MAX_TRANSPORT_PAYLOAD};
 use crate::transport::{Device, DeviceType, Transport, TransportFlags};
 
@@ -208,13 +210,17 @@ pub(crate) fn find_local(addr: u64, len: u64, transport: Transport) -> Option<Re
 }
 
 impl RegisteredMemory {
-    /// The host address of `addr` (a device address inside this registration) when this
-    /// process owns the memory and the host can load and store there directly (host memory,
-    /// host-mapped GPU memory; see `Allocation::host_address`); `None` otherwise, when the
-    /// GPU backend has to copy.
+    /// The host address of `addr` (an address of this registration in this process) when the
+    /// host can load and store there directly: memory of a host-addressable device, and
+    /// host-mapped GPU memory this process owns (see `Allocation::host_address`); `None` when
+    /// the GPU backend has to copy. The Ethernet threads use it to make no GPU call for such
+    /// memory (a GPU copy waits behind whatever the application's threads block on in the
+    /// driver; connection/ethernet).
     pub(crate) fn host_address(&self, addr: u64) -> Option<*mut u8> {
-        let (alloc, _) = self.inner.local.as_ref()?;
-        alloc.host_address(addr)
+        match &self.inner.local {
+            Some((alloc, _)) => alloc.host_address(addr),
+            None => host_addressable(self.inner.device).then_some(addr as usize as *mut u8),
+        }
     }
 
     /// Registers `size` bytes at `offset` of `alloc` for `transports` (used by the context).

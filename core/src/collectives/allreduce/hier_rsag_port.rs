@@ -121,11 +121,11 @@ pub(crate) fn gpu_args(
     args.extra[0] = res.net.as_ref().map_or(0, |n| n.table.data());
     args.extra[1] = res.node_ranks_ptr();
     args.extra[2] = piece as u64;
-    args.extra[4] = res.net.as_ref().map_or(0, |n| n.base);
     args.extra[3] = topo.per_node() as u64
         | (topo.nnodes as u64) << 16
         | (topo.local as u64) << 32
         | (topo.node as u64) << 48;
+    args.extra[4] = res.net.as_ref().map_or(0, |n| n.base);
     Ok((args, blocks))
 }
 

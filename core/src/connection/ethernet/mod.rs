@@ -48,8 +48,7 @@ use self::wire::{Frame, Op, ACK_LEN};
 use super::{BaseConnection, Peer};
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
-use crate::memory::{host_addressable, read_from};
-use crate::registered_memory::RegisteredMemory as Reg;
+use crate::memory::read_from;
 use crate::registered_memory::RegisteredMemory;
 use crate::transport::{Device, Transport};
 
@@ -361,7 +360,7 @@ impl EthernetConnection {
             while done < len_or_value {
                 let n = (len_or_value - done).min(CHUNK as u64) as usize;
                 let at = src.data() + src_offset + done;
-                if let Some(host) = host_view(src, at) {
+                if let Some(host) = src.host_address(at) {
                     // SAFETY: the range is inside `src` (checked by Connection), which the
                     // borrow keeps alive; the bytes are only read.
                     let bytes = unsafe { std::slice::from_raw_parts(host as *const u8, n) };
@@ -470,14 +469,6 @@ impl BaseConnection for EthernetConnection {
 }
 
 /// Reads acks of our writes from the outbound socket.
-/// Where the host can load or store `addr` of `mem` itself (host memory, host-mapped GPU
-/// memory), so the transport threads make no GPU call for it: a GPU copy waits behind
-/// whatever the application's threads block on in the driver (see the module doc).
-pub(super) fn host_view(mem: &Reg, addr: u64) -> Option<*mut u8> {
-    mem.host_address(addr)
-        .or_else(|| host_addressable(mem.device()).then_some(addr as usize as *mut u8))
-}
-
 fn ack_loop(mut sock: TcpStream, shared: Arc<Shared>) {
     let mut a = [0u8; ACK_LEN];
     loop {

@@ -10,7 +10,6 @@
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::host_view;
 use super::wire::{self, AckStatus, Frame, Op, FRAME_LEN};
 use crate::error::{Error, Result};
 use crate::memory::write_to;
@@ -81,7 +80,7 @@ fn apply_write<R: Read>(sock: &mut R, buf: &mut Vec<u8>, f: &Frame, len: u64) ->
             .map_err(|e| Error::io("reading write payload", e))?;
         if let Ok(mem) = &target {
             let at = f.addr + done;
-            if let Some(host) = host_view(mem, at) {
+            if let Some(host) = mem.host_address(at) {
                 // SAFETY: `at..at+n` lies inside the live registration `mem` (checked by
                 // find_registration), which keeps the allocation alive during the copy.
                 unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), host, n) };
@@ -109,7 +108,7 @@ fn apply_signal(f: &Frame, value: u64) -> AckStatus {
         Ok(m) => m,
         Err(r) => return AckStatus::Rejected(r),
     };
-    if let Some(host) = host_view(&mem, addr) {
+    if let Some(host) = mem.host_address(addr) {
         // SAFETY: aligned (host mappings are page-aligned, so device and host addresses share
         // their low bits) and inside the live registration `mem`; shared u64 tokens are only
         // accessed atomically.

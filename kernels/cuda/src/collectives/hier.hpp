@@ -121,7 +121,8 @@ union AccWords {
 /// Stage 1 reduction: for the bytes [x0, x1) of an `n`-byte piece (x0 a multiple of 16, x1 <= n),
 /// acc = srcs[0] op ... op srcs[ns - 1] in the accumulation type, stored as accumulators (vector v
 /// of T -> accumulators [v NT, (v + 1) NT) of `dst`, whole vectors stored as 16-byte words: `dst`
-/// is 16-byte aligned and has room up to the piece's capacity rounded up to 16 bytes of T). `src(i)` gives source i (16-byte aligned).
+/// is 16-byte aligned and has room up to the piece's capacity rounded up to 16 bytes of T).
+/// `src(i)` gives source i (16-byte aligned).
 template <typename T, int OP, typename Src>
 MSCCLPP_DEVICE_INLINE void reduceToAcc(typename Elem<T>::Acc* dst, Src src, int ns, uint64_t n, uint64_t x0,
                                        uint64_t x1) {
@@ -134,7 +135,7 @@ MSCCLPP_DEVICE_INLINE void reduceToAcc(typename Elem<T>::Acc* dst, Src src, int 
     AccWords<T> u;
 #pragma unroll
     for (int e = 0; e < NT; ++e) u.a[e] = acc.a[e];
-    uint4* d = reinterpret_cast<uint4*>(dst + v * NT);  // 16-byte aligned: v x 16 x WID bytes in
+    uint4* d = reinterpret_cast<uint4*>(dst + v * NT);  // v x 16 x WID bytes into dst: aligned
 #pragma unroll
     for (uint64_t w = 0; w < HierWidths<T>::WID; ++w) d[w] = u.w[w];
   }
