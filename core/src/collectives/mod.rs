@@ -46,6 +46,7 @@ pub mod broadcast;
 pub mod copy;
 pub mod ext;
 pub mod gpu;
+pub(crate) mod hier;
 pub(crate) mod host_ll;
 pub(crate) mod host_math;
 pub(crate) mod mesh;

@@ -23,14 +23,13 @@
 //! the shared buffer before the local barrier that lets the local peers read them.
 
 use super::super::algorithm::{host_local_barrier, Algorithm, Call};
-use super::super::allreduce::hier_rsag_port::{gpu_args, rail_handshake, DEPTH};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{host_copy, THREADS, VEC};
+use super::super::hier::{self, net_handles, rail_handshake, rail_wait, Kernel, DEPTH};
+use super::super::mesh::{host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
-use crate::port_channel::PortChannelDeviceHandle;
 
 /// The algorithm object.
 pub struct HierPort;
@@ -70,22 +69,14 @@ impl Algorithm for HierPort {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = chunk_bytes(res, call);
-        let (mut args, blocks) = gpu_args(res, gpu, call, stream, c, "allgather hier_port")?;
         // The kernel moves bytes: its count is the bytes per rank.
-        args.count = call.bytes() as u64;
-        // SAFETY: CollArgs mirrors the kernel's parameter; the net channel table and the rank
-        // table live in `res`; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allgather/hier_port",
-                "allgather_hier_port",
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let k = Kernel {
+            module: "collectives/allgather/hier_port",
+            name: "allgather_hier_port",
+            what: "allgather hier_port",
+            count_bytes: true,
+        };
+        hier::launch(res, gpu, call, stream, chunk_bytes(res, call), &k)
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         let topo = &res.topo;
@@ -96,15 +87,14 @@ impl Algorithm for HierPort {
             res.config.host_timeout,
         );
         let plain = res.layout.plain_offset;
-        let empty: &[PortChannelDeviceHandle] = &[];
-        let handles = res.net.as_ref().map_or(empty, |n| n.handles.as_slice());
+        let handles = net_handles(res);
         let slot = |k: usize, j: usize| plain + ((k % DEPTH) * nn + j) * c;
         let at = |r: usize, off: usize| res.peer_bases[r] + off as u64;
         let len = |k: usize| total.saturating_sub(k * c).min(c);
         let chunks = total.div_ceil(c);
 
         host_local_barrier(res, 0)?;
-        rail_handshake(res, handles)?;
+        rail_handshake(res)?;
         let stage_a = |k: usize| -> Result<()> {
             let src = call.send + (k * c) as u64;
             // SAFETY: the own X slot holds c bytes; the input holds the chunk.
@@ -118,10 +108,7 @@ impl Algorithm for HierPort {
             Ok(())
         };
         let stage_b = |k: usize| -> Result<()> {
-            for q in topo.rail_peers() {
-                // SAFETY: as above.
-                unsafe { handles[q].wait(t)? };
-            }
+            rail_wait(res)?;
             host_local_barrier(res, 0)?;
             for &r in &topo.local_ranks {
                 let l = topo.local_of[r];
@@ -136,17 +123,6 @@ impl Algorithm for HierPort {
             }
             host_local_barrier(res, 0)
         };
-        stage_a(0)?;
-        for k in 0..chunks {
-            if k + 1 < chunks {
-                stage_a(k + 1)?;
-            }
-            stage_b(k)?;
-        }
-        for q in topo.rail_peers() {
-            // SAFETY: as above.
-            unsafe { handles[q].flush(t)? };
-        }
-        Ok(())
+        hier::host_pipeline(res, chunks, stage_a, stage_b)
     }
 }

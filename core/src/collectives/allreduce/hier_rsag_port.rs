@@ -32,32 +32,24 @@
 //! collectives/net.rs; the shared buffer otherwise), A and F (read by local peers) in the
 //! shared one.
 
-use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
 use super::super::gpu::GpuCtx;
+use super::super::hier::{
+    self, net_handles, rail_handshake, rail_wait, reduce_from_acc, reduce_to_acc, widen, Kernel,
+    DEPTH,
+};
 use super::super::host_math::{with_elem, HostElem};
-use super::super::mesh::{self, host_copy, THREADS, VEC};
+use super::super::mesh::{host_copy, VEC};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
+use super::super::types::{CollectiveKind, DataType, RawStream};
 use super::rsag_port_channel::put_or_signal;
 use crate::error::{Error, Result};
-use crate::port_channel::PortChannelDeviceHandle;
 
 /// The algorithm object.
 pub struct HierRsagPort;
 
-/// Pipeline slots of R and NET.
-pub(crate) const DEPTH: usize = 4;
 /// Largest shard of one chunk (smaller chunks pipeline deeper).
 const MAX_SHARD: usize = 64 << 10;
-
-/// How many times wider than an element its accumulator is (the partials' width).
-pub(crate) fn widen(dtype: DataType) -> usize {
-    match dtype {
-        DataType::F16 | DataType::Bf16 => 2,
-        DataType::Fp8E4M3 | DataType::Fp8E5M2 => 4,
-        _ => 1,
-    }
-}
 
 /// Scratch units of `S` bytes the layout needs.
 fn slots(res: &Resources, dtype: DataType) -> usize {
@@ -74,73 +66,6 @@ fn shard_bytes(res: &Resources, call: &Call) -> usize {
         .next_multiple_of(VEC)
         .min(cap)
         .min(MAX_SHARD)
-}
-
-/// Most blocks of a hierarchical kernel's launch (they meet at grid barriers, so they must all
-/// be resident).
-const MAX_BLOCKS: usize = 8;
-/// Bytes of a shard (chunk) per block the grid is sized for.
-const BYTES_PER_BLOCK: usize = 8 << 10;
-
-/// The argument block and grid of a hierarchical kernel (kernels/cuda/src/collectives/hier.hpp)
-/// whose pieces (shards, chunks) are `piece` bytes: extra[0] = the net channel table (device
-/// memory; 0 on one node), extra[1] = the node-major rank table, extra[2] = `piece`, extra[3] =
-/// `L | N << 16 | local << 32 | node << 48`, extra[4] = the network buffer's device address
-/// (`NetState::base`; 0 on one node). Refuses topologies the kernels cannot address
-/// (a block has one thread per local rank and per rail peer) and shared buffers whose offsets
-/// do not fit the port channels' 32-bit trigger fields.
-pub(crate) fn gpu_args(
-    res: &Resources,
-    gpu: &GpuCtx,
-    call: &Call,
-    stream: RawStream,
-    piece: usize,
-    what: &str,
-) -> Result<(CollArgs, u32)> {
-    let topo = &res.topo;
-    let threads = THREADS as usize;
-    if topo.per_node() > threads || topo.nnodes > threads + 1 {
-        return Err(Error::invalid(format!(
-            "{what}: expected at most {threads} ranks per node and {} nodes on GPUs, got {} \
-             ranks per node on {} nodes",
-            threads + 1,
-            topo.per_node(),
-            topo.nnodes
-        )));
-    }
-    if res.layout.total > u32::MAX as usize {
-        return Err(Error::invalid(format!(
-            "{what}: expected a shared buffer below 4 GiB (port channel offsets are 32-bit), got \
-             {} bytes (reduce the scratch sizes)",
-            res.layout.total
-        )));
-    }
-    let census = mesh::census(res, gpu, stream)?;
-    let blocks = mesh::grid(&census, piece.div_ceil(BYTES_PER_BLOCK), MAX_BLOCKS);
-    let mut args = CollArgs::new(res, call);
-    args.extra[0] = res.net.as_ref().map_or(0, |n| n.table.data());
-    args.extra[1] = res.node_ranks_ptr();
-    args.extra[2] = piece as u64;
-    args.extra[3] = topo.per_node() as u64
-        | (topo.nnodes as u64) << 16
-        | (topo.local as u64) << 32
-        | (topo.node as u64) << 48;
-    args.extra[4] = res.net.as_ref().map_or(0, |n| n.base);
-    Ok((args, blocks))
-}
-
-/// Handshake with every rail peer (a signal each way on the port channels).
-pub(crate) fn rail_handshake(res: &Resources, handles: &[PortChannelDeviceHandle]) -> Result<()> {
-    let t = res.config.host_timeout;
-    for p in res.topo.rail_peers() {
-        // SAFETY: the handle is a live channel of this rank's net proxy.
-        unsafe { handles[p].signal(t)? };
-    }
-    for p in res.topo.rail_peers() {
-        // SAFETY: as above.
-        unsafe { handles[p].wait(t)? };
-    }
-    Ok(())
 }
 
 impl Algorithm for HierRsagPort {
@@ -170,21 +95,14 @@ impl Algorithm for HierRsagPort {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let s = shard_bytes(res, call);
-        let (args, blocks) = gpu_args(res, gpu, call, stream, s, "allreduce hier_rsag_port")?;
         let name = kernel_name("allreduce_hier_rsag_port", call.dtype, call.op);
-        // SAFETY: CollArgs mirrors the kernel's parameter; the net channel table and the rank
-        // table live in `res`; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/hier_rsag_port",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let k = Kernel {
+            module: "collectives/allreduce/hier_rsag_port",
+            name: &name,
+            what: "allreduce hier_rsag_port",
+            count_bytes: false,
+        };
+        hier::launch(res, gpu, call, stream, shard_bytes(res, call), &k)
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         with_elem!(call.dtype, T => host::<T>(res, call))
@@ -234,21 +152,15 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
         net: l * s + DEPTH * w,
         f: l * s + (DEPTH + DEPTH * nn) * w,
     };
-    let empty: &[PortChannelDeviceHandle] = &[];
-    let handles = res.net.as_ref().map_or(empty, |n| n.handles.as_slice());
+    let handles = net_handles(res);
     let t = res.config.host_timeout;
     let size = std::mem::size_of::<T>();
-    let inner_op = if call.op == ReduceOp::Avg {
-        ReduceOp::Sum
-    } else {
-        call.op
-    };
     let chunks = p.total.div_ceil(l * s);
     let scratch = |r: usize, off: usize| res.peer_bases[r] + p.base + off as u64;
     let mine = |off: usize| scratch(res.rank, off);
 
     host_local_barrier(res, 0)?;
-    rail_handshake(res, handles)?;
+    rail_handshake(res)?;
 
     // Stage 1 of chunk k: intra-node reduce-scatter into R[k % D], then the network puts.
     let stage_a = |k: usize| -> Result<()> {
@@ -263,17 +175,9 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
             .map(|&r| scratch(r, p.a + me_l * s) as usize as *const T)
             .collect();
         let rslot = mine(p.r + (k % DEPTH) * w) as usize as *mut T::Acc;
-        for i in 0..len / size {
-            // SAFETY: every local rank's A holds this chunk (barrier above); R's slot of w
-            // bytes is free (module doc); the peers' shared buffers are mapped here.
-            unsafe {
-                let mut acc = srcs[0].add(i).read_unaligned().to_acc();
-                for src in &srcs[1..] {
-                    acc = T::combine(inner_op, acc, src.add(i).read_unaligned().to_acc());
-                }
-                rslot.add(i).write_unaligned(acc);
-            }
-        }
+        // SAFETY: every local rank's A holds this chunk (barrier above); R's slot of w bytes
+        // is free (module doc); the peers' shared buffers are mapped here.
+        unsafe { reduce_to_acc::<T>(call.op, &srcs, rslot, len / size) };
         host_local_barrier(res, 0)?;
         let wlen = len / size * std::mem::size_of::<T::Acc>();
         for q in topo.rail_peers() {
@@ -287,10 +191,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
     // Stage 2 of chunk k: the network reduction into F and the output, then the intra-node
     // all-gather.
     let stage_b = |k: usize| -> Result<()> {
-        for q in topo.rail_peers() {
-            // SAFETY: as above.
-            unsafe { handles[q].wait(t)? };
-        }
+        rail_wait(res)?;
         let len = p.len(k, me_l, l);
         let srcs: Vec<*const T::Acc> = (0..nn)
             .map(|j| {
@@ -303,19 +204,8 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
             })
             .collect();
         let f = mine(p.f) as usize as *mut T;
-        for i in 0..len / size {
-            // SAFETY: the rail peers' partials have landed (waited above); F holds s bytes.
-            unsafe {
-                let mut acc = srcs[0].add(i).read_unaligned();
-                for src in &srcs[1..] {
-                    acc = T::combine(inner_op, acc, src.add(i).read_unaligned());
-                }
-                if call.op == ReduceOp::Avg {
-                    acc = T::div(acc, res.nranks);
-                }
-                f.add(i).write_unaligned(T::from_acc(acc));
-            }
-        }
+        // SAFETY: the rail peers' partials have landed (waited above); F holds s bytes.
+        unsafe { reduce_from_acc::<T>(call.op, res.nranks, &srcs, f, len / size) };
         let out = call.recv + p.at(k, me_l, l) as u64;
         // SAFETY: the output holds the chunk.
         unsafe { host_copy(out, mine(p.f), len) };
@@ -329,16 +219,5 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
         host_local_barrier(res, 0)
     };
 
-    stage_a(0)?;
-    for k in 0..chunks {
-        if k + 1 < chunks {
-            stage_a(k + 1)?;
-        }
-        stage_b(k)?;
-    }
-    for q in topo.rail_peers() {
-        // SAFETY: as above.
-        unsafe { handles[q].flush(t)? };
-    }
-    Ok(())
+    hier::host_pipeline(res, chunks, stage_a, stage_b)
 }

@@ -23,15 +23,17 @@
 //! Ethernet, collectives/net.rs), A in the shared one.
 
 use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
-use super::super::allreduce::hier_rsag_port::{gpu_args, rail_handshake, widen, DEPTH};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
+use super::super::hier::{
+    self, net_handles, rail_handshake, rail_wait, reduce_from_acc, reduce_to_acc, widen, Kernel,
+    DEPTH,
+};
 use super::super::host_math::{with_elem, HostElem};
-use super::super::mesh::{host_copy, THREADS, VEC};
+use super::super::mesh::{host_copy, VEC};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream, ReduceOp};
+use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
-use crate::port_channel::PortChannelDeviceHandle;
 
 /// The algorithm object.
 pub struct HierPort;
@@ -75,21 +77,14 @@ impl Algorithm for HierPort {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = chunk_bytes(res, call);
-        let (args, blocks) = gpu_args(res, gpu, call, stream, c, "reducescatter hier_port")?;
         let name = kernel_name("reducescatter_hier_port", call.dtype, call.op);
-        // SAFETY: CollArgs mirrors the kernel's parameter; the net channel table and the rank
-        // table live in `res`; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/reduce_scatter/hier_port",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let k = Kernel {
+            module: "collectives/reduce_scatter/hier_port",
+            name: &name,
+            what: "reducescatter hier_port",
+            count_bytes: false,
+        };
+        hier::launch(res, gpu, call, stream, chunk_bytes(res, call), &k)
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         with_elem!(call.dtype, T => host::<T>(res, call))
@@ -108,19 +103,13 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
     let size = std::mem::size_of::<T>();
     let plain = res.layout.plain_offset;
     let (off_r, off_net) = (n * c, n * c + DEPTH * nn * w);
-    let empty: &[PortChannelDeviceHandle] = &[];
-    let handles = res.net.as_ref().map_or(empty, |x| x.handles.as_slice());
+    let handles = net_handles(res);
     let at = |r: usize, off: usize| res.peer_bases[r] + (plain + off) as u64;
     let len = |k: usize| total.saturating_sub(k * c).min(c);
-    let inner_op = if call.op == ReduceOp::Avg {
-        ReduceOp::Sum
-    } else {
-        call.op
-    };
     let chunks = total.div_ceil(c);
 
     host_local_barrier(res, 0)?;
-    rail_handshake(res, handles)?;
+    rail_handshake(res)?;
     let stage_a = |k: usize| -> Result<()> {
         for b in 0..n {
             let src = call.send + (b * total + k * c) as u64;
@@ -136,17 +125,9 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
                 .map(|&q| at(q, block * c) as usize as *const T)
                 .collect();
             let dst = at(res.rank, off_r + ((k % DEPTH) * nn + j) * w) as usize as *mut T::Acc;
-            for i in 0..len(k) / size {
-                // SAFETY: every local rank's A holds this chunk (barrier above); R's slot of w
-                // bytes is free (module doc); the peers' shared buffers are mapped here.
-                unsafe {
-                    let mut acc = srcs[0].add(i).read_unaligned().to_acc();
-                    for s in &srcs[1..] {
-                        acc = T::combine(inner_op, acc, s.add(i).read_unaligned().to_acc());
-                    }
-                    dst.add(i).write_unaligned(acc);
-                }
-            }
+            // SAFETY: every local rank's A holds this chunk (barrier above); R's slot of w
+            // bytes is free (module doc); the peers' shared buffers are mapped here.
+            unsafe { reduce_to_acc::<T>(call.op, &srcs, dst, len(k) / size) };
         }
         host_local_barrier(res, 0)?;
         let wlen = len(k) / size * std::mem::size_of::<T::Acc>();
@@ -160,10 +141,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
         Ok(())
     };
     let stage_b = |k: usize| -> Result<()> {
-        for q in topo.rail_peers() {
-            // SAFETY: as above.
-            unsafe { handles[q].wait(t)? };
-        }
+        rail_wait(res)?;
         let srcs: Vec<*const T::Acc> = (0..nn)
             .map(|j| {
                 let off = if j == me_node {
@@ -175,32 +153,10 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
             })
             .collect();
         let out = (call.recv + (k * c) as u64) as usize as *mut T;
-        for i in 0..len(k) / size {
-            // SAFETY: the rail peers' partials have landed (waited above); the output holds
-            // the block (in place, the input's chunk was copied into A before).
-            unsafe {
-                let mut acc = srcs[0].add(i).read_unaligned();
-                for s in &srcs[1..] {
-                    acc = T::combine(inner_op, acc, s.add(i).read_unaligned());
-                }
-                if call.op == ReduceOp::Avg {
-                    acc = T::div(acc, n);
-                }
-                out.add(i).write_unaligned(T::from_acc(acc));
-            }
-        }
+        // SAFETY: the rail peers' partials have landed (waited above); the output holds the
+        // block (in place, the input's chunk was copied into A before).
+        unsafe { reduce_from_acc::<T>(call.op, n, &srcs, out, len(k) / size) };
         Ok(())
     };
-    stage_a(0)?;
-    for k in 0..chunks {
-        if k + 1 < chunks {
-            stage_a(k + 1)?;
-        }
-        stage_b(k)?;
-    }
-    for q in topo.rail_peers() {
-        // SAFETY: as above.
-        unsafe { handles[q].flush(t)? };
-    }
-    Ok(())
+    hier::host_pipeline(res, chunks, stage_a, stage_b)
 }
