@@ -21,7 +21,7 @@ pub(crate) mod common {
     use mscclpp::bootstrap::Bootstrap;
     use mscclpp::{Communicator, Context, Device, EndpointConfig, RegisteredMemory, Transport};
     use mscclpp_framework::*;
-    use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
+    use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
 
     use crate::world::mp_env;
 
@@ -419,6 +419,36 @@ pub(crate) mod common {
         /// Waits for launched work.
         pub fn wait(&self, timeout: Duration) -> mscclpp_hal::Result<()> {
             Gpu::stream_synchronize(&self.stream, timeout)
+        }
+
+        /// Launches on the legacy default stream (stream 0, where PyTorch runs synchronous
+        /// collectives) and waits for it. Returns the kernel's time in milliseconds.
+        ///
+        /// # Safety
+        /// As [`GpuKernel::run`].
+        pub unsafe fn run_on_legacy_stream<A: Copy>(
+            &self,
+            blocks: u32,
+            threads: u32,
+            args: &A,
+            timeout: Duration,
+        ) -> mscclpp_hal::Result<f64> {
+            // SAFETY: 0 is the legacy default stream of the device's primary context, which
+            // outlives the borrow.
+            let legacy = unsafe { <Gpu as StreamInterop>::borrow_stream(&self.dev, 0) };
+            Gpu::record_event(&self.start, &legacy)?;
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                Gpu::launch(
+                    &self.kernel,
+                    &LaunchConfig::linear(blocks, threads),
+                    &legacy,
+                    args,
+                )?
+            };
+            Gpu::record_event(&self.end, &legacy)?;
+            Gpu::stream_synchronize(&legacy, timeout)?;
+            Ok(f64::from(Gpu::event_elapsed_ms(&self.start, &self.end)?))
         }
     }
 }

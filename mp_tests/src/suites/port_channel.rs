@@ -279,6 +279,18 @@ fn host_packet_ping_pong(s: &PcSetup, n: u64, iters: u32, flag_base: u32) -> msc
 
 /// Runs the ping-pong; returns (mismatches, seconds).
 fn ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> (u64, f64) {
+    ping_pong_on(s, n, iters, use_poll, check, false)
+}
+
+/// [`ping_pong`], with the GPU kernel on the legacy default stream when `legacy`.
+fn ping_pong_on(
+    s: &PcSetup,
+    n: u64,
+    iters: u32,
+    use_poll: bool,
+    check: bool,
+    legacy: bool,
+) -> (u64, f64) {
     ASSERT_LE!(n as usize, s.n_max);
     s.pair.sync();
     if s.on_gpu() {
@@ -307,8 +319,15 @@ fn ping_pong(s: &PcSetup, n: u64, iters: u32, use_poll: bool, check: bool) -> (u
         };
         // SAFETY: PingPongArgs mirrors the kernel's parameters; the setup outlives the launch.
         let ms = ok!(
-            unsafe { k.run(1, 1024, &a, s.pair.timeout) },
-            "running port_channel_ping_pong"
+            unsafe {
+                if legacy {
+                    k.run_on_legacy_stream(1, 1024, &a, s.pair.timeout)
+                } else {
+                    k.run(1, 1024, &a, s.pair.timeout)
+                }
+            },
+            "running port_channel_ping_pong{}",
+            if legacy { " on the legacy stream" } else { "" }
         );
         let mut e = [0i32];
         ok!(
@@ -363,6 +382,33 @@ TEST!(
     PortChannelOneToOneTest,
     PingPongEthernet,
     |ctx| correctness(ctx, Transport::Ethernet.into(), false)
+);
+
+// Ethernet with the kernels on the legacy default stream, where PyTorch runs its synchronous
+// collectives: while the ping-pong kernel waits there for the peer's data and token, the
+// Ethernet threads must deliver both without GPU work that would queue behind it (the HAL's
+// copies once synchronised with the legacy stream, and this deadlocked until the timeout).
+TEST!(
+    PortChannelOneToOneTest,
+    PingPongEthernetLegacyStream,
+    |ctx| {
+        if !is_gpu_build() {
+            SKIP!("needs a GPU build: the host backend has no legacy stream");
+        }
+        let s = setup(ctx, Transport::Ethernet.into(), 1 << 16);
+        let iters = 100;
+        for n in [1u64, 1 << 16] {
+            let (errors, _) = ping_pong_on(&s, n, iters, false, true, true);
+            EXPECT_EQ!(
+                errors,
+                0,
+                "{} elements on the legacy stream: mismatches over {} rounds",
+                n,
+                iters
+            );
+        }
+        s.finish();
+    }
 );
 
 /// LL16 packets moved by the proxy (2, 1000 and 2^14 elements), checked every round.
