@@ -380,18 +380,31 @@ pub(crate) mod common {
             args: &A,
             timeout: Duration,
         ) -> mscclpp_hal::Result<f64> {
-            Gpu::record_event(&self.start, &self.stream)?;
+            // SAFETY: forwarded from the caller.
+            unsafe { self.run_on(&self.stream, blocks, threads, args, timeout) }
+        }
+
+        /// [`GpuKernel::run`] on `stream`.
+        unsafe fn run_on<A: Copy>(
+            &self,
+            stream: &<Gpu as Api>::Stream,
+            blocks: u32,
+            threads: u32,
+            args: &A,
+            timeout: Duration,
+        ) -> mscclpp_hal::Result<f64> {
+            Gpu::record_event(&self.start, stream)?;
             // SAFETY: forwarded from the caller.
             unsafe {
                 Gpu::launch(
                     &self.kernel,
                     &LaunchConfig::linear(blocks, threads),
-                    &self.stream,
+                    stream,
                     args,
                 )?
             };
-            Gpu::record_event(&self.end, &self.stream)?;
-            Gpu::stream_synchronize(&self.stream, timeout)?;
+            Gpu::record_event(&self.end, stream)?;
+            Gpu::stream_synchronize(stream, timeout)?;
             Ok(f64::from(Gpu::event_elapsed_ms(&self.start, &self.end)?))
         }
 
@@ -436,19 +449,8 @@ pub(crate) mod common {
             // SAFETY: 0 is the legacy default stream of the device's primary context, which
             // outlives the borrow.
             let legacy = unsafe { <Gpu as StreamInterop>::borrow_stream(&self.dev, 0) };
-            Gpu::record_event(&self.start, &legacy)?;
             // SAFETY: forwarded from the caller.
-            unsafe {
-                Gpu::launch(
-                    &self.kernel,
-                    &LaunchConfig::linear(blocks, threads),
-                    &legacy,
-                    args,
-                )?
-            };
-            Gpu::record_event(&self.end, &legacy)?;
-            Gpu::stream_synchronize(&legacy, timeout)?;
-            Ok(f64::from(Gpu::event_elapsed_ms(&self.start, &self.end)?))
+            unsafe { self.run_on(&legacy, blocks, threads, args, timeout) }
         }
     }
 }
