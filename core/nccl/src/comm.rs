@@ -56,6 +56,9 @@ pub struct Comm {
     finalized: AtomicBool,
     /// The first asynchronous error seen (`ncclSuccess` while none).
     async_error: AtomicI32,
+    /// The first remote failure (a peer died, or a call failed because of one): later
+    /// collectives and point-to-point calls fail fast with it ([`Comm::check_usable`]).
+    remote_failure: OnceLock<String>,
 }
 
 /// What an initialized communicator owns.
@@ -194,6 +197,7 @@ impl Comm {
             aborted: AtomicBool::new(false),
             finalized: AtomicBool::new(false),
             async_error: AtomicI32::new(abi::SUCCESS),
+            remote_failure: OnceLock::new(),
         }
     }
 
@@ -231,14 +235,31 @@ impl Comm {
         self.aborted.load(Ordering::Acquire)
     }
 
-    /// Records an asynchronous error (the first one wins).
-    pub fn set_async_error(&self, code: NcclResult) {
+    /// Records an asynchronous error (the first one wins); a remote error also makes later
+    /// collectives and point-to-point calls fail fast with its message.
+    pub fn set_async_error(&self, e: &NcclError) {
         let _ = self.async_error.compare_exchange(
             abi::SUCCESS,
-            code,
+            e.code,
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        if e.code == abi::REMOTE_ERROR {
+            let _ = self.remote_failure.set(e.msg.clone());
+        }
+    }
+
+    /// `Err(ncclRemoteError)` once a remote failure was recorded: a collective or
+    /// point-to-point call would wait for the failed peer until its timeout (on GPUs, a kernel
+    /// spinning to its bound). `ncclCommShrink`, the queries and destroy/abort stay usable.
+    pub fn check_usable(&self) -> NResult<()> {
+        match self.remote_failure.get() {
+            None => Ok(()),
+            Some(m) => Err(NcclError::remote(format!(
+                "this communicator saw a remote failure ({m}): expected ncclCommAbort, \
+                 or ncclCommShrink without the failed ranks, before further communication"
+            ))),
+        }
     }
 
     /// `ncclCommGetAsyncError`'s answer: in progress while init runs, init's error, the first
@@ -261,7 +282,7 @@ impl Comm {
                         e.code,
                         &format!("ncclCommGetAsyncError: {}", e.msg),
                     );
-                    self.set_async_error(e.code);
+                    self.set_async_error(&e);
                     e.code
                 }
             },

@@ -256,7 +256,7 @@ fn run_native(comm: &Comm, ready: &Ready, list: &[Pending]) -> NResult<()> {
     })();
     if let Err(e) = &result {
         if e.code == abi::REMOTE_ERROR {
-            comm.set_async_error(e.code);
+            comm.set_async_error(e);
         }
     }
     result

@@ -131,6 +131,7 @@ pub fn route(call: &str, ready: &Ready, op: Op, native: Result<(), String>) -> N
 /// Checks, routes and issues (or queues, inside a group) one collective.
 pub fn collective(call: &'static str, handle: *const Comm, args: CollArgs) -> NResult<NcclResult> {
     let (comm, ready) = ready_comm(handle)?;
+    comm.check_usable()?;
     let route = route(call, &ready, args.op, ready.native.supports(&args))?;
     if route == Route::Fallback && args.redop >= abi::NUM_OPS && !ready.has_custom_op(args.redop) {
         return Err(NcclError::internal(format!(
@@ -157,6 +158,7 @@ pub fn point_to_point(
     calls: Vec<P2pCall>,
     in_place_all_to_all: bool,
 ) -> NResult<NcclResult> {
+    comm.check_usable()?;
     let native = if in_place_all_to_all {
         Err("in-place ncclAlltoAll has no native path".to_string())
     } else {

@@ -138,6 +138,22 @@ fn c_program_dead_peer_np3() {
     run(3, "deadpeer", &[("NCCL_TEST_MODE", "deadpeer".into())]);
 }
 
+/// The dead peer across nodes: 2 emulated nodes of 2 ranks (Ethernet between them), the last
+/// rank (node 1) exits; the others, its rail peer on node 0 among them, must see
+/// ncclRemoteError and abort fast.
+#[test]
+fn c_program_dead_peer_two_emulated_nodes_np4() {
+    run(
+        4,
+        "deadpeer2n",
+        &[
+            ("NCCL_TEST_MODE", "deadpeer".into()),
+            ("NCCL_TEST_RANKS_PER_NODE", "2".into()),
+            ("MSCCLPP_COLL_NET_TRANSPORT", "ethernet".into()),
+        ],
+    );
+}
+
 #[test]
 fn c_program_fallback_to_a_fake_nccl_np2() {
     let (_, fake) = programs();

@@ -44,6 +44,13 @@ int run_deadpeer(void) {
   ncclResult_t r = ncclRecv(buf, 1000, ncclFloat, victim, c, NULL);
   CHECK(r == ncclRemoteError, "recv from the dead rank -> %d, expected ncclRemoteError: %s", (int)r, ncclGetLastError(c));
   CHECK(now_s() - t1 < 5.0, "recv from the dead rank took %.2f s", now_s() - t1);
+  /* A collective that needs the dead rank (across nodes: over its rail's network channels)
+   * fails fast with ncclRemoteError instead of waiting for it. */
+  double t3 = now_s();
+  r = ncclAllReduce(v, w, 64, ncclFloat, ncclSum, c, NULL);
+  CHECK(r == ncclRemoteError, "all-reduce with a dead rank -> %d, expected ncclRemoteError: %s", (int)r,
+        ncclGetLastError(c));
+  CHECK(now_s() - t3 < 5.0, "all-reduce with a dead rank took %.2f s", now_s() - t3);
   double t2 = now_s();
   NCCLOK(ncclCommAbort(c));
   CHECK(now_s() - t2 < 1.0, "ncclCommAbort took %.3f s, expected under 1 s", now_s() - t2);

@@ -5,7 +5,8 @@
  *   api       (default) init, every collective with checked results, group send/recv, bad
  *             arguments, split/shrink/non-blocking init, memory and registration, destroy;
  *   deadpeer  the last rank exits without destroying its communicator; the others must see
- *             ncclRemoteError from ncclCommGetAsyncError and a send to it, and abort fast;
+ *             ncclRemoteError from ncclCommGetAsyncError, a recv from it and an all-reduce
+ *             (fast, not at a timeout), and abort fast;
  *   fallback  with MSCCLPP_NCCL_LIB_PATH naming the fake NCCL (fake_nccl.c) and
  *             MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION=allreduce: all-reduce and custom operators
  *             reach it (inside its group, with the id rank 0 made), the rest stays native.
