@@ -402,3 +402,27 @@ pub fn abort(handle: *const Comm) -> NResult<NcclResult> {
     }
     Ok(abi::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_remote_failure_makes_the_comm_refuse_communication() {
+        let c = Comm::new(0, 2, 0, false);
+        assert!(c.check_usable().is_ok());
+        // Another kind of recorded error leaves it usable.
+        c.set_async_error(&NcclError::usage("a bad call"));
+        assert!(c.check_usable().is_ok());
+
+        let c = Comm::new(0, 2, 0, false);
+        c.set_async_error(&NcclError::remote("rank 1 failed"));
+        let e = c.check_usable().unwrap_err();
+        assert_eq!(e.code, abi::REMOTE_ERROR);
+        assert!(e.msg.contains("rank 1 failed"), "{}", e.msg);
+        assert!(e.msg.contains("ncclCommAbort"), "{}", e.msg);
+        // The first failure is the one reported.
+        c.set_async_error(&NcclError::remote("rank 0 failed"));
+        assert!(c.check_usable().unwrap_err().msg.contains("rank 1"));
+    }
+}
