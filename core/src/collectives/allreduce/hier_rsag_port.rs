@@ -24,7 +24,7 @@
 //! node-local barrier open every call, so nothing of the previous call is still in use.
 //!
 //! GPU builds run kernels/cuda/src/collectives/allreduce/hier_rsag_port.cu (the same steps;
-//! shared device pieces in kernels/cuda/src/collectives/hier.hpp, arguments from `gpu_args`): every block of the grid
+//! shared device pieces in kernels/cuda/src/collectives/hier.hpp, arguments from `hier::gpu_args`): every block of the grid
 //! owns a part of every shard (node-local barriers per block, over the memory semaphores of
 //! the same block of every local peer), and the rail threads of block 0 drive the net port
 //! channels between grid barriers. At N = 1 it is a plain RS + AG on one node. R and NET live

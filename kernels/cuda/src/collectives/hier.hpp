@@ -2,7 +2,7 @@
 // core/src/collectives/allreduce/hier_rsag_port.rs, allgather/hier_port.rs and
 // reduce_scatter/hier_port.rs (the host backend runs the same steps on one thread).
 //
-// Arguments common to the three (CollArgs.extra, written by `hier_rsag_port::gpu_args`):
+// Arguments common to the three (CollArgs.extra, written by `collectives::hier::gpu_args`):
 //   extra[0]  PortChannelDeviceHandle table of the net (rail) channels, index = rank, in device
 //             memory (0 on one node: there are no rail peers then)
 //   extra[1]  u32[N][L] node-major rank table (meta buffer, `MetaLayout::node_ranks`)
@@ -31,7 +31,7 @@
 namespace mscclpp {
 namespace coll {
 
-/// Pipeline slots (`hier_rsag_port::DEPTH`).
+/// Pipeline slots (`collectives::hier::DEPTH`).
 constexpr uint64_t kHierDepth = 4;
 
 /// The node layout of the launch.
