@@ -1,15 +1,14 @@
 //! Pieces shared by the hierarchical (multi-node) collectives: `allreduce/hier_rsag_port.rs`,
 //! `allgather/hier_port.rs` and `reduce_scatter/hier_port.rs` (their module docs say what each
-//! does). Host side: the rail handshake, the network waits and flushes, the two-stage chunk
-//! pipeline, and the reductions into and out of the accumulation type; GPU side: the argument
-//! block and grid of the kernels in kernels/cuda/src/collectives (hier.hpp) and their launch.
+//! does). Host side: the rail handshake, the network waits and flushes and the two-stage chunk
+//! pipeline (their reductions are in host_math.rs); GPU side: the argument block and grid of
+//! the kernels in kernels/cuda/src/collectives (hier.hpp) and their launch.
 
 use super::algorithm::{Call, CollArgs};
 use super::gpu::GpuCtx;
-use super::host_math::HostElem;
 use super::mesh::{self, THREADS};
 use super::setup::Resources;
-use super::types::{DataType, RawStream, ReduceOp};
+use super::types::{DataType, RawStream};
 use crate::error::{Error, Result};
 use crate::port_channel::PortChannelDeviceHandle;
 
@@ -157,54 +156,4 @@ pub(crate) fn host_pipeline(
         unsafe { handles[q].flush(t)? };
     }
     Ok(())
-}
-
-/// `dst[i] = srcs[0][i] op srcs[1][i] op ...` for `elems` elements, widened to the accumulator
-/// (Avg accumulates as Sum).
-///
-/// # Safety
-/// Every source holds `elems` readable elements, `dst` as many writable accumulators.
-pub(crate) unsafe fn reduce_to_acc<T: HostElem>(
-    op: ReduceOp,
-    srcs: &[*const T],
-    dst: *mut T::Acc,
-    elems: usize,
-) {
-    for i in 0..elems {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let mut acc = srcs[0].add(i).read_unaligned().to_acc();
-            for s in &srcs[1..] {
-                acc = T::combine(op, acc, s.add(i).read_unaligned().to_acc());
-            }
-            dst.add(i).write_unaligned(acc);
-        }
-    }
-}
-
-/// `dst[i] = narrow(srcs[0][i] op srcs[1][i] op ...)` for `elems` elements of accumulators, in
-/// source order; Avg divides by `nranks` before narrowing.
-///
-/// # Safety
-/// Every source holds `elems` readable accumulators, `dst` as many writable elements.
-pub(crate) unsafe fn reduce_from_acc<T: HostElem>(
-    op: ReduceOp,
-    nranks: usize,
-    srcs: &[*const T::Acc],
-    dst: *mut T,
-    elems: usize,
-) {
-    for i in 0..elems {
-        // SAFETY: the caller's contract.
-        unsafe {
-            let mut acc = srcs[0].add(i).read_unaligned();
-            for s in &srcs[1..] {
-                acc = T::combine(op, acc, s.add(i).read_unaligned());
-            }
-            if op == ReduceOp::Avg {
-                acc = T::div(acc, nranks);
-            }
-            dst.add(i).write_unaligned(T::from_acc(acc));
-        }
-    }
 }

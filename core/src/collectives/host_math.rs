@@ -151,6 +151,36 @@ macro_rules! with_elem {
 }
 pub(crate) use with_elem;
 
+/// `srcs[0][i] op srcs[1][i] op ...` in source order, each element widened by `widen` (Avg
+/// accumulates as Sum).
+///
+/// # Safety
+/// Every source is readable at element `i` (unaligned is fine); `srcs` is not empty.
+unsafe fn fold_at<S: Copy, T: HostElem>(
+    op: ReduceOp,
+    srcs: &[*const S],
+    i: usize,
+    widen: impl Fn(S) -> T::Acc,
+) -> T::Acc {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut acc = widen(srcs[0].add(i).read_unaligned());
+        for p in &srcs[1..] {
+            acc = T::combine(op, acc, widen(p.add(i).read_unaligned()));
+        }
+        acc
+    }
+}
+
+/// The element of a folded accumulator: Avg's division by `nranks`, then the narrowing.
+fn finish<T: HostElem>(op: ReduceOp, nranks: usize, acc: T::Acc) -> T {
+    T::from_acc(if op == ReduceOp::Avg {
+        T::div(acc, nranks)
+    } else {
+        acc
+    })
+}
+
 /// Reduces `n` elements: `out[i] = fold(op, inputs[0][i], inputs[1][i], ...)` in the order
 /// given, then Avg's division. `out` may alias one of the inputs.
 ///
@@ -166,14 +196,50 @@ pub(crate) unsafe fn reduce_into<T: HostElem>(
     for i in 0..n {
         // SAFETY: the caller's contract; i < n.
         unsafe {
-            let mut acc = inputs[0].add(i).read_unaligned().to_acc();
-            for p in &inputs[1..] {
-                acc = T::combine(op, acc, p.add(i).read_unaligned().to_acc());
-            }
-            if op == ReduceOp::Avg {
-                acc = T::div(acc, nranks);
-            }
-            out.add(i).write_unaligned(T::from_acc(acc));
+            let acc = fold_at::<T, T>(op, inputs, i, T::to_acc);
+            out.add(i).write_unaligned(finish::<T>(op, nranks, acc));
+        }
+    }
+}
+
+/// `dst[i] = srcs[0][i] op srcs[1][i] op ...` for `elems` elements, kept in the accumulation
+/// type (the partials of the hierarchical collectives, collectives/hier.rs).
+///
+/// # Safety
+/// Every source holds `elems` readable elements, `dst` as many writable accumulators.
+pub(crate) unsafe fn reduce_to_acc<T: HostElem>(
+    op: ReduceOp,
+    srcs: &[*const T],
+    dst: *mut T::Acc,
+    elems: usize,
+) {
+    for i in 0..elems {
+        // SAFETY: the caller's contract; i < elems.
+        unsafe {
+            dst.add(i)
+                .write_unaligned(fold_at::<T, T>(op, srcs, i, T::to_acc))
+        };
+    }
+}
+
+/// `dst[i] = srcs[0][i] op srcs[1][i] op ...` for `elems` accumulators, in source order, then
+/// Avg's division by `nranks` and the narrowing to `T` (the final step of the hierarchical
+/// collectives over their partials).
+///
+/// # Safety
+/// Every source holds `elems` readable accumulators, `dst` as many writable elements.
+pub(crate) unsafe fn reduce_from_acc<T: HostElem>(
+    op: ReduceOp,
+    nranks: usize,
+    srcs: &[*const T::Acc],
+    dst: *mut T,
+    elems: usize,
+) {
+    for i in 0..elems {
+        // SAFETY: the caller's contract; i < elems.
+        unsafe {
+            let acc = fold_at::<T::Acc, T>(op, srcs, i, |a| a);
+            dst.add(i).write_unaligned(finish::<T>(op, nranks, acc));
         }
     }
 }

@@ -25,11 +25,8 @@
 use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
-use super::super::hier::{
-    self, net_handles, rail_handshake, rail_wait, reduce_from_acc, reduce_to_acc, widen, Kernel,
-    DEPTH,
-};
-use super::super::host_math::{with_elem, HostElem};
+use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
+use super::super::host_math::{reduce_from_acc, reduce_to_acc, with_elem, HostElem};
 use super::super::mesh::{host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
