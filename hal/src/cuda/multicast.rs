@@ -488,13 +488,13 @@ mod tests {
     use crate::MemoryKind;
     use std::process::Command;
 
-    const CHILD: &str = "MSCCLPP_HAL_NVLS_GATE_CHILD";
+    const CHILD: &str = crate::env::test_child::NVLS_GATE;
     const NAME: &str = "cuda::multicast::tests::entry_points_refuse_before_any_driver_call";
     const DONE: &str = "gate: 7 entry points refused with 0 driver calls";
 
     #[test]
     fn entry_points_refuse_before_any_driver_call() {
-        if std::env::var_os(CHILD).is_some() {
+        if crate::env::test_child::marker(CHILD).is_some() {
             check_in_child();
             return;
         }

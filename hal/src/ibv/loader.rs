@@ -1,7 +1,7 @@
 //! Opening libibverbs at run time and resolving the exported verbs into function pointers.
 
 use std::ffi::{c_int, c_void, OsStr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
@@ -10,7 +10,7 @@ use super::device::Context;
 use super::IbvError;
 
 /// The environment variable naming the verbs library to load instead of the system one.
-pub const IBV_SO_ENV: &str = "MSCCLPP_IBV_SO";
+pub const IBV_SO_ENV: &str = crate::env::IBV_SO;
 
 /// Default library names, tried in order when [`IBV_SO_ENV`] is not set.
 const DEFAULT_CANDIDATES: [&str; 2] = ["libibverbs.so", "libibverbs.so.1"];
@@ -94,8 +94,8 @@ impl IbvLib {
     /// Loads libibverbs: `MSCCLPP_IBV_SO` if set (and only it), else `libibverbs.so`, else
     /// `libibverbs.so.1`. The error lists every path tried with each `dlopen` message.
     pub fn load() -> Result<Arc<IbvLib>, IbvError> {
-        let env = std::env::var_os(IBV_SO_ENV);
-        Self::load_candidates(&Self::candidates(env.as_deref()))
+        let env = crate::env::ibv_so();
+        Self::load_candidates(&Self::candidates(env.as_deref().map(Path::as_os_str)))
     }
 
     /// The paths [`IbvLib::load`] tries for a given value of `MSCCLPP_IBV_SO`.
