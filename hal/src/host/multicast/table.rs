@@ -138,7 +138,7 @@ impl Table {
     pub(super) fn read(&self, i: usize) -> Result<Option<Binding>> {
         let s = self.slot(i);
         let start = Instant::now();
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::polling();
         loop {
             let before = s.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
