@@ -1,7 +1,7 @@
 //! Shared by the crate's integration tests: compiling C programs against include/nccl.h with
 //! the `cc` crate, and running commands with a time limit.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // each test file uses a different subset
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
