@@ -14,7 +14,7 @@
 
 use super::conv::multicast_prop;
 use super::device::CudaDevice;
-use super::memory::{map_handle, Backing, CudaMemory};
+use super::memory::{handle_types, map_handle, Backing, CudaMemory};
 use super::result::{multicast as mcr, vmm};
 use super::Cuda;
 use crate::auxil::deferred;
@@ -147,19 +147,6 @@ impl Drop for CudaMulticastMapping {
             deferred::record(e);
         }
     }
-}
-
-fn handle_types(dev: &CudaDevice) -> (u32, u32) {
-    let posix = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
-    let fabric = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
-    let fabric_ok = dev
-        .attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
-            "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)",
-        )
-        .unwrap_or(0)
-        != 0;
-    (posix, if fabric_ok { posix | fabric } else { posix })
 }
 
 fn granularity(
