@@ -61,7 +61,8 @@ pub struct Comm {
 
 /// What an initialized communicator owns.
 pub struct Ready {
-    /// The bootstrap (also inside `communicator`), kept concretely for liveness probes.
+    /// The bootstrap (also inside `communicator` and `peers`), kept concretely for the id
+    /// hand-outs of split and shrink.
     pub bootstrap: Arc<TcpBootstrap>,
     /// Connections, memory exchange, semaphores.
     pub communicator: Arc<Communicator>,

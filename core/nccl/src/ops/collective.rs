@@ -12,7 +12,7 @@ use mscclpp::collectives::{Call, CollectiveKind, ReduceOp};
 
 use crate::abi;
 use crate::checks::{byte_len, check_rank, need_ptr};
-use crate::comm::{self, Comm, Ready};
+use crate::comm::{Comm, Ready};
 use crate::env::FallbackName;
 use crate::error::{NResult, NcclError};
 use crate::fallback::{FallbackComm, Handle, Stream};
@@ -43,12 +43,27 @@ impl Blocks {
 /// `a`'s buffers and stream must be valid as `nccl.h` documents for the function.
 type FallbackFn = unsafe fn(&FallbackComm, &CArgs) -> NResult<c_int>;
 
-/// A collective of `nccl.h`.
-pub struct Collective {
-    /// Its names in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`.
-    pub name: FallbackName,
-    /// The native collective it runs as.
-    kind: CollectiveKind,
+/// `nccl.h`'s `(sendbuff, recvbuff, count, datatype, op or root, comm, stream)` functions.
+type FnWithOne =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
+/// `ncclAllGather`'s declaration: no operator, no root.
+type FnAllGather =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Handle, Stream) -> c_int;
+/// `ncclReduce`'s declaration: operator and root.
+type FnReduce = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    c_int,
+    Handle,
+    Stream,
+) -> c_int;
+
+/// The buffers and arguments of a collective: what its checks and its native path follow.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
     /// Counts in `sendbuff` and in `recvbuff`.
     send: Blocks,
     recv: Blocks,
@@ -61,6 +76,26 @@ pub struct Collective {
     /// Only the root gets the result (reduce: elsewhere `recvbuff` may be NULL and the
     /// native path writes a scratch buffer).
     result_on_root_only: bool,
+}
+
+/// One count in each buffer, no root, no operator: the shape the others differ from.
+const PLAIN: Shape = Shape {
+    send: Blocks::One,
+    recv: Blocks::One,
+    rooted: false,
+    reduces: false,
+    send_on_root_only: false,
+    result_on_root_only: false,
+};
+
+/// A collective of `nccl.h`.
+pub struct Collective {
+    /// Its names in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`.
+    pub name: FallbackName,
+    /// The native collective it runs as.
+    kind: CollectiveKind,
+    /// Its buffers and arguments.
+    shape: Shape,
     /// Its function in the fallback NCCL.
     fallback: FallbackFn,
 }
@@ -82,36 +117,15 @@ const fn name(name: &'static str) -> FallbackName {
 pub static ALL_REDUCE: Collective = Collective {
     name: name("allreduce"),
     kind: CollectiveKind::AllReduce,
-    send: Blocks::One,
-    recv: Blocks::One,
-    rooted: false,
-    reduces: true,
-    send_on_root_only: false,
-    result_on_root_only: false,
-    fallback: |fb, a| {
-        type F = unsafe extern "C" fn(
-            *const c_void,
-            *mut c_void,
-            usize,
-            c_int,
-            c_int,
-            Handle,
-            Stream,
-        ) -> c_int;
-        // SAFETY: F is nccl.h's declaration of the function.
-        let f: F = unsafe { fb.function("ncclAllReduce")? };
-        // SAFETY: the caller's arguments, checked, passed on with the fallback's comm.
-        Ok(unsafe {
-            f(
-                a.send_ptr(),
-                a.recv_ptr(),
-                a.count,
-                a.dtype,
-                a.redop,
-                fb.comm,
-                a.stream_ptr(),
-            )
-        })
+    shape: Shape {
+        reduces: true,
+        ..PLAIN
+    },
+    // SAFETY: nccl.h's declaration; the caller's checked arguments, with the fallback's comm.
+    fallback: |fb, a| unsafe {
+        let f = fb.function::<FnWithOne>("ncclAllReduce")?;
+        let (s, r, n, t) = a.head();
+        Ok(f(s, r, n, t, a.redop, fb.comm, a.stream_ptr()))
     },
 };
 
@@ -119,28 +133,15 @@ pub static ALL_REDUCE: Collective = Collective {
 pub static ALL_GATHER: Collective = Collective {
     name: name("allgather"),
     kind: CollectiveKind::AllGather,
-    send: Blocks::One,
-    recv: Blocks::PerRank,
-    rooted: false,
-    reduces: false,
-    send_on_root_only: false,
-    result_on_root_only: false,
-    fallback: |fb, a| {
-        type F =
-            unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Handle, Stream) -> c_int;
-        // SAFETY: F is nccl.h's declaration of the function.
-        let f: F = unsafe { fb.function("ncclAllGather")? };
-        // SAFETY: the caller's arguments, checked, passed on with the fallback's comm.
-        Ok(unsafe {
-            f(
-                a.send_ptr(),
-                a.recv_ptr(),
-                a.count,
-                a.dtype,
-                fb.comm,
-                a.stream_ptr(),
-            )
-        })
+    shape: Shape {
+        recv: Blocks::PerRank,
+        ..PLAIN
+    },
+    // SAFETY: nccl.h's declaration; the caller's checked arguments, with the fallback's comm.
+    fallback: |fb, a| unsafe {
+        let f = fb.function::<FnAllGather>("ncclAllGather")?;
+        let (s, r, n, t) = a.head();
+        Ok(f(s, r, n, t, fb.comm, a.stream_ptr()))
     },
 };
 
@@ -148,36 +149,16 @@ pub static ALL_GATHER: Collective = Collective {
 pub static REDUCE_SCATTER: Collective = Collective {
     name: name("reducescatter"),
     kind: CollectiveKind::ReduceScatter,
-    send: Blocks::PerRank,
-    recv: Blocks::One,
-    rooted: false,
-    reduces: true,
-    send_on_root_only: false,
-    result_on_root_only: false,
-    fallback: |fb, a| {
-        type F = unsafe extern "C" fn(
-            *const c_void,
-            *mut c_void,
-            usize,
-            c_int,
-            c_int,
-            Handle,
-            Stream,
-        ) -> c_int;
-        // SAFETY: F is nccl.h's declaration of the function.
-        let f: F = unsafe { fb.function("ncclReduceScatter")? };
-        // SAFETY: the caller's arguments, checked, passed on with the fallback's comm.
-        Ok(unsafe {
-            f(
-                a.send_ptr(),
-                a.recv_ptr(),
-                a.count,
-                a.dtype,
-                a.redop,
-                fb.comm,
-                a.stream_ptr(),
-            )
-        })
+    shape: Shape {
+        send: Blocks::PerRank,
+        reduces: true,
+        ..PLAIN
+    },
+    // SAFETY: nccl.h's declaration; the caller's checked arguments, with the fallback's comm.
+    fallback: |fb, a| unsafe {
+        let f = fb.function::<FnWithOne>("ncclReduceScatter")?;
+        let (s, r, n, t) = a.head();
+        Ok(f(s, r, n, t, a.redop, fb.comm, a.stream_ptr()))
     },
 };
 
@@ -185,36 +166,16 @@ pub static REDUCE_SCATTER: Collective = Collective {
 pub static BROADCAST: Collective = Collective {
     name: name("broadcast"),
     kind: CollectiveKind::Broadcast,
-    send: Blocks::One,
-    recv: Blocks::One,
-    rooted: true,
-    reduces: false,
-    send_on_root_only: true,
-    result_on_root_only: false,
-    fallback: |fb, a| {
-        type F = unsafe extern "C" fn(
-            *const c_void,
-            *mut c_void,
-            usize,
-            c_int,
-            c_int,
-            Handle,
-            Stream,
-        ) -> c_int;
-        // SAFETY: F is nccl.h's declaration of the function.
-        let f: F = unsafe { fb.function("ncclBroadcast")? };
-        // SAFETY: the caller's arguments, checked, passed on with the fallback's comm.
-        Ok(unsafe {
-            f(
-                a.send_ptr(),
-                a.recv_ptr(),
-                a.count,
-                a.dtype,
-                a.root,
-                fb.comm,
-                a.stream_ptr(),
-            )
-        })
+    shape: Shape {
+        rooted: true,
+        send_on_root_only: true,
+        ..PLAIN
+    },
+    // SAFETY: nccl.h's declaration; the caller's checked arguments, with the fallback's comm.
+    fallback: |fb, a| unsafe {
+        let f = fb.function::<FnWithOne>("ncclBroadcast")?;
+        let (s, r, n, t) = a.head();
+        Ok(f(s, r, n, t, a.root, fb.comm, a.stream_ptr()))
     },
 };
 
@@ -222,38 +183,17 @@ pub static BROADCAST: Collective = Collective {
 pub static REDUCE: Collective = Collective {
     name: name("reduce"),
     kind: CollectiveKind::AllReduce,
-    send: Blocks::One,
-    recv: Blocks::One,
-    rooted: true,
-    reduces: true,
-    send_on_root_only: false,
-    result_on_root_only: true,
-    fallback: |fb, a| {
-        type F = unsafe extern "C" fn(
-            *const c_void,
-            *mut c_void,
-            usize,
-            c_int,
-            c_int,
-            c_int,
-            Handle,
-            Stream,
-        ) -> c_int;
-        // SAFETY: F is nccl.h's declaration of the function.
-        let f: F = unsafe { fb.function("ncclReduce")? };
-        // SAFETY: the caller's arguments, checked, passed on with the fallback's comm.
-        Ok(unsafe {
-            f(
-                a.send_ptr(),
-                a.recv_ptr(),
-                a.count,
-                a.dtype,
-                a.redop,
-                a.root,
-                fb.comm,
-                a.stream_ptr(),
-            )
-        })
+    shape: Shape {
+        rooted: true,
+        reduces: true,
+        result_on_root_only: true,
+        ..PLAIN
+    },
+    // SAFETY: nccl.h's declaration; the caller's checked arguments, with the fallback's comm.
+    fallback: |fb, a| unsafe {
+        let f = fb.function::<FnReduce>("ncclReduce")?;
+        let (s, r, n, t) = a.head();
+        Ok(f(s, r, n, t, a.redop, a.root, fb.comm, a.stream_ptr()))
     },
 };
 
@@ -277,31 +217,26 @@ impl Collective {
         handle: *const Comm,
         a: CArgs,
     ) -> NResult<Work> {
-        let (comm, ready) = comm::ready(handle)?;
+        let request = Request::new(call, handle, &self.name)?;
+        let (comm, ready) = (&request.comm, &request.ready);
         let n = comm.nranks;
-        let send_bytes = byte_len(call, a.count, a.dtype, self.send.factor(n))?;
-        let recv_bytes = byte_len(call, a.count, a.dtype, self.recv.factor(n))?;
-        let root = if self.rooted {
+        let send_bytes = byte_len(call, a.count, a.dtype, self.shape.send.factor(n))?;
+        let recv_bytes = byte_len(call, a.count, a.dtype, self.shape.recv.factor(n))?;
+        let root = if self.shape.rooted {
             check_rank("root", a.root, n)?
         } else {
             0
         };
-        if self.reduces {
-            check_op(a.redop, &ready)?;
+        if self.shape.reduces {
+            check_op(a.redop, ready)?;
         }
         let is_root = comm.rank == root;
-        if !self.send_on_root_only || is_root {
+        if !self.shape.send_on_root_only || is_root {
             need_ptr("sendbuff", a.send, send_bytes)?;
         }
-        if !self.result_on_root_only || is_root {
+        if !self.shape.result_on_root_only || is_root {
             need_ptr("recvbuff", a.recv, recv_bytes)?;
         }
-        let request = Request {
-            call,
-            comm,
-            ready,
-            name: &self.name,
-        };
         request.route(
             |ready| self.native(&a, root, is_root, ready),
             || Box::new(CollectiveFallback { op: self, args: a }),
@@ -322,7 +257,7 @@ impl Collective {
         let Some(dtype) = data_type(a.dtype) else {
             return Ok(Err(format!("datatype {} has no native type", a.dtype)));
         };
-        let op = match (self.reduces, reduce_op(a.redop)) {
+        let op = match (self.shape.reduces, reduce_op(a.redop)) {
             (false, _) => ReduceOp::Sum,
             (true, Some(op)) => op,
             (true, None) => {
@@ -342,12 +277,12 @@ impl Collective {
             op,
             root,
         };
-        if self.send_on_root_only && call.send == 0 {
+        if self.shape.send_on_root_only && call.send == 0 {
             // Non-root ranks may pass a NULL send buffer (it is not read there).
             call.send = call.recv;
         }
         let mut scratch = None;
-        if self.result_on_root_only && !is_root && call.count > 0 {
+        if self.shape.result_on_root_only && !is_root && call.count > 0 {
             let s = ready.native.scratch(call.bytes())?;
             call.recv = s.ptr();
             scratch = Some(s);

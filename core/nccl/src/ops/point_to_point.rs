@@ -9,7 +9,7 @@
 use std::ffi::{c_int, c_void};
 
 use crate::checks::{byte_len, check_rank, need_ptr};
-use crate::comm::{self, Comm};
+use crate::comm::Comm;
 use crate::env::FallbackName;
 use crate::error::NResult;
 use crate::fallback::{FallbackComm, Handle, Stream};
@@ -154,9 +154,10 @@ impl PointToPoint {
         handle: *const Comm,
         a: CArgs,
     ) -> NResult<Work> {
-        let (comm, ready) = comm::ready(handle)?;
+        let request = Request::new(call, handle, &self.name)?;
+        let (me, n) = (request.comm.rank, request.comm.nranks);
         let per = byte_len(call, a.count, a.dtype, 1)?;
-        let parts = (self.parts)(call, &a, comm.rank, comm.nranks, per)?;
+        let parts = (self.parts)(call, &a, me, n, per)?;
         let calls: Vec<P2pCall> = parts
             .list
             .into_iter()
@@ -172,14 +173,7 @@ impl PointToPoint {
                 stream: a.stream,
             })
             .collect();
-        let me = comm.rank;
         let fallback_calls = calls.clone();
-        let request = Request {
-            call,
-            comm,
-            ready,
-            name: &self.name,
-        };
         request.route(
             |_| {
                 Ok(match parts.not_native {

@@ -48,6 +48,11 @@ impl CArgs {
     pub fn stream_ptr(&self) -> *mut c_void {
         self.stream as usize as *mut c_void
     }
+    /// The arguments every collective of `nccl.h` begins with: `sendbuff, recvbuff, count,
+    /// datatype`.
+    pub fn head(&self) -> (*const c_void, *mut c_void, usize, c_int) {
+        (self.send_ptr(), self.recv_ptr(), self.count, self.dtype)
+    }
 }
 
 /// One send or receive of a point-to-point call, as the caller made it (the fallback needs
@@ -103,7 +108,7 @@ pub struct Work {
     path: Path,
 }
 
-/// What a call needs to be routed: where it comes from and how it would run either way.
+/// A call on its way to being routed: its communicator, looked up, and its operation's name.
 pub struct Request<'a> {
     /// The NCCL function (for messages).
     pub call: &'static str,
@@ -115,7 +120,19 @@ pub struct Request<'a> {
     pub name: &'a FallbackName,
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// The request of `call` on `handle` (`ncclInvalidArgument` for a bad handle, the
+    /// communicator's error when it is not ready), for the operation named `name`.
+    pub fn new(call: &'static str, handle: *const Comm, name: &'a FallbackName) -> NResult<Self> {
+        let (comm, ready) = crate::comm::ready(handle)?;
+        Ok(Request {
+            call,
+            comm,
+            ready,
+            name,
+        })
+    }
+
     /// Routes the call: `native` (asked only when the operation is not forced to the
     /// fallback) gives its native path or why it has none (an `Err` of the outer result is a
     /// failure of the call itself); then the fallback's `fallback`, else an
