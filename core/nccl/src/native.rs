@@ -148,11 +148,12 @@ impl Native {
         self.coll.as_ref().map(|_| ()).map_err(Clone::clone)
     }
 
-    /// ROUTE: the one place a native collective's algorithm is chosen; [`Native::run`] runs
-    /// exactly this choice. (Today's collectives select again inside their public entry points;
-    /// with `Collectives::choose(&Call)` this becomes that call, and `run` its `run_choice`.)
-    ///
-    /// `Ok` when an algorithm covers `call`, else why not (the fallback then takes it).
+    // ROUTE: the one place a native collective's algorithm is chosen, while the call is routed;
+    // `Native::run` runs exactly this choice. Today's collectives select again inside their
+    // public entry points; with `Collectives::choose(&Call) -> Result<Choice>` this body becomes
+    // that call (and `Choice` theirs), and `run` becomes `run_choice(&Choice, stream)`.
+    /// The choice for `call`: the algorithm that covers it, or why none does (the fallback
+    /// then takes it).
     pub fn choose(&self, call: Call) -> Result<Choice, String> {
         let coll = self.coll.as_ref().map_err(Clone::clone)?;
         if call.count == 0 {
@@ -170,7 +171,7 @@ impl Native {
         })
     }
 
-    /// Runs `choice` (asynchronously on `stream` on GPUs).
+    /// Runs `choice` (asynchronously on `stream` on GPUs): the choice [`Native::choose`] made.
     ///
     /// # Safety
     /// The call's buffers must be valid for the collective's sizes on the comm's device until
