@@ -1,6 +1,7 @@
 //! Shared by the crate's integration tests: compiling C programs against include/nccl.h with
 //! the `cc` crate, and running commands with a time limit.
 
+// Each test binary includes this module and uses only part of it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
