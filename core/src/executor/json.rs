@@ -1,6 +1,6 @@
 //! The JSON shape of an execution plan (upstream MSCCL++'s current format, as its Python DSL
 //! writes it), deserialized with serde. Unknown fields are ignored; fields upstream treats as
-//! optional have its defaults. Meaning is checked later (`super::validate`).
+//! optional have its defaults. Meaning is checked later (`super::validate`, which also parses).
 
 use serde::Deserialize;
 
@@ -134,6 +134,26 @@ impl BufferType {
             BufferType::Input => "i",
             BufferType::Output => "o",
             BufferType::Scratch => "s",
+        }
+    }
+
+    /// The word for it in messages (`input`, `output`, `scratch`).
+    pub fn long_name(self) -> &'static str {
+        match self {
+            BufferType::Input => "input",
+            BufferType::Output => "output",
+            BufferType::Scratch => "scratch",
+        }
+    }
+}
+
+impl GpuJson {
+    /// How many chunks the rank's buffer `t` is split into.
+    pub fn chunks(&self, t: BufferType) -> u32 {
+        match t {
+            BufferType::Input => self.input_chunks,
+            BufferType::Output => self.output_chunks,
+            BufferType::Scratch => self.scratch_chunks,
         }
     }
 }
@@ -348,6 +368,17 @@ pub enum PlanReduceOp {
     Max,
 }
 
+impl PlanReduceOp {
+    /// The JSON spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanReduceOp::Sum => "sum",
+            PlanReduceOp::Min => "min",
+            PlanReduceOp::Max => "max",
+        }
+    }
+}
+
 /// One operation.
 #[derive(Debug, Clone, Deserialize)]
 pub struct OpJson {
@@ -423,33 +454,4 @@ pub struct IterContextJson {
     pub unit_size: u32,
     /// `"num_chunks"`: chunks the pipeline covers in total.
     pub num_chunks: u32,
-}
-
-/// Parses `text`; an error names the JSON path of the offending value.
-pub fn parse(text: &str) -> std::result::Result<PlanJson, String> {
-    let de = &mut serde_json::Deserializer::from_str(text);
-    match serde_path_to_error::deserialize::<_, PlanJson>(de) {
-        Ok(p) => Ok(p),
-        Err(e) => {
-            let mut path = e.path().to_string();
-            let mut msg = e.into_inner().to_string();
-            // serde names a missing field in the message, at the path of the object that
-            // lacks it: move the field into the path (`ops[7].channel_ids: missing`).
-            if let Some(rest) = msg.strip_prefix("missing field `") {
-                if let Some((field, tail)) = rest.split_once('`') {
-                    path = if path.is_empty() || path == "." || path == "?" {
-                        field.to_string()
-                    } else {
-                        format!("{path}.{field}")
-                    };
-                    msg = format!("missing required field{tail}");
-                }
-            }
-            if path.is_empty() || path == "." || path == "?" {
-                Err(msg)
-            } else {
-                Err(format!("at {path}: {msg}"))
-            }
-        }
-    }
 }

@@ -3,9 +3,9 @@
 //! units; thread-block groups split a chunk range again; pipelines step through
 //! `num_chunks` chunks `unit_size` bytes at a time; scratch size follows from the chunk size.
 
-use super::json::{BufferType, Protocol};
-use super::plan::{Chunk, PlanMeta, RankPlan};
-use super::REUSE_SCRATCH_BYTES;
+use crate::executor::json::{BufferType, Protocol};
+use crate::executor::limits::REUSE_SCRATCH_BYTES;
+use crate::executor::model::{Chunk, PlanMeta, RankPlan};
 
 type R<T> = std::result::Result<T, String>;
 
@@ -150,9 +150,8 @@ pub(crate) fn scratch_bytes(meta: &PlanMeta, rp: &RankPlan, input: u64, output: 
 
 #[cfg(test)]
 mod tests {
-    use super::super::json::{BufferType, Protocol};
-    use super::super::plan::{BufRef, Chunk, PlanMeta, RankPlan};
     use super::*;
+    use crate::executor::model::BufRef;
 
     fn meta() -> PlanMeta {
         PlanMeta {
