@@ -220,6 +220,53 @@ impl ExecContext {
 /// unpaired port (the k-th of a type to a peer shares its tag with the peer's k-th back), then
 /// the channels over them; the proxy when any port channel or port memory is used.
 fn connect(comm: &Arc<Communicator>, at: &Placement, device: Device) -> Result<Channels> {
+    let rp = at.plan.rank_plan();
+    let (connections, sems) = connections(comm, at, device)?;
+    let (nm, num) = (rp.memory_peers.len(), rp.unpaired_memory.len());
+    let np = rp.port_peers.len();
+    let mut sems = sems.into_iter();
+    let mut memory = Vec::with_capacity(nm);
+    for s in sems.by_ref().take(nm) {
+        memory.push(BaseMemoryChannel::new(MemoryDevice2DeviceSemaphore::new(
+            s,
+        )?));
+    }
+    let mut unpaired: Vec<Semaphore> = sems.by_ref().take(num).collect();
+    let proxy = if rp.uses_port() {
+        Some(if device.kind == DeviceType::Gpu {
+            ProxyService::new()?
+        } else {
+            ProxyService::new_host()?
+        })
+    } else {
+        None
+    };
+    let mut port = Vec::with_capacity(np);
+    if let Some(px) = proxy.as_ref() {
+        for (i, s) in sems.enumerate() {
+            let id = px.add_semaphore(Host2DeviceSemaphore::new(s)?)?;
+            if i < np {
+                port.push(px.base_port_channel(id)?);
+            }
+        }
+    } else {
+        unpaired.extend(sems);
+    }
+    Ok(Channels {
+        connections,
+        memory,
+        port,
+        unpaired,
+        proxy,
+    })
+}
+
+/// The connections of [`connect`]'s order, each with its semaphore.
+fn connections(
+    comm: &Arc<Communicator>,
+    at: &Placement,
+    device: Device,
+) -> Result<(Vec<Connection>, Vec<Semaphore>)> {
     let (plan, rp) = (at.plan, at.plan.rank_plan());
     let mut counters = vec![0u64; plan.world_size()];
     let mut pending = Vec::new();
@@ -260,43 +307,7 @@ fn connect(comm: &Arc<Communicator>, at: &Placement, device: Device) -> Result<C
                 .map_err(|e| exec_err(plan, format!("semaphore with rank {p}: {e}")))?,
         );
     }
-    let (nm, num) = (rp.memory_peers.len(), rp.unpaired_memory.len());
-    let np = rp.port_peers.len();
-    let mut sems = sems.into_iter();
-    let mut memory = Vec::with_capacity(nm);
-    for s in sems.by_ref().take(nm) {
-        memory.push(BaseMemoryChannel::new(MemoryDevice2DeviceSemaphore::new(
-            s,
-        )?));
-    }
-    let mut unpaired: Vec<Semaphore> = sems.by_ref().take(num).collect();
-    let proxy = if rp.uses_port() {
-        Some(if device.kind == DeviceType::Gpu {
-            ProxyService::new()?
-        } else {
-            ProxyService::new_host()?
-        })
-    } else {
-        None
-    };
-    let mut port = Vec::with_capacity(np);
-    if let Some(px) = proxy.as_ref() {
-        for (i, s) in sems.enumerate() {
-            let id = px.add_semaphore(Host2DeviceSemaphore::new(s)?)?;
-            if i < np {
-                port.push(px.base_port_channel(id)?);
-            }
-        }
-    } else {
-        unpaired.extend(sems);
-    }
-    Ok(Channels {
-        connections: conns.into_iter().map(|(_, _, c)| c).collect(),
-        memory,
-        port,
-        unpaired,
-        proxy,
-    })
+    Ok((conns.into_iter().map(|(_, _, c)| c).collect(), sems))
 }
 
 /// Memories: locals for the proxy (ids 0, 1, 2 = input, output, scratch), then the buffers

@@ -162,7 +162,7 @@ impl Executor {
                     &g,
                     plan,
                     ctx,
-                    gpu_args(low, ctx, bufs, dtype, packet_type),
+                    launch_args(low, ctx, bufs, dtype, packet_type),
                     stream,
                 )
             },
@@ -304,14 +304,7 @@ impl Executor {
         let l = HostLaunch {
             blocks: &low.blocks,
             switch: &switch,
-            input: bufs.send,
-            output: bufs.recv,
-            scratch: ctx.scratch.data(),
-            scratch_half: ctx.scratch_half,
-            reuse_chunk: low.reuse_chunk,
-            flags: ctx.flags.data(),
-            barriers: ctx.barriers.data(),
-            semaphores: ctx.semaphores.data(),
+            args: launch_args(low, ctx, bufs, dtype, packet),
             dtype,
             packet,
             threads: self.cfg.host_threads_per_block,
@@ -362,8 +355,8 @@ fn lowered<'e>(
     }))
 }
 
-/// The kernel's argument for a lowered plan on `ctx`.
-fn gpu_args(
+/// The kernel's argument for a lowered plan on `ctx` (the host interpreter reads the same).
+fn launch_args(
     low: &Lowered,
     ctx: &ExecContext,
     bufs: Buffers,

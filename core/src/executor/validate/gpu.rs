@@ -63,10 +63,10 @@ fn add_channel(
     path: &str,
 ) -> R<()> {
     let n = plan.gpus.len();
-    let missing = |field: &str, kind: &str| {
+    let missing = |field: &str| {
         PlanError::field(
             format!("{path}.{field}"),
-            format!("missing for a {kind} channel"),
+            format!("missing for a {} channel", ch.channel_type.name()),
         )
     };
     match ch.channel_type {
@@ -74,7 +74,7 @@ fn add_channel(
             let peers = ch
                 .connected_to
                 .as_ref()
-                .ok_or_else(|| missing("connected_to", ch.channel_type.name()))?;
+                .ok_or_else(|| missing("connected_to"))?;
             for (i, &p) in peers.iter().enumerate() {
                 if p >= n || p == g {
                     return Err(PlanError::field(
@@ -88,11 +88,10 @@ fn add_channel(
                     rp.port_peers.push(p);
                 }
             }
+            Ok(())
         }
         ChannelType::Switch => {
-            let ty = ch
-                .buffer_type
-                .ok_or_else(|| missing("buffer_type", "switch"))?;
+            let ty = ch.buffer_type.ok_or_else(|| missing("buffer_type"))?;
             if gpu.chunks(ty) == 0 {
                 return Err(PlanError::field(
                     format!("{path}.buffer_type"),
@@ -106,43 +105,41 @@ fn add_channel(
             let groups = ch
                 .rank_groups
                 .as_ref()
-                .ok_or_else(|| missing("rank_groups", "switch"))?;
+                .ok_or_else(|| missing("rank_groups"))?;
             for (i, grp) in groups.iter().enumerate() {
-                let gp = format!("{path}.rank_groups[{i}]");
-                if let Some((k, &r)) = grp.ranks.iter().enumerate().find(|(_, &r)| r >= n) {
-                    return Err(PlanError::field(
-                        format!("{gp}.ranks[{k}]"),
-                        format!("expected a rank below {n}, got {r}"),
-                    ));
-                }
-                let mut sorted = grp.ranks.clone();
-                sorted.sort_unstable();
-                sorted.dedup();
-                if sorted.len() != grp.ranks.len() || !grp.ranks.contains(&g) {
-                    return Err(PlanError::field(
-                        format!("{gp}.ranks"),
-                        format!(
-                            "expected distinct ranks including this rank {g}, got {:?}",
-                            grp.ranks
-                        ),
-                    ));
-                }
+                let ranks = rank_group(n, g, &grp.ranks, &format!("{path}.rank_groups[{i}]"))?;
                 // `size` (upstream: chunks of the group's share) is not needed: the whole
                 // buffer is bound.
-                rp.switch_channels.push(SwitchSpec {
-                    ty,
-                    ranks: grp.ranks.clone(),
-                });
+                rp.switch_channels.push(SwitchSpec { ty, ranks });
             }
+            Ok(())
         }
-        ChannelType::None => {
-            return Err(PlanError::field(
-                format!("{path}.channel_type"),
-                "expected memory, port or switch, got none",
-            ))
-        }
+        ChannelType::None => Err(PlanError::field(
+            format!("{path}.channel_type"),
+            "expected memory, port or switch, got none",
+        )),
     }
-    Ok(())
+}
+
+/// The ranks of a switch channel's group at `path` (of rank `g`, in a plan of `n` ranks):
+/// distinct, below `n`, `g` among them.
+fn rank_group(n: usize, g: usize, ranks: &[usize], path: &str) -> R<Vec<usize>> {
+    if let Some((k, &r)) = ranks.iter().enumerate().find(|(_, &r)| r >= n) {
+        return Err(PlanError::field(
+            format!("{path}.ranks[{k}]"),
+            format!("expected a rank below {n}, got {r}"),
+        ));
+    }
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != ranks.len() || !ranks.contains(&g) {
+        return Err(PlanError::field(
+            format!("{path}.ranks"),
+            format!("expected distinct ranks including this rank {g}, got {ranks:?}"),
+        ));
+    }
+    Ok(ranks.to_vec())
 }
 
 /// `gpus[g].remote_buffers[j]`.

@@ -34,7 +34,7 @@ use thread::{BlockBarrier, Thread};
 pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
     let abort = AtomicBool::new(false);
     let threads = l.threads.max(1);
-    let flags = l.flags as usize as *mut u32;
+    let flags = l.args.flags as usize as *mut u32;
     let mut per_block = Vec::with_capacity(l.blocks.len());
     for b in 0..l.blocks.len() {
         // SAFETY: the flags array holds one counter per block (caller's contract).

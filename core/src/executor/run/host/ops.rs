@@ -206,7 +206,7 @@ impl Thread<'_> {
     /// # Safety
     /// See [`super::run`].
     pub(super) unsafe fn semaphore(&self, o: &ExecOp) -> Result<()> {
-        let sems = self.l.semaphores as usize as *mut i32;
+        let sems = self.l.args.semaphores as usize as *mut i32;
         for k in self.mine(o.n_semaphores as usize) {
             // SAFETY: ids validated below the context's semaphore count.
             let s = unsafe { AtomicI32::from_ptr(sems.add(o.semaphore_ids[k] as usize)) };

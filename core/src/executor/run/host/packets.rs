@@ -24,86 +24,101 @@ impl Thread<'_> {
                 P::NAME
             )));
         }
-        let n = size / pay;
+        // SAFETY: forwarded (every arm).
+        unsafe {
+            match o.op_type {
+                op::PUT_PACKETS if o.channel_type == CHANNEL_PORT => {
+                    self.port_put_packets(o, |i| 2 * u64::from(o.input_sizes[i]))
+                }
+                op::PUT_PACKETS | op::COPY_PACKETS => self.pack::<P>(o),
+                op::UNPACK_PACKETS => self.unpack::<P>(o, size / pay),
+                _ => self.forward_packets::<P>(o, size / pay),
+            }
+        }
+    }
+
+    /// Packets through port channels: the proxy copies output `i`'s packet range
+    /// (`bytes(i)` bytes) from this rank's buffer to the peer's.
+    ///
+    /// # Safety
+    /// See [`super::run`].
+    unsafe fn port_put_packets(&self, o: &ExecOp, bytes: impl Fn(usize) -> u64) -> Result<()> {
+        for i in self.mine(o.n_outputs as usize) {
+            let (dst, dst_off, sid, src_off) = self.port_endpoints(o, i, 0, true);
+            let ch = &self.block.port_channels[o.channels[i] as usize];
+            // SAFETY: live port channel.
+            unsafe { ch.put(dst, dst_off, sid, src_off, bytes(i), self.l.timeout)? };
+        }
+        Ok(())
+    }
+
+    /// ppkt (memory channels) / cpkt: input chunk `i` written as packets into output `i`.
+    ///
+    /// # Safety
+    /// See [`super::run`].
+    unsafe fn pack<P: HostPacket>(&self, o: &ExecOp) -> Result<()> {
+        for i in 0..o.n_outputs as usize {
+            let d = self.loc(o.output_refs[i], o.output_types[i]).base;
+            let s = self.local(o.input_refs[i]).base;
+            // SAFETY: validated ranges; the destination is a doubled packet range.
+            unsafe {
+                packet::copy_to_packets::<P>(
+                    Thread::pkt::<P>(d, o.output_offsets[i], 0),
+                    s.add(o.input_offsets[i] as usize),
+                    u64::from(o.input_sizes[i]),
+                    self.tid,
+                    self.n,
+                    self.flag,
+                )?
+            };
+        }
+        Ok(())
+    }
+
+    /// upkt: waits for the `n` packets in local scratch and stores their data.
+    ///
+    /// # Safety
+    /// See [`super::run`].
+    unsafe fn unpack<P: HostPacket>(&self, o: &ExecOp, n: u64) -> Result<()> {
         let src = self.local(o.input_refs[0]).base;
-        match o.op_type {
-            op::PUT_PACKETS if o.channel_type == CHANNEL_PORT => {
-                for i in self.mine(o.n_outputs as usize) {
-                    let (dst, dst_off, sid, src_off) = self.port_endpoints(o, i, 0, true);
-                    let sz = 2 * u64::from(o.input_sizes[i]);
-                    let ch = &self.block.port_channels[o.channels[i] as usize];
-                    // SAFETY: live port channel.
-                    unsafe { ch.put(dst, dst_off, sid, src_off, sz, self.l.timeout)? };
+        let d = self.local(o.output_refs[0]).base;
+        for idx in self.mine(n as usize) {
+            let p = Thread::pkt::<P>(src, o.input_offsets[0], idx as u64);
+            // SAFETY: a payload slot inside the destination chunk.
+            let out = unsafe {
+                d.add(o.output_offsets[0] as usize + idx * P::PAYLOAD_BYTES)
+                    .cast::<u32>()
+            };
+            self.read(p, out)?;
+        }
+        Ok(())
+    }
+
+    /// rppkt: forwards the `n` packets of the local scratch to peers as they arrive (memory
+    /// channels), or once all arrived (port channels: the proxy copies the range).
+    ///
+    /// # Safety
+    /// See [`super::run`].
+    unsafe fn forward_packets<P: HostPacket>(&self, o: &ExecOp, n: u64) -> Result<()> {
+        let src = self.local(o.input_refs[0]).base;
+        let mut buf = [0u32; 2];
+        for idx in self.mine(n as usize) {
+            let p = Thread::pkt::<P>(src, o.input_offsets[0], idx as u64);
+            self.read(p, buf.as_mut_ptr())?;
+            if o.channel_type == CHANNEL_MEMORY {
+                for j in 0..o.n_outputs as usize {
+                    let d = self.loc(o.output_refs[j], o.output_types[j]).base;
+                    let q = Thread::pkt::<P>(d, o.output_offsets[j], idx as u64);
+                    // SAFETY: a packet slot of the peer's buffer.
+                    unsafe { P::write(q, buf.as_ptr(), self.flag) };
                 }
             }
-            op::PUT_PACKETS => {
-                for i in 0..o.n_outputs as usize {
-                    let d = self.loc(o.output_refs[i], o.output_types[i]).base;
-                    let s = self.local(o.input_refs[i]).base;
-                    // SAFETY: validated ranges; the destination is a doubled packet range.
-                    unsafe {
-                        packet::copy_to_packets::<P>(
-                            Thread::pkt::<P>(d, o.output_offsets[i], 0),
-                            s.add(o.input_offsets[i] as usize),
-                            u64::from(o.input_sizes[i]),
-                            self.tid,
-                            self.n,
-                            self.flag,
-                        )?
-                    };
-                }
-            }
-            op::COPY_PACKETS => {
-                let d = self.local(o.output_refs[0]).base;
-                // SAFETY: as above.
-                unsafe {
-                    packet::copy_to_packets::<P>(
-                        Thread::pkt::<P>(d, o.output_offsets[0], 0),
-                        src.add(o.input_offsets[0] as usize),
-                        size,
-                        self.tid,
-                        self.n,
-                        self.flag,
-                    )?
-                };
-            }
-            op::UNPACK_PACKETS => {
-                let d = self.local(o.output_refs[0]).base;
-                for idx in self.mine(n as usize) {
-                    let p = Thread::pkt::<P>(src, o.input_offsets[0], idx as u64);
-                    // SAFETY: a payload slot inside the destination chunk.
-                    let out = unsafe {
-                        d.add(o.output_offsets[0] as usize + idx * P::PAYLOAD_BYTES)
-                            .cast::<u32>()
-                    };
-                    self.read(p, out)?;
-                }
-            }
-            _ => {
-                // READ_PUT_PACKETS: forward packets of the local scratch as they arrive.
-                let mut buf = [0u32; 2];
-                for idx in self.mine(n as usize) {
-                    let p = Thread::pkt::<P>(src, o.input_offsets[0], idx as u64);
-                    self.read(p, buf.as_mut_ptr())?;
-                    if o.channel_type == CHANNEL_MEMORY {
-                        for j in 0..o.n_outputs as usize {
-                            let d = self.loc(o.output_refs[j], o.output_types[j]).base;
-                            let q = Thread::pkt::<P>(d, o.output_offsets[j], idx as u64);
-                            // SAFETY: a packet slot of the peer's buffer.
-                            unsafe { P::write(q, buf.as_ptr(), self.flag) };
-                        }
-                    }
-                }
-                if o.channel_type == CHANNEL_PORT {
-                    self.sync()?;
-                    for i in self.mine(o.n_outputs as usize) {
-                        let (dst, dst_off, sid, src_off) = self.port_endpoints(o, i, 0, true);
-                        let ch = &self.block.port_channels[o.channels[i] as usize];
-                        // SAFETY: live port channel.
-                        unsafe { ch.put(dst, dst_off, sid, src_off, 2 * size, self.l.timeout)? };
-                    }
-                }
-            }
+        }
+        if o.channel_type == CHANNEL_PORT {
+            self.sync()?;
+            let bytes = 2 * u64::from(o.input_sizes[0]);
+            // SAFETY: forwarded.
+            unsafe { self.port_put_packets(o, |_| bytes)? };
         }
         Ok(())
     }

@@ -30,7 +30,7 @@ impl Thread<'_> {
     fn switch_offset(&self, ty: u8, chunk_off: u32, off: u64) -> u64 {
         let scratch = ty == 2;
         let half = if scratch && self.even() {
-            self.l.scratch_half
+            self.l.args.scratch_half
         } else {
             0
         };

@@ -11,23 +11,17 @@ use crate::collectives::DataType;
 use crate::device_emu::packet::HostPacket;
 use crate::device_emu::spin_until;
 use crate::error::{Error, Result};
-use crate::executor::lower::device::{ExecBlock, ExecOp, REF_REMOTE};
+use crate::executor::lower::device::{ExecArgs, ExecBlock, ExecOp, REF_REMOTE};
 use crate::executor::run::config::PacketType;
 use crate::switch_channel::SwitchChannelDeviceHandle;
 
-/// One host launch: the lowered blocks and the addresses they run on.
+/// One host launch: the lowered blocks, the addresses they run on (the kernel's argument;
+/// its `blocks` is unused here) and what only the host needs.
 pub(crate) struct HostLaunch<'a> {
     pub blocks: &'a [Box<ExecBlock>],
     /// Per block: its switch channels (the slots its switch chunk references name).
     pub switch: &'a [Vec<SwitchChannelDeviceHandle>],
-    pub input: u64,
-    pub output: u64,
-    pub scratch: u64,
-    pub scratch_half: u64,
-    pub reuse_chunk: u64,
-    pub flags: u64,
-    pub barriers: u64,
-    pub semaphores: u64,
+    pub args: ExecArgs,
     pub dtype: DataType,
     pub packet: PacketType,
     pub threads: u32,
@@ -134,11 +128,15 @@ impl Thread<'_> {
 
     pub(super) fn local(&self, ty: u8) -> Loc {
         let (base, scratch) = match ty {
-            0 => (self.l.input, false),
-            1 => (self.l.output, false),
+            0 => (self.l.args.input, false),
+            1 => (self.l.args.output, false),
             _ => {
-                let half = if self.even() { self.l.scratch_half } else { 0 };
-                (self.l.scratch + half, true)
+                let half = if self.even() {
+                    self.l.args.scratch_half
+                } else {
+                    0
+                };
+                (self.l.args.scratch + half, true)
             }
         };
         Loc {
@@ -166,8 +164,8 @@ impl Thread<'_> {
 
     /// The pipeline offset of an access (reused scratch wraps modulo its chunk).
     pub(super) fn it(&self, scratch: bool, offset: u64) -> u64 {
-        if scratch && self.l.reuse_chunk > 0 {
-            offset % self.l.reuse_chunk
+        if scratch && self.l.args.reuse_chunk > 0 {
+            offset % self.l.args.reuse_chunk
         } else {
             offset
         }
@@ -206,7 +204,7 @@ impl Thread<'_> {
         let j = if (i as u8) < o.n_inputs { i } else { 0 };
         let src_ty = o.input_refs[j];
         let src_half = if src_ty == 2 && self.even() {
-            self.l.scratch_half
+            self.l.args.scratch_half
         } else {
             0
         };
@@ -245,7 +243,7 @@ impl Thread<'_> {
 
     /// Meets the other `n` blocks at barrier `id` (one thread per block calls it).
     pub(super) fn grid_barrier(&self, id: usize, n: u32) -> Result<()> {
-        let words = self.l.barriers as usize as *mut u32;
+        let words = self.l.args.barriers as usize as *mut u32;
         // SAFETY: the barrier array holds MAX_BARRIERS pairs; ids are validated.
         let (count, gen) = unsafe {
             (
