@@ -19,8 +19,8 @@
 //! 2. `validate`: JSON to the in-memory form, every check that does not depend on the message
 //!    size (`shape` holds the table of operation shapes);
 //! 3. `plan`: [`ExecutionPlan`], a validated plan for one rank;
-//! 4. `lower`: the device form ([`device`]), chunk geometry for a message size (`layout`), and
-//!    lowering a plan into it;
+//! 4. `lower`: the device form ([`device`]), chunk geometry for a message size (`layout`),
+//!    what a message size can refuse (`LowerError`), and lowering a plan into the device form;
 //! 5. [`cache`] (finding a plan for a call) and `run`: [`Executor`], the resources of a plan
 //!    (`context`), the GPU launch (`gpu`) and the host interpreter (`host`).
 

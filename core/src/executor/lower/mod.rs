@@ -3,6 +3,7 @@
 //! executor set up ([`Tables`]). The GPU kernel and the host interpreter both run the result.
 
 pub mod device;
+mod error;
 pub(crate) mod layout;
 
 use super::json::{ChannelType, OpName, PlanReduceOp};
@@ -13,6 +14,7 @@ use device::{
     op, ExecBlock, ExecOp, CHANNEL_MEMORY, CHANNEL_NONE, CHANNEL_PORT, CHANNEL_SWITCH, REF_REMOTE,
     REF_SWITCH, SWITCH_VECTOR_BYTES,
 };
+pub(crate) use error::LowerError;
 use layout::Layout;
 
 /// The executor's resources a lowered plan points at (indexes are the rank's).
@@ -26,7 +28,7 @@ pub(crate) struct Tables<'a> {
     pub halves: &'a [u32],
 }
 
-type R<T> = std::result::Result<T, String>;
+type R<T> = std::result::Result<T, LowerError>;
 
 fn code(n: OpName) -> R<u8> {
     use OpName::*;
@@ -61,18 +63,12 @@ fn code(n: OpName) -> R<u8> {
         Glre => op::GROUP_LOAD_REDUCE,
         Glres => op::GROUP_LOAD_REDUCE_STORE,
         Gstore => op::GROUP_STORE,
-        Gstorepkt => {
-            return Err(
-                "operation gstorepkt (packets through a switch channel): not supported by this executor yet; expected glre, glres or gstore".into(),
-            )
-        }
+        Gstorepkt => return Err(LowerError::Unsupported(n)),
     })
 }
 
-fn u32_of(v: u64, what: &str) -> R<u32> {
-    u32::try_from(v).map_err(|_| {
-        format!("{what} {v} bytes: the executor's offsets and sizes are 32-bit (below 4 GiB)")
-    })
+fn u32_of(value: u64, what: &'static str) -> R<u32> {
+    u32::try_from(value).map_err(|_| LowerError::Above32Bits { what, value })
 }
 
 fn lower_side(
@@ -95,9 +91,7 @@ fn lower_side(
             && (!off.is_multiple_of(SWITCH_VECTOR_BYTES)
                 || !size.is_multiple_of(SWITCH_VECTOR_BYTES))
         {
-            return Err(format!(
-                "switch channel chunk at byte {off} of {size} bytes: switch operations move 16-byte vectors, expected a multiple of 16 (a buffer_alignment of 16 and sizes to match)"
-            ));
+            return Err(LowerError::SwitchMisaligned { offset: off, size });
         }
         refs[i] = r;
         types[i] = t as u8;
@@ -189,7 +183,10 @@ pub(crate) fn lower(rp: &RankPlan, l: &Layout, t: &Tables) -> R<Vec<Box<ExecBloc
         }
         let mut ops = Vec::new();
         for o in &b.ops {
-            lower_op(l, o, &mut ops).map_err(|e| format!("thread block {bi}: {e}"))?;
+            lower_op(l, o, &mut ops).map_err(|e| LowerError::InBlock {
+                thread_block: bi,
+                source: Box::new(e),
+            })?;
         }
         eb.n_ops = ops.len() as u32;
         eb.ops[..ops.len()].copy_from_slice(&ops);
