@@ -1,6 +1,6 @@
 //! The JSON shape of an execution plan (upstream MSCCL++'s current format, as its Python DSL
 //! writes it), deserialized with serde. Unknown fields are ignored; fields upstream treats as
-//! optional have its defaults. Meaning is checked later (`super::validate`, which also parses).
+//! optional have its defaults. Meaning is checked later (`super::validate`).
 
 use serde::Deserialize;
 
@@ -454,4 +454,42 @@ pub struct IterContextJson {
     pub unit_size: u32,
     /// `"num_chunks"`: chunks the pipeline covers in total.
     pub num_chunks: u32,
+}
+
+/// Parses `text`; an error names the JSON path of the offending value (`at PATH: message`).
+/// [`crate::executor::ExecutionPlan::parse`] also validates, with a typed error.
+pub fn parse(text: &str) -> std::result::Result<PlanJson, String> {
+    parse_located(text).map_err(|(path, message)| {
+        if path.is_empty() {
+            message
+        } else {
+            format!("at {path}: {message}")
+        }
+    })
+}
+
+/// Parses `text`; an error is (the JSON path of the offending value, empty for the whole
+/// document; the parser's message).
+pub(crate) fn parse_located(text: &str) -> std::result::Result<PlanJson, (String, String)> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize::<_, PlanJson>(de).map_err(|e| {
+        let mut path = e.path().to_string();
+        let mut message = e.into_inner().to_string();
+        if path == "." || path == "?" {
+            path.clear();
+        }
+        // serde names a missing field in the message, at the path of the object that
+        // lacks it: move the field into the path (`ops[7].channel_ids: missing`).
+        if let Some(rest) = message.strip_prefix("missing field `") {
+            if let Some((field, tail)) = rest.split_once('`') {
+                path = if path.is_empty() {
+                    field.to_string()
+                } else {
+                    format!("{path}.{field}")
+                };
+                message = format!("missing required field{tail}");
+            }
+        }
+        (path, message)
+    })
 }

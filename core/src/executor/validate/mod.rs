@@ -17,32 +17,12 @@ mod shape;
 mod sync;
 
 use super::error::PlanError;
-use super::json::{ChannelType, PlanJson};
+use super::json::{self, ChannelType, PlanJson};
 use super::model::{BufferSend, RankPlan};
 
 /// Parses `text`; an error names the JSON path of the offending value.
 pub(crate) fn parse(text: &str) -> Result<PlanJson, PlanError> {
-    let de = &mut serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize::<_, PlanJson>(de).map_err(|e| {
-        let mut path = e.path().to_string();
-        let mut message = e.into_inner().to_string();
-        if path == "." || path == "?" {
-            path.clear();
-        }
-        // serde names a missing field in the message, at the path of the object that
-        // lacks it: move the field into the path (`ops[7].channel_ids: missing`).
-        if let Some(rest) = message.strip_prefix("missing field `") {
-            if let Some((field, tail)) = rest.split_once('`') {
-                path = if path.is_empty() {
-                    field.to_string()
-                } else {
-                    format!("{path}.{field}")
-                };
-                message = format!("missing required field{tail}");
-            }
-        }
-        PlanError::Json { path, message }
-    })
+    json::parse_located(text).map_err(|(path, message)| PlanError::Json { path, message })
 }
 
 /// Resolves and validates every rank of `plan`.
