@@ -1,5 +1,5 @@
-//! The executor's `#[repr(C)]` device structs (core/src/executor/device.rs) equal the C structs
-//! of kernels/cuda/include/mscclpp/executor_device.hpp: compiles
+//! The executor's `#[repr(C)]` device structs (core/src/executor/lower/device.rs) equal the C
+//! structs of kernels/cuda/include/mscclpp/executor_device.hpp: compiles
 //! kernels/cuda/tests/executor_layout_dump.cpp with the host C++ compiler (`$CXX`, else `c++`),
 //! runs it, and compares every size, alignment, field offset and a few operation codes.
 

@@ -12,21 +12,19 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use mscclpp::{Bootstrap, Communicator, TcpBootstrap};
+use mscclpp::{Communicator, TcpBootstrap};
 
 use crate::abi::{self, NcclResult};
-use crate::error::{NResult, NcclError};
+use crate::env::ForcedOps;
+use crate::error::{set_last_error, NResult, NcclError};
 use crate::fallback::FallbackComm;
 use crate::native::Native;
-use crate::options::OpSet;
 use crate::p2p::P2p;
+use crate::peers::Peers;
 
 /// The first 8 bytes of every [`Comm`]: `MSCLNCCL`.
 pub const COMM_MAGIC: u64 = u64::from_le_bytes(*b"MSCLNCCL");
 
-/// Bootstrap tag of the "this rank leaves on purpose" message (below the communicator's
-/// tags, so it never meets them).
-pub const TAG_BYE: u64 = 0x4e43_434c_0000_0001;
 /// Bootstrap tags of split id hand-outs: `TAG_SPLIT_BASE + sequence number`.
 pub const TAG_SPLIT_BASE: u64 = 0x4e43_434c_0001_0000;
 /// Bootstrap tags of shrink id hand-outs (counted apart: excluded ranks never call shrink).
@@ -63,7 +61,8 @@ pub struct Comm {
 
 /// What an initialized communicator owns.
 pub struct Ready {
-    /// The bootstrap (also inside `communicator`), kept concretely for liveness probes.
+    /// The bootstrap (also inside `communicator` and `peers`), kept concretely for the id
+    /// hand-outs of split and shrink.
     pub bootstrap: Arc<TcpBootstrap>,
     /// Connections, memory exchange, semaphores.
     pub communicator: Arc<Communicator>,
@@ -74,9 +73,9 @@ pub struct Ready {
     /// The real NCCL's communicator, when a fallback library was loaded.
     pub fallback: Option<FallbackComm>,
     /// Operations `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` sends to the fallback.
-    pub forced: OpSet,
-    /// Peers that said goodbye (left on purpose): their closed connection is not an error.
-    departed: Mutex<Vec<bool>>,
+    pub forced: ForcedOps,
+    /// Which peers died or left.
+    pub peers: Peers,
     /// Split calls so far (names the tag of the next one's id hand-out).
     pub split_seq: AtomicU64,
     /// Shrink calls so far (every remaining rank calls each shrink).
@@ -95,17 +94,16 @@ impl Ready {
         native: Native,
         p2p: Option<P2p>,
         fallback: Option<FallbackComm>,
-        forced: OpSet,
+        forced: ForcedOps,
     ) -> Ready {
-        let n = bootstrap.nranks();
         Ready {
+            peers: Peers::new(bootstrap.clone()),
             bootstrap,
             communicator,
             native,
             p2p: p2p.map(Mutex::new),
             fallback,
             forced,
-            departed: Mutex::new(vec![false; n]),
             split_seq: AtomicU64::new(0),
             shrink_seq: AtomicU64::new(0),
             fallback_note: None,
@@ -134,52 +132,6 @@ impl Ready {
                 "op {op}: expected an operator from ncclRedOpCreatePreMulSum on this \
                  communicator that was not destroyed yet"
             )))
-        }
-    }
-
-    /// `Ok` when point-to-point with `peers` has a native path: on the host backend always,
-    /// on GPU builds only with this rank itself.
-    pub fn native_p2p(&self, mut peers: impl Iterator<Item = usize>) -> Result<(), String> {
-        let me = self.bootstrap.rank();
-        if crate::HOST_BACKEND || peers.all(|p| p == me) {
-            return Ok(());
-        }
-        Err("point-to-point between different ranks has no native path on GPU builds".into())
-    }
-
-    /// `Err(ncclRemoteError)` naming `peer` if it closed its bootstrap connection without
-    /// saying goodbye (it died or aborted). Never blocks.
-    pub fn check_peer(&self, peer: usize) -> NResult<()> {
-        if peer == self.bootstrap.rank() {
-            return Ok(());
-        }
-        let mut departed = self.departed.lock().unwrap_or_else(|p| p.into_inner());
-        if departed.get(peer).copied().unwrap_or(true) {
-            return Ok(());
-        }
-        match self.bootstrap.recv_timeout(peer, TAG_BYE, Duration::ZERO) {
-            Ok(_) => {
-                departed[peer] = true;
-                Ok(())
-            }
-            Err(e) if e.code() == mscclpp::ErrorCode::RemoteError => Err(NcclError::remote(
-                format!("rank {peer} failed or exited without destroying its communicator: {e}"),
-            )),
-            Err(_) => Ok(()),
-        }
-    }
-
-    /// [`Ready::check_peer`] for every peer.
-    pub fn check_peers(&self) -> NResult<()> {
-        (0..self.bootstrap.nranks()).try_for_each(|p| self.check_peer(p))
-    }
-
-    /// Tells every peer this rank leaves on purpose (best effort: a peer already gone is
-    /// not an error).
-    fn say_goodbye(&self) {
-        let me = self.bootstrap.rank();
-        for p in (0..self.bootstrap.nranks()).filter(|&p| p != me) {
-            let _ = self.bootstrap.send(b"bye", p, TAG_BYE);
         }
     }
 }
@@ -275,13 +227,10 @@ impl Comm {
         match self.state.get() {
             None => abi::IN_PROGRESS,
             Some(Err(e)) => e.code,
-            Some(Ok(r)) => match r.check_peers() {
+            Some(Ok(r)) => match r.peers.check_all() {
                 Ok(()) => abi::SUCCESS,
                 Err(e) => {
-                    crate::error::set_last_error(
-                        e.code,
-                        &format!("ncclCommGetAsyncError: {}", e.msg),
-                    );
+                    set_last_error(e.code, &format!("ncclCommGetAsyncError: {}", e.msg));
                     self.set_async_error(&e);
                     e.code
                 }
@@ -293,6 +242,23 @@ impl Comm {
 fn registry() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
     static REG: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
     REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Work of a communicator's init: its ready state or why it failed.
+pub type InitJob = Box<dyn FnOnce() -> NResult<Arc<Ready>> + Send + Sync>;
+
+impl Comm {
+    /// Runs `job` on a background thread and records its outcome on `comm`.
+    pub fn init_in_background(comm: Arc<Comm>, job: InitJob) -> NResult<()> {
+        std::thread::Builder::new()
+            .name("mscclpp-nccl-init".into())
+            .spawn(move || {
+                let r = job();
+                comm.finish_init(r);
+            })
+            .map(|_| ())
+            .map_err(|e| NcclError::system(format!("spawning the init thread failed: {e}")))
+    }
 }
 
 /// Adds `comm` to the registry and returns its handle.
@@ -334,6 +300,13 @@ pub fn lookup(handle: *const Comm) -> NResult<Arc<Comm>> {
     Ok(comm)
 }
 
+/// The communicator behind `handle` and its ready state.
+pub fn ready(handle: *const Comm) -> NResult<(Arc<Comm>, Arc<Ready>)> {
+    let comm = lookup(handle)?;
+    let ready = comm.ready()?;
+    Ok((comm, ready))
+}
+
 /// Removes `handle` from the registry (so later calls with it fail) and returns it.
 fn unregister(handle: *const Comm) -> NResult<Arc<Comm>> {
     let comm = lookup(handle)?;
@@ -352,7 +325,7 @@ pub fn finalize(handle: *const Comm) -> NResult<NcclResult> {
         fb.finalize()?;
     }
     if !comm.finalized.swap(true, Ordering::AcqRel) {
-        ready.say_goodbye();
+        ready.peers.say_goodbye();
     }
     Ok(abi::SUCCESS)
 }
@@ -362,7 +335,7 @@ pub fn destroy(handle: *const Comm) -> NResult<NcclResult> {
     let comm = unregister(handle)?;
     if let Some(Ok(ready)) = comm.state.get() {
         if !comm.finalized.swap(true, Ordering::AcqRel) {
-            ready.say_goodbye();
+            ready.peers.say_goodbye();
         }
         if let Some(fb) = &ready.fallback {
             fb.destroy();

@@ -1,10 +1,11 @@
 //! The exported C functions of `nccl.h` (2.28.3) that manage communicators, memory, errors
-//! and groups; the collectives and point-to-point are in [`crate::exports_ops`].
+//! and groups; the collectives and point-to-point are in `exports_ops.rs`.
 //!
 //! Each function exists as `ncclX` and as its profiling twin `pncclX`. Every body runs in
-//! [`guard`], so errors become `ncclResult_t` codes with a message for `ncclGetLastError`
-//! and no panic ever unwinds into C.
+//! the C boundary's guard (`boundary.rs`), so errors become `ncclResult_t` codes with a
+//! message for `ncclGetLastError` and no panic ever unwinds into C.
 
+// The exported names are NCCL's (`ncclGetVersion`, ...), not snake case.
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_void};
@@ -12,19 +13,32 @@ use std::ffi::{c_char, c_int, c_void};
 use mscclpp::TcpBootstrap;
 
 use crate::abi::{self, NcclConfig, NcclResult, NcclSimInfo, NcclUniqueId};
-use crate::comm::{self, lookup, Comm};
-use crate::error::{guard, guard_value, last_error_ptr, NcclError};
-use crate::ops::{elem_size, ready_comm};
+use crate::boundary::{guard, guard_value};
+use crate::checks::{elem_size, out};
+use crate::comm::{self, lookup, ready as ready_comm, Comm};
+use crate::error::{last_error_ptr, NResult, NcclError};
 use crate::{group, init, mem, split};
 
-fn out<T>(name: &str, p: *mut T) -> Result<*mut T, NcclError> {
-    if p.is_null() {
-        Err(NcclError::arg(format!(
-            "{name} is NULL: expected a pointer to write the result to"
-        )))
-    } else {
-        Ok(p)
-    }
+/// Registers `[buff, buff + size)` with `comm` and writes the handle to `handle`.
+fn register_into(
+    comm: *const Comm,
+    buff: *mut c_void,
+    size: usize,
+    handle: *mut *mut c_void,
+    name: &str,
+) -> NResult<NcclResult> {
+    let o = out(name, handle)?;
+    let c = lookup(comm)?;
+    let h = mem::register(std::sync::Arc::as_ptr(&c) as usize, buff, size)?;
+    // SAFETY: checked non-NULL; the caller's pointer.
+    unsafe { *o = h };
+    Ok(abi::SUCCESS)
+}
+
+/// Releases a registration `handle` of `comm`.
+fn deregister(comm: *const Comm, handle: *mut c_void) -> NResult<NcclResult> {
+    let c = lookup(comm)?;
+    mem::deregister(std::sync::Arc::as_ptr(&c) as usize, handle)
 }
 
 nccl_export! {
@@ -256,24 +270,14 @@ nccl_export! {
     fn ncclCommRegister, pncclCommRegister(
         comm: *const Comm, buff: *mut c_void, size: usize, handle: *mut *mut c_void
     ) -> NcclResult {
-        guard("ncclCommRegister", || {
-            let o = out("handle", handle)?;
-            let c = lookup(comm)?;
-            let h = mem::register(std::sync::Arc::as_ptr(&c) as usize, buff, size)?;
-            // SAFETY: checked non-NULL; the caller's pointer.
-            unsafe { *o = h };
-            Ok(abi::SUCCESS)
-        })
+        guard("ncclCommRegister", || register_into(comm, buff, size, handle, "handle"))
     }
 }
 
 nccl_export! {
     /// Releases a handle from `ncclCommRegister`.
     fn ncclCommDeregister, pncclCommDeregister(comm: *const Comm, handle: *mut c_void) -> NcclResult {
-        guard("ncclCommDeregister", || {
-            let c = lookup(comm)?;
-            mem::deregister(std::sync::Arc::as_ptr(&c) as usize, handle)
-        })
+        guard("ncclCommDeregister", || deregister(comm, handle))
     }
 }
 
@@ -283,17 +287,13 @@ nccl_export! {
         comm: *mut Comm, buff: *mut c_void, size: usize, win: *mut *mut c_void, win_flags: c_int
     ) -> NcclResult {
         guard("ncclCommWindowRegister", || {
-            let o = out("win", win)?;
+            out("win", win)?;
             if win_flags != 0 && win_flags != 1 {
                 return Err(NcclError::arg(format!(
                     "winFlags {win_flags}: expected NCCL_WIN_DEFAULT (0) or NCCL_WIN_COLL_SYMMETRIC (1)"
                 )));
             }
-            let c = lookup(comm)?;
-            let h = mem::register(std::sync::Arc::as_ptr(&c) as usize, buff, size)?;
-            // SAFETY: checked non-NULL; the caller's pointer.
-            unsafe { *o = h };
-            Ok(abi::SUCCESS)
+            register_into(comm, buff, size, win, "win")
         })
     }
 }
@@ -301,10 +301,7 @@ nccl_export! {
 nccl_export! {
     /// Releases a window.
     fn ncclCommWindowDeregister, pncclCommWindowDeregister(comm: *mut Comm, win: *mut c_void) -> NcclResult {
-        guard("ncclCommWindowDeregister", || {
-            let c = lookup(comm)?;
-            mem::deregister(std::sync::Arc::as_ptr(&c) as usize, win)
-        })
+        guard("ncclCommWindowDeregister", || deregister(comm, win))
     }
 }
 

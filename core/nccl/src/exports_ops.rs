@@ -1,62 +1,57 @@
 //! The exported collectives and point-to-point functions of `nccl.h` (2.28.3), each as
-//! `ncclX` and its profiling twin `pncclX`. Arguments are checked here (NULL buffers with a
-//! non-zero count, count overflow, unknown types and operators, bad roots and peers), then
-//! `crate::ops` routes and issues the call.
+//! `ncclX` and its profiling twin `pncclX`: one line per function handing its C arguments to
+//! the operation that checks, routes and issues them (`ops::collective`,
+//! `ops::point_to_point`), then to the group, which queues or issues the work.
 
+// The exported names are NCCL's (`ncclAllReduce`, ...), not snake case.
 #![allow(non_snake_case)]
 
 use std::ffi::{c_int, c_void};
 
 use crate::abi::NcclResult;
+use crate::boundary::guard;
 use crate::comm::Comm;
-use crate::error::{guard, NResult};
-use crate::native::CollArgs;
-use crate::ops::{self, byte_len, check_op, check_rank, need_ptr, ready_comm, P2pCall};
-use crate::options::Op;
-use crate::p2p::{Dir, P2pOp};
+use crate::group;
+use crate::ops::collective::{
+    Collective, ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER,
+};
+use crate::ops::point_to_point::{PointToPoint, ALL_TO_ALL, GATHER, RECV, SCATTER, SEND};
+use crate::ops::work::CArgs;
 
 type Stream = *mut c_void;
 
-/// Checks and issues a reduction-like collective.
-#[allow(clippy::too_many_arguments)]
-fn reduction(
+/// Runs collective `op` for exported function `call`.
+fn collective(
     call: &'static str,
-    op: Op,
+    op: &'static Collective,
+    comm: *mut Comm,
+    a: CArgs,
+) -> NcclResult {
+    guard(call, || group::submit(op.prepare(call, comm, a)?))
+}
+
+/// Runs point-to-point operation `op` for exported function `call`.
+fn point_to_point(
+    call: &'static str,
+    op: &'static PointToPoint,
+    comm: *mut Comm,
+    a: CArgs,
+) -> NcclResult {
+    guard(call, || group::submit(op.prepare(call, comm, a)?))
+}
+
+/// The C arguments: buffers, count, type, operator, root (or peer) and stream.
+#[allow(clippy::too_many_arguments)] // reason: one argument per C argument of the call
+fn args(
     send: *const c_void,
     recv: *mut c_void,
     count: usize,
     dtype: c_int,
     redop: c_int,
     root: c_int,
-    comm: *mut Comm,
     stream: Stream,
-) -> NResult<NcclResult> {
-    let (c, ready) = ready_comm(comm)?;
-    let n = c.nranks;
-    // Bytes of the buffers: all-gather's receive and reduce-scatter's send hold n counts.
-    let (send_factor, recv_factor) = match op {
-        Op::AllGather => (1, n),
-        Op::ReduceScatter => (n, 1),
-        _ => (1, 1),
-    };
-    let send_bytes = byte_len(call, count, dtype, send_factor)?;
-    let recv_bytes = byte_len(call, count, dtype, recv_factor)?;
-    let root = match op {
-        Op::Broadcast | Op::Reduce => check_rank("root", root, n)?,
-        _ => 0,
-    };
-    if matches!(op, Op::AllReduce | Op::ReduceScatter | Op::Reduce) {
-        check_op(redop, &ready)?;
-    }
-    let is_root = c.rank == root;
-    if op != Op::Broadcast || is_root {
-        need_ptr("sendbuff", send as u64, send_bytes)?;
-    }
-    if op != Op::Reduce || is_root {
-        need_ptr("recvbuff", recv as u64, recv_bytes)?;
-    }
-    let args = CollArgs {
-        op,
+) -> CArgs {
+    CArgs {
         send: send as u64,
         recv: recv as u64,
         count,
@@ -64,9 +59,7 @@ fn reduction(
         redop,
         root,
         stream: stream as u64,
-    };
-    drop(ready);
-    ops::collective(call, comm, args)
+    }
 }
 
 nccl_export! {
@@ -75,9 +68,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         op: c_int, root: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclReduce", || {
-            reduction("ncclReduce", Op::Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream)
-        })
+        collective("ncclReduce", &REDUCE, comm, args(sendbuff, recvbuff, count, datatype, op, root, stream))
     }
 }
 
@@ -86,9 +77,7 @@ nccl_export! {
     fn ncclBcast, pncclBcast(
         buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclBcast", || {
-            reduction("ncclBcast", Op::Broadcast, buff, buff, count, datatype, 0, root, comm, stream)
-        })
+        collective("ncclBcast", &BROADCAST, comm, args(buff, buff, count, datatype, 0, root, stream))
     }
 }
 
@@ -98,9 +87,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         root: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclBroadcast", || {
-            reduction("ncclBroadcast", Op::Broadcast, sendbuff, recvbuff, count, datatype, 0, root, comm, stream)
-        })
+        collective("ncclBroadcast", &BROADCAST, comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
     }
 }
 
@@ -110,9 +97,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         op: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclAllReduce", || {
-            reduction("ncclAllReduce", Op::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream)
-        })
+        collective("ncclAllReduce", &ALL_REDUCE, comm, args(sendbuff, recvbuff, count, datatype, op, 0, stream))
     }
 }
 
@@ -122,9 +107,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int,
         op: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclReduceScatter", || {
-            reduction("ncclReduceScatter", Op::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream)
-        })
+        collective("ncclReduceScatter", &REDUCE_SCATTER, comm, args(sendbuff, recvbuff, recvcount, datatype, op, 0, stream))
     }
 }
 
@@ -134,81 +117,8 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int,
         comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclAllGather", || {
-            reduction("ncclAllGather", Op::AllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, comm, stream)
-        })
+        collective("ncclAllGather", &ALL_GATHER, comm, args(sendbuff, recvbuff, sendcount, datatype, 0, 0, stream))
     }
-}
-
-/// Checks and issues a call made of point-to-point parts: `parts(rank, nranks, per_rank_bytes)`
-/// lists (direction, peer, buffer offset) triples.
-#[allow(clippy::too_many_arguments)]
-fn composite(
-    call: &'static str,
-    kind: Op,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: c_int,
-    root: Option<c_int>,
-    comm: *mut Comm,
-    stream: Stream,
-) -> NResult<NcclResult> {
-    let (c, ready) = ready_comm(comm)?;
-    let (me, n) = (c.rank, c.nranks);
-    let per = byte_len(call, count, dtype, 1)?;
-    let total = byte_len(call, count, dtype, n)?;
-    let root = root.map(|r| check_rank("root", r, n)).transpose()?;
-    let (s, r) = (send as u64, recv as u64);
-    let mut parts: Vec<(Dir, usize, u64)> = Vec::new();
-    match (kind, root) {
-        (Op::AllToAll, _) => {
-            need_ptr("sendbuff", s, total)?;
-            need_ptr("recvbuff", r, total)?;
-            for p in 0..n {
-                parts.push((Dir::Send, p, s + (p * per) as u64));
-                parts.push((Dir::Recv, p, r + (p * per) as u64));
-            }
-        }
-        (Op::Gather, Some(root)) => {
-            need_ptr("sendbuff", s, per)?;
-            parts.push((Dir::Send, root, s));
-            if me == root {
-                need_ptr("recvbuff", r, total)?;
-                parts.extend((0..n).map(|p| (Dir::Recv, p, r + (p * per) as u64)));
-            }
-        }
-        (Op::Scatter, Some(root)) => {
-            need_ptr("recvbuff", r, per)?;
-            if me == root {
-                need_ptr("sendbuff", s, total)?;
-                parts.extend((0..n).map(|p| (Dir::Send, p, s + (p * per) as u64)));
-            }
-            parts.push((Dir::Recv, root, r));
-        }
-        _ => {
-            return Err(crate::error::NcclError::internal(format!(
-                "{call}: not a composite"
-            )))
-        }
-    }
-    let calls: Vec<P2pCall> = parts
-        .into_iter()
-        .map(|(dir, peer, buf)| P2pCall {
-            op: P2pOp {
-                dir,
-                peer,
-                buf,
-                bytes: per,
-            },
-            count,
-            dtype,
-            stream: stream as u64,
-        })
-        .collect();
-    // In-place all-to-all would overwrite blocks before they are sent: no native path.
-    let in_place = kind == Op::AllToAll && s == r && n > 1 && per > 0;
-    ops::point_to_point(call, c, ready, kind, calls, in_place)
 }
 
 nccl_export! {
@@ -217,9 +127,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclAlltoAll", || {
-            composite("ncclAlltoAll", Op::AllToAll, sendbuff, recvbuff, count, datatype, None, comm, stream)
-        })
+        point_to_point("ncclAlltoAll", &ALL_TO_ALL, comm, args(sendbuff, recvbuff, count, datatype, 0, 0, stream))
     }
 }
 
@@ -229,9 +137,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         root: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclGather", || {
-            composite("ncclGather", Op::Gather, sendbuff, recvbuff, count, datatype, Some(root), comm, stream)
-        })
+        point_to_point("ncclGather", &GATHER, comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
     }
 }
 
@@ -241,9 +147,7 @@ nccl_export! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         root: c_int, comm: *mut Comm, stream: Stream
     ) -> NcclResult {
-        guard("ncclScatter", || {
-            composite("ncclScatter", Op::Scatter, sendbuff, recvbuff, count, datatype, Some(root), comm, stream)
-        })
+        point_to_point("ncclScatter", &SCATTER, comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
     }
 }
 
@@ -253,9 +157,7 @@ nccl_export! {
         sendbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: *mut Comm,
         stream: Stream
     ) -> NcclResult {
-        guard("ncclSend", || {
-            ops::send_recv("ncclSend", Dir::Send, sendbuff as u64, count, datatype, peer, comm, stream as u64)
-        })
+        point_to_point("ncclSend", &SEND, comm, args(sendbuff, std::ptr::null_mut(), count, datatype, 0, peer, stream))
     }
 }
 
@@ -265,8 +167,6 @@ nccl_export! {
         recvbuff: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: *mut Comm,
         stream: Stream
     ) -> NcclResult {
-        guard("ncclRecv", || {
-            ops::send_recv("ncclRecv", Dir::Recv, recvbuff as u64, count, datatype, peer, comm, stream as u64)
-        })
+        point_to_point("ncclRecv", &RECV, comm, args(std::ptr::null(), recvbuff, count, datatype, 0, peer, stream))
     }
 }

@@ -12,8 +12,10 @@ use std::sync::OnceLock;
 use crate::abi::{NcclConfig, NcclUniqueId, SUCCESS};
 use crate::error::{NResult, NcclError};
 
-type Handle = *mut c_void;
-type Stream = *mut c_void;
+/// `ncclComm_t` of the fallback library.
+pub type Handle = *mut c_void;
+/// `cudaStream_t`.
+pub type Stream = *mut c_void;
 type FnGetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
 type FnGetUniqueId = unsafe extern "C" fn(*mut NcclUniqueId) -> c_int;
 type FnInitRank = unsafe extern "C" fn(*mut Handle, c_int, NcclUniqueId, c_int) -> c_int;
@@ -24,37 +26,14 @@ type FnGroup = unsafe extern "C" fn() -> c_int;
 type FnErrStr = unsafe extern "C" fn(c_int) -> *const c_char;
 type FnLastErr = unsafe extern "C" fn(Handle) -> *const c_char;
 type FnAsyncErr = unsafe extern "C" fn(Handle, *mut c_int) -> c_int;
-/// allreduce / reducescatter: send, recv, count, dtype, op, comm, stream.
-pub type FnReduceLike =
-    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
-/// allgather / alltoall: send, recv, count, dtype, comm, stream.
-pub type FnGatherLike =
-    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Handle, Stream) -> c_int;
-/// broadcast / gather / scatter: send, recv, count, dtype, root, comm, stream.
-pub type FnRootLike =
-    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
-/// reduce: send, recv, count, dtype, op, root, comm, stream.
-pub type FnReduce = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    c_int,
-    c_int,
-    c_int,
-    Handle,
-    Stream,
-) -> c_int;
-/// send: buffer, count, dtype, peer, comm, stream.
-pub type FnSend = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
-/// recv: buffer, count, dtype, peer, comm, stream.
-pub type FnRecv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
 type FnPreMulSum = unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, Handle) -> c_int;
 type FnOpDestroy = unsafe extern "C" fn(c_int, Handle) -> c_int;
 
-/// The functions of a loaded NCCL. Required ones are plain pointers; the others are `None`
-/// when the library lacks them (that operation then has no fallback).
+/// The functions of a loaded NCCL that manage its communicators. Required ones are plain
+/// pointers; the others are `None` when the library lacks them. The operations look up their
+/// own functions ([`FallbackComm::function`]).
 pub struct FallbackLib {
-    _lib: libloading::Library,
+    lib: libloading::Library,
     /// Where it was loaded from.
     pub path: String,
     /// Its `ncclGetVersion`.
@@ -70,26 +49,6 @@ pub struct FallbackLib {
     error_string: Option<FnErrStr>,
     last_error: Option<FnLastErr>,
     async_error: Option<FnAsyncErr>,
-    /// `ncclAllReduce`.
-    pub all_reduce: Option<FnReduceLike>,
-    /// `ncclReduceScatter`.
-    pub reduce_scatter: Option<FnReduceLike>,
-    /// `ncclAllGather`.
-    pub all_gather: Option<FnGatherLike>,
-    /// `ncclAlltoAll`.
-    pub all_to_all: Option<FnGatherLike>,
-    /// `ncclBroadcast`.
-    pub broadcast: Option<FnRootLike>,
-    /// `ncclGather`.
-    pub gather: Option<FnRootLike>,
-    /// `ncclScatter`.
-    pub scatter: Option<FnRootLike>,
-    /// `ncclReduce`.
-    pub reduce: Option<FnReduce>,
-    /// `ncclSend`.
-    pub send: Option<FnSend>,
-    /// `ncclRecv`.
-    pub recv: Option<FnRecv>,
     pre_mul_sum: Option<FnPreMulSum>,
     op_destroy: Option<FnOpDestroy>,
 }
@@ -102,6 +61,30 @@ unsafe fn sym<T: Copy>(lib: &libloading::Library, name: &str) -> Option<T> {
     // SAFETY: the caller names the right type; the pointer stays valid because the library
     // is never unloaded (FallbackLib lives in a static).
     unsafe { lib.get::<T>(name.as_bytes()).ok().map(|s| *s) }
+}
+
+/// Whether addresses `a` and `b` lie in the same file mapped into this process (read from
+/// `/proc/self/maps`): how the fallback recognises `MSCCLPP_NCCL_LIB_PATH` naming this very
+/// library. `false` when the maps cannot be read.
+fn same_object(a: usize, b: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    // "start-end perms offset dev inode path": the (dev, inode) of the file mapping `addr`.
+    let file_of = |addr: usize| {
+        maps.lines().find_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, _perms, _offset) = (f.next()?, f.next()?, f.next()?);
+            let (dev, inode) = (f.next()?, f.next()?);
+            let (lo, hi) = range.split_once('-')?;
+            let (lo, hi) = (
+                usize::from_str_radix(lo, 16).ok()?,
+                usize::from_str_radix(hi, 16).ok()?,
+            );
+            (lo <= addr && addr < hi && inode != "0").then_some((dev, inode))
+        })
+    };
+    matches!((file_of(a), file_of(b)), (Some(x), Some(y)) if x == y)
 }
 
 fn need<T>(v: Option<T>, name: &str, path: &str) -> Result<T, String> {
@@ -122,8 +105,8 @@ impl FallbackLib {
         unsafe {
             let get_version: FnGetVersion =
                 need(sym(&lib, "ncclGetVersion"), "ncclGetVersion", path)?;
-            let ours = crate::exports::ncclGetVersion as FnGetVersion;
-            if get_version as usize == ours as usize {
+            let here: fn(usize, usize) -> bool = same_object;
+            if same_object(get_version as usize, here as usize) {
                 return Err(format!(
                     "{path} is libmscclpp_nccl itself: expected a real NCCL (libnccl.so.2)"
                 ));
@@ -146,19 +129,9 @@ impl FallbackLib {
                 error_string: sym(&lib, "ncclGetErrorString"),
                 last_error: sym(&lib, "ncclGetLastError"),
                 async_error: sym(&lib, "ncclCommGetAsyncError"),
-                all_reduce: sym(&lib, "ncclAllReduce"),
-                reduce_scatter: sym(&lib, "ncclReduceScatter"),
-                all_gather: sym(&lib, "ncclAllGather"),
-                all_to_all: sym(&lib, "ncclAlltoAll"),
-                broadcast: sym(&lib, "ncclBroadcast"),
-                gather: sym(&lib, "ncclGather"),
-                scatter: sym(&lib, "ncclScatter"),
-                reduce: sym(&lib, "ncclReduce"),
-                send: sym(&lib, "ncclSend"),
-                recv: sym(&lib, "ncclRecv"),
                 pre_mul_sum: sym(&lib, "ncclRedOpCreatePreMulSum"),
                 op_destroy: sym(&lib, "ncclRedOpDestroy"),
-                _lib: lib,
+                lib,
             })
         }
     }
@@ -273,6 +246,17 @@ unsafe impl Send for FallbackComm {}
 unsafe impl Sync for FallbackComm {}
 
 impl FallbackComm {
+    /// The library's function `name`, or `ncclInvalidUsage` naming it when it lacks it.
+    ///
+    /// # Safety
+    /// `T` must be the function pointer type of `name`'s declaration in `nccl.h`.
+    pub unsafe fn function<T: Copy>(&self, name: &str) -> NResult<T> {
+        // SAFETY: the caller names the right type.
+        unsafe { sym(&self.lib.lib, name) }.ok_or_else(|| {
+            NcclError::usage(format!("the fallback NCCL {} has no {name}", self.lib.path))
+        })
+    }
+
     /// Turns a return code of a call on this communicator into a result.
     pub fn check(&self, call: &str, rc: c_int) -> NResult<()> {
         self.lib.check(call, self.comm, rc)
@@ -349,5 +333,19 @@ impl FallbackComm {
         })?;
         // SAFETY: plain values and our own handle.
         self.check("ncclRedOpDestroy", unsafe { f(op, self.comm) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_object_tells_this_binary_from_other_memory() {
+        let a: fn(usize, usize) -> bool = same_object;
+        let b: unsafe fn(&libloading::Library, &str) -> Option<usize> = sym::<usize>;
+        assert!(same_object(a as usize, b as usize));
+        let heap = Box::new(0u64);
+        assert!(!same_object(a as usize, &*heap as *const u64 as usize));
     }
 }

@@ -8,17 +8,24 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::time::Duration;
 
 use mscclpp::{Bootstrap, Communicator, Context, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclConfig, NcclResult, NcclUniqueId};
-use crate::comm::{self, register, Comm, Ready};
+use crate::backend;
+use crate::checks::check_rank;
+use crate::comm::{self, register, Comm, InitJob, Ready};
+use crate::env;
 use crate::error::{NResult, NcclError};
 use crate::fallback::{FallbackComm, FallbackLib};
-use crate::group::{self, InitJob, Pending};
+use crate::group;
 use crate::native::Native;
-use crate::options::{OpSet, INIT_TIMEOUT};
+use crate::ops;
 use crate::p2p::P2p;
+
+/// Bound on communicator init (bootstrap, connections, fallback init).
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What one rank's init needs.
 #[derive(Clone)]
@@ -104,8 +111,8 @@ pub fn build(p: &InitParams) -> NResult<Arc<Ready>> {
 }
 
 fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
-    crate::backend::bind_device(p.device)?;
-    let forced = OpSet::from_env().map_err(NcclError::arg)?;
+    backend::bind_device(p.device)?;
+    let forced = env::forced_fallback(&ops::fallback_names())?;
     let mut bootstrap = TcpBootstrap::new(p.rank, p.nranks).map_err(NcclError::from)?;
     bootstrap
         .initialize_with_id(&p.id, INIT_TIMEOUT)
@@ -114,7 +121,7 @@ fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
     let context = Context::new().map_err(NcclError::from)?;
     let dyn_bootstrap: Arc<dyn Bootstrap> = bootstrap.clone();
     let communicator = Arc::new(Communicator::new(dyn_bootstrap, context));
-    let native = Native::new(&communicator, crate::backend::device(p.device))?;
+    let native = Native::new(&communicator, backend::device(p.device))?;
     let p2p = if crate::HOST_BACKEND && p.nranks > 1 {
         Some(P2p::setup(&communicator, &bootstrap)?)
     } else {
@@ -235,18 +242,6 @@ fn init_fallback(
     }
 }
 
-/// Runs `job` on a background thread and records its outcome on `comm`.
-pub fn spawn_init(comm: Arc<Comm>, job: InitJob) -> NResult<()> {
-    std::thread::Builder::new()
-        .name("mscclpp-nccl-init".into())
-        .spawn(move || {
-            let r = job();
-            comm.finish_init(r);
-        })
-        .map(|_| ())
-        .map_err(|e| NcclError::system(format!("spawning the init thread failed: {e}")))
-}
-
 /// Creates the handle for `p` and runs (or queues, or starts) its init; writes the handle to
 /// `out` unless a blocking init failed.
 ///
@@ -259,10 +254,10 @@ pub unsafe fn start(out: *mut *mut Comm, p: InitParams) -> NResult<NcclResult> {
     if group::in_group() {
         // SAFETY: the caller's contract.
         unsafe { *out = handle };
-        return group::submit(Pending::Init { comm, job });
+        return group::submit_init(comm, job);
     }
     if comm.nonblocking {
-        spawn_init(comm, job)?;
+        Comm::init_in_background(comm, job)?;
         // SAFETY: the caller's contract.
         unsafe { *out = handle };
         return Ok(abi::IN_PROGRESS);
@@ -309,7 +304,7 @@ pub unsafe fn init_rank(
         .ok()
         .filter(|&n| n >= 1)
         .ok_or_else(|| NcclError::arg(format!("nranks {nranks}: expected at least 1")))?;
-    let r = crate::ops::check_rank("rank", rank, n)?;
+    let r = check_rank("rank", rank, n)?;
     let id = parse_id(id)?;
     // SAFETY: the caller's contract.
     let config = unsafe { parse_config(config)? };
@@ -317,7 +312,7 @@ pub unsafe fn init_rank(
         nranks: n,
         rank: r,
         id,
-        device: crate::backend::current_device()?,
+        device: backend::current_device()?,
         nonblocking: nonblocking(&config),
         config,
     };

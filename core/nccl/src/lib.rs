@@ -8,7 +8,7 @@
 //! an unsupported call returns `ncclInvalidUsage` and `ncclGetLastError` says which call and why.
 //!
 //! The `extern "C"` functions in [`exports`] and [`exports_ops`] are the only C interface of
-//! mscclpp-rs's core: the NCCL ABI, nothing else (`fallback` holds the same ABI's function
+//! mscclpp-rs's core: the NCCL ABI, nothing else (the operations hold the same ABI's function
 //! pointer types, to call a real NCCL).
 
 // No unwrap() a peer, a file or the environment could make panic (tests may).
@@ -36,9 +36,22 @@ macro_rules! nccl_export {
     };
 }
 
+// The layers, lowest first; a module imports only modules of the layers below it.
+// C types:            abi
+// errors:             error
+// checks, settings:   checks, env, backend
+// resources:          peers, fallback, native, mem, p2p
+// communicators:      comm
+// operations:         ops (work, then collective and point_to_point)
+// group semantics:    group
+// creation:           init, split
+// the C boundary:     boundary, exports, exports_ops
 pub mod abi;
 mod backend;
+mod boundary;
+mod checks;
 mod comm;
+pub mod env;
 pub mod error;
 pub mod exports;
 pub mod exports_ops;
@@ -48,8 +61,8 @@ mod init;
 mod mem;
 mod native;
 mod ops;
-pub mod options;
 mod p2p;
+mod peers;
 mod split;
 
 /// Whether this build runs on the host backend (host pointers, NULL streams, work done

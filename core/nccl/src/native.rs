@@ -1,45 +1,25 @@
-//! The native paths: `mscclpp::collectives` (which also does world size 1 as a copy), plus
-//! the mapping of NCCL's calls onto it (`ncclReduce` = all-reduce whose non-root ranks write a
-//! scratch buffer; `ncclBcast` = in-place broadcast).
+//! The native paths: `mscclpp::collectives` (which also does world size 1 as a copy), the
+//! copies of a send to this rank itself on GPUs, and a scratch buffer for results a rank
+//! discards (the non-root ranks of `ncclReduce`).
 //!
-//! [`Native::supports`] asks the selector and the chosen algorithm's own check before a call
-//! is routed, so a call no algorithm covers goes to the fallback instead of failing late. The
-//! answer depends only on the collective, sizes, types and the world (never on which rank
-//! asks), so every rank routes alike.
+//! A collective is chosen once ([`Native::choose`]): the call converted to the collectives'
+//! [`Call`] and the algorithm that takes it, before the call is routed, so a call no algorithm
+//! covers goes to the fallback instead of failing late. The same [`Choice`] is then run
+//! ([`Native::run`]). The answer depends only on the collective, sizes, types and the world
+//! (never on which rank asks), so every rank routes alike.
 
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
 use mscclpp::collectives::{
-    Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
+    Algorithm, Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
 };
 use mscclpp::{Communicator, Device, LocalMemory};
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::{Gpu, StreamInterop};
 
+use crate::env;
 use crate::error::{NResult, NcclError};
-use crate::options::Op;
-
-/// One collective call, its arguments checked.
-#[derive(Clone, Copy, Debug)]
-pub struct CollArgs {
-    /// Which collective.
-    pub op: Op,
-    /// Send buffer (device address; host address on the host backend).
-    pub send: u64,
-    /// Receive buffer.
-    pub recv: u64,
-    /// NCCL's count argument (per rank for all-gather and reduce-scatter).
-    pub count: usize,
-    /// `ncclDataType_t`.
-    pub dtype: c_int,
-    /// `ncclRedOp_t` (reductions only).
-    pub redop: c_int,
-    /// Root rank (broadcast, reduce).
-    pub root: usize,
-    /// The caller's stream (`cudaStream_t` as an integer).
-    pub stream: u64,
-}
 
 /// `ncclDataType_t` -> the collectives' type.
 pub fn data_type(v: c_int) -> Option<DataType> {
@@ -74,35 +54,48 @@ pub fn reduce_op(v: c_int) -> Option<ReduceOp> {
 
 /// The native state of one communicator.
 pub struct Native {
-    rank: usize,
     coll: Result<Collectives, String>,
     device: Device,
     /// The opened GPU (None on the host backend), for stream copies.
     gpu: Option<<Gpu as Api>::Device>,
     /// Where non-root ranks of `ncclReduce` put the all-reduce result (grown outside capture).
-    reduce_scratch: Mutex<Option<LocalMemory>>,
+    scratch: Mutex<Option<Scratch>>,
 }
 
 /// Whether a GPU communicator spanning hosts gets the hierarchical collectives: yes, over IB
 /// and over Ethernet (whose GPU ranks stage the network bytes and signals in host-mapped
 /// memory, so the transport threads make no CUDA call a blocked application thread could
-/// hold up; collectives/net.rs). `MSCCLPP_NCCL_GPU_HIERARCHICAL=0` leaves them to the fallback
-/// NCCL, `1` (or unset) runs them; anything else is an error naming the variable. The network
-/// transport's variable is checked here too, so a wrong value fails the communicator's
-/// creation with its name.
+/// hold up; collectives/net.rs), unless [`env::GPU_HIERARCHICAL`] is `0` (`Ok(Err(why))`: they
+/// go to the fallback NCCL). The network transport's variable is checked here too, so a wrong
+/// value fails the communicator's creation with its name.
 fn gpu_hier_enabled() -> NResult<Result<(), String>> {
-    match std::env::var("MSCCLPP_NCCL_GPU_HIERARCHICAL").as_deref() {
-        Ok("0") => Ok(Err("MSCCLPP_NCCL_GPU_HIERARCHICAL=0".into())),
-        Ok("1") | Ok("") | Err(_) => {
-            let env = std::env::var(mscclpp::collectives::net::NET_TRANSPORT_ENV).ok();
-            mscclpp::collectives::net::pick_transport(env.as_deref()).map_err(NcclError::from)?;
-            Ok(Ok(()))
-        }
-        Ok(v) => Err(NcclError::usage(format!(
-            "MSCCLPP_NCCL_GPU_HIERARCHICAL: expected 0 or 1, got {v:?}"
-        ))),
+    if !env::gpu_hierarchical()? {
+        return Ok(Err(format!("{}=0", env::GPU_HIERARCHICAL)));
+    }
+    env::net_transport()?;
+    Ok(Ok(()))
+}
+
+/// A collective the native path runs: the converted call and the algorithm chosen for it.
+#[derive(Clone, Copy)]
+pub struct Choice {
+    /// The call as the collectives see it.
+    pub call: Call,
+    /// The algorithm that runs it (`None`: nothing to do, a count of 0).
+    pub algorithm: Option<&'static dyn Algorithm>,
+}
+
+impl std::fmt::Debug for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Choice")
+            .field("call", &self.call)
+            .field("algorithm", &self.algorithm.map(|a| a.name()))
+            .finish()
     }
 }
+
+/// A buffer for results a rank discards, kept alive by every queued call that writes it.
+pub type Scratch = Arc<LocalMemory>;
 
 impl Native {
     /// Sets up the collectives (collective over the communicator). A communicator spanning
@@ -110,7 +103,7 @@ impl Native {
     /// them its collectives go to the fallback).
     pub fn new(communicator: &Arc<Communicator>, device: Device) -> NResult<Native> {
         let b = communicator.bootstrap();
-        let (rank, n, per_node) = (b.rank(), b.nranks(), b.nranks_per_node());
+        let (n, per_node) = (b.nranks(), b.nranks_per_node());
         let cfg = CollectivesConfig {
             device: Some(device),
             ..CollectivesConfig::default()
@@ -143,11 +136,10 @@ impl Native {
             mscclpp::DeviceType::Cpu => None,
         };
         Ok(Native {
-            rank,
             coll,
             device,
             gpu,
-            reduce_scratch: Mutex::new(None),
+            scratch: Mutex::new(None),
         })
     }
 
@@ -156,93 +148,51 @@ impl Native {
         self.coll.as_ref().map(|_| ()).map_err(Clone::clone)
     }
 
-    fn call_of(args: &CollArgs) -> Result<Call, String> {
-        let kind = match args.op {
-            Op::AllReduce | Op::Reduce => CollectiveKind::AllReduce,
-            Op::AllGather => CollectiveKind::AllGather,
-            Op::ReduceScatter => CollectiveKind::ReduceScatter,
-            Op::Broadcast => CollectiveKind::Broadcast,
-            other => return Err(format!("{} is not a collective", other.name())),
-        };
-        let dtype = data_type(args.dtype)
-            .ok_or_else(|| format!("datatype {} has no native type", args.dtype))?;
-        let op = match args.op {
-            Op::AllReduce | Op::Reduce | Op::ReduceScatter => {
-                reduce_op(args.redop).ok_or_else(|| {
-                    "custom reduction operators (ncclRedOpCreatePreMulSum) have no native path"
-                        .to_string()
-                })?
-            }
-            _ => ReduceOp::Sum,
-        };
-        Ok(Call {
-            kind,
-            send: args.send,
-            recv: args.recv,
-            count: args.count,
-            dtype,
-            op,
-            root: args.root,
+    // ROUTE: the one place a native collective's algorithm is chosen, while the call is routed;
+    // `Native::run` runs exactly this choice. Today's collectives select again inside their
+    // public entry points; with `Collectives::choose(&Call) -> Result<Choice>` this body becomes
+    // that call (and `Choice` theirs), and `run` becomes `run_choice(&Choice, stream)`.
+    /// The choice for `call`: the algorithm that covers it, or why none does (the fallback
+    /// then takes it).
+    pub fn choose(&self, call: Call) -> Result<Choice, String> {
+        let coll = self.coll.as_ref().map_err(Clone::clone)?;
+        if call.count == 0 {
+            return Ok(Choice {
+                call,
+                algorithm: None,
+            });
+        }
+        let algorithm = coll
+            .checked_algorithm(&call)
+            .map_err(|e| format!("no native algorithm can run it: {e}"))?;
+        Ok(Choice {
+            call,
+            algorithm: Some(algorithm),
         })
     }
 
-    /// `Ok` when a native path covers `args`, else why not (the fallback then takes it).
-    pub fn supports(&self, args: &CollArgs) -> Result<(), String> {
-        let coll = self.coll.as_ref().map_err(Clone::clone)?;
-        let mut call = Self::call_of(args)?;
-        if call.count == 0 {
-            return Ok(());
-        }
-        // Rank-independent buffers for the check: ncclReduce is out of place on non-roots,
-        // and a broadcast's send buffer is unused there.
-        if args.op == Op::Reduce && call.send != call.recv {
-            call.recv = call.send.wrapping_add(4096);
-        }
-        if call.send == 0 {
-            call.send = call.recv;
-        }
-        coll.checked_algorithm(&call)
-            .map(|_| ())
-            .map_err(|e| format!("no native algorithm can run it: {e}"))
-    }
-
-    /// Runs `args` natively (asynchronously on its stream on GPUs).
+    /// Runs `choice` (asynchronously on `stream` on GPUs): the choice [`Native::choose`] made.
     ///
     /// # Safety
-    /// The buffers must be valid for the collective's sizes on the comm's device until the
-    /// work on the stream completes.
-    pub unsafe fn run(&self, args: &CollArgs) -> NResult<()> {
+    /// The call's buffers must be valid for the collective's sizes on the comm's device until
+    /// the work on the stream completes.
+    pub unsafe fn run(&self, choice: &Choice, stream: u64) -> NResult<()> {
         let coll = self
             .coll
             .as_ref()
             .map_err(|why| NcclError::usage(why.clone()))?;
-        let call = Self::call_of(args).map_err(NcclError::usage)?;
-        let (s, r, n, st) = (call.send, call.recv, call.count, args.stream);
+        if choice.algorithm.is_none() {
+            return Ok(());
+        }
+        let c = &choice.call;
+        let (s, r, n, st) = (c.send, c.recv, c.count, stream);
         // SAFETY: (all arms) the caller's buffers and stream, checked by the exported function.
         let result = unsafe {
-            match args.op {
-                Op::AllReduce => coll.all_reduce(s, r, n, call.dtype, call.op, st),
-                Op::AllGather => coll.all_gather(s, r, n, call.dtype, st),
-                Op::ReduceScatter => coll.reduce_scatter(s, r, n, call.dtype, call.op, st),
-                Op::Broadcast => {
-                    // Non-root ranks may pass a NULL send buffer (it is not read there).
-                    let s = if s == 0 { r } else { s };
-                    coll.broadcast(s, r, n, call.dtype, call.root, st)
-                }
-                Op::Reduce => {
-                    let dst = if self.rank == call.root {
-                        r
-                    } else {
-                        self.scratch(call.bytes())?
-                    };
-                    coll.all_reduce(s, dst, n, call.dtype, call.op, st)
-                }
-                other => {
-                    return Err(NcclError::internal(format!(
-                        "{} is not a collective",
-                        other.name()
-                    )))
-                }
+            match c.kind {
+                CollectiveKind::AllReduce => coll.all_reduce(s, r, n, c.dtype, c.op, st),
+                CollectiveKind::AllGather => coll.all_gather(s, r, n, c.dtype, st),
+                CollectiveKind::ReduceScatter => coll.reduce_scatter(s, r, n, c.dtype, c.op, st),
+                CollectiveKind::Broadcast => coll.broadcast(s, r, n, c.dtype, c.root, st),
             }
         };
         result.map_err(NcclError::from)
@@ -276,14 +226,13 @@ impl Native {
         }
     }
 
-    /// A scratch buffer of at least `bytes` for non-root `ncclReduce` results.
-    fn scratch(&self, bytes: usize) -> NResult<u64> {
-        let mut g = self
-            .reduce_scratch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+    /// A scratch buffer of at least `bytes` for results a rank discards (non-root
+    /// `ncclReduce`). A larger one replaces it for later calls; calls already holding the
+    /// smaller one keep it alive.
+    pub fn scratch(&self, bytes: usize) -> NResult<Scratch> {
+        let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(m) = g.as_ref().filter(|m| m.size() >= bytes) {
-            return Ok(m.ptr());
+            return Ok(m.clone());
         }
         let size = bytes.max(1).next_power_of_two().max(1 << 20);
         let m = LocalMemory::alloc(self.device, size).map_err(|e| {
@@ -293,9 +242,9 @@ impl Native {
                  capturing)"
             ))
         })?;
-        let p = m.ptr();
-        *g = Some(m);
-        Ok(p)
+        let m = Arc::new(m);
+        *g = Some(m.clone());
+        Ok(m)
     }
 }
 

@@ -19,9 +19,11 @@ use mscclpp::{
     RegisteredMemory, TcpBootstrap, Transport,
 };
 
-use crate::comm::{Comm, Ready};
 use crate::error::{NResult, NcclError};
-use crate::options::P2P_STALL_TIMEOUT;
+use crate::peers::Peers;
+
+/// Bound on a blocking point-to-point exchange that makes no progress.
+pub const P2P_STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Payload bytes per chunk.
 const CHUNK: usize = 512 * 1024;
@@ -265,12 +267,18 @@ impl Link {
 }
 
 impl P2p {
-    /// Runs every operation of `ops` to completion, progressing all of them together.
+    /// Runs every operation of `ops` to completion, progressing all of them together; a
+    /// stalled loop stops when `aborted()` says so and checks the liveness of `peers`.
     ///
     /// # Safety
     /// Each buffer must be host memory valid for its `bytes` (readable for sends, writable
     /// for receives) until this returns.
-    pub unsafe fn run(&mut self, ops: &[P2pOp], comm: &Comm, ready: &Ready) -> NResult<()> {
+    pub unsafe fn run(
+        &mut self,
+        ops: &[P2pOp],
+        peers: &Peers,
+        aborted: &dyn Fn() -> bool,
+    ) -> NResult<()> {
         // SAFETY: forwarded.
         unsafe { run_self(ops, self.rank)? };
         let n = self.links.len();
@@ -339,14 +347,14 @@ impl P2p {
                 spins = 0;
                 continue;
             }
-            if comm.is_aborted() {
+            if aborted() {
                 return Err(NcclError::usage(
                     "the communicator was aborted while send/recv were in progress",
                 ));
             }
             if last_check.elapsed() >= LIVENESS_EVERY {
                 for p in (0..n).filter(|&p| !sends[p].is_empty() || !recvs[p].is_empty()) {
-                    ready.check_peer(p)?;
+                    peers.check_peer(p)?;
                 }
                 last_check = Instant::now();
             }

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use mscclpp::{Bootstrap, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclConfig, NcclResult, NcclUniqueId};
+use crate::backend;
+use crate::checks::check_rank;
 use crate::comm::{self, Comm, Ready, TAG_SHRINK_BASE, TAG_SPLIT_BASE};
 use crate::error::{NResult, NcclError};
-use crate::init::{self, InitParams};
-use crate::ops::ready_comm;
-use crate::options::INIT_TIMEOUT;
+use crate::init::{self, InitParams, INIT_TIMEOUT};
 
 /// Hands a fresh id from `members[0]` to the other members under `tag`; returns it.
 fn hand_out_id(ready: &Ready, members: &[usize], tag: u64) -> NResult<UniqueId> {
@@ -60,6 +60,48 @@ unsafe fn child_config(
     Ok((cfg, nb))
 }
 
+/// A communicator made of some of a parent's ranks.
+struct Child {
+    /// The parent's ranks in it, in the new rank order.
+    members: Vec<usize>,
+    /// The bootstrap tag of its id hand-out.
+    tag: u64,
+    config: Option<NcclConfig>,
+    nonblocking: bool,
+}
+
+impl Child {
+    /// Hands out the new id and runs (or queues, or starts) this rank's init of the child.
+    ///
+    /// # Safety
+    /// `newcomm` must be valid for a write.
+    unsafe fn start(
+        self,
+        parent: &Comm,
+        ready: &Ready,
+        newcomm: *mut *mut Comm,
+    ) -> NResult<NcclResult> {
+        let rank = self
+            .members
+            .iter()
+            .position(|&r| r == parent.rank)
+            .ok_or_else(|| {
+                NcclError::internal("the calling rank is missing from its new communicator")
+            })?;
+        let id = hand_out_id(ready, &self.members, self.tag)?;
+        let p = InitParams {
+            nranks: self.members.len(),
+            rank,
+            id,
+            device: parent.device,
+            config: self.config,
+            nonblocking: self.nonblocking,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { init::start(newcomm, p) }
+    }
+}
+
 /// `ncclCommSplit`.
 ///
 /// # Safety
@@ -71,7 +113,7 @@ pub unsafe fn split(
     newcomm: *mut *mut Comm,
     config: *const NcclConfig,
 ) -> NResult<NcclResult> {
-    let (parent, ready) = ready_comm(handle)?;
+    let (parent, ready) = comm::ready(handle)?;
     if newcomm.is_null() {
         return Err(NcclError::arg("newcomm is NULL"));
     }
@@ -112,21 +154,14 @@ pub unsafe fn split(
         .collect();
     members.sort_unstable();
     let members: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
-    let rank = members
-        .iter()
-        .position(|&r| r == parent.rank)
-        .ok_or_else(|| NcclError::internal("the calling rank is missing from its own color"))?;
-    let id = hand_out_id(&ready, &members, TAG_SPLIT_BASE + seq)?;
-    let p = InitParams {
-        nranks: members.len(),
-        rank,
-        id,
-        device: parent.device,
+    let child = Child {
+        members,
+        tag: TAG_SPLIT_BASE + seq,
         config: cfg,
         nonblocking,
     };
     // SAFETY: checked non-NULL.
-    unsafe { init::start(newcomm, p) }
+    unsafe { child.start(&parent, &ready, newcomm) }
 }
 
 /// `ncclCommShrink`: the ranks not in `exclude` form a new communicator (the excluded ones do
@@ -143,7 +178,7 @@ pub unsafe fn shrink(
     config: *const NcclConfig,
     flags: c_int,
 ) -> NResult<NcclResult> {
-    let (parent, ready) = ready_comm(handle)?;
+    let (parent, ready) = comm::ready(handle)?;
     if newcomm.is_null() {
         return Err(NcclError::arg("newcomm is NULL"));
     }
@@ -167,7 +202,7 @@ pub unsafe fn shrink(
     };
     let mut excluded = vec![false; parent.nranks];
     for &r in list {
-        let r = crate::ops::check_rank("excluded rank", r, parent.nranks)?;
+        let r = check_rank("excluded rank", r, parent.nranks)?;
         excluded[r] = true;
     }
     if excluded[parent.rank] {
@@ -180,19 +215,15 @@ pub unsafe fn shrink(
     // SAFETY: forwarded.
     let (cfg, nonblocking) = unsafe { child_config(&parent, config)? };
     let members: Vec<usize> = (0..parent.nranks).filter(|&r| !excluded[r]).collect();
-    let rank = members.iter().position(|&r| r == parent.rank).unwrap_or(0);
     let seq = ready.shrink_seq.fetch_add(1, Ordering::AcqRel);
-    let id = hand_out_id(&ready, &members, TAG_SHRINK_BASE + seq)?;
-    let p = InitParams {
-        nranks: members.len(),
-        rank,
-        id,
-        device: parent.device,
+    let child = Child {
+        members,
+        tag: TAG_SHRINK_BASE + seq,
         config: cfg,
         nonblocking,
     };
     // SAFETY: checked non-NULL.
-    unsafe { init::start(newcomm, p) }
+    unsafe { child.start(&parent, &ready, newcomm) }
 }
 
 /// `ncclCommInitAll`: `ndev` ranks in this process, on `devlist` (NULL: devices 0..ndev).
@@ -218,7 +249,7 @@ pub unsafe fn init_all(
         unsafe { std::slice::from_raw_parts(devlist, n) }.to_vec()
     };
     for &d in &devices {
-        crate::backend::check_device(d)?;
+        backend::check_device(d)?;
     }
     let id = TcpBootstrap::create_unique_id().map_err(NcclError::from)?;
     let results: Vec<NResult<(Arc<Comm>, Arc<Ready>)>> = std::thread::scope(|s| {

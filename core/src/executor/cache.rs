@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
-use super::layout::Layout;
+use super::lower::layout::Layout;
 use super::plan::ExecutionPlan;
 use crate::error::Result;
 

@@ -136,6 +136,26 @@ impl BufferType {
             BufferType::Scratch => "s",
         }
     }
+
+    /// The word for it in messages (`input`, `output`, `scratch`).
+    pub fn long_name(self) -> &'static str {
+        match self {
+            BufferType::Input => "input",
+            BufferType::Output => "output",
+            BufferType::Scratch => "scratch",
+        }
+    }
+}
+
+impl GpuJson {
+    /// How many chunks the rank's buffer `t` is split into.
+    pub fn chunks(&self, t: BufferType) -> u32 {
+        match t {
+            BufferType::Input => self.input_chunks,
+            BufferType::Output => self.output_chunks,
+            BufferType::Scratch => self.scratch_chunks,
+        }
+    }
 }
 
 /// An entry of `gpus[].channels`: memory/port channels to `connected_to` (one channel per
@@ -348,6 +368,17 @@ pub enum PlanReduceOp {
     Max,
 }
 
+impl PlanReduceOp {
+    /// The JSON spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanReduceOp::Sum => "sum",
+            PlanReduceOp::Min => "min",
+            PlanReduceOp::Max => "max",
+        }
+    }
+}
+
 /// One operation.
 #[derive(Debug, Clone, Deserialize)]
 pub struct OpJson {
@@ -425,31 +456,40 @@ pub struct IterContextJson {
     pub num_chunks: u32,
 }
 
-/// Parses `text`; an error names the JSON path of the offending value.
+/// Parses `text`; an error names the JSON path of the offending value (`at PATH: message`).
+/// [`crate::executor::ExecutionPlan::parse`] also validates, with a typed error.
 pub fn parse(text: &str) -> std::result::Result<PlanJson, String> {
+    parse_located(text).map_err(|(path, message)| {
+        if path.is_empty() {
+            message
+        } else {
+            format!("at {path}: {message}")
+        }
+    })
+}
+
+/// Parses `text`; an error is (the JSON path of the offending value, empty for the whole
+/// document; the parser's message).
+pub(crate) fn parse_located(text: &str) -> std::result::Result<PlanJson, (String, String)> {
     let de = &mut serde_json::Deserializer::from_str(text);
-    match serde_path_to_error::deserialize::<_, PlanJson>(de) {
-        Ok(p) => Ok(p),
-        Err(e) => {
-            let mut path = e.path().to_string();
-            let mut msg = e.into_inner().to_string();
-            // serde names a missing field in the message, at the path of the object that
-            // lacks it: move the field into the path (`ops[7].channel_ids: missing`).
-            if let Some(rest) = msg.strip_prefix("missing field `") {
-                if let Some((field, tail)) = rest.split_once('`') {
-                    path = if path.is_empty() || path == "." || path == "?" {
-                        field.to_string()
-                    } else {
-                        format!("{path}.{field}")
-                    };
-                    msg = format!("missing required field{tail}");
-                }
-            }
-            if path.is_empty() || path == "." || path == "?" {
-                Err(msg)
-            } else {
-                Err(format!("at {path}: {msg}"))
+    serde_path_to_error::deserialize::<_, PlanJson>(de).map_err(|e| {
+        let mut path = e.path().to_string();
+        let mut message = e.into_inner().to_string();
+        if path == "." || path == "?" {
+            path.clear();
+        }
+        // serde names a missing field in the message, at the path of the object that
+        // lacks it: move the field into the path (`ops[7].channel_ids: missing`).
+        if let Some(rest) = message.strip_prefix("missing field `") {
+            if let Some((field, tail)) = rest.split_once('`') {
+                path = if path.is_empty() {
+                    field.to_string()
+                } else {
+                    format!("{path}.{field}")
+                };
+                message = format!("missing required field{tail}");
             }
         }
-    }
+        (path, message)
+    })
 }

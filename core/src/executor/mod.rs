@@ -2,49 +2,47 @@
 //! writes them) as one kernel launch on GPUs, or on CPU threads on the host backend.
 //!
 //! - [`ExecutionPlan`] parses a plan with serde and validates it for every rank before
-//!   anything is set up (`validate`); errors name the JSON path.
+//!   anything is set up; errors ([`PlanError`]) name the JSON path and the operation.
 //! - [`Executor::execute`] sets up connections, channels, remote buffers, scratch and
 //!   semaphores on first use of a (plan, buffers) pair and caches them; lowers the plan for
 //!   the message size into `#[repr(C)]` per-block op lists ([`device`]); then either launches
 //!   `kernels/cuda/src/executor/executor.cu` (each block copies its op list into shared memory
 //!   and interprets it) or interprets the same lists on one CPU thread per thread block
-//!   through [`crate::device_emu`] (`host`).
+//!   through [`crate::device_emu`].
 //! - [`cache`] finds plans under `MSCCLPP_CACHE_DIR` for the collectives and the NCCL library.
+//!
+//! # Layers
+//! Each layer imports only from the ones above it in this list (no file imports one that
+//! imports it back):
+//! 1. `limits` (the `MAX_*` sizes), [`json`] (the file format), `model` (the plan's
+//!    in-memory form), `error` ([`PlanError`]);
+//! 2. `validate`: JSON to the in-memory form, every check that does not depend on the message
+//!    size (`shape` holds the table of operation shapes);
+//! 3. `plan`: [`ExecutionPlan`], a validated plan for one rank;
+//! 4. `lower`: the device form ([`device`]), chunk geometry for a message size (`layout`),
+//!    what a message size can refuse (`LowerError`), and lowering a plan into the device form;
+//! 5. [`cache`] (finding a plan for a call) and `run`: [`Executor`], the resources of a plan
+//!    (`context`), the GPU launch (`gpu`) and the host interpreter (`host`).
 
 pub mod cache;
-mod context;
-pub mod device;
-mod gpu;
-mod host;
+mod error;
 pub mod json;
-mod layout;
+mod limits;
+mod lower;
+mod model;
 mod plan;
-mod reduce;
 mod run;
 mod validate;
-mod validate_ops;
 
 pub use cache::{find_plan, PlanQuery};
+pub use error::{OpLocation, PlanError};
 pub use json::{BufferType, ChannelType, OpName, PlanReduceOp, Protocol};
+pub use limits::{
+    MAX_BARRIERS, MAX_BUFFERS_PER_OP, MAX_CHANNELS_PER_BLOCK, MAX_CHANNELS_PER_OP,
+    MAX_OPS_PER_BLOCK, MAX_REMOTE_BUFFERS_PER_BLOCK, MAX_SEMAPHORES_PER_OP, MAX_THREADBLOCKS,
+    REUSE_SCRATCH_BYTES,
+};
+pub use lower::device;
 pub use plan::ExecutionPlan;
-pub use run::{Executor, ExecutorConfig, PacketType};
-
-/// Thread blocks per rank a plan may have (a GPU launch is further limited by its SM count:
-/// blocks spin on each other, so all must be resident).
-pub const MAX_THREADBLOCKS: usize = 256;
-/// Operations per thread block (a pipeline counts with its inner operations).
-pub const MAX_OPS_PER_BLOCK: usize = 64;
-/// Memory (and, separately, port) channels one thread block may name.
-pub const MAX_CHANNELS_PER_BLOCK: usize = 16;
-/// Remote buffers one thread block may name per channel type.
-pub const MAX_REMOTE_BUFFERS_PER_BLOCK: usize = 16;
-/// Channels one operation may name.
-pub const MAX_CHANNELS_PER_OP: usize = 8;
-/// Chunks on each side (src/dst) of one operation.
-pub const MAX_BUFFERS_PER_OP: usize = 10;
-/// Device semaphores one operation may name.
-pub const MAX_SEMAPHORES_PER_OP: usize = 16;
-/// Barrier ids (`barrier_id` below this).
-pub const MAX_BARRIERS: usize = 16;
-/// Scratch bytes a `reuse_resources` plan gets (upstream's predefined scratch size).
-pub const REUSE_SCRATCH_BYTES: usize = 1 << 26;
+pub use run::config::{ExecutorConfig, PacketType};
+pub use run::Executor;

@@ -1,168 +1,16 @@
-//! [`ExecutionPlan`]: a parsed, validated plan, resolved for every rank (channels flattened to
-//! per-type lists, remote buffers and the memories each rank must send, operations with their
-//! buffers and channels as indexes the executor can use directly).
+//! [`ExecutionPlan`]: a plan file parsed and validated for every rank (`super::validate`),
+//! held in its in-memory form (`super::model`) for the rank that loaded it.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::json::{self, BufferType, ChannelType, IterContextJson, OpName, PlanReduceOp, Protocol};
+use super::error::PlanError;
+use super::json::Protocol;
+use super::model::{Op, PlanMeta, RankPlan};
 use super::validate;
 use crate::error::{Error, Result};
-
-/// Where a chunk lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BufRef {
-    /// This rank's input, output or scratch buffer.
-    Local(BufferType),
-    /// Slot `slot` of the thread block's remote buffers of the operation's channel type; the
-    /// buffer is `ty` of rank `rank`.
-    Remote {
-        slot: usize,
-        ty: BufferType,
-        rank: usize,
-    },
-    /// Slot `slot` of the thread block's switch channels, bound to this rank's buffer `ty`.
-    Switch { slot: usize, ty: BufferType },
-}
-
-impl BufRef {
-    /// The buffer type behind the reference (switch channels: the buffer they bind).
-    pub(crate) fn buffer_type(self) -> Option<BufferType> {
-        match self {
-            BufRef::Local(t) | BufRef::Remote { ty: t, .. } | BufRef::Switch { ty: t, .. } => {
-                Some(t)
-            }
-        }
-    }
-}
-
-/// A chunk range: `size` chunks from chunk `index` of a buffer.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Chunk {
-    pub buf: BufRef,
-    pub index: u32,
-    pub size: u32,
-}
-
-/// One resolved operation.
-#[derive(Debug, Clone)]
-pub(crate) struct Op {
-    pub name: OpName,
-    pub channel_type: ChannelType,
-    /// Indexes into the thread block's channels of `channel_type`.
-    pub channels: Vec<usize>,
-    pub src: Vec<Chunk>,
-    pub dst: Vec<Chunk>,
-    pub reduce: PlanReduceOp,
-    /// (barrier id, thread blocks that meet there).
-    pub barrier: Option<(u32, u32)>,
-    /// (this block's index in its group, group size).
-    pub tbg: (u32, u32),
-    pub semaphores: Vec<usize>,
-    pub pipeline: Option<IterContextJson>,
-    /// The operations a pipeline repeats.
-    pub inner: Vec<Op>,
-}
-
-/// One thread block of one rank.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Block {
-    /// Indexes into the rank's memory channels.
-    pub memory_channels: Vec<usize>,
-    /// Indexes into the rank's port channels.
-    pub port_channels: Vec<usize>,
-    /// Indexes into the rank's switch channels.
-    pub switch_channels: Vec<usize>,
-    /// Indexes into the rank's remote buffers, reached through memory channels.
-    pub memory_buffers: Vec<usize>,
-    /// Indexes into the rank's remote buffers, reached through port channels.
-    pub port_buffers: Vec<usize>,
-    pub ops: Vec<Op>,
-}
-
-/// A buffer of another rank this rank accesses.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RemoteBuffer {
-    pub rank: usize,
-    pub ty: BufferType,
-    pub memory: bool,
-    pub port: bool,
-    /// Communicator tag of the exchange (its index in the rank's `remote_buffers`).
-    pub tag: usize,
-}
-
-/// A local buffer another rank accesses: sent to `to` under `tag`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BufferSend {
-    pub to: usize,
-    pub ty: BufferType,
-    pub port: bool,
-    pub tag: usize,
-}
-
-/// A switch (NVLS multicast) channel of a rank: its buffer `ty` bound to one multicast object
-/// shared by `ranks` (this rank among them).
-#[derive(Debug, Clone)]
-pub(crate) struct SwitchSpec {
-    pub ty: BufferType,
-    pub ranks: Vec<usize>,
-}
-
-/// Everything one rank needs.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RankPlan {
-    pub input_chunks: u32,
-    pub output_chunks: u32,
-    pub scratch_chunks: u32,
-    /// Peer of each memory channel, in channel order.
-    pub memory_peers: Vec<usize>,
-    /// Peer of each port channel.
-    pub port_peers: Vec<usize>,
-    /// Extra connections (no channel) so peers with more channels to us can pair theirs.
-    pub unpaired_memory: Vec<usize>,
-    pub unpaired_port: Vec<usize>,
-    /// Switch channels in plan order (every rank of a group sets them up in this order).
-    pub switch_channels: Vec<SwitchSpec>,
-    pub remote_buffers: Vec<RemoteBuffer>,
-    pub sends: Vec<BufferSend>,
-    pub semaphores: Vec<i32>,
-    pub blocks: Vec<Block>,
-}
-
-impl RankPlan {
-    /// Whether any operation or channel needs NVLS.
-    pub(crate) fn uses_switch(&self) -> bool {
-        fn any(ops: &[Op]) -> bool {
-            ops.iter().any(|o| o.name.is_switch() || any(&o.inner))
-        }
-        !self.switch_channels.is_empty() || self.blocks.iter().any(|b| any(&b.ops))
-    }
-
-    /// Whether any port channel (and so the proxy) is used.
-    pub(crate) fn uses_port(&self) -> bool {
-        !self.port_peers.is_empty()
-            || !self.unpaired_port.is_empty()
-            || self.sends.iter().any(|s| s.port)
-    }
-}
-
-/// The plan-wide settings.
-#[derive(Debug, Clone)]
-pub(crate) struct PlanMeta {
-    pub name: String,
-    pub collective: String,
-    pub protocol: Protocol,
-    pub inplace: bool,
-    pub reuse_resources: bool,
-    pub num_threads_per_block: u32,
-    pub double_scratch: bool,
-    pub buffer_alignment: u32,
-    pub min_message_size: u64,
-    pub max_message_size: u64,
-    pub nranks_per_node: Option<usize>,
-}
 
 pub(crate) struct PlanInner {
     pub meta: PlanMeta,
@@ -214,34 +62,37 @@ impl ExecutionPlan {
         Self::build(text, rank, "(from JSON text)".into(), None)
     }
 
+    /// Parses and validates a plan from JSON text for `rank`, with the typed error
+    /// ([`PlanError`]: the JSON path, and for an operation its rank, thread block, index and
+    /// name) instead of the crate's [`Error`].
+    pub fn parse(text: &str, rank: usize) -> std::result::Result<ExecutionPlan, PlanError> {
+        Self::parse_from(text, rank, "(from JSON text)".into(), None)
+    }
+
     fn build(text: &str, rank: usize, source: String, path: Option<PathBuf>) -> Result<Self> {
-        let err = |m: String| Error::Executor(format!("execution plan {source}: {m}"));
-        let plan = json::parse(text).map_err(err)?;
-        let ranks = validate::resolve(&plan).map_err(err)?;
+        Self::parse_from(text, rank, source.clone(), path)
+            .map_err(|e| Error::Executor(format!("execution plan {source}: {e}")))
+    }
+
+    fn parse_from(
+        text: &str,
+        rank: usize,
+        source: String,
+        path: Option<PathBuf>,
+    ) -> std::result::Result<Self, PlanError> {
+        let plan = validate::parse(text)?;
+        let ranks = validate::resolve(&plan)?;
         if rank >= ranks.len() {
-            return Err(err(format!(
-                "rank {rank}: expected a rank below the plan's {} gpus",
-                ranks.len()
-            )));
+            return Err(PlanError::NoSuchRank {
+                rank,
+                gpus: ranks.len(),
+            });
         }
         let mut h = DefaultHasher::new();
         text.hash(&mut h);
-        let meta = PlanMeta {
-            name: plan.name,
-            collective: plan.collective,
-            protocol: plan.protocol,
-            inplace: plan.inplace,
-            reuse_resources: plan.reuse_resources,
-            num_threads_per_block: plan.num_threads_per_block,
-            double_scratch: plan.use_double_scratch_buffer,
-            buffer_alignment: plan.buffer_alignment,
-            min_message_size: plan.min_message_size,
-            max_message_size: plan.max_message_size,
-            nranks_per_node: plan.nranks_per_node,
-        };
         Ok(ExecutionPlan {
             inner: Arc::new(PlanInner {
-                meta,
+                meta: PlanMeta::of(plan),
                 ranks,
                 rank,
                 id: h.finish(),
@@ -365,5 +216,124 @@ impl ExecutionPlan {
     }
     pub(crate) fn rank_plan(&self) -> &RankPlan {
         &self.inner.ranks[self.inner.rank]
+    }
+    /// The resolved plan of every rank, in rank order.
+    pub(crate) fn rank_plans(&self) -> &[RankPlan] {
+        &self.inner.ranks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::executor::json::OpName;
+
+    const SHIPPED: &str = include_str!("../../plans/allgather_simple_n2.json");
+
+    /// The shipped plan with `corrupt` applied, parsed for rank 0.
+    fn parse_with(
+        corrupt: impl FnOnce(&mut Value),
+    ) -> std::result::Result<ExecutionPlan, PlanError> {
+        let mut v: Value = serde_json::from_str(SHIPPED).expect("the shipped plan is JSON");
+        corrupt(&mut v);
+        ExecutionPlan::parse(&v.to_string(), 0)
+    }
+
+    fn ops(v: &mut Value) -> &mut Vec<Value> {
+        v["gpus"][0]["threadblocks"][0]["ops"]
+            .as_array_mut()
+            .expect("the shipped plan has ops")
+    }
+
+    #[test]
+    fn shipped_plan_parses() {
+        let p = parse_with(|_| {}).expect("the shipped plan is valid");
+        assert_eq!(p.world_size(), 2);
+        assert_eq!(p.num_threadblocks(), 1);
+    }
+
+    #[test]
+    fn json_errors_name_the_path() {
+        let e = parse_with(|v| {
+            v.as_object_mut().map(|o| o.remove("protocol"));
+        })
+        .expect_err("no protocol");
+        assert!(
+            matches!(&e, PlanError::Json { path, .. } if path == "protocol"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("at protocol: missing required field"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn shape_errors_name_the_op_and_field() {
+        let e = parse_with(|v| ops(v)[3]["name"] = json!("pws")).expect_err("pws on memory");
+        let PlanError::Shape { op, field, .. } = &e else {
+            panic!("expected a shape error, got {e:?}");
+        };
+        assert_eq!(
+            (op.rank, op.thread_block, op.op, op.name),
+            (0, 0, 3, OpName::Pws)
+        );
+        assert_eq!(field, "channel_type");
+        assert_eq!(
+            e.to_string(),
+            "gpus[0].threadblocks[0].ops[3].channel_type: pws expects channel_type port, got memory"
+        );
+        let e = parse_with(|v| {
+            ops(v).push(json!({"name": "glres", "src_buff": [], "dst_buff": []}));
+        })
+        .expect_err("glres without chunks");
+        assert!(
+            e.to_string()
+                .ends_with("src_buff: glres expects 1 chunks, got 0"),
+            "{e}"
+        );
+        let e = parse_with(|v| {
+            ops(v)[5].as_object_mut().map(|o| o.remove("channel_ids"));
+        })
+        .expect_err("signal without channels");
+        assert_eq!(
+            e.to_string(),
+            "gpus[0].threadblocks[0].ops[5].channel_ids: signal expects at least one channel, got none"
+        );
+        let e =
+            parse_with(|v| ops(v)[3]["dst_buff"][0] = json!({"type": "o", "index": 0, "size": 1}))
+                .expect_err("put to a local chunk");
+        assert!(
+            matches!(&e, PlanError::Shape { field, .. } if field == "dst_buff[0]"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn range_and_sync_errors() {
+        let e = parse_with(|v| ops(v)[3]["src_buff"][0]["index"] = json!(1000))
+            .expect_err("chunk out of range");
+        assert!(
+            matches!(&e, PlanError::Op { field, .. } if field == "src_buff[0]"),
+            "{e:?}"
+        );
+        assert!(e
+            .to_string()
+            .contains("chunks 1000..1001 lie outside rank 0's output buffer"));
+        let e = parse_with(|v| {
+            ops(v).remove(5);
+        })
+        .expect_err("a wait without its signal");
+        assert!(matches!(e, PlanError::Unbalanced { .. }), "{e:?}");
+        assert!(e.to_string().contains("unmatched wait/signal"), "{e}");
+        let e = ExecutionPlan::parse(SHIPPED, 7).expect_err("no rank 7");
+        assert_eq!(e, PlanError::NoSuchRank { rank: 7, gpus: 2 });
+        let e = ExecutionPlan::from_json("{", 0).expect_err("not JSON");
+        assert!(e
+            .to_string()
+            .starts_with("executor error: execution plan (from JSON text): "));
     }
 }

@@ -1,7 +1,8 @@
 //! Shared by the crate's integration tests: compiling C programs against include/nccl.h with
 //! the `cc` crate, and running commands with a time limit.
 
-#![allow(dead_code)] // each test file uses a different subset
+// Each test binary includes this module and uses only part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

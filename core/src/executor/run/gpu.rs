@@ -6,11 +6,11 @@ use mscclpp_hal::prelude::*;
 use mscclpp_hal::Gpu;
 
 use super::context::ExecContext;
-pub(crate) use super::device::ExecArgs;
-use super::plan::ExecutionPlan;
 use crate::collectives::gpu::GpuCtx;
 use crate::collectives::{DataType, RawStream};
 use crate::error::{Error, Result};
+use crate::executor::lower::device::ExecArgs;
+use crate::executor::plan::ExecutionPlan;
 use crate::memory::hal_err;
 
 /// `ExecDataType` of the C header.

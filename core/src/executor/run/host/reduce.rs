@@ -2,9 +2,9 @@
 //! collectives' element rules ([`crate::collectives::host_math`]: integers wrap, 16-bit and
 //! fp8 floats accumulate in f32 per step).
 
-use super::json::PlanReduceOp;
 use crate::collectives::host_math::{reduce_into, with_elem};
 use crate::collectives::{DataType, ReduceOp};
+use crate::executor::json::PlanReduceOp;
 
 /// The collectives' operation for a plan's `reduce_op`.
 pub(crate) fn op_of(op: PlanReduceOp) -> ReduceOp {

@@ -3,11 +3,12 @@
 //! units; thread-block groups split a chunk range again; pipelines step through
 //! `num_chunks` chunks `unit_size` bytes at a time; scratch size follows from the chunk size.
 
-use super::json::{BufferType, Protocol};
-use super::plan::{Chunk, PlanMeta, RankPlan};
-use super::REUSE_SCRATCH_BYTES;
+use super::error::LowerError;
+use crate::executor::json::{BufferType, Protocol};
+use crate::executor::limits::REUSE_SCRATCH_BYTES;
+use crate::executor::model::{Chunk, PlanMeta, RankPlan};
 
-type R<T> = std::result::Result<T, String>;
+type R<T> = std::result::Result<T, LowerError>;
 
 /// Chunk offsets and sizes for one (input size, output size).
 #[derive(Debug, Clone, Copy)]
@@ -35,10 +36,12 @@ impl Layout {
                 continue;
             }
             if !size.is_multiple_of(a) || !(size / a).is_multiple_of(chunks) {
-                return Err(format!(
-                    "{what} size {size} bytes: expected a multiple of buffer_alignment {a} x {what}_chunks {chunks} = {} bytes",
-                    a * chunks
-                ));
+                return Err(LowerError::Unaligned {
+                    what,
+                    size,
+                    alignment: a,
+                    chunks,
+                });
             }
         }
         let size = if meta.collective == "allgather" {
@@ -47,16 +50,20 @@ impl Layout {
             input
         };
         if size < meta.min_message_size || size > meta.max_message_size {
-            return Err(format!(
-                "message size {size} bytes: outside the plan's range {}..={} bytes",
-                meta.min_message_size, meta.max_message_size
-            ));
+            return Err(LowerError::OutOfRange {
+                size,
+                min: meta.min_message_size,
+                max: meta.max_message_size,
+            });
         }
         let (base_size, base_chunks) = if ic != 0 && oc != 0 {
             if input / ic != output / oc {
-                return Err(format!(
-                    "chunk sizes disagree: input {input} bytes / {ic} chunks != output {output} bytes / {oc} chunks"
-                ));
+                return Err(LowerError::ChunksDisagree {
+                    input,
+                    input_chunks: ic,
+                    output,
+                    output_chunks: oc,
+                });
             }
             (input, ic)
         } else if ic != 0 {
@@ -150,9 +157,8 @@ pub(crate) fn scratch_bytes(meta: &PlanMeta, rp: &RankPlan, input: u64, output: 
 
 #[cfg(test)]
 mod tests {
-    use super::super::json::{BufferType, Protocol};
-    use super::super::plan::{BufRef, Chunk, PlanMeta, RankPlan};
     use super::*;
+    use crate::executor::model::BufRef;
 
     fn meta() -> PlanMeta {
         PlanMeta {
@@ -193,11 +199,17 @@ mod tests {
         assert_eq!(l.chunk(&c, (0, 3)), (1024, 43 * 16));
         assert_eq!(l.chunk(&c, (2, 3)), (1024 + 86 * 16, 42 * 16));
         assert_eq!(l.upper_chunk(), 1024);
-        assert!(Layout::new(&m, &rp, 4000, 4000).is_err(), "not aligned");
+        let e = Layout::new(&m, &rp, 4000, 4000).expect_err("not aligned");
         assert!(
-            Layout::new(&m, &rp, 4096, 2048).is_err(),
-            "chunk sizes differ"
+            matches!(e, LowerError::Unaligned { what: "input", .. }),
+            "{e:?}"
         );
+        assert_eq!(
+            e.to_string(),
+            "input size 4000 bytes: expected a multiple of buffer_alignment 16 x input_chunks 4 = 64 bytes"
+        );
+        let e = Layout::new(&m, &rp, 4096, 2048).expect_err("chunk sizes differ");
+        assert!(matches!(e, LowerError::ChunksDisagree { .. }), "{e:?}");
     }
 
     #[test]
@@ -208,6 +220,10 @@ mod tests {
         m.double_scratch = true;
         assert_eq!(scratch_bytes(&m, &rp, 2048, 2048), 4 * 6 * 1024);
         m.min_message_size = 4096;
-        assert!(Layout::new(&m, &rp, 2048, 2048).is_err(), "below the range");
+        let e = Layout::new(&m, &rp, 2048, 2048).expect_err("below the range");
+        assert!(
+            matches!(e, LowerError::OutOfRange { size: 2048, .. }),
+            "{e:?}"
+        );
     }
 }

@@ -1,63 +1,32 @@
 //! [`Executor`]: runs [`ExecutionPlan`]s on a communicator's buffers. Resources are set up
-//! on the first execution of a (plan, send, recv, sizes) and cached; the lowered op lists are
-//! cached per message size. GPU buffers run one kernel launch on the caller's stream; host
-//! buffers (the host backend) run on CPU threads and are complete when `execute` returns.
+//! on the first execution of a (plan, send, recv, sizes) and cached (`context`); the lowered
+//! op lists are cached per message size. GPU buffers run one kernel launch on the caller's
+//! stream (`gpu`); host buffers (the host backend) run on CPU threads and are complete when
+//! `execute` returns (`host`). `config` holds the settings both read.
 
+pub(crate) mod config;
+mod context;
+mod gpu;
+mod host;
+
+use std::collections::hash_map::Entry as Slot;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use super::context::{Buffers, ExecContext};
-use super::device::{self, ExecBlock};
-use super::host::{self, HostLaunch};
-use super::json::Protocol;
-use super::layout::Layout;
-use super::plan::ExecutionPlan;
 use crate::collectives::gpu::GpuCtx;
 use crate::collectives::{DataType, RawStream};
 use crate::communicator::Communicator;
 use crate::error::{Error, Result};
+use crate::executor::json::Protocol;
+use crate::executor::lower::device::{ExecArgs, ExecBlock};
+use crate::executor::lower::layout::Layout;
+use crate::executor::lower::lower;
+use crate::executor::plan::ExecutionPlan;
 use crate::gpu_buffer::GpuBuffer;
 use crate::transport::{Device, DeviceType};
-
-/// LL packet format of packet operations (upstream's `PacketType`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum PacketType {
-    /// 16-byte packets carrying 8 data bytes (upstream's default).
-    #[default]
-    LL16,
-    /// 8-byte packets carrying 4 data bytes.
-    LL8,
-}
-
-impl PacketType {
-    /// Data bytes per packet.
-    pub fn payload_bytes(self) -> usize {
-        match self {
-            PacketType::LL16 => 8,
-            PacketType::LL8 => 4,
-        }
-    }
-}
-
-/// Executor settings.
-#[derive(Clone, Debug)]
-pub struct ExecutorConfig {
-    /// Host backend: how long a CPU "thread block" waits for a peer before failing.
-    pub timeout: Duration,
-    /// Host backend: CPU threads per thread block (1 runs each block's ops in order; more
-    /// split the work as GPU threads do and make `nop` a real block barrier).
-    pub host_threads_per_block: u32,
-}
-
-impl Default for ExecutorConfig {
-    fn default() -> Self {
-        ExecutorConfig {
-            timeout: Duration::from_secs(60),
-            host_threads_per_block: 1,
-        }
-    }
-}
+use config::{ExecutorConfig, PacketType};
+use context::{Buffers, ExecContext};
+use host::HostLaunch;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -147,7 +116,7 @@ impl Executor {
     /// `send..send+send_size` and `recv..recv+recv_size` are live memory allocated through
     /// this library ([`GpuBuffer`] / [`crate::LocalMemory`]) that stays alive until the
     /// execution finished; `stream` is 0 or a live stream of the buffers' GPU.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // upstream's Executor::execute, argument for argument
     pub unsafe fn execute(
         &self,
         rank: usize,
@@ -160,6 +129,57 @@ impl Executor {
         stream: RawStream,
         packet_type: PacketType,
     ) -> Result<()> {
+        let bufs = Buffers {
+            send,
+            recv,
+            send_size,
+            recv_size,
+        };
+        // Everything that can be refused is checked before the (collective) setup.
+        let device = self.check_call(rank, plan, bufs, dtype, packet_type)?;
+        let gpu = if device.kind == DeviceType::Gpu {
+            Some(self.gpu(device.id)?)
+        } else {
+            None
+        };
+        let sizes = (send_size as u64, recv_size as u64);
+        let layout = Layout::new(plan.meta(), plan.rank_plan(), sizes.0, sizes.1)
+            .map_err(|e| err(plan, e))?;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = self.entry(&mut entries, plan, device, bufs, gpu.as_deref(), stream)?;
+        let ctx = &entry.ctx;
+        let low = lowered(&mut entry.lowered, ctx, plan, &layout, sizes, gpu.is_some())?;
+        if low.blocks.is_empty() {
+            return Ok(());
+        }
+        match gpu {
+            // SAFETY: the context owns every resource the blocks point at; the caller keeps
+            // the buffers alive.
+            None => unsafe { self.run_on_host(plan, ctx, low, bufs, dtype, packet_type) },
+            // SAFETY: forwarded from the caller.
+            Some(g) => unsafe {
+                gpu::launch(
+                    &g,
+                    plan,
+                    ctx,
+                    launch_args(low, ctx, bufs, dtype, packet_type),
+                    stream,
+                )
+            },
+        }
+    }
+
+    /// Refuses a call the plan cannot run (rank, world size, null buffers, alignment and
+    /// element size, memory not ours or on two devices, switch channels, fp8 on ROCm);
+    /// returns the buffers' device.
+    fn check_call(
+        &self,
+        rank: usize,
+        plan: &ExecutionPlan,
+        bufs: Buffers,
+        dtype: DataType,
+        packet_type: PacketType,
+    ) -> Result<Device> {
         let b = self.comm.bootstrap();
         if rank != b.rank() || rank != plan.rank() {
             return Err(err(
@@ -181,29 +201,19 @@ impl Executor {
                 ),
             ));
         }
+        let Buffers {
+            send,
+            recv,
+            send_size,
+            recv_size,
+        } = bufs;
         if send == 0 || recv == 0 || send_size == 0 || recv_size == 0 {
             return Err(err(
                 plan,
                 format!("expected non-null buffers of at least one byte, got send {send:#x} ({send_size} bytes), recv {recv:#x} ({recv_size} bytes)"),
             ));
         }
-        let meta = plan.meta();
-        let es = dtype.size_in_bytes() as u32;
-        let pay = packet_type.payload_bytes() as u32;
-        if meta.protocol == Protocol::Ll && !meta.buffer_alignment.is_multiple_of(pay) {
-            return Err(err(
-                plan,
-                format!("buffer_alignment {} is not a multiple of the {packet_type:?} payload ({pay} bytes)", meta.buffer_alignment),
-            ));
-        }
-        if !meta.buffer_alignment.is_multiple_of(es)
-            || (meta.protocol == Protocol::Ll && !pay.is_multiple_of(es))
-        {
-            return Err(err(
-                plan,
-                format!("{dtype} elements ({es} bytes) do not fit the plan's buffer_alignment {} / {packet_type:?} payload {pay}", meta.buffer_alignment),
-            ));
-        }
+        check_alignment(plan, dtype, packet_type)?;
         let device = buffer_device(send, send_size, "send")
             .and_then(|d| buffer_device(recv, recv_size, "recv").map(|r| (d, r)))
             .map_err(|e| err(plan, e))?;
@@ -229,29 +239,26 @@ impl Executor {
                 format!("{dtype}: the ROCm executor kernel is built without fp8"),
             ));
         }
-        let gpu = if device.kind == DeviceType::Gpu {
-            Some(self.gpu(device.id)?)
-        } else {
-            None
-        };
-        let bufs = Buffers {
-            send,
-            recv,
-            send_size,
-            recv_size,
-        };
+        Ok(device)
+    }
+
+    /// The cached context of (`plan`, `bufs`), set up (collectively) on first use.
+    fn entry<'e>(
+        &self,
+        entries: &'e mut HashMap<Key, Entry>,
+        plan: &ExecutionPlan,
+        device: Device,
+        bufs: Buffers,
+        gpu: Option<&GpuCtx>,
+        stream: RawStream,
+    ) -> Result<&'e mut Entry> {
         let key = Key {
             plan: plan.id(),
             name: plan.name().to_string(),
             bufs,
         };
-        // Everything that can be refused is checked before the (collective) setup.
-        let sizes = (send_size as u64, recv_size as u64);
-        let layout =
-            Layout::new(meta, plan.rank_plan(), sizes.0, sizes.1).map_err(|e| err(plan, e))?;
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if !entries.contains_key(&key) {
-            if let Some(g) = &gpu {
+            if let Some(g) = gpu {
                 if g.is_capturing(stream)? {
                     return Err(err(plan, "first execution of these buffers while the stream is being captured: run it once outside capture (setup talks to the peers)"));
                 }
@@ -265,79 +272,46 @@ impl Executor {
                 },
             );
         }
-        let entry = entries
+        entries
             .get_mut(&key)
-            .ok_or_else(|| Error::Internal("executor context vanished".into()))?;
-        if !entry.lowered.contains_key(&sizes) {
-            let blocks = device::lower(plan.rank_plan(), &layout, &entry.ctx.tables())
-                .map_err(|e| err(plan, e))?;
-            let on_device = match &gpu {
-                Some(_) if !blocks.is_empty() => {
-                    let buf: GpuBuffer<ExecBlock> = GpuBuffer::new(device, blocks.len())?;
-                    let flat: Vec<ExecBlock> = blocks.iter().map(|b| **b).collect();
-                    buf.copy_from_host(0, &flat)?;
-                    Some(buf)
-                }
-                _ => None,
-            };
-            entry.lowered.insert(
-                sizes,
-                Lowered {
-                    blocks,
-                    on_device,
-                    reuse_chunk: layout.reuse_scratch_chunk(),
-                },
-            );
-        }
-        let low = &entry.lowered[&sizes];
-        let ctx = &entry.ctx;
-        if low.blocks.is_empty() {
-            return Ok(());
-        }
-        match gpu {
-            None => {
-                let switch: Vec<Vec<_>> = plan
-                    .rank_plan()
-                    .blocks
+            .ok_or_else(|| Error::Internal("executor context vanished".into()))
+    }
+
+    /// Runs the lowered blocks on CPU threads.
+    ///
+    /// # Safety
+    /// As [`Executor::execute`]; `ctx` is the context `low` was lowered against.
+    unsafe fn run_on_host(
+        &self,
+        plan: &ExecutionPlan,
+        ctx: &ExecContext,
+        low: &Lowered,
+        bufs: Buffers,
+        dtype: DataType,
+        packet: PacketType,
+    ) -> Result<()> {
+        let switch: Vec<Vec<_>> = plan
+            .rank_plan()
+            .blocks
+            .iter()
+            .map(|b| {
+                b.switch_channels
                     .iter()
-                    .map(|b| {
-                        b.switch_channels
-                            .iter()
-                            .map(|&c| ctx.switch_handles[c])
-                            .collect()
-                    })
-                    .collect();
-                let l = HostLaunch {
-                    blocks: &low.blocks,
-                    switch: &switch,
-                    input: send,
-                    output: recv,
-                    scratch: ctx.scratch.data(),
-                    scratch_half: ctx.scratch_half,
-                    reuse_chunk: low.reuse_chunk,
-                    flags: ctx.flags.data(),
-                    barriers: ctx.barriers.data(),
-                    semaphores: ctx.semaphores.data(),
-                    dtype,
-                    packet: packet_type,
-                    threads: self.cfg.host_threads_per_block,
-                    timeout: self.cfg.timeout,
-                };
-                // SAFETY: the context owns every resource the blocks point at; the caller
-                // keeps the buffers alive.
-                unsafe { host::run(&l) }.map_err(|e| err(plan, e))
-            }
-            // SAFETY: forwarded from the caller.
-            Some(g) => unsafe {
-                super::gpu::launch(
-                    &g,
-                    plan,
-                    ctx,
-                    low_args(low, ctx, bufs, dtype, packet_type),
-                    stream,
-                )
-            },
-        }
+                    .map(|&c| ctx.switch_handles[c])
+                    .collect()
+            })
+            .collect();
+        let l = HostLaunch {
+            blocks: &low.blocks,
+            switch: &switch,
+            args: launch_args(low, ctx, bufs, dtype, packet),
+            dtype,
+            packet,
+            threads: self.cfg.host_threads_per_block,
+            timeout: self.cfg.timeout,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { host::run(&l) }.map_err(|e| err(plan, e))
     }
 
     fn gpu(&self, id: i32) -> Result<Arc<GpuCtx>> {
@@ -351,14 +325,45 @@ impl Executor {
     }
 }
 
-fn low_args(
+/// The blocks lowered against `ctx` for `sizes` (cached in `cache`), lowered (and copied to
+/// the GPU when `on_gpu`) on first use.
+fn lowered<'e>(
+    cache: &'e mut HashMap<(u64, u64), Lowered>,
+    ctx: &ExecContext,
+    plan: &ExecutionPlan,
+    layout: &Layout,
+    sizes: (u64, u64),
+    on_gpu: bool,
+) -> Result<&'e Lowered> {
+    let slot = match cache.entry(sizes) {
+        Slot::Occupied(o) => return Ok(o.into_mut()),
+        Slot::Vacant(v) => v,
+    };
+    let blocks = lower(plan.rank_plan(), layout, &ctx.tables()).map_err(|e| err(plan, e))?;
+    let on_device = if on_gpu && !blocks.is_empty() {
+        let buf: GpuBuffer<ExecBlock> = GpuBuffer::new(ctx.device, blocks.len())?;
+        let flat: Vec<ExecBlock> = blocks.iter().map(|b| **b).collect();
+        buf.copy_from_host(0, &flat)?;
+        Some(buf)
+    } else {
+        None
+    };
+    Ok(slot.insert(Lowered {
+        blocks,
+        on_device,
+        reuse_chunk: layout.reuse_scratch_chunk(),
+    }))
+}
+
+/// The kernel's argument for a lowered plan on `ctx` (the host interpreter reads the same).
+fn launch_args(
     low: &Lowered,
     ctx: &ExecContext,
     bufs: Buffers,
     dtype: DataType,
     packet: PacketType,
-) -> super::gpu::ExecArgs {
-    super::gpu::ExecArgs {
+) -> ExecArgs {
+    ExecArgs {
         blocks: low.on_device.as_ref().map_or(0, |b| b.data()),
         input: bufs.send,
         output: bufs.recv,
@@ -368,7 +373,7 @@ fn low_args(
         flags: ctx.flags.data(),
         barriers: ctx.barriers.data(),
         semaphores: ctx.semaphores.data(),
-        dtype: super::gpu::dtype_code(dtype),
+        dtype: gpu::dtype_code(dtype),
         packet: match packet {
             PacketType::LL16 => 0,
             PacketType::LL8 => 1,
@@ -376,6 +381,28 @@ fn low_args(
         nblocks: low.blocks.len() as u32,
         pad: 0,
     }
+}
+
+/// The plan's `buffer_alignment` holds whole elements of `dtype` and, for LL plans, whole
+/// payloads of `packet_type` (which hold whole elements).
+fn check_alignment(plan: &ExecutionPlan, dtype: DataType, packet_type: PacketType) -> Result<()> {
+    let meta = plan.meta();
+    let es = dtype.size_in_bytes() as u32;
+    let pay = packet_type.payload_bytes() as u32;
+    let ll = meta.protocol == Protocol::Ll;
+    if ll && !meta.buffer_alignment.is_multiple_of(pay) {
+        return Err(err(
+            plan,
+            format!("buffer_alignment {} is not a multiple of the {packet_type:?} payload ({pay} bytes)", meta.buffer_alignment),
+        ));
+    }
+    if !meta.buffer_alignment.is_multiple_of(es) || (ll && !pay.is_multiple_of(es)) {
+        return Err(err(
+            plan,
+            format!("{dtype} elements ({es} bytes) do not fit the plan's buffer_alignment {} / {packet_type:?} payload {pay}", meta.buffer_alignment),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a plan with switch channels can run on `device` with `dtype`: NVLS must be usable

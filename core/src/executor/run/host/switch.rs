@@ -2,11 +2,12 @@
 //! the host backend's multicast emulation ([`crate::device_emu::switch_channel`]), in 16-byte
 //! vectors of the launch's data type, each thread of a block taking a contiguous share.
 
-use super::*;
+use super::thread::Thread;
+use crate::collectives::DataType;
 use crate::device_emu::switch_channel::{Bf16x8, F16x8, F32x4, MultimemVector};
+use crate::error::{Error, Result};
+use crate::executor::lower::device::{op, ExecOp, REF_REMOTE, REF_SWITCH, SWITCH_VECTOR_BYTES};
 use crate::switch_channel::SwitchChannelDeviceHandle;
-
-use crate::executor::device::{REF_SWITCH, SWITCH_VECTOR_BYTES};
 
 impl Thread<'_> {
     /// The switch channel behind a chunk reference.
@@ -29,7 +30,7 @@ impl Thread<'_> {
     fn switch_offset(&self, ty: u8, chunk_off: u32, off: u64) -> u64 {
         let scratch = ty == 2;
         let half = if scratch && self.even() {
-            self.l.scratch_half
+            self.l.args.scratch_half
         } else {
             0
         };
@@ -39,7 +40,7 @@ impl Thread<'_> {
     /// glre / glres / gstore with pipeline offset `off` and step `unit`.
     ///
     /// # Safety
-    /// See [`run`]; the block's switch handles come from live channels.
+    /// See [`super::run`]; the block's switch handles come from live channels.
     pub(super) unsafe fn switch_op(&self, o: &ExecOp, off: u64, unit: u64) -> Result<()> {
         // SAFETY: forwarded.
         unsafe {

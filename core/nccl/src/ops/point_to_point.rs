@@ -1,0 +1,233 @@
+//! `ncclSend`/`ncclRecv` and the calls made of them (`ncclAlltoAll`, `ncclGather`,
+//! `ncclScatter`), each described once: its C arguments checked into sends and receives, and
+//! its name in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`. Natively they run on the host
+//! backend's point-to-point links (on GPU builds only with this rank itself); on the fallback
+//! NCCL as its `ncclSend`/`ncclRecv` inside one of its groups. Adding such a call adds a value
+//! here (and to [`ALL`] when it has a name of its own), its declaration in `nccl.h` and its
+//! line in `exports_ops.rs`.
+
+use std::ffi::{c_int, c_void};
+
+use crate::checks::{byte_len, check_rank, need_ptr};
+use crate::comm::Comm;
+use crate::env::FallbackName;
+use crate::error::NResult;
+use crate::fallback::{FallbackComm, Handle, Stream};
+use crate::ops::work::{CArgs, FallbackCall, NativeWork, P2pCall, Request, Work};
+use crate::p2p::{Dir, P2pOp};
+
+/// A call's sends and receives on one rank: (direction, peer, buffer address), each of the
+/// call's per-rank byte size; and why it has no native path, if it has none.
+struct Parts {
+    list: Vec<(Dir, usize, u64)>,
+    not_native: Option<&'static str>,
+}
+
+impl Parts {
+    fn of(list: Vec<(Dir, usize, u64)>) -> Parts {
+        Parts {
+            list,
+            not_native: None,
+        }
+    }
+}
+
+/// Checks the C arguments of `call` on rank `me` of `n` (`per`: bytes per block) and lists
+/// its sends and receives.
+type PartsFn = fn(call: &str, a: &CArgs, me: usize, n: usize, per: usize) -> NResult<Parts>;
+
+/// A point-to-point call of `nccl.h`.
+pub struct PointToPoint {
+    /// Its names in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`.
+    pub name: FallbackName,
+    parts: PartsFn,
+}
+
+/// `ncclSend` and `ncclRecv` are one operation there: both ends of a message must agree.
+const SEND_RECV: FallbackName = FallbackName {
+    name: "sendrecv",
+    aliases: &["send", "recv"],
+};
+
+/// Every point-to-point operation with a name of its own, in the order
+/// `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`'s message lists them.
+pub static ALL: [&PointToPoint; 4] = [&SEND, &ALL_TO_ALL, &GATHER, &SCATTER];
+
+/// `ncclSend`.
+pub static SEND: PointToPoint = PointToPoint {
+    name: SEND_RECV,
+    parts: |_, a, _, n, per| {
+        let peer = check_rank("peer", a.root, n)?;
+        need_ptr("sendbuff", a.send, per)?;
+        Ok(Parts::of(vec![(Dir::Send, peer, a.send)]))
+    },
+};
+
+/// `ncclRecv`.
+pub static RECV: PointToPoint = PointToPoint {
+    name: SEND_RECV,
+    parts: |_, a, _, n, per| {
+        let peer = check_rank("peer", a.root, n)?;
+        need_ptr("recvbuff", a.recv, per)?;
+        Ok(Parts::of(vec![(Dir::Recv, peer, a.recv)]))
+    },
+};
+
+/// Block `i` of `base` (blocks of `per` bytes).
+fn block(base: u64, i: usize, per: usize) -> u64 {
+    base + (i * per) as u64
+}
+
+/// `ncclAlltoAll`: block `p` of the send buffer to rank `p`, block `p` of the receive buffer
+/// from it.
+pub static ALL_TO_ALL: PointToPoint = PointToPoint {
+    name: FallbackName {
+        name: "alltoall",
+        aliases: &[],
+    },
+    parts: |call, a, _, n, per| {
+        let total = byte_len(call, a.count, a.dtype, n)?;
+        need_ptr("sendbuff", a.send, total)?;
+        need_ptr("recvbuff", a.recv, total)?;
+        let list = (0..n)
+            .flat_map(|p| {
+                [
+                    (Dir::Send, p, block(a.send, p, per)),
+                    (Dir::Recv, p, block(a.recv, p, per)),
+                ]
+            })
+            .collect();
+        // In place, blocks would be overwritten before they are sent.
+        let in_place = a.send == a.recv && n > 1 && per > 0;
+        Ok(Parts {
+            list,
+            not_native: in_place.then_some("in-place ncclAlltoAll has no native path"),
+        })
+    },
+};
+
+/// `ncclGather`: every rank's buffer to block `rank` of the root's.
+pub static GATHER: PointToPoint = PointToPoint {
+    name: FallbackName {
+        name: "gather",
+        aliases: &[],
+    },
+    parts: |call, a, me, n, per| {
+        let total = byte_len(call, a.count, a.dtype, n)?;
+        let root = check_rank("root", a.root, n)?;
+        need_ptr("sendbuff", a.send, per)?;
+        let mut list = vec![(Dir::Send, root, a.send)];
+        if me == root {
+            need_ptr("recvbuff", a.recv, total)?;
+            list.extend((0..n).map(|p| (Dir::Recv, p, block(a.recv, p, per))));
+        }
+        Ok(Parts::of(list))
+    },
+};
+
+/// `ncclScatter`: block `rank` of the root's buffer to every rank.
+pub static SCATTER: PointToPoint = PointToPoint {
+    name: FallbackName {
+        name: "scatter",
+        aliases: &[],
+    },
+    parts: |call, a, me, n, per| {
+        let total = byte_len(call, a.count, a.dtype, n)?;
+        let root = check_rank("root", a.root, n)?;
+        need_ptr("recvbuff", a.recv, per)?;
+        let mut list = Vec::new();
+        if me == root {
+            need_ptr("sendbuff", a.send, total)?;
+            list.extend((0..n).map(|p| (Dir::Send, p, block(a.send, p, per))));
+        }
+        list.push((Dir::Recv, root, a.recv));
+        Ok(Parts::of(list))
+    },
+};
+
+impl PointToPoint {
+    /// Checks the C arguments `a` of `call` on `handle` (NULL buffers with a non-zero count,
+    /// count overflow, unknown types, bad roots and peers) and routes the call.
+    pub fn prepare(
+        &'static self,
+        call: &'static str,
+        handle: *const Comm,
+        a: CArgs,
+    ) -> NResult<Work> {
+        let request = Request::new(call, handle, &self.name)?;
+        let (me, n) = (request.comm.rank, request.comm.nranks);
+        let per = byte_len(call, a.count, a.dtype, 1)?;
+        let parts = (self.parts)(call, &a, me, n, per)?;
+        let calls: Vec<P2pCall> = parts
+            .list
+            .into_iter()
+            .map(|(dir, peer, buf)| P2pCall {
+                op: P2pOp {
+                    dir,
+                    peer,
+                    buf,
+                    bytes: per,
+                },
+                count: a.count,
+                dtype: a.dtype,
+                stream: a.stream,
+            })
+            .collect();
+        let fallback_calls = calls.clone();
+        request.route(
+            |_| {
+                Ok(match parts.not_native {
+                    Some(why) => Err(why.to_string()),
+                    None if crate::HOST_BACKEND || calls.iter().all(|c| c.op.peer == me) => {
+                        Ok(NativeWork::Parts(calls))
+                    }
+                    None => Err(
+                        "point-to-point between different ranks has no native path on \
+                                 GPU builds"
+                            .to_string(),
+                    ),
+                })
+            },
+            || Box::new(PartsFallback(fallback_calls)),
+        )
+    }
+}
+
+/// Sends and receives for the fallback NCCL.
+struct PartsFallback(Vec<P2pCall>);
+
+impl FallbackCall for PartsFallback {
+    unsafe fn issue(&self, fb: &FallbackComm, call: &str) -> NResult<()> {
+        type Send =
+            unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
+        type Recv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Handle, Stream) -> c_int;
+        for c in &self.0 {
+            let (buf, st) = (c.op.buf as usize, c.stream as usize as Stream);
+            let peer = c.op.peer as c_int;
+            // SAFETY: (both arms) the types are nccl.h's declarations of the functions; the
+            // caller's arguments, checked, passed on with the fallback's comm.
+            let rc = unsafe {
+                match c.op.dir {
+                    Dir::Send => fb.function::<Send>("ncclSend")?(
+                        buf as *const c_void,
+                        c.count,
+                        c.dtype,
+                        peer,
+                        fb.comm,
+                        st,
+                    ),
+                    Dir::Recv => fb.function::<Recv>("ncclRecv")?(
+                        buf as *mut c_void,
+                        c.count,
+                        c.dtype,
+                        peer,
+                        fb.comm,
+                        st,
+                    ),
+                }
+            };
+            fb.check(call, rc)?;
+        }
+        Ok(())
+    }
+}

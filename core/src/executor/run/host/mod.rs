@@ -1,0 +1,157 @@
+//! The host backend's interpreter: one CPU thread group per thread block runs the block's
+//! lowered op list ([`crate::executor::device::ExecBlock`]) through the CPU device API ([`crate::device_emu`]), with the
+//! GPU kernel's semantics: the same flag (one per launch, per-block counters), the same
+//! double-scratch parity, `nop` as the block's `__syncthreads`, `barrier` across blocks,
+//! work split by thread id. Every wait polls with the launch timeout and stops early when
+//! another block of the launch failed.
+//!
+//! `thread` is one thread of a block (addressing, polling, barriers); `ops` the plain
+//! operations, `packets` the LL packet ones, `switch` the NVLS ones, `reduce` the element-wise
+//! math; this file starts the threads and dispatches each operation code.
+
+mod ops;
+mod packets;
+mod reduce;
+mod switch;
+mod thread;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use crate::device_emu::packet::HostPacket;
+use crate::error::{Error, Result};
+use crate::executor::lower::device::{op, ExecOp};
+use crate::executor::run::config::PacketType;
+use crate::packet::{LL16Packet, LL8Packet};
+pub(crate) use thread::HostLaunch;
+use thread::{BlockBarrier, Thread};
+
+/// Runs every block of `l` to completion (or the first error).
+///
+/// # Safety
+/// Every address in `l` and in its blocks (channels, remote buffers) is live host memory of
+/// the sizes the plan was lowered for, for the whole call.
+pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
+    let abort = AtomicBool::new(false);
+    let threads = l.threads.max(1);
+    let flags = l.args.flags as usize as *mut u32;
+    let mut per_block = Vec::with_capacity(l.blocks.len());
+    for b in 0..l.blocks.len() {
+        // SAFETY: the flags array holds one counter per block (caller's contract).
+        let flag = unsafe { flags.add(b).read_volatile() }.wrapping_add(1);
+        per_block.push(flag);
+    }
+    let barriers: Vec<BlockBarrier> = (0..l.blocks.len())
+        .map(|_| BlockBarrier::new(threads))
+        .collect();
+    let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for (b, block) in l.blocks.iter().enumerate() {
+            for tid in 0..threads {
+                let (abort, bar, first_err) = (&abort, &barriers[b], &first_err);
+                let flag = per_block[b];
+                s.spawn(move || {
+                    let t = Thread {
+                        l,
+                        block,
+                        sw: l.switch.get(b).map_or(&[], Vec::as_slice),
+                        tid,
+                        n: threads,
+                        flag,
+                        abort,
+                        bar,
+                    };
+                    // SAFETY: forwarded from the caller.
+                    let r = unsafe {
+                        match l.packet {
+                            PacketType::LL16 => t.run::<LL16Packet>(),
+                            PacketType::LL8 => t.run::<LL8Packet>(),
+                        }
+                    };
+                    if let Err(e) = r {
+                        abort.store(true, Ordering::Release);
+                        let mut f = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                        if f.is_none() || matches!(*f, Some(Error::Aborted(_))) {
+                            *f = Some(e);
+                        }
+                    }
+                });
+            }
+        }
+    });
+    for (b, flag) in per_block.into_iter().enumerate() {
+        // SAFETY: as above.
+        unsafe { flags.add(b).write_volatile(flag) };
+    }
+    match first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+impl Thread<'_> {
+    /// # Safety
+    /// See [`run`].
+    unsafe fn run<P: HostPacket>(&self) -> Result<()> {
+        let ops = &self.block.ops[..self.block.n_ops as usize];
+        let mut i = 0;
+        while i < ops.len() {
+            let o = &ops[i];
+            if o.op_type == op::PIPELINE {
+                let inner = &ops[i + 1..(i + 1 + o.n_inner as usize).min(ops.len())];
+                for it in 0..o.n_iterations {
+                    let off = u64::from(it) * u64::from(o.unit_size);
+                    for p in inner {
+                        // SAFETY: forwarded.
+                        unsafe { self.exec::<P>(p, off, u64::from(o.unit_size))? };
+                    }
+                }
+                i += 1 + inner.len();
+            } else {
+                // SAFETY: forwarded.
+                unsafe { self.exec::<P>(o, 0, u64::MAX)? };
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one operation with pipeline offset `off` and step `unit` (`u64::MAX`: the whole
+    /// chunk).
+    ///
+    /// # Safety
+    /// See [`run`].
+    unsafe fn exec<P: HostPacket>(&self, o: &ExecOp, off: u64, unit: u64) -> Result<()> {
+        // SAFETY: forwarded (every arm).
+        unsafe {
+            match o.op_type {
+                op::NOP => self.sync(),
+                op::BARRIER => self.barrier(o),
+                op::SIGNAL | op::RELAXED_SIGNAL => self.signal(o),
+                op::WAIT | op::RELAXED_WAIT => self.wait(o),
+                op::FLUSH => self.flush(o),
+                op::PUT | op::PUT_WITH_SIGNAL | op::PUT_WITH_SIGNAL_AND_FLUSH => {
+                    self.put(o, off, unit)
+                }
+                op::GET | op::COPY => self.copy(o, off, unit),
+                op::REDUCE | op::REDUCE_SEND | op::READ_REDUCE | op::READ_REDUCE_SEND => {
+                    self.reduce(o, off, unit)
+                }
+                op::PUT_PACKETS | op::READ_PUT_PACKETS | op::COPY_PACKETS | op::UNPACK_PACKETS => {
+                    self.move_packets::<P>(o)
+                }
+                op::REDUCE_PACKETS
+                | op::REDUCE_SEND_PACKETS
+                | op::REDUCE_COPY_PACKETS
+                | op::REDUCE_COPY_SEND_PACKETS => self.reduce_packets::<P>(o),
+                op::SEM_ACQUIRE | op::SEM_RELEASE => self.semaphore(o),
+                op::GROUP_LOAD_REDUCE | op::GROUP_LOAD_REDUCE_STORE | op::GROUP_STORE => {
+                    self.switch_op(o, off, unit)
+                }
+                other => Err(Error::Executor(format!(
+                    "host interpreter: unknown operation code {other}"
+                ))),
+            }
+        }
+    }
+}
