@@ -95,7 +95,7 @@ fn body(me: &Rank) -> Res {
     port_channel_rounds(me, EndpointConfig::new(Transport::Ethernet, Device::CPU))
 }
 
-#[allow(dead_code)]
+#[allow(dead_code)] // unused when 07 includes this file
 fn main() {
     common::run("06-port-channel", 2, 22006, body)
 }

@@ -4,8 +4,16 @@
 //! Reading never fails: a malformed value is kept as its parse error and returned, naming the
 //! variable, what came and what was expected, by the typed accessor (`env().ibv_mode()?`).
 //! Tests build an `Env` from any lookup function with [`Env::from_lookup`].
+//!
+//! Every variable has one parser, here, and is listed in [`VARS`] with its default and what it
+//! does (the HAL's own variables are in [`mscclpp_hal::env::VARS`]; where core reports one of
+//! them, it calls the HAL's parser). Most are read once per process ([`env()`]); those that
+//! are read again per communicator (the algorithm forcing, the NVLS emulation opt-in, the
+//! network transport of the collectives) are read fresh with [`Env::current`].
 
+use crate::collectives::types::CollectiveKind;
 use crate::error::{Error, Result};
+use mscclpp_hal::env::{parse_bool, parse_hostid, parse_library_path, Var};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -84,6 +92,203 @@ pub enum SocketFamily {
     Inet6,
 }
 
+/// The network transport the collectives use between nodes (`MSCCLPP_COLL_NET_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NetTransport {
+    /// `ib`: InfiniBand (the first IB device).
+    Ib,
+    /// `ethernet`: TCP.
+    Ethernet,
+}
+
+/// One algorithm an environment variable forces (`MSCCLPP_ALGORITHM`, `MSCCLPP_<KIND>_ALGO`),
+/// not yet checked against the algorithms that exist (the collectives do that, and name
+/// [`var`](ForcedAlgorithm::var) and [`value`](ForcedAlgorithm::value) in their error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForcedAlgorithm {
+    /// The collective.
+    pub kind: CollectiveKind,
+    /// The algorithm's name as written (trimmed).
+    pub name: String,
+    /// The variable that forces it.
+    pub var: &'static str,
+    /// That variable's whole value.
+    pub value: String,
+}
+
+/// The launcher variables that identify a job, in the order the bootstrap's job key takes them
+/// (`MSCCLPP_BOOTSTRAP_KEY` comes first: [`Env::bootstrap_key`]).
+pub const LAUNCHER_JOB_VARS: [&str; 5] = [
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "TORCHELASTIC_RUN_ID",
+];
+
+/// `MSCCLPP_ALGORITHM`: `kind=name` items for any collective.
+pub const ALGORITHM: &str = "MSCCLPP_ALGORITHM";
+/// `MSCCLPP_NVLS_EMULATION`: lets the selector pick NVLS on the host backend.
+pub const NVLS_EMULATION: &str = "MSCCLPP_NVLS_EMULATION";
+/// `MSCCLPP_COLL_NET_TRANSPORT`: the collectives' network transport between nodes.
+pub const COLL_NET_TRANSPORT: &str = "MSCCLPP_COLL_NET_TRANSPORT";
+/// `MSCCLPP_COPY_DRIVER_MAX_BYTES`: the largest world-size-1 copy done by the driver.
+pub const COPY_DRIVER_MAX_BYTES: &str = "MSCCLPP_COPY_DRIVER_MAX_BYTES";
+/// The default of [`COPY_DRIVER_MAX_BYTES`]: 256 MiB.
+pub const COPY_DRIVER_MAX_BYTES_DEFAULT: usize = 256 << 20;
+
+const fn var(name: &'static str, default: &'static str, doc: &'static str) -> Var {
+    Var { name, default, doc }
+}
+
+/// Every variable this crate reads, with its default and what it does (the HAL's are in
+/// [`mscclpp_hal::env::VARS`]).
+pub const VARS: &[Var] = &[
+    var(
+        "MSCCLPP_LOG_LEVEL",
+        "WARN",
+        "NONE, VERSION, WARN, INFO, ABORT or TRACE (any case)",
+    ),
+    var(
+        "MSCCLPP_DEBUG",
+        "WARN",
+        "the log level when MSCCLPP_LOG_LEVEL is unset",
+    ),
+    var(
+        "MSCCLPP_LOG_SUBSYS",
+        "ALL",
+        "comma list of subsystems to log",
+    ),
+    var(
+        "MSCCLPP_LOG_FILE",
+        "stderr",
+        "log to this file (%h = host, %p = pid)",
+    ),
+    var(
+        "MSCCLPP_HCA_DEVICES",
+        "every IB device",
+        "comma list of IB device names",
+    ),
+    var(
+        "MSCCLPP_IBV_SO",
+        "the system libibverbs",
+        "the libibverbs to load (HAL parser)",
+    ),
+    var(
+        "MSCCLPP_IBV_MODE",
+        "host",
+        "host or host-no-atomic: how IB connections signal",
+    ),
+    var(
+        "MSCCLPP_IB_GID_INDEX",
+        "0",
+        "integer >= 0: the GID table index",
+    ),
+    var(
+        "MSCCLPP_IB_MR_PATH",
+        "auto",
+        "auto, data-direct, dmabuf or plain",
+    ),
+    var(
+        "MSCCLPP_HOSTID",
+        "unset",
+        "mixed into the host hash (HAL parser)",
+    ),
+    var(
+        "MSCCLPP_SOCKET_IFNAME",
+        "any interface",
+        "bootstrap interfaces (NCCL syntax)",
+    ),
+    var(
+        "MSCCLPP_BOOTSTRAP_KEY",
+        "the launcher's job id",
+        "the job key of ip:port bootstraps",
+    ),
+    var(
+        "MSCCLPP_SOCKET_FAMILY",
+        "either (IPv4 first)",
+        "AF_INET or AF_INET6",
+    ),
+    var(
+        "MSCCLPP_FORCE_DISABLE_NVLS",
+        "0",
+        "boolean; also NCCL_NVLS_ENABLE=0 (HAL parser)",
+    ),
+    var(
+        "MSCCLPP_FORCE_DISABLE_GDR",
+        "0",
+        "boolean: turns GDRCopy off (HAL parser)",
+    ),
+    var(
+        "MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM",
+        "0",
+        "boolean: CudaIpc copies on stream 0",
+    ),
+    var(
+        "MSCCLPP_NCCL_LIB_PATH",
+        "unset",
+        "the NCCL library to fall back to",
+    ),
+    var(
+        "MSCCLPP_CACHE_DIR",
+        "$HOME/.cache/mscclpp",
+        "the cache directory",
+    ),
+    var(
+        ALGORITHM,
+        "unset",
+        "kind=name[,kind=name...] or a bare all-reduce name",
+    ),
+    var(
+        "MSCCLPP_ALLREDUCE_ALGO",
+        "the selector's choice",
+        "the all-reduce algorithm",
+    ),
+    var(
+        "MSCCLPP_ALLGATHER_ALGO",
+        "the selector's choice",
+        "the all-gather algorithm",
+    ),
+    var(
+        "MSCCLPP_REDUCESCATTER_ALGO",
+        "the selector's choice",
+        "the reduce-scatter algorithm",
+    ),
+    var(
+        "MSCCLPP_BROADCAST_ALGO",
+        "the selector's choice",
+        "the broadcast algorithm",
+    ),
+    var(
+        NVLS_EMULATION,
+        "0",
+        "0 or 1: the selector may pick NVLS on the host backend",
+    ),
+    var(
+        COLL_NET_TRANSPORT,
+        "ib when available, else ethernet",
+        "ib or ethernet",
+    ),
+    var(
+        COPY_DRIVER_MAX_BYTES,
+        "256M",
+        "byte count (K, M, G suffixes)",
+    ),
+    var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
+    var(
+        "OMPI_MCA_ess_base_jobid",
+        "unset",
+        "launcher job id (job key)",
+    ),
+    var(
+        "SLURM_JOB_ID",
+        "unset",
+        "launcher job id (job key, with SLURM_STEP_ID)",
+    ),
+    var("SLURM_STEP_ID", "unset", "launcher job step (job key)"),
+    var("TORCHELASTIC_RUN_ID", "unset", "launcher job id (job key)"),
+];
+
 type Parsed<T> = std::result::Result<T, String>;
 
 /// Every `MSCCLPP_*` variable this crate reads, parsed once.
@@ -106,23 +311,106 @@ pub struct Env {
     cudaipc_use_default_stream: Parsed<bool>,
     nccl_lib_path: Option<PathBuf>,
     cache_dir: Parsed<PathBuf>,
+    forced_algorithms: Parsed<Vec<ForcedAlgorithm>>,
+    nvls_emulation: Parsed<bool>,
+    coll_net_transport: Parsed<Option<NetTransport>>,
+    copy_driver_max_bytes: Parsed<usize>,
+    launcher_job: Vec<(&'static str, String)>,
 }
 
 /// The process environment, read on first use and never again.
 pub fn env() -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
-    ENV.get_or_init(|| Env::from_lookup(|name| std::env::var(name).ok()))
+    ENV.get_or_init(Env::current)
 }
 
-fn parse_bool(name: &str, value: Option<String>) -> Parsed<bool> {
-    let Some(v) = value else { return Ok(false) };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" | "0" | "false" | "no" | "off" => Ok(false),
-        "1" | "true" | "yes" | "on" => Ok(true),
-        _ => Err(format!(
-            "{name}={v}: expected a boolean (1, 0, true, false, yes, no, on, off)"
+/// The message of an [`Error`] as [`Env`] keeps it (the accessors wrap it in
+/// [`Error::InvalidUsage`] again).
+fn message(e: Error) -> String {
+    match e {
+        Error::InvalidUsage(m) => m,
+        other => other.to_string(),
+    }
+}
+
+/// `MSCCLPP_ALGORITHM` then each `MSCCLPP_<KIND>_ALGO`, in that order (a later one wins).
+fn parse_forced(lookup: &impl Fn(&str) -> Option<String>) -> Parsed<Vec<ForcedAlgorithm>> {
+    let mut forced = Vec::new();
+    if let Some(v) = lookup(ALGORITHM).filter(|v| !v.trim().is_empty()) {
+        for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (kind, name) = match item.split_once('=') {
+                Some((k, n)) => (
+                    k.trim().parse::<CollectiveKind>().map_err(message)?,
+                    n.trim(),
+                ),
+                None => (CollectiveKind::AllReduce, item),
+            };
+            forced.push(ForcedAlgorithm {
+                kind,
+                name: name.to_string(),
+                var: ALGORITHM,
+                value: v.clone(),
+            });
+        }
+    }
+    for kind in CollectiveKind::ALL {
+        if let Some(v) = lookup(kind.env_var()).filter(|v| !v.trim().is_empty()) {
+            forced.push(ForcedAlgorithm {
+                kind,
+                name: v.trim().to_string(),
+                var: kind.env_var(),
+                value: v,
+            });
+        }
+    }
+    Ok(forced)
+}
+
+/// `MSCCLPP_NVLS_EMULATION`: `0`, empty or unset = false, `1` = true.
+fn parse_nvls_emulation(value: Option<String>) -> Parsed<bool> {
+    match value.as_deref().map(str::trim) {
+        None | Some("") | Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(format!(
+            "{NVLS_EMULATION}={v}: expected 0 or 1 (1 lets the selector pick the NVLS \
+             all-reduces on the host backend's multicast emulation)"
         )),
     }
+}
+
+/// `MSCCLPP_COLL_NET_TRANSPORT`: `ib` or `ethernet` (any case); unset or blank = `None`.
+fn parse_net_transport(value: Option<String>) -> Parsed<Option<NetTransport>> {
+    match value.as_deref().map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) if v.eq_ignore_ascii_case("ib") => Ok(Some(NetTransport::Ib)),
+        Some(v) if v.eq_ignore_ascii_case("ethernet") => Ok(Some(NetTransport::Ethernet)),
+        Some(v) => Err(format!(
+            "{COLL_NET_TRANSPORT}={v}: expected one of ib, ethernet"
+        )),
+    }
+}
+
+/// `MSCCLPP_COPY_DRIVER_MAX_BYTES`: a byte count with an optional K, M or G suffix.
+fn parse_copy_driver_max(value: Option<String>) -> Parsed<usize> {
+    let Some(v) = value.as_deref().map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(COPY_DRIVER_MAX_BYTES_DEFAULT);
+    };
+    let (digits, shift) = match v.as_bytes()[v.len() - 1].to_ascii_uppercase() {
+        b'K' => (&v[..v.len() - 1], 10),
+        b'M' => (&v[..v.len() - 1], 20),
+        b'G' => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1usize << shift))
+        .ok_or_else(|| {
+            format!(
+                "{COPY_DRIVER_MAX_BYTES}={v}: expected a byte count such as 0, 65536, 64K, 256M \
+                 or 1G"
+            )
+        })
 }
 
 fn non_empty(value: Option<String>) -> Option<String> {
@@ -133,6 +421,12 @@ fn non_empty(value: Option<String>) -> Option<String> {
 }
 
 impl Env {
+    /// The process environment as it is now (read again at every call, unlike [`env()`]):
+    /// for the variables read per communicator.
+    pub fn current() -> Env {
+        Env::from_lookup(|name| std::env::var(name).ok())
+    }
+
     /// Builds an `Env` from `lookup(name)`, which returns the value of variable `name` if set.
     /// [`env()`] uses `std::env::var`; tests pass a map.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Env {
@@ -218,25 +512,33 @@ impl Env {
                         .collect()
                 })
                 .unwrap_or_default(),
-            ibv_so: non_empty(lookup("MSCCLPP_IBV_SO")).map(PathBuf::from),
+            ibv_so: parse_library_path(lookup("MSCCLPP_IBV_SO").map(Into::into)),
             ibv_mode,
             ib_gid_index,
             ib_mr_path,
-            hostid: non_empty(lookup("MSCCLPP_HOSTID")),
+            hostid: parse_hostid(lookup("MSCCLPP_HOSTID")),
             socket_ifname: non_empty(lookup("MSCCLPP_SOCKET_IFNAME")),
             bootstrap_key: non_empty(lookup("MSCCLPP_BOOTSTRAP_KEY")),
             socket_family,
             force_disable_nvls,
             force_disable_gdr: parse_bool(
                 "MSCCLPP_FORCE_DISABLE_GDR",
-                lookup("MSCCLPP_FORCE_DISABLE_GDR"),
+                lookup("MSCCLPP_FORCE_DISABLE_GDR").as_deref(),
             ),
             cudaipc_use_default_stream: parse_bool(
                 "MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM",
-                lookup("MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM"),
+                lookup("MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM").as_deref(),
             ),
             nccl_lib_path: non_empty(lookup("MSCCLPP_NCCL_LIB_PATH")).map(PathBuf::from),
             cache_dir,
+            forced_algorithms: parse_forced(&lookup),
+            nvls_emulation: parse_nvls_emulation(lookup(NVLS_EMULATION)),
+            coll_net_transport: parse_net_transport(lookup(COLL_NET_TRANSPORT)),
+            copy_driver_max_bytes: parse_copy_driver_max(lookup(COPY_DRIVER_MAX_BYTES)),
+            launcher_job: LAUNCHER_JOB_VARS
+                .iter()
+                .filter_map(|&name| lookup(name).map(|v| (name, v)))
+                .collect(),
         }
     }
 
@@ -318,6 +620,38 @@ impl Env {
         Self::typed(&self.cache_dir)
     }
 
+    /// The algorithms `MSCCLPP_ALGORITHM` (`kind=name[,kind=name...]`, a bare name meaning
+    /// all-reduce) and then `MSCCLPP_ALLREDUCE_ALGO`, `MSCCLPP_ALLGATHER_ALGO`,
+    /// `MSCCLPP_REDUCESCATTER_ALGO`, `MSCCLPP_BROADCAST_ALGO` force, in that order (a later one
+    /// for the same collective wins); empty when none is set. An unknown collective kind is an
+    /// error here; an unknown algorithm name is one when the collectives look it up.
+    pub fn forced_algorithms(&self) -> Result<Vec<ForcedAlgorithm>> {
+        Self::typed(&self.forced_algorithms)
+    }
+    /// `MSCCLPP_NVLS_EMULATION`: `1` lets the selector pick the NVLS all-reduces on the host
+    /// backend's multicast emulation; `0`, empty or unset (the default) only when forced.
+    pub fn nvls_emulation(&self) -> Result<bool> {
+        Self::typed(&self.nvls_emulation)
+    }
+    /// `MSCCLPP_COLL_NET_TRANSPORT`: `ib` or `ethernet` (any case); `None` when unset, and the
+    /// collectives then take IB when a device is available, else Ethernet.
+    pub fn coll_net_transport(&self) -> Result<Option<NetTransport>> {
+        Self::typed(&self.coll_net_transport)
+    }
+    /// `MSCCLPP_COPY_DRIVER_MAX_BYTES`: the largest world-size-1 GPU copy done by the driver's
+    /// memcpy rather than the copy kernel (a byte count, `K`/`M`/`G` suffixes; default 256M).
+    pub fn copy_driver_max_bytes(&self) -> Result<usize> {
+        Self::typed(&self.copy_driver_max_bytes)
+    }
+    /// The value of launcher variable `name` (one of [`LAUNCHER_JOB_VARS`]; `None` for any
+    /// other name or when unset), as the bootstrap's job key reads it.
+    pub fn launcher_var(&self, name: &str) -> Option<&str> {
+        self.launcher_job
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     /// Whether a message of `level` in subsystem `subsys` is logged under this environment.
     /// A malformed log level logs warnings (and the first warning says why).
     pub fn log_enabled(&self, level: LogLevel, subsys: &str) -> bool {
@@ -332,5 +666,120 @@ impl Env {
                 .map(str::trim)
                 .any(|s| s.eq_ignore_ascii_case("ALL") || s.eq_ignore_ascii_case(subsys)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(vars: &[(&str, &str)]) -> Env {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Env::from_lookup(move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    fn err<T: std::fmt::Debug>(r: Result<T>) -> String {
+        r.expect_err("a malformed value").to_string()
+    }
+
+    #[test]
+    fn forced_algorithms_in_order() {
+        assert!(env_of(&[]).forced_algorithms().unwrap().is_empty());
+        let f = env_of(&[
+            (ALGORITHM, " allgather = fullmesh, rsag "),
+            ("MSCCLPP_ALLREDUCE_ALGO", " packet "),
+        ])
+        .forced_algorithms()
+        .unwrap();
+        let got: Vec<_> = f.iter().map(|a| (a.kind, a.name.as_str(), a.var)).collect();
+        assert_eq!(
+            got,
+            [
+                (CollectiveKind::AllGather, "fullmesh", ALGORITHM),
+                (CollectiveKind::AllReduce, "rsag", ALGORITHM),
+                (
+                    CollectiveKind::AllReduce,
+                    "packet",
+                    "MSCCLPP_ALLREDUCE_ALGO"
+                ),
+            ]
+        );
+        assert_eq!(f[0].value, " allgather = fullmesh, rsag ");
+        let e = err(env_of(&[(ALGORITHM, "gather=x")]).forced_algorithms());
+        assert!(e.contains("collective `gather`: expected one of"), "{e}");
+    }
+
+    #[test]
+    fn nvls_emulation() {
+        assert!(!env_of(&[]).nvls_emulation().unwrap());
+        assert!(!env_of(&[(NVLS_EMULATION, "0")]).nvls_emulation().unwrap());
+        assert!(env_of(&[(NVLS_EMULATION, " 1")]).nvls_emulation().unwrap());
+        let e = err(env_of(&[(NVLS_EMULATION, "yes")]).nvls_emulation());
+        assert!(
+            e.contains("MSCCLPP_NVLS_EMULATION=yes: expected 0 or 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn coll_net_transport() {
+        assert_eq!(env_of(&[]).coll_net_transport().unwrap(), None);
+        assert_eq!(
+            env_of(&[(COLL_NET_TRANSPORT, "IB")])
+                .coll_net_transport()
+                .unwrap(),
+            Some(NetTransport::Ib)
+        );
+        assert_eq!(
+            env_of(&[(COLL_NET_TRANSPORT, " Ethernet ")])
+                .coll_net_transport()
+                .unwrap(),
+            Some(NetTransport::Ethernet)
+        );
+        let e = err(env_of(&[(COLL_NET_TRANSPORT, "rdma")]).coll_net_transport());
+        assert!(e.contains("MSCCLPP_COLL_NET_TRANSPORT=rdma: expected one of ib, ethernet"));
+    }
+
+    #[test]
+    fn copy_driver_max_bytes() {
+        let max = |v: &str| env_of(&[(COPY_DRIVER_MAX_BYTES, v)]).copy_driver_max_bytes();
+        assert_eq!(env_of(&[]).copy_driver_max_bytes().unwrap(), 256 << 20);
+        assert_eq!(max("").unwrap(), 256 << 20);
+        assert_eq!(max("0").unwrap(), 0);
+        assert_eq!(max("65536").unwrap(), 65536);
+        assert_eq!(max("64K").unwrap(), 64 << 10);
+        assert_eq!(max("256m").unwrap(), 256 << 20);
+        assert_eq!(max("1G").unwrap(), 1 << 30);
+        for bad in ["K", "-1", "1T", "99999999999999999999G", "lots"] {
+            let e = err(max(bad));
+            assert!(
+                e.contains(&format!("{COPY_DRIVER_MAX_BYTES}={bad}: expected")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn launcher_vars() {
+        let e = env_of(&[("SLURM_JOB_ID", "7"), ("HOME", "/h")]);
+        assert_eq!(e.launcher_var("SLURM_JOB_ID"), Some("7"));
+        assert_eq!(e.launcher_var("SLURM_STEP_ID"), None);
+        assert_eq!(e.launcher_var("HOME"), None);
+    }
+
+    #[test]
+    fn every_variable_is_listed_once_with_its_default() {
+        let names: std::collections::HashSet<&str> = VARS.iter().map(|v| v.name).collect();
+        assert_eq!(names.len(), VARS.len(), "a variable is listed twice");
+        let forced = CollectiveKind::ALL.map(CollectiveKind::env_var);
+        for name in forced.iter().chain(&LAUNCHER_JOB_VARS) {
+            assert!(names.contains(name), "{name} is not listed");
+        }
+        assert!(VARS
+            .iter()
+            .all(|v| !v.default.is_empty() && !v.doc.is_empty()));
     }
 }

@@ -153,8 +153,7 @@ pub(crate) fn default_gpu() -> i32 {
 }
 
 /// Opens (once per process) the backend device of `device`.
-// The GPU device type is Copy on the host backend only.
-#[allow(clippy::clone_on_copy)]
+#[allow(clippy::clone_on_copy)] // the GPU device type is Copy on the host backend only
 pub(crate) fn gpu_device(id: i32) -> Result<<Gpu as Api>::Device> {
     static DEVS: OnceLock<Mutex<HashMap<i32, <Gpu as Api>::Device>>> = OnceLock::new();
     let ordinal = usize::try_from(id)

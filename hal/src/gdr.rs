@@ -14,11 +14,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// Set to `1` to turn GDRCopy off even when the library is present.
-pub const GDR_DISABLE_ENV: &str = "MSCCLPP_FORCE_DISABLE_GDR";
+pub const GDR_DISABLE_ENV: &str = crate::env::FORCE_DISABLE_GDR;
 /// Library names tried, in order.
 pub const GDR_CANDIDATES: [&str; 2] = ["libgdrapi.so", "libgdrapi.so.2"];
 /// Set to a path to load that GDRCopy library (and only it).
-pub const GDR_SO_ENV: &str = "MSCCLPP_GDRCOPY_SO";
+pub const GDR_SO_ENV: &str = crate::env::GDRCOPY_SO;
 /// The oldest GDRCopy runtime and driver used (major, minor): the 2.x `gdr_info_t` layout.
 pub const GDR_MIN_VERSION: (i32, i32) = (2, 0);
 /// GPU pages pinned by GDRCopy are 64 KiB.
@@ -184,23 +184,40 @@ impl std::fmt::Debug for Gdr {
     }
 }
 
-/// Whether a value of `MSCCLPP_FORCE_DISABLE_GDR` turns GDRCopy off.
+/// Whether a value of `MSCCLPP_FORCE_DISABLE_GDR` turns GDRCopy off: a true value
+/// ([`crate::env::parse_bool`]) and, failing closed, a malformed one.
 pub fn disabled_by(value: Option<&str>) -> bool {
-    matches!(
-        value.map(str::trim),
-        Some("1") | Some("true") | Some("TRUE") | Some("yes")
-    )
+    !matches!(crate::env::parse_bool(GDR_DISABLE_ENV, value), Ok(false))
 }
 
 impl Gdr {
     /// Probes GDRCopy under this process's environment (`MSCCLPP_FORCE_DISABLE_GDR`,
     /// `MSCCLPP_GDRCOPY_SO`) and this build's GPU backend.
     pub fn probe() -> GdrProbe {
-        let disable = std::env::var(GDR_DISABLE_ENV).ok();
-        let so = std::env::var_os(GDR_SO_ENV);
         let not_built =
             cfg!(hal_rocm).then_some("GDRCopy serves CUDA GPUs; this build's GPU backend is rocm");
-        Self::probe_with(disable.as_deref(), so.as_deref(), not_built)
+        let so = crate::env::gdrcopy_so();
+        Self::probe_switched(crate::env::force_disable_gdr(), so.as_deref(), not_built)
+    }
+
+    /// [`Gdr::probe`] with the parsed `MSCCLPP_FORCE_DISABLE_GDR` ([`crate::env::parse_bool`])
+    /// given: a true value or a malformed one (fail closed, the message says why) reports
+    /// `DisabledByEnv`; false probes the library `so` (or the default candidates) unless
+    /// `not_built` says why this backend has none.
+    pub fn probe_switched(
+        disable: Result<bool, String>,
+        so: Option<&std::path::Path>,
+        not_built: Option<&str>,
+    ) -> GdrProbe {
+        match disable {
+            Ok(true) => Self::probe_with(Some("1"), None, None),
+            Ok(false) => Self::probe_with(None, so.map(std::path::Path::as_os_str), not_built),
+            Err(e) => GdrProbe {
+                status: GdrStatus::DisabledByEnv,
+                message: format!("{GDR_DISABLE_ENV} is malformed, GDRCopy stays off: {e}"),
+                gdr: None,
+            },
+        }
     }
 
     /// [`Gdr::probe`] with the inputs given: the two variables' values and, for a backend
@@ -286,9 +303,11 @@ impl Gdr {
     /// Opens GDRCopy: `None` when disabled by `MSCCLPP_FORCE_DISABLE_GDR=1` or when no
     /// candidate library loads.
     pub fn open() -> Result<Option<Gdr>, GdrError> {
-        let disable = std::env::var(GDR_DISABLE_ENV).ok();
+        if !matches!(crate::env::force_disable_gdr(), Ok(false)) {
+            return Ok(None);
+        }
         let cands: Vec<PathBuf> = GDR_CANDIDATES.iter().map(PathBuf::from).collect();
-        Self::open_with(disable.as_deref(), &cands)
+        Self::open_with(None, &cands)
     }
 
     /// [`Gdr::open`] with the variable's value and the candidate paths given explicitly.

@@ -41,6 +41,7 @@
 
 pub mod auxil;
 pub mod dmabuf;
+pub mod env;
 mod error;
 
 pub mod gdr;
@@ -60,6 +61,7 @@ pub mod rocm;
 
 pub use auxil::deferred::take_deferred_errors;
 pub use dmabuf::{DmaBuf, DmaBufApi};
+pub use env::parse_nvls_switches;
 pub use error::{Error, Result};
 pub use graph::StreamInterop;
 pub use ipc::{IpcDescriptor, IpcKind};
@@ -67,7 +69,7 @@ pub use multicast::{
     multicast_counts, MulticastApi, MulticastCounts, MulticastGranularity, MulticastInfo,
     NvlsPermit,
 };
-pub use nvls::{nvls_disabled_by_env, nvls_supported, parse_nvls_switches};
+pub use nvls::{nvls_disabled_by_env, nvls_supported};
 
 use std::time::Duration;
 

@@ -1,64 +1,23 @@
-//! NVLS (NVLink multicast) capability query, with the environment switches checked first.
+//! NVLS (NVLink multicast) capability query, with the environment switches ([`crate::env`])
+//! checked first.
 //!
 //! Nothing in this crate ever creates a multicast object; this only reports capability.
 
 use crate::prelude::*;
 use crate::Gpu;
 
-/// The one parser of the NVLS switches (core's `Env` uses it too): `Ok(true)` when
-/// `MSCCLPP_FORCE_DISABLE_NVLS` is `1`/`true`/`yes`/`on` or `NCCL_NVLS_ENABLE` is `0`,
-/// `Ok(false)` when neither disables it (unset, empty, `0`/`false`/`no`/`off`, another
-/// integer for `NCCL_NVLS_ENABLE`), and `Err` naming the variable, the value and what was
-/// expected for anything else. A malformed switch is a safety switch nobody can read:
-/// every caller treats `Err` as disabled (fail closed).
-pub fn parse_nvls_switches(lookup: impl Fn(&str) -> Option<String>) -> Result<bool, String> {
-    let mut errors = Vec::new();
-    let force = match lookup("MSCCLPP_FORCE_DISABLE_NVLS") {
-        None => false,
-        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "" | "0" | "false" | "no" | "off" => false,
-            "1" | "true" | "yes" | "on" => true,
-            _ => {
-                errors.push(format!(
-                    "MSCCLPP_FORCE_DISABLE_NVLS={v}: expected a boolean (1, 0, true, false, yes, \
-                     no, on, off)"
-                ));
-                true
-            }
-        },
-    };
-    let nccl_off = match lookup("NCCL_NVLS_ENABLE") {
-        None => false,
-        Some(v) if v.trim().is_empty() => false,
-        Some(v) => match v.trim().parse::<i64>() {
-            Ok(n) => n == 0,
-            Err(_) => {
-                errors.push(format!(
-                    "NCCL_NVLS_ENABLE={v}: expected an integer (0 disables NVLS)"
-                ));
-                true
-            }
-        },
-    };
-    if errors.is_empty() {
-        Ok(force || nccl_off)
-    } else {
-        Err(format!("{}; NVLS stays disabled", errors.join("; ")))
-    }
-}
-
-/// True when the environment disables NVLS ([`parse_nvls_switches`]), also when a switch is
-/// malformed: then the reason is printed once and NVLS stays off.
+/// True when the environment disables NVLS ([`crate::env::parse_nvls_switches`]), also when a
+/// switch is malformed: then the reason is logged once (warning) and NVLS stays off.
 pub fn nvls_disabled_by_env() -> bool {
-    disabled_by(|name| std::env::var(name).ok())
+    fail_closed(crate::env::nvls_switches())
 }
 
-fn disabled_by(lookup: impl Fn(&str) -> Option<String>) -> bool {
-    match parse_nvls_switches(lookup) {
+fn fail_closed(switches: Result<bool, String>) -> bool {
+    match switches {
         Ok(disabled) => disabled,
         Err(msg) => {
             static ONCE: std::sync::Once = std::sync::Once::new();
-            ONCE.call_once(|| eprintln!("mscclpp-hal: {msg}"));
+            ONCE.call_once(|| log::warn!("{msg}"));
             true
         }
     }
@@ -82,7 +41,11 @@ pub fn nvls_supported() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::disabled_by;
+    use crate::env::parse_nvls_switches;
+
+    fn disabled_by(lookup: impl Fn(&str) -> Option<String>) -> bool {
+        super::fail_closed(parse_nvls_switches(lookup))
+    }
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
@@ -122,12 +85,12 @@ mod tests {
             ("NCCL_NVLS_ENABLE", "off"),
         ] {
             assert!(disabled_by(env(&[(var, value)])), "{var}={value}");
-            let e = super::parse_nvls_switches(env(&[(var, value)])).unwrap_err();
+            let e = parse_nvls_switches(env(&[(var, value)])).unwrap_err();
             assert!(e.starts_with(&format!("{var}={value}: expected")), "{e}");
             assert!(e.ends_with("NVLS stays disabled"), "{e}");
         }
         // A malformed value is an error even when the other switch disables NVLS anyway.
-        assert!(super::parse_nvls_switches(env(&[
+        assert!(parse_nvls_switches(env(&[
             ("MSCCLPP_FORCE_DISABLE_NVLS", "maybe"),
             ("NCCL_NVLS_ENABLE", "0")
         ]))

@@ -7,7 +7,7 @@
 //! `MSCCLPP_FUZZ_CASES=1000000 cargo test --release -p mp_tests --test fuzz_args`.
 
 // The parser lives in the binary; compile its module here. Only the parser is used.
-#[allow(dead_code)]
+#[allow(dead_code)] // the binary's module: only its parser is used here
 #[path = "../src/launcher.rs"]
 mod launcher;
 

@@ -49,8 +49,7 @@ fn running(pid: u32) -> bool {
 }
 
 /// Starts a 4-rank self-launch of the whole (non-perf) suite and waits for its 4 ranks.
-// The launcher is returned to the caller, which kills and waits for it.
-#[allow(clippy::zombie_processes)]
+#[allow(clippy::zombie_processes)] // the caller kills and waits for the returned launcher
 fn launch() -> (Child, Vec<u32>) {
     let mut cmd = Command::new(BIN);
     cmd.args(["--np=4", "--exclude-perf-tests", "--timeout=60"])

@@ -208,7 +208,7 @@ impl MemoryChannelDeviceHandle {
     ///
     /// # Safety
     /// As [`MemoryChannelDeviceHandle::put_packets`].
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // mirrors the device function's arguments
     pub unsafe fn unpack_packets<P: HostPacket>(
         &self,
         target_offset: u64,

@@ -16,7 +16,7 @@ impl BasePortChannelDeviceHandle {
     ///
     /// # Safety
     /// See the module docs.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // a FIFO trigger's fields, as the device handle takes them
     pub unsafe fn push(
         &self,
         trigger_type: u64,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 pub use mscclpp_hal::gdr::GdrStatus;
-use mscclpp_hal::gdr::{Gdr, GdrProbe, GDR_DISABLE_ENV, GDR_SO_ENV};
+use mscclpp_hal::gdr::{Gdr, GdrProbe};
 
 static FORWARDS: AtomicU64 = AtomicU64::new(0);
 
@@ -15,20 +15,13 @@ fn probe() -> &'static GdrProbe {
     PROBE.get_or_init(|| {
         // The core's parse of MSCCLPP_FORCE_DISABLE_GDR decides; a malformed value keeps
         // GDRCopy off (fail closed) and says why.
-        let p = match crate::env::env().force_disable_gdr() {
-            Ok(true) => Gdr::probe_with(Some("1"), None, None),
-            Ok(false) => {
-                let so = std::env::var_os(GDR_SO_ENV);
-                let not_built = (<mscclpp_hal::Gpu as mscclpp_hal::Api>::NAME == "rocm")
-                    .then_some("GDRCopy serves CUDA GPUs; this build's GPU backend is rocm");
-                Gdr::probe_with(None, so.as_deref(), not_built)
-            }
-            Err(e) => GdrProbe {
-                status: GdrStatus::DisabledByEnv,
-                message: format!("{GDR_DISABLE_ENV} is malformed, GDRCopy stays off: {e}"),
-                gdr: None,
-            },
-        };
+        let not_built = (<mscclpp_hal::Gpu as mscclpp_hal::Api>::NAME == "rocm")
+            .then_some("GDRCopy serves CUDA GPUs; this build's GPU backend is rocm");
+        let disable = crate::env::env()
+            .force_disable_gdr()
+            .map_err(|e| e.to_string());
+        let so = mscclpp_hal::env::gdrcopy_so();
+        let p = Gdr::probe_switched(disable, so.as_deref(), not_built);
         crate::log_info!("NET", "GDRCopy: {} ({})", p.status.name(), p.message);
         p
     })

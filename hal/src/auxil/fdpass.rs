@@ -38,13 +38,14 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Worker threads answering clients (a silent client holds one for at most [`IO_TIMEOUT`]).
 const WORKERS: usize = 8;
 
-/// This host's id: FNV-1a of `MSCCLPP_HOSTID` if set, else of the hostname and boot id.
+/// This host's id: FNV-1a of `MSCCLPP_HOSTID` if set ([`crate::env::hostid`]), else of the
+/// hostname and boot id.
 pub fn host_id() -> u64 {
     static ID: OnceLock<u64> = OnceLock::new();
     *ID.get_or_init(|| {
-        let text = match std::env::var("MSCCLPP_HOSTID") {
-            Ok(v) if !v.is_empty() => v,
-            _ => {
+        let text = match crate::env::hostid() {
+            Some(v) => v,
+            None => {
                 let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
                 let boot =
                     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
@@ -392,12 +393,12 @@ mod tests {
     }
 
     /// Env of the child in [`another_user_is_refused`]: "pid:id" of the parent's registration.
-    const CHILD_ENV: &str = "MSCCLPP_FDPASS_TEST_TARGET";
+    const CHILD_ENV: &str = crate::env::test_child::FDPASS_TARGET;
 
     #[test]
     fn child_fetch_as_another_user() {
         // Runs only as the child of another_user_is_refused (as uid 65534).
-        let Ok(target) = std::env::var(CHILD_ENV) else {
+        let Some(target) = crate::env::test_child::marker(CHILD_ENV) else {
             return;
         };
         let (pid, id) = target.split_once(':').unwrap();

@@ -11,10 +11,14 @@ pub(crate) mod os;
 
 mod backoff;
 mod calls;
+#[cfg(any(hal_cuda, hal_rocm))]
+mod image;
 mod range;
 
 pub use backoff::{poll_until, Backoff};
 #[allow(unused_imports)] // used only by the GPU backends
 pub(crate) use calls::count_driver_call;
 pub use calls::driver_calls_on_this_thread;
+#[cfg(any(hal_cuda, hal_rocm))]
+pub(crate) use image::aligned_code_image;
 pub(crate) use range::{check_host_range, check_range};

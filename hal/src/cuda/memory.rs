@@ -120,6 +120,21 @@ pub(super) fn unmap_release(
     a.and(b).and(c)
 }
 
+/// The handle types of an exportable allocation on `dev`: POSIX fd, and the ones to ask for
+/// first (POSIX fd and fabric where the device reports fabric support, else POSIX fd alone).
+pub(super) fn handle_types(dev: &CudaDevice) -> (u32, u32) {
+    let posix = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+    let fabric = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
+    let fabric_ok = dev
+        .attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+            "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)",
+        )
+        .unwrap_or(0)
+        != 0;
+    (posix, if fabric_ok { posix | fabric } else { posix })
+}
+
 /// The cuMem properties of a pinned allocation on `dev` exportable as `handle_types`.
 pub(super) fn physical_prop(dev: &CudaDevice, handle_types: u32) -> sys::CUmemAllocationProp {
     let rdma = dev
@@ -220,15 +235,7 @@ fn alloc_physical(
     granularity: usize,
     mk: impl Fn(u64, Backing) -> CudaMemory,
 ) -> Result<CudaMemory> {
-    let posix = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
-    let fabric_type = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
-    let fabric_ok = dev
-        .attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
-            "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)",
-        )
-        .unwrap_or(0)
-        != 0;
+    let (posix, preferred) = handle_types(dev);
     let prop = physical_prop(dev, posix);
     let min = min_granularity(&prop)?;
     let gran = if granularity == 0 { min } else { granularity };
@@ -248,8 +255,8 @@ fn alloc_physical(
     })?;
     // Ask for fabric + POSIX fd where fabric is reported; without IMEX that can fail, so fall
     // back to POSIX fd alone.
-    let with_fabric = fabric_ok
-        .then(|| vmm::create(mapped_len, &physical_prop(dev, posix | fabric_type)).ok())
+    let with_fabric = (preferred != posix)
+        .then(|| vmm::create(mapped_len, &physical_prop(dev, preferred)).ok())
         .flatten();
     let fabric = with_fabric.is_some();
     let handle = match with_fabric {

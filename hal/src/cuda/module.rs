@@ -6,7 +6,7 @@ use super::device::CudaDevice;
 use super::result::module;
 use super::stream::CudaStream;
 use super::Cuda;
-use crate::auxil::deferred;
+use crate::auxil::{aligned_code_image, deferred};
 use crate::{Error, LaunchConfig, ModuleApi, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
@@ -57,24 +57,9 @@ impl Drop for ModuleInner {
 
 impl ModuleApi for Cuda {
     fn load_module(dev: &CudaDevice, code: &[u8]) -> Result<CudaModule> {
-        if code.is_empty() {
-            return Err(Error::invalid(
-                "load_module(cuda)",
-                "code object bytes",
-                "an empty slice",
-            ));
-        }
+        // An 8-byte-aligned, NUL-terminated copy (fatbins want alignment, PTX a NUL).
+        let aligned = aligned_code_image("load_module(cuda)", code)?;
         dev.enter()?;
-        // Copy into an 8-byte-aligned, NUL-terminated buffer (fatbins want alignment, PTX a NUL).
-        let mut aligned = vec![0u64; code.len() / 8 + 2];
-        // SAFETY: `aligned` holds at least code.len() + 8 bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                code.as_ptr(),
-                aligned.as_mut_ptr().cast::<u8>(),
-                code.len(),
-            )
-        };
         // SAFETY: the aligned image is complete and alive for the call.
         let raw = unsafe { module::load_data(aligned.as_ptr().cast()) }?;
         // Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) a kernel's

@@ -14,7 +14,7 @@
 
 use super::conv::multicast_prop;
 use super::device::CudaDevice;
-use super::memory::{map_handle, Backing, CudaMemory};
+use super::memory::{handle_types, map_handle, Backing, CudaMemory};
 use super::result::{multicast as mcr, vmm};
 use super::Cuda;
 use crate::auxil::deferred;
@@ -147,19 +147,6 @@ impl Drop for CudaMulticastMapping {
             deferred::record(e);
         }
     }
-}
-
-fn handle_types(dev: &CudaDevice) -> (u32, u32) {
-    let posix = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
-    let fabric = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
-    let fabric_ok = dev
-        .attribute(
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
-            "cuDeviceGetAttribute(HANDLE_TYPE_FABRIC_SUPPORTED)",
-        )
-        .unwrap_or(0)
-        != 0;
-    (posix, if fabric_ok { posix | fabric } else { posix })
 }
 
 fn granularity(
@@ -488,13 +475,13 @@ mod tests {
     use crate::MemoryKind;
     use std::process::Command;
 
-    const CHILD: &str = "MSCCLPP_HAL_NVLS_GATE_CHILD";
+    const CHILD: &str = crate::env::test_child::NVLS_GATE;
     const NAME: &str = "cuda::multicast::tests::entry_points_refuse_before_any_driver_call";
     const DONE: &str = "gate: 7 entry points refused with 0 driver calls";
 
     #[test]
     fn entry_points_refuse_before_any_driver_call() {
-        if std::env::var_os(CHILD).is_some() {
+        if crate::env::test_child::marker(CHILD).is_some() {
             check_in_child();
             return;
         }

@@ -20,7 +20,7 @@ mod table;
 pub use members::{multicast_members, MulticastMembers};
 
 use self::members::MappedObject;
-use self::table::{Binding, Table, MAGIC, TABLE_BYTES};
+use self::table::{Binding, McObject, MAGIC, TABLE_BYTES};
 use super::{Host, HostDevice, HostMemory};
 use crate::auxil::fdpass::{self, host_id, FdRegistration, FD_FETCH_TIMEOUT};
 use crate::auxil::os::{self, Mapping};
@@ -46,27 +46,6 @@ const RECOMMENDED_PAGES: usize = 16;
 #[derive(Clone, Debug)]
 pub struct HostMulticast {
     obj: Arc<McObject>,
-}
-
-#[derive(Debug)]
-struct McObject {
-    map: Mapping,
-    /// The control memfd: kept by the creator until it exports (imports close theirs at once).
-    fd: Mutex<Option<OwnedFd>>,
-    info: MulticastInfo,
-    /// The device index this handle added (`multicast_add_device`), if any.
-    device: Mutex<Option<u32>>,
-    /// Serialises this handle's binds (the overlap check and the insert).
-    bind_lock: Mutex<()>,
-    _live: Live,
-}
-
-impl McObject {
-    fn table(&self) -> Table {
-        // SAFETY: `map` is a live mapping of TABLE_BYTES (checked at create/import) that lives
-        // as long as `self`, and every view is used only while `self` is borrowed.
-        unsafe { Table::new(self.map.ptr()) }
-    }
 }
 
 /// An exported emulated object: the control memfd registered with the fd server.

@@ -9,6 +9,13 @@ use super::conv::{wc_opcode_name, wc_status_name};
 use super::device::Context;
 use super::{inline, IbvError};
 
+impl Context {
+    /// `ibv_create_cq` with `cqe` entries, no completion channel.
+    pub fn create_cq(self: &Arc<Self>, cqe: i32) -> Result<Arc<CompletionQueue>, IbvError> {
+        CompletionQueue::create(self.clone(), cqe)
+    }
+}
+
 /// A completion queue; destroyed when the last `Arc` goes (after the QPs using it).
 pub struct CompletionQueue {
     ctx: Arc<Context>,

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use super::cq::CompletionQueue;
 use super::loader::IbvLib;
-use super::memory::ProtectionDomain;
 use super::IbvError;
 
 /// An open device. Closed (`ibv_close_device`) when the last `Arc` goes, which can only happen
@@ -240,16 +238,6 @@ impl Context {
         }
         Ok((port, pa, gid))
     }
-
-    /// `ibv_alloc_pd`.
-    pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<ProtectionDomain>, IbvError> {
-        ProtectionDomain::alloc(self.clone())
-    }
-
-    /// `ibv_create_cq` with `cqe` entries, no completion channel.
-    pub fn create_cq(self: &Arc<Self>, cqe: i32) -> Result<Arc<CompletionQueue>, IbvError> {
-        CompletionQueue::create(self.clone(), cqe)
-    }
 }
 
 impl Drop for Context {
@@ -262,6 +250,46 @@ impl Drop for Context {
                 self.name,
                 IbvError::from_ret("ibv_close_device", ret)
             );
+        }
+    }
+}
+
+/// Opening devices: here beside [`Context`], so the loader does not depend on it.
+impl IbvLib {
+    /// Opens the device called `name`.
+    pub fn open_device(self: &Arc<Self>, name: &str) -> Result<Arc<Context>, IbvError> {
+        self.with_device_list(|devs| {
+            let found = devs.iter().copied().find(|&d| self.device_name(d) == name);
+            let Some(dev) = found else {
+                return Err(IbvError::DeviceNotFound {
+                    name: name.to_string(),
+                    available: devs.iter().map(|&d| self.device_name(d)).collect(),
+                });
+            };
+            // SAFETY: `dev` is a live entry of the device list.
+            let raw = unsafe { (self.open_device)(dev) };
+            let raw = std::ptr::NonNull::new(raw)
+                .ok_or_else(|| IbvError::from_errno("ibv_open_device"))?;
+            Ok(Arc::new(Context::from_raw(
+                self.clone(),
+                raw,
+                name.to_string(),
+            )))
+        })
+    }
+
+    /// Opens the device at `index` in the device list.
+    pub fn open_device_index(self: &Arc<Self>, index: usize) -> Result<Arc<Context>, IbvError> {
+        let names = self.device_names()?;
+        match names.get(index) {
+            Some(name) => self.open_device(name),
+            None => Err(IbvError::InvalidArgument {
+                op: "open_device_index",
+                reason: format!(
+                    "device index {index} but only {} devices exist",
+                    names.len()
+                ),
+            }),
         }
     }
 }

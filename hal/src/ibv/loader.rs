@@ -1,16 +1,15 @@
 //! Opening libibverbs at run time and resolving the exported verbs into function pointers.
 
 use std::ffi::{c_int, c_void, OsStr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
-use super::device::Context;
 use super::IbvError;
 
 /// The environment variable naming the verbs library to load instead of the system one.
-pub const IBV_SO_ENV: &str = "MSCCLPP_IBV_SO";
+pub const IBV_SO_ENV: &str = crate::env::IBV_SO;
 
 /// Default library names, tried in order when [`IBV_SO_ENV`] is not set.
 const DEFAULT_CANDIDATES: [&str; 2] = ["libibverbs.so", "libibverbs.so.1"];
@@ -94,8 +93,8 @@ impl IbvLib {
     /// Loads libibverbs: `MSCCLPP_IBV_SO` if set (and only it), else `libibverbs.so`, else
     /// `libibverbs.so.1`. The error lists every path tried with each `dlopen` message.
     pub fn load() -> Result<Arc<IbvLib>, IbvError> {
-        let env = std::env::var_os(IBV_SO_ENV);
-        Self::load_candidates(&Self::candidates(env.as_deref()))
+        let env = crate::env::ibv_so();
+        Self::load_candidates(&Self::candidates(env.as_deref().map(Path::as_os_str)))
     }
 
     /// The paths [`IbvLib::load`] tries for a given value of `MSCCLPP_IBV_SO`.
@@ -179,7 +178,7 @@ impl IbvLib {
     }
 
     /// Runs `f` over the raw device list and frees the list afterwards.
-    fn with_device_list<R>(
+    pub(super) fn with_device_list<R>(
         &self,
         f: impl FnOnce(&[*mut sys::ibv_device]) -> Result<R, IbvError>,
     ) -> Result<R, IbvError> {
@@ -202,7 +201,7 @@ impl IbvLib {
         result
     }
 
-    fn device_name(&self, dev: *mut sys::ibv_device) -> String {
+    pub(super) fn device_name(&self, dev: *mut sys::ibv_device) -> String {
         // SAFETY: `dev` is an entry of a live device list; the name is a NUL-terminated string
         // owned by the device.
         let p = unsafe { (self.get_device_name)(dev) };
@@ -219,42 +218,5 @@ impl IbvLib {
     /// the system libibverbs on a machine without RDMA hardware).
     pub fn device_names(&self) -> Result<Vec<String>, IbvError> {
         self.with_device_list(|devs| Ok(devs.iter().map(|&d| self.device_name(d)).collect()))
-    }
-
-    /// Opens the device called `name`.
-    pub fn open_device(self: &Arc<Self>, name: &str) -> Result<Arc<Context>, IbvError> {
-        self.with_device_list(|devs| {
-            let found = devs.iter().copied().find(|&d| self.device_name(d) == name);
-            let Some(dev) = found else {
-                return Err(IbvError::DeviceNotFound {
-                    name: name.to_string(),
-                    available: devs.iter().map(|&d| self.device_name(d)).collect(),
-                });
-            };
-            // SAFETY: `dev` is a live entry of the device list.
-            let raw = unsafe { (self.open_device)(dev) };
-            let raw = std::ptr::NonNull::new(raw)
-                .ok_or_else(|| IbvError::from_errno("ibv_open_device"))?;
-            Ok(Arc::new(Context::from_raw(
-                self.clone(),
-                raw,
-                name.to_string(),
-            )))
-        })
-    }
-
-    /// Opens the device at `index` in the device list.
-    pub fn open_device_index(self: &Arc<Self>, index: usize) -> Result<Arc<Context>, IbvError> {
-        let names = self.device_names()?;
-        match names.get(index) {
-            Some(name) => self.open_device(name),
-            None => Err(IbvError::InvalidArgument {
-                op: "open_device_index",
-                reason: format!(
-                    "device index {index} but only {} devices exist",
-                    names.len()
-                ),
-            }),
-        }
     }
 }

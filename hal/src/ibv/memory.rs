@@ -7,8 +7,7 @@ use std::sync::Arc;
 use ibverbs_sys as sys;
 
 use super::device::Context;
-use super::qp::{QpCaps, QueuePair};
-use super::{CompletionQueue, IbvError};
+use super::IbvError;
 
 /// `ibv_access_flags` as a plain bit set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,6 +39,13 @@ impl std::ops::BitOr for AccessFlags {
     type Output = AccessFlags;
     fn bitor(self, rhs: AccessFlags) -> AccessFlags {
         AccessFlags(self.0 | rhs.0)
+    }
+}
+
+impl Context {
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<ProtectionDomain>, IbvError> {
+        ProtectionDomain::alloc(self.clone())
     }
 }
 
@@ -138,16 +144,6 @@ impl ProtectionDomain {
             pd: self.clone(),
             raw,
         })
-    }
-
-    /// `ibv_create_qp` for a reliable-connected QP.
-    pub fn create_rc_qp(
-        self: &Arc<Self>,
-        send_cq: &Arc<CompletionQueue>,
-        recv_cq: &Arc<CompletionQueue>,
-        caps: QpCaps,
-    ) -> Result<QueuePair, IbvError> {
-        QueuePair::create_rc(self.clone(), send_cq.clone(), recv_cq.clone(), caps)
     }
 }
 

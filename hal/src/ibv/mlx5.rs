@@ -11,17 +11,17 @@
 //! registers through it (`MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT`).
 
 use std::ffi::{c_char, c_int, OsStr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
 use super::device::Context;
-use super::{AccessFlags, IbvError, MemoryRegion, ProtectionDomain, IBV_SO_ENV};
+use super::{AccessFlags, IbvError, MemoryRegion, ProtectionDomain};
 
 /// The environment variable naming the mlx5dv library to load.
-pub const MLX5_SO_ENV: &str = "MSCCLPP_MLX5_SO";
+pub const MLX5_SO_ENV: &str = crate::env::MLX5_SO;
 const DEFAULT_CANDIDATES: [&str; 2] = ["libmlx5.so.1", "libmlx5.so"];
 /// `MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT` (mlx5dv.h).
 pub const MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT: c_int = 1;
@@ -65,9 +65,11 @@ impl Mlx5Lib {
     /// not the system verbs, or no system libmlx5); an error when `MSCCLPP_MLX5_SO` names a
     /// library that does not load.
     pub fn load() -> Result<Option<Arc<Mlx5Lib>>, IbvError> {
-        let mlx5 = std::env::var_os(MLX5_SO_ENV);
-        let ibv = std::env::var_os(IBV_SO_ENV);
-        Self::load_with(mlx5.as_deref(), ibv.as_deref())
+        let (mlx5, ibv) = (crate::env::mlx5_so(), crate::env::ibv_so());
+        Self::load_with(
+            mlx5.as_deref().map(Path::as_os_str),
+            ibv.as_deref().map(Path::as_os_str),
+        )
     }
 
     /// [`Mlx5Lib::load`] with the two variables' values given explicitly.

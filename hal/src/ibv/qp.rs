@@ -208,6 +208,18 @@ pub struct RecvWr {
     pub local: Option<Sge>,
 }
 
+impl ProtectionDomain {
+    /// `ibv_create_qp` for a reliable-connected QP.
+    pub fn create_rc_qp(
+        self: &Arc<Self>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+        caps: QpCaps,
+    ) -> Result<QueuePair, IbvError> {
+        QueuePair::create_rc(self.clone(), send_cq.clone(), recv_cq.clone(), caps)
+    }
+}
+
 /// A reliable-connected queue pair; destroyed on drop.
 pub struct QueuePair {
     pd: Arc<ProtectionDomain>,

@@ -6,7 +6,7 @@ use super::result::module;
 use super::stream::RocmStream;
 use super::sys::{HipFunction, HipModule};
 use super::Rocm;
-use crate::auxil::deferred;
+use crate::auxil::{aligned_code_image, deferred};
 use crate::{Error, LaunchConfig, ModuleApi, Result};
 use std::ffi::CString;
 use std::sync::Arc;
@@ -55,23 +55,9 @@ impl Drop for ModuleInner {
 
 impl ModuleApi for Rocm {
     fn load_module(dev: &RocmDevice, code: &[u8]) -> Result<RocmModule> {
-        if code.is_empty() {
-            return Err(Error::invalid(
-                "load_module(rocm)",
-                "code object bytes",
-                "an empty slice",
-            ));
-        }
+        // An 8-byte-aligned, NUL-terminated copy (fatbins want alignment, PTX a NUL).
+        let aligned = aligned_code_image("load_module(rocm)", code)?;
         dev.enter()?;
-        let mut aligned = vec![0u64; code.len() / 8 + 2];
-        // SAFETY: `aligned` holds at least code.len() + 8 bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                code.as_ptr(),
-                aligned.as_mut_ptr().cast::<u8>(),
-                code.len(),
-            )
-        };
         // SAFETY: the aligned image is complete and alive for the call.
         let raw = unsafe { module::load_data(aligned.as_ptr().cast()) }?;
         Ok(RocmModule {

@@ -30,13 +30,13 @@ pub(super) const LIB_NAMES: [&str; 4] = [
 macro_rules! hip_table {
     ($($name:ident : fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
         /// Resolved HIP entry points.
-        #[allow(non_snake_case)]
+        #[allow(non_snake_case)] // fields named as HIP's C functions (hipMalloc, ...)
         pub(super) struct Hip {
             _lib: libloading::Library,
             $(pub(super) $name: unsafe extern "C" fn($($arg),*) $(-> $ret)?,)*
         }
         impl Hip {
-            #[allow(non_snake_case)]
+            #[allow(non_snake_case)] // its locals are named as HIP's C functions
             fn load(lib: libloading::Library, path: &str) -> Result<Self> {
                 $(
                     // SAFETY: the symbol is declared with HIP's C signature.

@@ -6,7 +6,7 @@
 //! `hal_fill_u32` kernel through the imported pointer with a fresh random seed and exits.
 //! A then verifies every element.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // each test binary that includes it uses a different subset
 
 use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor, IpcKind, LaunchConfig, MemoryKind};
 use std::process::Command;

@@ -399,7 +399,7 @@ fn wc(wr_id: u64, status: u32, opcode: u32, byte_len: u32, qpn: u32) -> RawWc {
 
 impl QpShared {
     /// A QP in RESET with no connection yet.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the attributes of ibv_create_qp, one each
     pub fn new(
         ctx: Arc<CtxShared>,
         index: usize,

@@ -2,15 +2,15 @@
 //! binary): same flags, columns and bus-bandwidth factors, under any launcher or `--np N`.
 
 #[path = "../coll_data.rs"]
-#[allow(dead_code)]
+#[allow(dead_code)] // shared with mp_unit_tests; coll_perf uses a part
 mod coll_data;
 #[path = "../launcher.rs"]
-#[allow(dead_code)]
+#[allow(dead_code)] // shared with mp_unit_tests; coll_perf uses a part
 mod launcher;
 #[path = "../plan_bench.rs"]
 mod plan_bench;
 #[path = "../spawn.rs"]
-#[allow(dead_code)]
+#[allow(dead_code)] // shared with mp_unit_tests; coll_perf uses a part
 mod spawn;
 
 use std::sync::Arc;

@@ -28,7 +28,7 @@ fn extents(kind: CollectiveKind, count: usize, n: usize) -> (usize, usize) {
 
 /// One call of `kind` (`count` as the API means it; `root` for broadcast); returns the
 /// mismatches (the guard zone counts as one).
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // one call: kind, type, op, size, root, seed
 pub(crate) fn one_call(
     kind: CollectiveKind,
     dtype: DataType,
@@ -55,7 +55,7 @@ pub(crate) fn one_call(
 }
 
 /// [`one_call`] on the collectives of `env`.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // as one_call, plus the collectives it runs on
 pub(crate) fn one_call_on(
     env: &CollEnv,
     kind: CollectiveKind,

@@ -148,7 +148,7 @@ struct Bufs {
 /// Runs `plan` (an allreduce or allgather) with `bytes` per rank (allgather: the input of one
 /// rank; allreduce: the whole buffer) for every data type in `dtypes`, `calls` times each
 /// with fresh data, returning the mismatch count; errors are described in `errors`.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // one plan check: plan, sizes, types, calls
 pub(crate) fn check_plan(
     ex: &Executor,
     plan: &ExecutionPlan,

@@ -78,7 +78,10 @@ impl JobKey {
 
     /// This process's key.
     pub(super) fn of_process() -> JobKey {
-        JobKey::from_env(crate::env::env().bootstrap_key(), |k| std::env::var(k).ok())
+        let env = crate::env::env();
+        JobKey::from_env(env.bootstrap_key(), |k| {
+            env.launcher_var(k).map(str::to_string)
+        })
     }
 }
 

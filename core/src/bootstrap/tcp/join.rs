@@ -95,7 +95,7 @@ impl Member {
 
     /// Hello to the root, then its reply. `key_source` says where this rank's job key came
     /// from (`ip:port` mode), for the error when the root refuses it.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the hello's fields, listener, deadline, cancel
     pub(super) fn join(
         &self,
         root: SocketAddr,

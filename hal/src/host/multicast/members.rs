@@ -9,8 +9,7 @@
 //! memfd once (fetched from the member's fd server) and returns one pointer per device into its
 //! bound memory at that offset. The returned [`MulticastMembers`] keeps those maps alive.
 
-use super::table::Binding;
-use super::McObject;
+use super::table::{Binding, McObject};
 use crate::auxil::fdpass::{self, FD_FETCH_TIMEOUT};
 use crate::auxil::os::{Mapping, Reservation};
 use crate::{Error, Result};

@@ -19,10 +19,38 @@
 //! a reader retries until it reads the same even `seq` before and after. Writers of one slot
 //! are serialised by its state (claimed with a compare-exchange from free).
 
+use crate::auxil::os::Mapping;
 use crate::auxil::Backoff;
-use crate::{Error, Result};
+use crate::multicast::Live;
+use crate::{Error, MulticastInfo, Result};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// One handle's view of an emulated multicast object: its mapping of the control memfd (the
+/// [`Table`]) and what this handle did with it.
+#[derive(Debug)]
+pub(super) struct McObject {
+    pub(super) map: Mapping,
+    /// The control memfd: kept by the creator until it exports (imports close theirs at once).
+    pub(super) fd: Mutex<Option<OwnedFd>>,
+    pub(super) info: MulticastInfo,
+    /// The device index this handle added (`multicast_add_device`), if any.
+    pub(super) device: Mutex<Option<u32>>,
+    /// Serialises this handle's binds (the overlap check and the insert).
+    pub(super) bind_lock: Mutex<()>,
+    pub(super) _live: Live,
+}
+
+impl McObject {
+    /// The binding table in the mapping.
+    pub(super) fn table(&self) -> Table {
+        // SAFETY: `map` is a live mapping of TABLE_BYTES (checked at create/import) that lives
+        // as long as `self`, and every view is used only while `self` is borrowed.
+        unsafe { Table::new(self.map.ptr()) }
+    }
+}
 
 /// `MSCLMCST` as a little-endian u64.
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"MSCLMCST");
@@ -138,7 +166,7 @@ impl Table {
     pub(super) fn read(&self, i: usize) -> Result<Option<Binding>> {
         let s = self.slot(i);
         let start = Instant::now();
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::polling();
         loop {
             let before = s.seq.load(Ordering::Acquire);
             if before & 1 == 0 {
