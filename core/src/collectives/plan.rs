@@ -3,7 +3,9 @@
 //! ranks per node, in or out of place, and a message size inside the plan's range that its
 //! chunking divides (`ExecutionPlan::input_granularity`; every rank decides alike). Plans
 //! reduce with their own operator (the shipped ones with sum), so reducing calls match only
-//! with `sum`.
+//! with `sum`. The executor sets its channels up over the buffers of a call, so plans run
+//! only on buffers this library allocated (`GpuBuffer`, `LocalMemory`, `ncclMemAlloc`); other
+//! calls go to the native algorithms (every rank must allocate alike).
 //!
 //! [`load_dir`] reads the plan directory (`MSCCLPP_CACHE_DIR`, upstream's layout: bundled plans
 //! in `<dir>/default/`, compiled ones in `<dir>/`) once, when a `Collectives` is built; plans of
@@ -148,6 +150,16 @@ impl Algorithm for PlanAlgorithm {
             return Err(Error::invalid(format!(
                 "{}: message of {size} bytes: expected {lo}..={hi} bytes with a send size that is a multiple of {g}",
                 what()
+            )));
+        }
+        let foreign = |ptr: u64, len: usize| crate::memory::find_allocation(ptr, len).is_none();
+        if foreign(call.send, send) || foreign(call.recv, recv) {
+            return Err(Error::invalid(format!(
+                "{}: expected buffers this library allocated (GpuBuffer, LocalMemory, \
+                 ncclMemAlloc), got send {:#x}, recv {:#x}",
+                what(),
+                call.send,
+                call.recv
             )));
         }
         Ok(())

@@ -74,17 +74,25 @@ fn all_reduce_checked(coll: &Collectives, count: usize, in_place: bool) -> Resul
     Ok(())
 }
 
-fn call(count: usize, in_place: bool) -> Call {
-    let send = 1 << 40;
+/// An all-reduce of `count` i32 on `bufs` (send, recv) of this library's memory.
+fn call(bufs: &(GpuBuffer<i32>, GpuBuffer<i32>), count: usize, in_place: bool) -> Call {
+    let send = bufs.0.data();
     Call {
         kind: CollectiveKind::AllReduce,
         send,
-        recv: if in_place { send } else { send + (1 << 30) },
+        recv: if in_place { send } else { bufs.1.data() },
         count,
         dtype: DataType::I32,
         op: ReduceOp::Sum,
         root: 0,
     }
+}
+
+/// Send and receive buffers of `count` i32 (host backend).
+fn buffers(count: usize) -> Result<(GpuBuffer<i32>, GpuBuffer<i32>), String> {
+    let a = GpuBuffer::<i32>::new(Device::CPU, count).map_err(|e| e.to_string())?;
+    let b = GpuBuffer::<i32>::new(Device::CPU, count).map_err(|e| e.to_string())?;
+    Ok((a, b))
 }
 
 TEST!(CollPlanTest, PlanTakenForItsSizeRange, |ctx| {
@@ -115,11 +123,12 @@ TEST!(CollPlanTest, PlanTakenForItsSizeRange, |ctx| {
     let _ = std::fs::remove_dir_all(&dir);
     ASSERT_EQ!(coll.plans().len(), 1);
     EXPECT_EQ!(coll.plans()[0].plan().path(), Some(file.as_path()));
+    let bufs = ok!(buffers(256 << 8), "allocating");
     for bytes in [1 << 10, PLAN_MIN, 16 << 10, PLAN_MAX, 256 << 10] {
         let count = bytes / 4;
         let inside = (PLAN_MIN..=PLAN_MAX).contains(&bytes);
         let chosen = ok!(
-            coll.choose(&call(count, true)),
+            coll.choose(&call(&bufs, count, true)),
             "choosing for {bytes} bytes"
         );
         if inside {
@@ -134,19 +143,30 @@ TEST!(CollPlanTest, PlanTakenForItsSizeRange, |ctx| {
         }
         // Out of place: the plan is an in-place one.
         let oop = ok!(
-            coll.choose(&call(count, false)),
+            coll.choose(&call(&bufs, count, false)),
             "choosing for {bytes} bytes"
         );
         EXPECT_NE!(oop.name(), PLAN_NAME);
         ok!(all_reduce_checked(&coll, count, true), "in place");
         ok!(all_reduce_checked(&coll, count, false), "out of place");
     }
+    // Memory this library did not allocate: the native algorithm.
+    let mut foreign = vec![0i32; 4096];
+    let f = Call {
+        send: foreign.as_mut_ptr() as u64,
+        recv: foreign.as_mut_ptr() as u64,
+        ..call(&bufs, 4096, true)
+    };
+    EXPECT_NE!(
+        ok!(coll.choose(&f), "choosing for foreign memory").name(),
+        PLAN_NAME
+    );
     // Forcing may name the plan (and it still checks its range).
     ok!(
         coll.force_algorithm(CollectiveKind::AllReduce, Some(PLAN_NAME)),
         "forcing the plan"
     );
-    EXPECT_TRUE!(coll.choose(&call(256 << 8, true)).is_err());
+    EXPECT_TRUE!(coll.choose(&call(&bufs, 256 << 8, true)).is_err());
     ok!(
         coll.force_algorithm(CollectiveKind::AllReduce, None),
         "un-forcing"
@@ -212,6 +232,7 @@ TEST!(CollPlanTest, OwnAlgorithmAndSelector, |ctx| {
         calls: Default::default(),
     });
     let built = mine.clone();
+    let bufs = ok!(buffers(4096), "allocating");
     let coll = ok!(
         build(|b| b
             .without_plans()
@@ -229,11 +250,11 @@ TEST!(CollPlanTest, OwnAlgorithmAndSelector, |ctx| {
         "setting up collectives with an own algorithm"
     );
     EXPECT_EQ!(
-        ok!(coll.choose(&call(1024, false)), "choosing").name(),
+        ok!(coll.choose(&call(&bufs, 1024, false)), "choosing").name(),
         "bootstrap_sum"
     );
     EXPECT_NE!(
-        ok!(coll.choose(&call(4096, false)), "choosing").name(),
+        ok!(coll.choose(&call(&bufs, 4096, false)), "choosing").name(),
         "bootstrap_sum"
     );
     ok!(all_reduce_checked(&coll, 1024, false), "own algorithm");
@@ -250,7 +271,7 @@ TEST!(CollPlanTest, OwnAlgorithmAndSelector, |ctx| {
         "forcing rsag"
     );
     EXPECT_EQ!(
-        ok!(coll.choose(&call(1024, false)), "choosing").name(),
+        ok!(coll.choose(&call(&bufs, 1024, false)), "choosing").name(),
         "rsag"
     );
     ok!(
