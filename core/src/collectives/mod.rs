@@ -71,7 +71,7 @@ pub use collection::{
     NativeAlgorithms,
 };
 pub use plan::PlanAlgorithm;
-pub use selector::{SelectContext, Selector};
+pub use selector::{set_global_selector, SelectContext, Selector};
 pub use setup::{CollectivesConfig, Resources};
 pub use types::{CollectiveKind, DataType, RawStream, ReduceOp};
 
@@ -273,7 +273,7 @@ impl CollectivesBuilder {
             gpu,
             algos,
             plans,
-            selector: self.selector,
+            selector: self.selector.or_else(selector::global_selector),
             forced: Mutex::new(forced),
             last: Mutex::new(HashMap::new()),
             launch: Mutex::new(()),

@@ -168,6 +168,28 @@ where
     }
 }
 
+/// The process-wide selector ([`set_global_selector`]).
+fn global_slot() -> &'static std::sync::Mutex<Option<Arc<dyn Selector>>> {
+    static G: std::sync::OnceLock<std::sync::Mutex<Option<Arc<dyn Selector>>>> =
+        std::sync::OnceLock::new();
+    G.get_or_init(|| std::sync::Mutex::new(None))
+}
+
+/// Makes `selector` the selector of every `Collectives` created afterwards in this process
+/// without one of its own (e.g. the communicators of the NCCL library); `None` restores the
+/// default. Every rank must set the same.
+pub fn set_global_selector(selector: Option<Arc<dyn Selector>>) {
+    *global_slot().lock().unwrap_or_else(|p| p.into_inner()) = selector;
+}
+
+/// The process-wide selector, if one was set.
+pub(crate) fn global_selector() -> Option<Arc<dyn Selector>> {
+    global_slot()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
