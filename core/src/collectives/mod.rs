@@ -9,9 +9,24 @@
 //! same algorithms (same scratch layout, flags and protocol) on the calling CPU thread and
 //! returns when the call is complete.
 //!
+//! # The algorithm collection
+//! Every `Collectives` has its own collection of algorithm objects ([`Collection`]): the native
+//! ones ([`native_algorithms`]; their lazily built state, e.g. the proxy of the port-channel
+//! algorithms, lives in the objects), those of the process-wide builders ([`register_global`]),
+//! those of its own builders ([`Collectives::builder`] + [`CollectivesBuilder::add_algorithm`];
+//! an [`AlgorithmBuilder`] gets a [`BuildContext`]: communicator, [`Resources`], device, rank,
+//! world), and the execution plans of the plan directory ([`PlanAlgorithm`], [`plan`]:
+//! `MSCCLPP_CACHE_DIR`, default `~/.cache/mscclpp`, read when the `Collectives` is built).
+//!
 //! # Choosing the algorithm
-//! The selector ([`selector`]) picks by collective, message size, world size, ranks per node
-//! and GPU architecture ([`Collectives::algorithm_for`] tells what it picks). It can be forced:
+//! [`Collectives::choose`] takes, in order: a forced algorithm (table below,
+//! [`Collectives::force_algorithm`]; it may name a plan or an added algorithm), the
+//! [`Selector`] of this `Collectives` or the process ([`set_global_selector`]), else the default
+//! choice: a plan that matches the call, else the native rules ([`selector`]: by collective,
+//! message size, world size, ranks per node and GPU architecture). It returns a [`Choice`]
+//! whose check is done; [`Collectives::run_choice`] runs it (the collectives below do both).
+//! [`Collectives::algorithm_for`] tells what is taken for a size. An INFO line (subsystem
+//! `COLL`) names the algorithm (plans: name and file) whenever a collective's choice changes.
 //!
 //! | variable | collective | values |
 //! |---|---|---|
@@ -36,8 +51,9 @@
 //! reduce-scatter `hier_port`; GPU kernels and host backend)
 //! and any other algorithm is refused with the reason.
 //!
-//! See README.md in this folder for the Algorithm trait, the scratch layout and flags, and how
-//! to add an algorithm.
+//! See README.md in this folder for the collection, builders and selectors, the Algorithm
+//! trait, the scratch layout and flags, and how to add an algorithm (core/examples/10-own-algorithm.rs
+//! adds one with its own kernel and selector, also to the NCCL library).
 
 pub mod algorithm;
 pub mod allgather;
