@@ -394,7 +394,9 @@ impl Collectives {
     }
 
     /// The algorithm the selector (or a forced choice) takes for `bytes` of `coll`, asked with
-    /// an out-of-place call of `bytes` bytes (`u8`, sum); without its own check.
+    /// an out-of-place call of `bytes` bytes (`u8`, sum) on addresses this library did not
+    /// allocate (so no plan matches it); without its own check. [`Collectives::choose`] tells
+    /// for a real call.
     pub fn algorithm_for(&self, coll: CollectiveKind, bytes: usize) -> Result<&'static str> {
         let probe = Call {
             kind: coll,
