@@ -223,3 +223,40 @@ pub(crate) fn native_catalogue() -> &'static Collection {
         algos: native_algorithms(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natives_are_unique_and_a_clash_is_an_error() {
+        let mut c = Collection::default();
+        for a in native_algorithms() {
+            c.add(a).unwrap();
+        }
+        assert_eq!(c.all().len(), native_catalogue().all().len());
+        assert!(c.find(CollectiveKind::AllReduce, "rsag").is_some());
+        let e = c
+            .add(Arc::new(allreduce::rsag::Rsag))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rsag") && e.contains("expected a name"), "{e}");
+        let e = c
+            .get(CollectiveKind::Broadcast, "nope")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("fullmesh") && e.contains("nope"), "{e}");
+        // The same name of another collective is fine.
+        assert!(c.find(CollectiveKind::AllGather, "fullmesh").is_some());
+        assert!(c.find(CollectiveKind::ReduceScatter, "fullmesh").is_some());
+    }
+
+    #[test]
+    fn interned_names_are_stored_once() {
+        let x = intern(&String::from("plan_a"));
+        let y = intern("plan_a");
+        assert!(std::ptr::eq(x, y));
+        assert_ne!(intern("plan_b"), x);
+    }
+}
