@@ -12,6 +12,7 @@
 //! another world size, NVLS plans on GPUs (as `executor::find_plan`) and files that do not parse
 //! (a warning names them) are left out. The default selector takes a matching plan before the
 //! native choice; among several, the one with the narrowest size range (then the file name).
+//! Broadcast plans are left out (with a warning): the executor takes no root.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -60,6 +61,14 @@ impl PlanAlgorithm {
                 plan.collective()
             ))
         })?;
+        if kind == CollectiveKind::Broadcast {
+            // The executor takes no root: a broadcast plan would run every call from its own.
+            return Err(Error::invalid(format!(
+                "plan `{}` ({}): broadcast plans are not taken by the collectives (the executor has no root argument)",
+                plan.name(),
+                plan.source()
+            )));
+        }
         Ok(PlanAlgorithm {
             name: intern(plan.name()),
             kind,
