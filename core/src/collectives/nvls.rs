@@ -1,7 +1,8 @@
 //! Shared pieces of the NVLS all-reduces (`nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`,
-//! `nvls_block_pipeline`): the per-communicator NVLS state built lazily in
-//! [`NvlsShared`] (held by the four variants one collection built) (one [`NvlsConnection`] over every rank with a bound scratch buffer
-//! and its switch channel), the cache of bound user buffers of the zero-copy variant, the work
+//! `nvls_block_pipeline`): the per-communicator NVLS state built lazily in [`NvlsShared`]
+//! (held by the four variants of one collection: one [`NvlsConnection`] over every rank with a
+//! bound scratch buffer and its switch channel), the cache of bound user buffers of the
+//! zero-copy variant, the work
 //! partition, which element types multimem reduces, and the selector's NVLS preferences.
 //!
 //! Multimem reduces with `add` only, on f32/f16/bf16 (the switch's formats): the load-reduce
