@@ -46,9 +46,9 @@
 //! Each variable may also name a plan of the plan directory or an added algorithm of that
 //! collective. An unknown name is an error listing the valid ones ([`Collectives::new`]
 //! fails). A forced algorithm that cannot run a call (e.g. too large for its scratch) makes
-//! that call fail with the reason. `copy` is what every collective does at world size 1. When the ranks span nodes
-//! (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated nodes) the selector
-//! takes the hierarchical algorithms (all-reduce `hier_rsag_port`, all-gather and
+//! that call fail with the reason. `copy` is what every collective does at world size 1. When
+//! the ranks span nodes (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated
+//! nodes) the selector takes the hierarchical algorithms (all-reduce `hier_rsag_port`, all-gather and
 //! reduce-scatter `hier_port`; GPU kernels and host backend)
 //! and any other algorithm is refused with the reason.
 //!
