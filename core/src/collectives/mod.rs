@@ -48,9 +48,9 @@
 //! fails). A forced algorithm that cannot run a call (e.g. too large for its scratch) makes
 //! that call fail with the reason. `copy` is what every collective does at world size 1. When
 //! the ranks span nodes (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated
-//! nodes) the selector takes the hierarchical algorithms (all-reduce `hier_rsag_port`, all-gather and
-//! reduce-scatter `hier_port`; GPU kernels and host backend)
-//! and any other algorithm is refused with the reason.
+//! nodes) the selector takes the hierarchical algorithms (all-reduce `hier_rsag_port`,
+//! all-gather and reduce-scatter `hier_port`; GPU kernels and host backend) and any other
+//! algorithm is refused with the reason.
 //!
 //! See README.md in this folder for the collection, builders and selectors, the Algorithm
 //! trait, the scratch layout and flags, and how to add an algorithm
