@@ -30,7 +30,7 @@ fn body(me: &Rank) -> Res {
         ..CollectivesConfig::default()
     };
     let coll = Collectives::with_config(me.comm.clone(), cfg).ctx("setting up the collectives")?;
-    let device = coll.resources().device;
+    let device = coll.resources().device();
     // A GPU build runs on a stream of this rank's GPU; the host backend needs none (0).
     let stream = match device.kind {
         DeviceType::Gpu => {

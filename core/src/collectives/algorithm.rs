@@ -45,8 +45,11 @@ impl Call {
     }
 }
 
-/// An algorithm: one file under `allreduce/`, `allgather/`, ... plus one kernel file under
-/// `kernels/cuda/src/collectives/<kind>/` and one line in [`super::registry`].
+/// An algorithm of a communicator's collection: a native one (one file under `allreduce/`,
+/// `allgather/`, ... plus one kernel file under `kernels/cuda/src/collectives/<kind>/` and one
+/// line in [`super::collection::native_algorithms`]), one a user adds through an
+/// [`super::AlgorithmBuilder`] (its own kernel or host code; it may keep per-communicator
+/// state in its own fields), or an execution plan ([`super::PlanAlgorithm`]).
 pub trait Algorithm: Send + Sync + 'static {
     /// The name the selector and `MSCCLPP_<KIND>_ALGO` use (upstream's name).
     fn name(&self) -> &'static str;
@@ -66,6 +69,11 @@ pub trait Algorithm: Send + Sync + 'static {
     ) -> Result<()>;
     /// Runs the call with CPU threads (host backend); returns when it is complete.
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()>;
+    /// What the INFO line that names the running algorithm says (default: the name; plans add
+    /// their file).
+    fn description(&self) -> String {
+        self.name().to_string()
+    }
     /// Whether it runs on worlds spanning nodes (only the hierarchical algorithms do: the
     /// others map every peer's memory).
     fn multi_node(&self) -> bool {
@@ -119,12 +127,12 @@ impl CollArgs {
             peer_bases: res.peer_bases_ptr(),
             sems: res.sems_ptr(),
             flags: res.flags_ptr(),
-            ll_offset: res.layout.ll_offset as u64,
-            ll_half_bytes: res.layout.ll_half_bytes as u64,
-            plain_offset: res.layout.plain_offset as u64,
-            plain_bytes: res.layout.plain_bytes as u64,
-            rank: res.rank as i32,
-            nranks: res.nranks as i32,
+            ll_offset: res.layout().ll_offset as u64,
+            ll_half_bytes: res.layout().ll_half_bytes as u64,
+            plain_offset: res.layout().plain_offset as u64,
+            plain_bytes: res.layout().plain_bytes as u64,
+            rank: res.rank() as i32,
+            nranks: res.nranks() as i32,
             root: call.root as i32,
             nflags: MAX_FLAGS as u32,
             extra: [0; 5],
@@ -174,23 +182,23 @@ pub fn host_wait(res: &Resources, blk: usize, p: usize) -> Result<()> {
         crate::device_emu::semaphore::wait(
             h.inbound_token,
             h.expected_inbound_token,
-            res.config.host_timeout,
+            res.config().host_timeout,
         )
     }
     .map_err(|e| {
         Error::timeout(
             format!("collectives: block {blk} waiting for rank {p}: {e}"),
-            res.config.host_timeout,
+            res.config().host_timeout,
         )
     })
 }
 
 /// Host backend: block `blk` synchronises with the same block of every peer.
 pub fn host_barrier(res: &Resources, blk: usize) -> Result<()> {
-    for p in (0..res.nranks).filter(|&p| p != res.rank) {
+    for p in (0..res.nranks()).filter(|&p| p != res.rank()) {
         host_signal(res, blk, p);
     }
-    for p in (0..res.nranks).filter(|&p| p != res.rank) {
+    for p in (0..res.nranks()).filter(|&p| p != res.rank()) {
         host_wait(res, blk, p)?;
     }
     Ok(())
@@ -207,10 +215,10 @@ pub fn split(n: usize, parts: usize, i: usize) -> (usize, usize) {
 /// Host backend: block `blk` synchronises with the same block of every peer on this node
 /// (the hierarchical algorithms; peers on other nodes have no memory semaphores).
 pub fn host_local_barrier(res: &Resources, blk: usize) -> Result<()> {
-    for p in res.topo.local_peers() {
+    for p in res.topo().local_peers() {
         host_signal(res, blk, p);
     }
-    for p in res.topo.local_peers() {
+    for p in res.topo().local_peers() {
         host_wait(res, blk, p)?;
     }
     Ok(())

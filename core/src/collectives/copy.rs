@@ -115,10 +115,11 @@ impl Algorithm for Copy {
         self.0
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if res.nranks != 1 {
+        if res.nranks() != 1 {
             return Err(Error::invalid(format!(
                 "{} copy: expected a world of 1 rank, got {}",
-                self.0, res.nranks
+                self.0,
+                res.nranks()
             )));
         }
         // The copy threshold's env value is validated once by `Collectives::with_config`
@@ -148,7 +149,7 @@ impl Algorithm for Copy {
         unsafe {
             gpu_copy(
                 gpu,
-                res.sm_count,
+                res.sm_count(),
                 call.recv,
                 call.send,
                 call.bytes(),

@@ -31,7 +31,7 @@ pub(crate) fn widen(dtype: DataType) -> usize {
 
 /// The net port channels' device handles, index = rank (empty on one node).
 pub(crate) fn net_handles(res: &Resources) -> &[PortChannelDeviceHandle] {
-    res.net.as_ref().map_or(&[], |n| n.handles.as_slice())
+    res.net().as_ref().map_or(&[], |n| n.handles.as_slice())
 }
 
 /// The argument block and grid of a hierarchical kernel (kernels/cuda/src/collectives/hier.hpp)
@@ -49,7 +49,7 @@ pub(crate) fn gpu_args(
     piece: usize,
     what: &str,
 ) -> Result<(CollArgs, u32)> {
-    let topo = &res.topo;
+    let topo = &res.topo();
     let threads = THREADS as usize;
     if topo.per_node() > threads || topo.nnodes > threads + 1 {
         return Err(Error::invalid(format!(
@@ -60,24 +60,24 @@ pub(crate) fn gpu_args(
             topo.nnodes
         )));
     }
-    if res.layout.total > u32::MAX as usize {
+    if res.layout().total > u32::MAX as usize {
         return Err(Error::invalid(format!(
             "{what}: expected a shared buffer below 4 GiB (port channel offsets are 32-bit), got \
              {} bytes (reduce the scratch sizes)",
-            res.layout.total
+            res.layout().total
         )));
     }
     let census = mesh::census(res, gpu, stream)?;
     let blocks = mesh::grid(&census, piece.div_ceil(BYTES_PER_BLOCK), MAX_BLOCKS);
     let mut args = CollArgs::new(res, call);
-    args.extra[0] = res.net.as_ref().map_or(0, |n| n.table.data());
+    args.extra[0] = res.net().as_ref().map_or(0, |n| n.table.data());
     args.extra[1] = res.node_ranks_ptr();
     args.extra[2] = piece as u64;
     args.extra[3] = topo.per_node() as u64
         | (topo.nnodes as u64) << 16
         | (topo.local as u64) << 32
         | (topo.node as u64) << 48;
-    args.extra[4] = res.net.as_ref().map_or(0, |n| n.base);
+    args.extra[4] = res.net().as_ref().map_or(0, |n| n.base);
     Ok((args, blocks))
 }
 
@@ -113,9 +113,9 @@ pub(crate) fn launch(
 
 /// Handshake with every rail peer (a signal each way on the port channels).
 pub(crate) fn rail_handshake(res: &Resources) -> Result<()> {
-    let t = res.config.host_timeout;
+    let t = res.config().host_timeout;
     let handles = net_handles(res);
-    for p in res.topo.rail_peers() {
+    for p in res.topo().rail_peers() {
         // SAFETY: the handle is a live channel of this rank's net proxy.
         unsafe { handles[p].signal(t)? };
     }
@@ -124,8 +124,8 @@ pub(crate) fn rail_handshake(res: &Resources) -> Result<()> {
 
 /// Waits for one signal from every rail peer.
 pub(crate) fn rail_wait(res: &Resources) -> Result<()> {
-    let (t, handles) = (res.config.host_timeout, net_handles(res));
-    for p in res.topo.rail_peers() {
+    let (t, handles) = (res.config().host_timeout, net_handles(res));
+    for p in res.topo().rail_peers() {
         // SAFETY: the handle is a live channel of this rank's net proxy.
         unsafe { handles[p].wait(t)? };
     }
@@ -150,8 +150,8 @@ pub(crate) fn host_pipeline(
         }
         stage_b(k)?;
     }
-    let (t, handles) = (res.config.host_timeout, net_handles(res));
-    for q in res.topo.rail_peers() {
+    let (t, handles) = (res.config().host_timeout, net_handles(res));
+    for q in res.topo().rail_peers() {
         // SAFETY: the handle is a live channel of this rank's net proxy.
         unsafe { handles[q].flush(t)? };
     }

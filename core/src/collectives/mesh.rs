@@ -13,6 +13,7 @@ use mscclpp_hal::{prelude::*, Gpu};
 use super::algorithm::split;
 use super::gpu::GpuCtx;
 use super::setup::{Resources, MAX_SEM_BLOCKS};
+pub(crate) use super::topology::Census;
 use super::types::RawStream;
 use crate::error::{Error, Result};
 use crate::memory::hal_err;
@@ -21,59 +22,48 @@ use crate::memory::hal_err;
 pub(crate) const VEC: usize = 16;
 /// Threads of a mesh kernel's block.
 pub(crate) const THREADS: u32 = 1024;
-/// The ext slot of the census.
-const SLOT_CENSUS: &str = "mesh.census";
-
-/// What the ranks agreed about their GPUs (identical on every rank).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Census {
-    /// The most ranks that share one GPU.
-    pub share: usize,
-    /// The fewest multiprocessors of any rank's GPU.
-    pub min_sms: u32,
-}
 
 /// The census of `res` (collective on first use, outside capture: one bootstrap all-gather of
 /// every rank's GPU PCI bus id and SM count). During a capture before any census, the
 /// conservative guess "every rank of the node on one GPU" (still identical on every rank).
 pub(crate) fn census(res: &Resources, gpu: &GpuCtx, stream: RawStream) -> Result<Census> {
-    if let Some(c) = res.ext.get::<Census>(SLOT_CENSUS)? {
+    let cell = res.census_cell();
+    if let Some(c) = cell.get() {
         return Ok(*c);
     }
     if gpu.is_capturing(stream)? {
         return Ok(Census {
-            share: res.nranks_per_node.max(1),
-            min_sms: res.sm_count,
+            share: res.nranks_per_node().max(1),
+            min_sms: res.sm_count(),
         });
     }
-    let c = res.ext.get_or_try_init(SLOT_CENSUS, || {
-        let p = Gpu::properties(gpu.device()).map_err(|e| hal_err("GPU properties", e))?;
-        let mut blob = p.sm_count.to_le_bytes().to_vec();
-        blob.extend_from_slice(p.pci_bus_id.as_bytes());
-        let all = res.comm.bootstrap().all_gather(&blob)?;
-        let mut min_sms = u32::MAX;
-        let mut ids: Vec<&[u8]> = Vec::with_capacity(all.len());
-        for (r, b) in all.iter().enumerate() {
-            let sms: [u8; 4] = b.get(..4).and_then(|s| s.try_into().ok()).ok_or_else(|| {
-                Error::remote(
-                    r,
-                    "collectives census: expected an SM count and a PCI bus id",
-                )
-            })?;
-            min_sms = min_sms.min(u32::from_le_bytes(sms));
-            ids.push(&b[4..]);
-        }
-        let share = ids
-            .iter()
-            .map(|id| ids.iter().filter(|o| *o == id).count())
-            .max()
-            .unwrap_or(1);
-        Ok(Census {
-            share,
-            min_sms: min_sms.max(1),
-        })
-    })?;
-    Ok(*c)
+    // Calls are serialised by the launch lock, so only one thread takes the census.
+    let p = Gpu::properties(gpu.device()).map_err(|e| hal_err("GPU properties", e))?;
+    let mut blob = p.sm_count.to_le_bytes().to_vec();
+    blob.extend_from_slice(p.pci_bus_id.as_bytes());
+    let all = res.comm().bootstrap().all_gather(&blob)?;
+    let mut min_sms = u32::MAX;
+    let mut ids: Vec<&[u8]> = Vec::with_capacity(all.len());
+    for (r, b) in all.iter().enumerate() {
+        let sms: [u8; 4] = b.get(..4).and_then(|s| s.try_into().ok()).ok_or_else(|| {
+            Error::remote(
+                r,
+                "collectives census: expected an SM count and a PCI bus id",
+            )
+        })?;
+        min_sms = min_sms.min(u32::from_le_bytes(sms));
+        ids.push(&b[4..]);
+    }
+    let share = ids
+        .iter()
+        .map(|id| ids.iter().filter(|o| *o == id).count())
+        .max()
+        .unwrap_or(1);
+    let c = Census {
+        share,
+        min_sms: min_sms.max(1),
+    };
+    Ok(*cell.get_or_init(|| c))
 }
 
 /// Blocks of a launch that wants `want`: at most one block per multiprocessor for each rank
@@ -85,7 +75,7 @@ pub(crate) fn grid(c: &Census, want: usize, limit: usize) -> u32 {
 
 /// Bytes of one of `nslots` equal slots of the plain scratch (a multiple of [`VEC`]).
 pub(crate) fn slot_bytes(res: &Resources, nslots: usize) -> usize {
-    (res.layout.plain_bytes / nslots.max(1)) / VEC * VEC
+    (res.layout().plain_bytes / nslots.max(1)) / VEC * VEC
 }
 
 /// `[x0, x1)`: the bytes block `b` of `nb` owns in a chunk of `c` bytes (whole vectors, the
@@ -119,7 +109,7 @@ pub(crate) fn scratch_at(
     slot_bytes: usize,
     at: usize,
 ) -> u64 {
-    res.peer_bases[r] + (res.layout.plain_offset + slot * slot_bytes + at) as u64
+    res.peer_bases()[r] + (res.layout().plain_offset + slot * slot_bytes + at) as u64
 }
 
 #[cfg(test)]

@@ -9,9 +9,24 @@
 //! same algorithms (same scratch layout, flags and protocol) on the calling CPU thread and
 //! returns when the call is complete.
 //!
+//! # The algorithm collection
+//! Every `Collectives` has its own collection of algorithm objects ([`Collection`]): the native
+//! ones ([`native_algorithms`]; their lazily built state, e.g. the proxy of the port-channel
+//! algorithms, lives in the objects), those of the process-wide builders ([`register_global`]),
+//! those of its own builders ([`Collectives::builder`] + [`CollectivesBuilder::add_algorithm`];
+//! an [`AlgorithmBuilder`] gets a [`BuildContext`]: communicator, [`Resources`], device, rank,
+//! world), and the execution plans of the plan directory ([`PlanAlgorithm`], [`plan`]:
+//! `MSCCLPP_CACHE_DIR`, default `~/.cache/mscclpp`, read when the `Collectives` is built).
+//!
 //! # Choosing the algorithm
-//! The selector ([`selector`]) picks by collective, message size, world size, ranks per node
-//! and GPU architecture ([`Collectives::algorithm_for`] tells what it picks). It can be forced:
+//! [`Collectives::choose`] takes, in order: a forced algorithm (table below,
+//! [`Collectives::force_algorithm`]; it may name a plan or an added algorithm), the
+//! [`Selector`] of this `Collectives` or the process ([`set_global_selector`]), else the default
+//! choice: a plan that matches the call, else the native rules ([`selector`]: by collective,
+//! message size, world size, ranks per node and GPU architecture). It returns a [`Choice`]
+//! whose check is done; [`Collectives::run_choice`] runs it (the collectives below do both).
+//! [`Collectives::algorithm_for`] tells what is taken for a size. An INFO line (subsystem
+//! `COLL`) names the algorithm (plans: name and file) whenever a collective's choice changes.
 //!
 //! | variable | collective | values |
 //! |---|---|---|
@@ -28,23 +43,26 @@
 //! communicator's device (`nvls_usable`; never while `MSCCLPP_FORCE_DISABLE_NVLS=1` or
 //! `NCCL_NVLS_ENABLE=0`) and every rank is on one node.
 //!
-//! An unknown name is an error listing the valid ones ([`Collectives::new`] fails). A forced
-//! algorithm that cannot run a call (e.g. too large for its scratch) makes that call fail with
-//! the reason. `copy` is what every collective does at world size 1. When the ranks span nodes
-//! (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated nodes) the selector
-//! takes the hierarchical algorithms (all-reduce `hier_rsag_port`, all-gather and
-//! reduce-scatter `hier_port`; GPU kernels and host backend)
-//! and any other algorithm is refused with the reason.
+//! Each variable may also name a plan of the plan directory or an added algorithm of that
+//! collective. An unknown name is an error listing the valid ones ([`Collectives::new`]
+//! fails). A forced algorithm that cannot run a call (e.g. too large for its scratch) makes
+//! that call fail with the reason. `copy` is what every collective does at world size 1. When
+//! the ranks span nodes (host hashes differ; `MSCCLPP_HOSTID` splits one machine into emulated
+//! nodes) the selector takes the hierarchical algorithms (all-reduce `hier_rsag_port`,
+//! all-gather and reduce-scatter `hier_port`; GPU kernels and host backend) and any other
+//! algorithm is refused with the reason.
 //!
-//! See README.md in this folder for the Algorithm trait, the scratch layout and flags, and how
-//! to add an algorithm.
+//! See README.md in this folder for the collection, builders and selectors, the Algorithm
+//! trait, the scratch layout and flags, and how to add an algorithm
+//! (core/examples/10-own-algorithm.rs adds one with its own kernel and selector, also to the
+//! NCCL library).
 
 pub mod algorithm;
 pub mod allgather;
 pub mod allreduce;
 pub mod broadcast;
+pub mod collection;
 pub mod copy;
-pub mod ext;
 pub mod gpu;
 pub(crate) mod hier;
 pub(crate) mod host_ll;
@@ -52,6 +70,7 @@ pub(crate) mod host_math;
 pub(crate) mod mesh;
 pub mod net;
 pub mod nvls;
+pub mod plan;
 pub(crate) mod port;
 pub mod reduce_scatter;
 pub mod selector;
@@ -61,9 +80,16 @@ pub mod types;
 pub mod user_buffers;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 pub use algorithm::{Algorithm, Call, CollArgs};
+pub use collection::{
+    native_algorithms, register_global, AlgorithmBuilder, BuildContext, Collection,
+    NativeAlgorithms,
+};
+pub use plan::PlanAlgorithm;
+pub use selector::{set_global_selector, SelectContext, Selector};
 pub use setup::{CollectivesConfig, Resources};
 pub use types::{CollectiveKind, DataType, RawStream, ReduceOp};
 
@@ -72,66 +98,24 @@ use crate::error::{Error, Result};
 use crate::transport::DeviceType;
 use gpu::GpuCtx;
 
-static COPY_ALLREDUCE: copy::Copy = copy::Copy(CollectiveKind::AllReduce);
-static COPY_ALLGATHER: copy::Copy = copy::Copy(CollectiveKind::AllGather);
-static COPY_REDUCESCATTER: copy::Copy = copy::Copy(CollectiveKind::ReduceScatter);
-static COPY_BROADCAST: copy::Copy = copy::Copy(CollectiveKind::Broadcast);
-
-/// Every algorithm, all collectives. Adding an algorithm = its file + its kernel + one line here.
-pub fn registry() -> &'static [&'static dyn Algorithm] {
-    static ALGOS: &[&dyn Algorithm] = &[
-        &COPY_ALLREDUCE,
-        &COPY_ALLGATHER,
-        &COPY_REDUCESCATTER,
-        &COPY_BROADCAST,
-        &allreduce::allpair_packet::AllpairPacket,
-        &allreduce::hier_rsag_port::HierRsagPort,
-        &allreduce::packet::Packet,
-        &allreduce::rsag::Rsag,
-        &allreduce::rsag_pipeline::RsagPipeline,
-        &allreduce::rsag_port_channel::RsagPortChannel,
-        &allreduce::rsag_zero_copy::RsagZeroCopy,
-        &allreduce::nvls_packet::NvlsPacket,
-        &allreduce::nvls_zero_copy::NvlsZeroCopy,
-        &allreduce::nvls_warp_pipeline::NvlsWarpPipeline,
-        &allreduce::nvls_block_pipeline::NvlsBlockPipeline,
-        &allgather::fullmesh::Fullmesh,
-        &allgather::hier_port::HierPort,
-        &allgather::port_channel::PortChannel,
-        &reduce_scatter::fullmesh::Fullmesh,
-        &reduce_scatter::hier_port::HierPort,
-        &broadcast::fullmesh::Fullmesh,
-        &broadcast::hier_allreduce::HierAllreduce,
-    ];
-    ALGOS
-}
-
-/// The algorithm `name` of `kind`.
+/// The native algorithm `name` of `kind` (names, kinds and checks; a communicator runs the
+/// objects of its own collection, [`Collectives::algorithm`]).
 pub fn find_algorithm(kind: CollectiveKind, name: &str) -> Result<&'static dyn Algorithm> {
-    registry()
-        .iter()
-        .copied()
-        .find(|a| a.kind() == kind && a.name() == name)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "{kind} algorithm `{name}`: expected one of {}",
-                algorithm_names(kind).join(", ")
-            ))
-        })
+    collection::native_catalogue()
+        .get(kind, name)
+        .map(|a| a.as_ref())
 }
 
-/// Names of the registered algorithms of `kind`.
+/// Names of the native algorithms of `kind` ([`Collectives::algorithm_names`] adds a
+/// communicator's own algorithms and plans).
 pub fn algorithm_names(kind: CollectiveKind) -> Vec<&'static str> {
-    registry()
-        .iter()
-        .filter(|a| a.kind() == kind)
-        .map(|a| a.name())
-        .collect()
+    collection::native_catalogue().names(kind)
 }
 
-/// Forced algorithms from the environment (see the module doc).
+/// Forced algorithms from the environment (see the module doc), checked against `algos`.
 fn forced_from_env(
     get: impl Fn(&str) -> Option<String>,
+    algos: &Collection,
 ) -> Result<HashMap<CollectiveKind, &'static str>> {
     let mut forced = HashMap::new();
     if let Some(v) = get("MSCCLPP_ALGORITHM").filter(|v| !v.trim().is_empty()) {
@@ -140,14 +124,16 @@ fn forced_from_env(
                 Some((k, n)) => (k.trim().parse::<CollectiveKind>()?, n.trim()),
                 None => (CollectiveKind::AllReduce, item),
             };
-            let a = find_algorithm(kind, name)
+            let a = algos
+                .get(kind, name)
                 .map_err(|e| Error::invalid(format!("MSCCLPP_ALGORITHM={v}: {e}")))?;
             forced.insert(kind, a.name());
         }
     }
     for kind in CollectiveKind::ALL {
         if let Some(v) = get(kind.env_var()).filter(|v| !v.trim().is_empty()) {
-            let a = find_algorithm(kind, v.trim())
+            let a = algos
+                .get(kind, v.trim())
                 .map_err(|e| Error::invalid(format!("{}={v}: {e}", kind.env_var())))?;
             forced.insert(kind, a.name());
         }
@@ -155,12 +141,176 @@ fn forced_from_env(
     Ok(forced)
 }
 
+/// The algorithm chosen for one call, its own check passed: what [`Collectives::run_choice`]
+/// runs. Route on it (e.g. native or not) and run it, so a call is chosen and checked once.
+#[derive(Clone)]
+pub struct Choice {
+    algorithm: Arc<dyn Algorithm>,
+    call: Call,
+}
+
+impl std::fmt::Debug for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Choice")
+            .field("algorithm", &self.algorithm.description())
+            .field("call", &self.call)
+            .finish()
+    }
+}
+
+impl Choice {
+    /// The algorithm that runs the call.
+    pub fn algorithm(&self) -> &Arc<dyn Algorithm> {
+        &self.algorithm
+    }
+    /// Its name.
+    pub fn name(&self) -> &'static str {
+        self.algorithm.name()
+    }
+    /// The call.
+    pub fn call(&self) -> &Call {
+        &self.call
+    }
+}
+
+/// Builds a [`Collectives`] with algorithms and a selector of one's own (see the module doc):
+/// `Collectives::builder(comm).add(my_builder).selector(my_selector).build()`.
+pub struct CollectivesBuilder {
+    comm: Arc<Communicator>,
+    config: CollectivesConfig,
+    builders: Vec<Arc<dyn AlgorithmBuilder>>,
+    selector: Option<Arc<dyn Selector>>,
+    plan_dir: Option<PathBuf>,
+    plans: bool,
+}
+
+impl std::fmt::Debug for CollectivesBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CollectivesBuilder")
+            .field("config", &self.config)
+            .field("builders", &self.builders.len())
+            .field("selector", &self.selector.is_some())
+            .field("plan_dir", &self.plan_dir)
+            .finish()
+    }
+}
+
+impl CollectivesBuilder {
+    /// The scratch sizes and device ([`CollectivesConfig`]; default: its `Default`).
+    pub fn config(mut self, config: CollectivesConfig) -> Self {
+        self.config = config;
+        self
+    }
+    /// Adds the algorithms `builder` makes (after the natives and the process-wide ones).
+    pub fn add_algorithm(mut self, builder: impl AlgorithmBuilder + 'static) -> Self {
+        self.builders.push(Arc::new(builder));
+        self
+    }
+    /// Replaces the default selector (forcing still comes first).
+    pub fn selector(mut self, selector: impl Selector + 'static) -> Self {
+        self.selector = Some(Arc::new(selector));
+        self
+    }
+    /// Reads the plans of `dir` instead of the plan directory of the environment
+    /// (`MSCCLPP_CACHE_DIR`, default `~/.cache/mscclpp`).
+    pub fn plan_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plan_dir = Some(dir.into());
+        self.plans = true;
+        self
+    }
+    /// Reads no plan directory.
+    pub fn without_plans(mut self) -> Self {
+        self.plans = false;
+        self
+    }
+
+    /// Sets up the collectives (collective: every rank calls it with the same sizes,
+    /// builders and plan directory contents).
+    pub fn build(self) -> Result<Collectives> {
+        let nvls_opt_in = nvls::emulation_opt_in(std::env::var(nvls::EMULATION_ENV).ok())?;
+        copy::driver_copy_max()?;
+        let comm = self.comm;
+        let res = Resources::new(&comm, self.config)?;
+        let nvls = nvls::selectable(res.device(), nvls_opt_in);
+        let gpu = match res.device().kind {
+            DeviceType::Gpu => Some(GpuCtx::new(res.device().id)?),
+            DeviceType::Cpu => None,
+        };
+        let mut algos = Collection::default();
+        let ctx = BuildContext {
+            comm: &comm,
+            res: &res,
+        };
+        let builders = [Arc::new(NativeAlgorithms) as Arc<dyn AlgorithmBuilder>]
+            .into_iter()
+            .chain(collection::global())
+            .chain(self.builders);
+        for b in builders {
+            for a in b.build(&ctx)? {
+                algos.add(a)?;
+            }
+        }
+        let mut plans = Vec::new();
+        let dir = match self.plan_dir {
+            Some(d) => Some(d),
+            None if self.plans => crate::env::env().cache_dir().ok(),
+            None => None,
+        };
+        if let Some(dir) = dir.filter(|_| self.plans) {
+            for p in plan::load_dir(&dir, &comm, gpu.is_some())? {
+                if algos.find(p.kind(), p.name()).is_some() {
+                    crate::log_warn!(
+                        "COLL",
+                        "skipping {}: the collection has a {} algorithm of that name",
+                        p.description(),
+                        p.kind()
+                    );
+                    continue;
+                }
+                algos.add(p.clone())?;
+                plans.push(p);
+            }
+            if !plans.is_empty() {
+                crate::log_info!(
+                    "COLL",
+                    "rank {}: {} plan(s) from {}: {}",
+                    res.rank(),
+                    plans.len(),
+                    dir.display(),
+                    plans
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        let forced = forced_from_env(|k| std::env::var(k).ok(), &algos)?;
+        Ok(Collectives {
+            res,
+            gpu,
+            algos,
+            plans,
+            selector: self.selector.or_else(selector::global_selector),
+            forced: Mutex::new(forced),
+            last: Mutex::new(HashMap::new()),
+            launch: Mutex::new(()),
+            nvls,
+        })
+    }
+}
+
 /// Collectives over one communicator. `Send + Sync`; calls are serialised internally (they
 /// share LL flags and scratch), and every rank must issue the same calls in the same order.
 pub struct Collectives {
     res: Resources,
     gpu: Option<GpuCtx>,
+    algos: Collection,
+    plans: Vec<Arc<PlanAlgorithm>>,
+    selector: Option<Arc<dyn Selector>>,
     forced: Mutex<HashMap<CollectiveKind, &'static str>>,
+    /// The algorithm that ran the last call of each collective (an INFO line when it changes).
+    last: Mutex<HashMap<CollectiveKind, &'static str>>,
     launch: Mutex<()>,
     /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
     nvls: bool,
@@ -169,9 +319,9 @@ pub struct Collectives {
 impl std::fmt::Debug for Collectives {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Collectives")
-            .field("rank", &self.res.rank)
-            .field("nranks", &self.res.nranks)
-            .field("device", &self.res.device)
+            .field("rank", &self.res.rank())
+            .field("nranks", &self.res.nranks())
+            .field("device", &self.res.device())
             .finish_non_exhaustive()
     }
 }
@@ -180,49 +330,63 @@ impl Collectives {
     /// Sets up the collectives of `comm` with the default configuration (collective: every
     /// rank calls it).
     pub fn new(comm: Arc<Communicator>) -> Result<Collectives> {
-        Self::with_config(comm, CollectivesConfig::default())
+        Self::builder(comm).build()
     }
 
     /// Sets up with `cfg` (collective: every rank calls it with the same sizes).
     pub fn with_config(comm: Arc<Communicator>, cfg: CollectivesConfig) -> Result<Collectives> {
-        let forced = forced_from_env(|k| std::env::var(k).ok())?;
-        let nvls_opt_in = nvls::emulation_opt_in(std::env::var(nvls::EMULATION_ENV).ok())?;
-        copy::driver_copy_max()?;
-        let res = Resources::new(&comm, cfg)?;
-        let nvls = nvls::selectable(res.device, nvls_opt_in);
-        let gpu = match res.device.kind {
-            DeviceType::Gpu => Some(GpuCtx::new(res.device.id)?),
-            DeviceType::Cpu => None,
-        };
-        Ok(Collectives {
-            res,
-            gpu,
-            forced: Mutex::new(forced),
-            launch: Mutex::new(()),
-            nvls,
-        })
+        Self::builder(comm).config(cfg).build()
+    }
+
+    /// A builder: add algorithms, a selector, a plan directory, then `build()`.
+    pub fn builder(comm: Arc<Communicator>) -> CollectivesBuilder {
+        CollectivesBuilder {
+            comm,
+            config: CollectivesConfig::default(),
+            builders: Vec::new(),
+            selector: None,
+            plan_dir: None,
+            plans: true,
+        }
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.res.rank
+        self.res.rank()
     }
     /// World size.
     pub fn nranks(&self) -> usize {
-        self.res.nranks
+        self.res.nranks()
     }
     /// The resources (device, layout, peers).
     pub fn resources(&self) -> &Resources {
         &self.res
     }
+    /// The collection: natives, added algorithms, plans.
+    pub fn algorithms(&self) -> &Collection {
+        &self.algos
+    }
+    /// This communicator's algorithm `name` of `kind` (an error lists the valid names).
+    pub fn algorithm(&self, kind: CollectiveKind, name: &str) -> Result<Arc<dyn Algorithm>> {
+        self.algos.get(kind, name).cloned()
+    }
+    /// Names of this communicator's algorithms of `kind` (plans included).
+    pub fn algorithm_names(&self, kind: CollectiveKind) -> Vec<&'static str> {
+        self.algos.names(kind)
+    }
+    /// The plans of the plan directory in the collection.
+    pub fn plans(&self) -> &[Arc<PlanAlgorithm>] {
+        &self.plans
+    }
 
     /// Forces (`Some(name)`) or un-forces (`None`) the algorithm of `kind` for later calls on
-    /// this rank (every rank must do the same). Overrides the environment.
+    /// this rank (every rank must do the same). Overrides the environment. `name` may be a
+    /// plan's or an added algorithm's.
     pub fn force_algorithm(&self, kind: CollectiveKind, name: Option<&str>) -> Result<()> {
         let mut f = self.forced.lock().unwrap_or_else(|p| p.into_inner());
         match name {
             Some(n) => {
-                f.insert(kind, find_algorithm(kind, n)?.name());
+                f.insert(kind, self.algos.get(kind, n)?.name());
             }
             None => {
                 f.remove(&kind);
@@ -231,64 +395,107 @@ impl Collectives {
         Ok(())
     }
 
-    /// The algorithm the selector (or a forced choice) takes for `bytes` of `coll`.
+    /// The algorithm the selector (or a forced choice) takes for `bytes` of `coll`, asked with
+    /// an out-of-place call of `bytes` bytes (`u8`, sum) on addresses this library did not
+    /// allocate (so no plan matches it); without its own check. [`Collectives::choose`] tells
+    /// for a real call.
     pub fn algorithm_for(&self, coll: CollectiveKind, bytes: usize) -> Result<&'static str> {
-        if self.res.nranks == 1 {
-            return Ok("copy");
+        let probe = Call {
+            kind: coll,
+            send: 1 << 44,
+            recv: 2 << 44,
+            count: bytes,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        Ok(self.select(&probe)?.name())
+    }
+
+    /// Forced, else the user's selector, else the default one (a matching plan, else the
+    /// native rules).
+    fn select(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
+        if self.res.nranks() == 1 {
+            return self.algos.get(call.kind, "copy").cloned();
         }
-        if let Some(n) = self
+        let forced = self
             .forced
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&coll)
-        {
-            return Ok(n);
+            .get(&call.kind)
+            .copied();
+        if let Some(n) = forced {
+            return self.algos.get(call.kind, n).cloned();
         }
-        selector::select(&selector::Query {
-            kind: coll,
-            bytes,
-            nranks: self.res.nranks,
-            nranks_per_node: self.res.nranks_per_node,
-            nnodes: self.res.topo.nnodes,
-            arch: self.res.arch,
-            host: self.gpu.is_none(),
-            nvls: self.nvls,
-        })
+        let ctx = SelectContext {
+            call,
+            query: selector::Query {
+                kind: call.kind,
+                bytes: call.bytes(),
+                nranks: self.res.nranks(),
+                nranks_per_node: self.res.nranks_per_node(),
+                nnodes: self.res.topo().nnodes,
+                arch: self.res.arch(),
+                host: self.gpu.is_none(),
+                nvls: self.nvls,
+            },
+            rank: self.res.rank(),
+            algos: &self.algos,
+            plans: &self.plans,
+            res: &self.res,
+        };
+        if let Some(sel) = &self.selector {
+            if let Some(a) = sel.select(&ctx)? {
+                return Ok(a);
+            }
+        }
+        ctx.default_choice()
     }
 
     /// The algorithm that runs `call` (forced or selected), after its own check and, in a
     /// world spanning nodes, the check that it is a multi-node algorithm.
-    pub fn checked_algorithm(&self, call: &Call) -> Result<&'static dyn Algorithm> {
-        let name = self.algorithm_for(call.kind, call.bytes())?;
-        let algo = find_algorithm(call.kind, name)?;
-        if self.res.topo.nnodes > 1 && !algo.multi_node() {
-            let multi: Vec<&str> = registry()
+    pub fn checked_algorithm(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
+        let algo = self.select(call)?;
+        if self.res.topo().nnodes > 1 && !algo.multi_node() {
+            let multi: Vec<&str> = self
+                .algos
+                .all()
                 .iter()
                 .filter(|a| a.kind() == call.kind && a.multi_node())
                 .map(|a| a.name())
                 .collect();
             return Err(Error::invalid(format!(
-                "{} {name}: this world spans {} nodes; expected a multi-node algorithm (one of: {})",
+                "{} {}: this world spans {} nodes; expected a multi-node algorithm (one of: {})",
                 call.kind,
-                self.res.topo.nnodes,
-                if multi.is_empty() { "none yet".to_string() } else { multi.join(", ") }
+                algo.name(),
+                self.res.topo().nnodes,
+                if multi.is_empty() {
+                    "none yet".to_string()
+                } else {
+                    multi.join(", ")
+                }
             )));
         }
         algo.check(&self.res, call)?;
         Ok(algo)
     }
 
-    /// Runs `call` with the chosen algorithm (validated arguments).
-    ///
-    /// # Safety
-    /// As the public collectives.
-    unsafe fn run(&self, call: Call, stream: RawStream) -> Result<()> {
-        if call.count == 0 {
-            return Ok(());
+    /// Checks `call`'s arguments and chooses its algorithm (forced, the user's selector, or
+    /// the default one), its own check done. [`Collectives::run_choice`] runs it.
+    pub fn choose(&self, call: &Call) -> Result<Choice> {
+        if call.count != 0 {
+            self.check_args(call)?;
         }
+        Ok(Choice {
+            algorithm: self.checked_algorithm(call)?,
+            call: *call,
+        })
+    }
+
+    fn check_args(&self, call: &Call) -> Result<()> {
         call.count
             .checked_mul(call.dtype.size_in_bytes())
-            .and_then(|b| b.checked_mul(self.res.nranks))
+            .and_then(|b| b.checked_mul(self.res.nranks()))
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "{}: count {} of {} overflows the address space",
@@ -301,12 +508,43 @@ impl Collectives {
                 call.kind, call.send, call.recv
             )));
         }
-        let algo = self.checked_algorithm(&call)?;
+        if call.kind == CollectiveKind::Broadcast && call.root >= self.res.nranks() {
+            return Err(Error::invalid(format!(
+                "broadcast: root {}: expected a rank below {}",
+                call.root,
+                self.res.nranks()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs a choice of [`Collectives::choose`] (of this `Collectives`) on `stream`.
+    ///
+    /// # Safety
+    /// As the public collectives, for the buffers of the choice's call.
+    pub unsafe fn run_choice(&self, choice: &Choice, stream: RawStream) -> Result<()> {
+        let (call, algo) = (&choice.call, &choice.algorithm);
+        if call.count == 0 {
+            return Ok(());
+        }
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            if last.insert(call.kind, algo.name()) != Some(algo.name()) {
+                crate::log_info!(
+                    "COLL",
+                    "rank {}: {} of {} bytes runs {}",
+                    self.res.rank(),
+                    call.kind,
+                    call.bytes(),
+                    algo.description()
+                );
+            }
+        }
         crate::log_trace!(
             "COLL",
             "rank {}: {} {} of {} {} ({} {}) on stream {stream:#x}: {}",
-            self.res.rank,
+            self.res.rank(),
             call.kind,
             call.count,
             call.dtype,
@@ -320,9 +558,22 @@ impl Collectives {
             algo.name()
         );
         match &self.gpu {
-            Some(gpu) => algo.launch_gpu(&self.res, gpu, &call, stream),
-            None => algo.run_host(&self.res, &call),
+            Some(gpu) => algo.launch_gpu(&self.res, gpu, call, stream),
+            None => algo.run_host(&self.res, call),
         }
+    }
+
+    /// Runs `call` with the chosen algorithm.
+    ///
+    /// # Safety
+    /// As the public collectives.
+    unsafe fn run(&self, call: Call, stream: RawStream) -> Result<()> {
+        if call.count == 0 {
+            return Ok(());
+        }
+        let choice = self.choose(&call)?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.run_choice(&choice, stream) }
     }
 
     /// All-reduce of `count` elements from `send` into `recv` (in place when equal).
@@ -421,10 +672,10 @@ impl Collectives {
         root: usize,
         stream: RawStream,
     ) -> Result<()> {
-        if root >= self.res.nranks {
+        if root >= self.res.nranks() {
             return Err(Error::invalid(format!(
                 "broadcast: root {root}: expected a rank below {}",
-                self.res.nranks
+                self.res.nranks()
             )));
         }
         let call = Call {
@@ -461,6 +712,8 @@ mod tests {
                     .map(|(_, v)| v.to_string())
             }
         };
+        let natives = collection::native_catalogue();
+        let forced_from_env = |get| forced_from_env(get, natives);
         let f = forced_from_env(env(&[("MSCCLPP_ALLREDUCE_ALGO", "allpair_packet")])).unwrap();
         assert_eq!(f.get(&CollectiveKind::AllReduce), Some(&"allpair_packet"));
         let e = forced_from_env(env(&[("MSCCLPP_ALLREDUCE_ALGO", "bogus")]))

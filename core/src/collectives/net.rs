@@ -1,7 +1,7 @@
 //! The network side of the hierarchical (multi-node) collectives: one connection, one
 //! registered copy of the shared buffer and one port channel per rail peer (the rank of the
 //! same local index on every other node), served by one proxy thread. Built eagerly by
-//! [`super::Resources::new`] when the world spans nodes.
+//! `Resources::new` (setup.rs) when the world spans nodes.
 //!
 //! Transport: `MSCCLPP_COLL_NET_TRANSPORT` = `ib` or `ethernet` when set; otherwise IB (`Ib0`,
 //! in the mode of `MSCCLPP_IBV_MODE`) when an IB device is usable (a NIC, or the verbs test
@@ -31,7 +31,9 @@ use crate::semaphore::Host2DeviceSemaphore;
 use crate::transport::{DeviceType, EndpointConfig, Transport};
 use mscclpp_hal::MemoryKind;
 
-use super::setup::Resources;
+use super::topology::Topology;
+use crate::communicator::Communicator;
+use crate::transport::Device;
 
 /// Communicator tags of the setup exchanges.
 const TAG_CONNECT: u64 = 0xC013_0000;
@@ -74,17 +76,24 @@ pub fn pick_transport(value: Option<&str>) -> Result<Transport> {
 }
 
 impl NetState {
-    /// Connects the rail peers of `res` (collective over all ranks: every rank calls it after
-    /// its intra-node setup).
-    pub fn build(res: &Resources) -> Result<NetState> {
+    /// Connects the rail peers of `topo` (collective over all ranks: every rank calls it after
+    /// its intra-node setup): `shared` is this rank's shared buffer on `device`, `total` its
+    /// bytes (the same on every rank).
+    pub fn build(
+        comm: &Communicator,
+        topo: &Topology,
+        device: Device,
+        shared: u64,
+        total: usize,
+    ) -> Result<NetState> {
         let env = std::env::var(NET_TRANSPORT_ENV).ok();
         let transport = pick_transport(env.as_deref())?;
-        let (n, comm) = (res.nranks, &res.comm);
-        let rails: Vec<usize> = res.topo.rail_peers().collect();
-        let mut proxy = match res.device.kind {
+        let n = comm.bootstrap().nranks();
+        let rails: Vec<usize> = topo.rail_peers().collect();
+        let mut proxy = match device.kind {
             DeviceType::Cpu => ProxyService::new_host()?,
             DeviceType::Gpu => {
-                let dev = crate::memory::gpu_device(res.device.id)?;
+                let dev = crate::memory::gpu_device(device.id)?;
                 ProxyService::with_fifo(Fifo::new_on::<mscclpp_hal::Gpu>(&dev, DEFAULT_FIFO_SIZE)?)?
             }
         };
@@ -93,21 +102,21 @@ impl NetState {
             .map(|&p| {
                 (
                     p,
-                    comm.connect(EndpointConfig::new(transport, res.device), p, TAG_CONNECT),
+                    comm.connect(EndpointConfig::new(transport, device), p, TAG_CONNECT),
                 )
             })
             .collect();
-        let staging = if transport == Transport::Ethernet && !host_addressable(res.device) {
+        let staging = if transport == Transport::Ethernet && !host_addressable(device) {
             Some(LocalMemory::alloc_kind(
-                res.device,
-                res.layout.total,
+                device,
+                total,
                 MemoryKind::HostMapped,
             )?)
         } else {
             None
         };
-        let base = staging.as_ref().map_or(res.shared.ptr(), |m| m.ptr());
-        let local = comm.register_memory(base, res.layout.total, transport.into())?;
+        let base = staging.as_ref().map_or(shared, |m| m.ptr());
+        let local = comm.register_memory(base, total, transport.into())?;
         let remote: Vec<_> = rails
             .iter()
             .map(|&p| comm.recv_memory(p, TAG_MEMORY))
@@ -129,12 +138,12 @@ impl NetState {
         let mut handles = Vec::with_capacity(rails.len());
         for ((&p, m), s) in rails.iter().zip(remote).zip(sems) {
             let m = m.get()?;
-            if m.size() < res.layout.total {
+            if m.size() < total {
                 return Err(Error::remote(
                     p,
                     format!(
                         "collectives: expected the peer's shared buffer of {} bytes, got {}",
-                        res.layout.total,
+                        total,
                         m.size()
                     ),
                 ));
@@ -153,7 +162,7 @@ impl NetState {
         for (p, h) in handles {
             table_host[p] = h;
         }
-        let table = GpuBuffer::new(res.device, n)?;
+        let table = GpuBuffer::new(device, n)?;
         table.copy_from_host(0, &table_host)?;
         proxy.start_proxy()?;
         // Every rank's proxy runs before anyone pushes.

@@ -1,7 +1,8 @@
 //! Shared pieces of the NVLS all-reduces (`nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`,
-//! `nvls_block_pipeline`): the per-communicator NVLS state built lazily in
-//! [`super::Resources::ext`] (one [`NvlsConnection`] over every rank with a bound scratch buffer
-//! and its switch channel), the cache of bound user buffers of the zero-copy variant, the work
+//! `nvls_block_pipeline`): the per-communicator NVLS state built lazily in [`NvlsShared`]
+//! (held by the four variants of one collection: one [`NvlsConnection`] over every rank with a
+//! bound scratch buffer and its switch channel), the cache of bound user buffers of the
+//! zero-copy variant, the work
 //! partition, which element types multimem reduces, and the selector's NVLS preferences.
 //!
 //! Multimem reduces with `add` only, on f32/f16/bf16 (the switch's formats): the load-reduce
@@ -26,10 +27,10 @@ use std::sync::{Arc, Mutex};
 use mscclpp_hal::MemoryKind;
 
 use super::algorithm::{Algorithm, Call};
-use super::find_algorithm;
+use super::allreduce::rsag_pipeline::RsagPipeline;
 use super::gpu::GpuCtx;
 use super::setup::Resources;
-use super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
+use super::types::{DataType, RawStream, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::LocalMemory;
 use crate::nvls::{nvls_usable, NvlsConnection};
@@ -38,9 +39,6 @@ use crate::transport::DeviceType;
 
 /// Bytes of the NVLS scratch buffer (rounded up to the multicast granularity).
 pub(crate) const SCRATCH_BYTES: usize = 8 << 20;
-/// The ext slots.
-const SLOT: &str = "nvls.scratch";
-const SLOT_USER: &str = "nvls.user";
 
 static LAUNCHES: AtomicU64 = AtomicU64::new(0);
 
@@ -132,19 +130,23 @@ pub(crate) fn multimem_reduces(call: &Call) -> bool {
     matches!(call.dtype, DataType::F32 | DataType::F16 | DataType::Bf16) && call.op == ReduceOp::Sum
 }
 
-/// The copying algorithm the load-reduce variants hand other calls to.
+/// The copying algorithm the load-reduce variants hand other calls to (`rsag_pipeline`,
+/// stateless: it keeps nothing but what the shared resources hold).
 pub(crate) fn fallback() -> Result<&'static dyn Algorithm> {
-    find_algorithm(CollectiveKind::AllReduce, "rsag_pipeline")
-        .or_else(|_| find_algorithm(CollectiveKind::AllReduce, "rsag"))
+    static FALLBACK: RsagPipeline = RsagPipeline;
+    Ok(&FALLBACK)
 }
 
 /// `Ok` when NVLS can run on the device of `res` (the reason otherwise, naming the algorithm).
 pub(crate) fn check_usable(name: &str, res: &Resources) -> Result<()> {
-    nvls_usable(res.device).map_err(|e| Error::invalid(format!("allreduce {name}: {e}")))
+    nvls_usable(res.device()).map_err(|e| Error::invalid(format!("allreduce {name}: {e}")))
 }
 
 fn handle_table(res: &Resources, h: SwitchChannelDeviceHandle) -> Result<LocalMemory> {
-    let t = LocalMemory::alloc(res.device, std::mem::size_of::<SwitchChannelDeviceHandle>())?;
+    let t = LocalMemory::alloc(
+        res.device(),
+        std::mem::size_of::<SwitchChannelDeviceHandle>(),
+    )?;
     let words = [
         h.device_ptr as usize as u64,
         h.mc_ptr as usize as u64,
@@ -156,39 +158,80 @@ fn handle_table(res: &Resources, h: SwitchChannelDeviceHandle) -> Result<LocalMe
 }
 
 fn bindable_kind(res: &Resources, granularity: usize) -> MemoryKind {
-    match res.device.kind {
+    match res.device().kind {
         DeviceType::Gpu => MemoryKind::Physical { granularity },
         DeviceType::Cpu => MemoryKind::Device,
     }
 }
 
-/// The scratch state of `res`, built on first use (collective); `None` during a graph capture
-/// before it was built (the caller falls back).
-pub(crate) fn state(
-    res: &Resources,
-    gpu: Option<(&GpuCtx, RawStream)>,
-) -> Result<Option<Arc<NvlsState>>> {
-    if let Some(s) = res.ext.get::<NvlsState>(SLOT)? {
-        return Ok(Some(s));
+/// The NVLS state of one communicator, shared by the NVLS variants one collection built: the
+/// scratch state (built by the first call outside capture, collective) and the bound user
+/// buffers of `nvls_zero_copy`.
+#[derive(Default)]
+pub struct NvlsShared {
+    scratch: Mutex<Option<Arc<NvlsState>>>,
+    user: UserEntries,
+}
+
+impl std::fmt::Debug for NvlsShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let built = self
+            .scratch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        f.debug_struct("NvlsShared")
+            .field("scratch_built", &built)
+            .finish_non_exhaustive()
     }
-    if let Some((g, stream)) = gpu {
-        if g.is_capturing(stream)? {
-            return Ok(None);
+}
+
+impl NvlsShared {
+    /// The scratch state on `res`, built on first use (collective); `None` during a graph
+    /// capture before it was built (the caller falls back). A failed build leaves it unbuilt.
+    pub(crate) fn state(
+        &self,
+        res: &Resources,
+        gpu: Option<(&GpuCtx, RawStream)>,
+    ) -> Result<Option<Arc<NvlsState>>> {
+        let mut slot = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slot.as_ref() {
+            return Ok(Some(s.clone()));
         }
+        if let Some((g, stream)) = gpu {
+            if g.is_capturing(stream)? {
+                return Ok(None);
+            }
+        }
+        let s = Arc::new(build(res)?);
+        *slot = Some(s.clone());
+        Ok(Some(s))
     }
-    res.ext.get_or_try_init(SLOT, || build(res)).map(Some)
+
+    /// The channel of user buffer `(ptr, size)`, binding it on a miss outside capture
+    /// (collective: one connection per buffer, then every rank says whether its bind worked;
+    /// if any failed, every rank caches "not bindable"). `Ok(None)`: use the fallback.
+    pub(crate) fn user_channel(
+        &self,
+        res: &Resources,
+        ptr: u64,
+        size: usize,
+        capturing: bool,
+    ) -> Result<Option<Arc<UserChannel>>> {
+        user_channel(&self.user, res, ptr, size, capturing)
+    }
 }
 
 fn build(res: &Resources) -> Result<NvlsState> {
-    let ranks: Vec<usize> = (0..res.nranks).collect();
-    let conn = NvlsConnection::connect_collective(&res.comm, &ranks, res.device, SCRATCH_BYTES)?;
+    let ranks: Vec<usize> = (0..res.nranks()).collect();
+    let conn = NvlsConnection::connect_collective(res.comm(), &ranks, res.device(), SCRATCH_BYTES)?;
     let bytes = SCRATCH_BYTES.next_multiple_of(conn.granularity());
     let scratch =
-        LocalMemory::alloc_kind(res.device, bytes, bindable_kind(res, conn.granularity()))?;
+        LocalMemory::alloc_kind(res.device(), bytes, bindable_kind(res, conn.granularity()))?;
     let channel = conn.bind_allocated_memory(scratch.ptr(), bytes)?;
     let table = handle_table(res, channel.device_handle())?;
     // Every rank's scratch is bound before anyone reduces over it.
-    res.comm.bootstrap().barrier()?;
+    res.comm().bootstrap().barrier()?;
     Ok(NvlsState {
         conn,
         channel,
@@ -198,18 +241,13 @@ fn build(res: &Resources) -> Result<NvlsState> {
     })
 }
 
-/// The channel of user buffer `(ptr, size)`, binding it on a miss outside capture (collective:
-/// one connection per buffer, then every rank says whether its bind worked; if any failed,
-/// every rank caches "not bindable"). `Ok(None)`: use the fallback.
-pub(crate) fn user_channel(
+fn user_channel(
+    cache: &UserEntries,
     res: &Resources,
     ptr: u64,
     size: usize,
     capturing: bool,
 ) -> Result<Option<Arc<UserChannel>>> {
-    let cache = res
-        .ext
-        .get_or_try_init::<UserEntries>(SLOT_USER, || Ok(Mutex::default()))?;
     if let Some(e) = cache
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -220,11 +258,11 @@ pub(crate) fn user_channel(
     if capturing {
         return Ok(None);
     }
-    let ranks: Vec<usize> = (0..res.nranks).collect();
-    let conn = NvlsConnection::connect_collective(&res.comm, &ranks, res.device, size)?;
+    let ranks: Vec<usize> = (0..res.nranks()).collect();
+    let conn = NvlsConnection::connect_collective(res.comm(), &ranks, res.device(), size)?;
     let bound = conn.bind_allocated_memory(ptr, size);
     let all = res
-        .comm
+        .comm()
         .bootstrap()
         .all_gather(&[u8::from(bound.is_ok())])?;
     let entry = match bound {

@@ -1,13 +1,16 @@
 //! The proxy and port channels of the port-channel algorithms, built once per communicator
 //! at the first port-channel call outside graph capture (collective: every rank registers its
 //! shared buffer again for the proxy, exchanges it and one Host2Device semaphore per peer over
-//! the existing CudaIpc connections), kept in [`super::Resources::ext`].
+//! the existing CudaIpc connections), kept by the algorithms that use them ([`PortChannels`], shared by `allgather/port_channel.rs`
+//! and `allreduce/rsag_port_channel.rs`).
 //!
 //! Channel p (at index p of the device table, none at this rank) puts from this rank's shared
 //! buffer into peer p's shared buffer; offsets are from the buffers' starts, so the plain
 //! scratch is at `layout.plain_offset` on both sides. The proxy (a host thread) performs the
 //! copies on the connection (copy engine on GPUs, memcpy on the host backend) and signals the
 //! peer's semaphore; `flush` waits until it handled every earlier request.
+
+use std::sync::{Arc, Mutex};
 
 use super::gpu::GpuCtx;
 use super::setup::Resources;
@@ -23,8 +26,6 @@ use crate::transport::{DeviceType, Transport};
 /// Communicator tags of the setup exchanges.
 const TAG_MEMORY: u64 = 0xC012_0000;
 const TAG_SEMAPHORE: u64 = 0xC012_0001;
-/// The ext slot.
-const SLOT: &str = "port.channels";
 
 /// The proxy, the channels and their device table.
 pub struct PortState {
@@ -36,21 +37,48 @@ pub struct PortState {
     _proxy: ProxyService,
 }
 
-/// The port state of `res`, built on first use; `None` during a graph capture before it was
-/// built (the caller reports that the call needs one run outside capture first).
-pub(crate) fn state(
-    res: &Resources,
-    gpu: Option<(&GpuCtx, RawStream)>,
-) -> Result<Option<std::sync::Arc<PortState>>> {
-    if let Some(s) = res.ext.get::<PortState>(SLOT)? {
-        return Ok(Some(s));
+/// The lazily built port state of one communicator, shared by the port-channel algorithms
+/// that one collection built (see the module doc).
+#[derive(Default)]
+pub struct PortChannels {
+    state: Mutex<Option<Arc<PortState>>>,
+}
+
+impl std::fmt::Debug for PortChannels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let built = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        f.debug_struct("PortChannels")
+            .field("built", &built)
+            .finish()
     }
-    if let Some((g, stream)) = gpu {
-        if g.is_capturing(stream)? {
-            return Ok(None);
+}
+
+impl PortChannels {
+    /// The port state on `res`, built on first use (collective); `None` during a graph
+    /// capture before it was built (the caller reports that the call needs one run outside
+    /// capture first). A failed build leaves it unbuilt.
+    pub(crate) fn state(
+        &self,
+        res: &Resources,
+        gpu: Option<(&GpuCtx, RawStream)>,
+    ) -> Result<Option<Arc<PortState>>> {
+        let mut slot = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slot.as_ref() {
+            return Ok(Some(s.clone()));
         }
+        if let Some((g, stream)) = gpu {
+            if g.is_capturing(stream)? {
+                return Ok(None);
+            }
+        }
+        let s = Arc::new(build(res)?);
+        *slot = Some(s.clone());
+        Ok(Some(s))
     }
-    res.ext.get_or_try_init(SLOT, || build(res)).map(Some)
 }
 
 /// The error of a port-channel call captured before the channels exist.
@@ -62,17 +90,17 @@ pub(crate) fn not_built(what: &str) -> Error {
 }
 
 fn build(res: &Resources) -> Result<PortState> {
-    let (me, n, comm) = (res.rank, res.nranks, &res.comm);
-    let mut proxy = match res.device.kind {
+    let (me, n, comm) = (res.rank(), res.nranks(), res.comm());
+    let mut proxy = match res.device().kind {
         DeviceType::Cpu => ProxyService::new_host()?,
         DeviceType::Gpu => {
-            let dev = crate::memory::gpu_device(res.device.id)?;
+            let dev = crate::memory::gpu_device(res.device().id)?;
             ProxyService::with_fifo(Fifo::new_on::<mscclpp_hal::Gpu>(&dev, DEFAULT_FIFO_SIZE)?)?
         }
     };
     let local = comm.register_memory(
-        res.shared.ptr(),
-        res.layout.total,
+        res.shared().ptr(),
+        res.layout().total,
         Transport::CudaIpc.into(),
     )?;
     let remote: Vec<_> = (0..n)
@@ -85,7 +113,7 @@ fn build(res: &Resources) -> Result<PortState> {
             continue;
         }
         comm.send_memory(&local, p, TAG_MEMORY)?;
-        let conn = res.connections[p]
+        let conn = res.connections()[p]
             .as_ref()
             .ok_or_else(|| Error::Internal(format!("collectives: no connection to rank {p}")))?;
         sems.push(Some(comm.build_semaphore(conn, p, TAG_SEMAPHORE)));
@@ -112,7 +140,7 @@ fn build(res: &Resources) -> Result<PortState> {
     for (p, h) in handles {
         table_host[p] = h;
     }
-    let table = GpuBuffer::new(res.device, n)?;
+    let table = GpuBuffer::new(res.device(), n)?;
     table.copy_from_host(0, &table_host)?;
     proxy.start_proxy()?;
     // Every rank's proxy runs before anyone pushes.

@@ -7,8 +7,12 @@
 //! `rsag` took 12.3 / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 /
 //! 129.5 / 921.1.
 
+use std::sync::Arc;
+
+use super::algorithm::{Algorithm, Call};
+use super::collection::Collection;
+use super::plan::PlanAlgorithm;
 use super::types::CollectiveKind;
-use super::{algorithm_names, find_algorithm};
 use crate::error::{Error, Result};
 
 /// What the selector looks at.
@@ -34,23 +38,27 @@ pub struct Query {
     pub nvls: bool,
 }
 
-/// The first registered algorithm of `preferences` (in order), or an error naming them.
-fn first_registered(kind: CollectiveKind, preferences: &[&'static str]) -> Result<&'static str> {
+/// The first algorithm of `preferences` (in order) that `algos` holds, or an error naming them.
+fn first_registered(
+    algos: &Collection,
+    kind: CollectiveKind,
+    preferences: &[&'static str],
+) -> Result<&'static str> {
     preferences
         .iter()
         .copied()
-        .find(|n| find_algorithm(kind, n).is_ok())
+        .find(|n| algos.find(kind, n).is_some())
         .ok_or_else(|| {
             Error::invalid(format!(
                 "{kind}: no algorithm for this call yet (wanted one of {}; registered: {})",
                 preferences.join(", "),
-                algorithm_names(kind).join(", ")
+                algos.names(kind).join(", ")
             ))
         })
 }
 
-/// The algorithm for `q`.
-pub fn select(q: &Query) -> Result<&'static str> {
+/// The native algorithm for `q` among `algos` (today's rules, see the module doc).
+pub fn select(q: &Query, algos: &Collection) -> Result<&'static str> {
     if q.nranks == 1 {
         return Ok("copy");
     }
@@ -58,11 +66,11 @@ pub fn select(q: &Query) -> Result<&'static str> {
         // Across nodes only the hierarchical algorithms (memory inside the node, port
         // channels between nodes) can run.
         return match q.kind {
-            CollectiveKind::AllReduce => first_registered(q.kind, &["hier_rsag_port"]),
+            CollectiveKind::AllReduce => first_registered(algos, q.kind, &["hier_rsag_port"]),
             CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
-                first_registered(q.kind, &["hier_port"])
+                first_registered(algos, q.kind, &["hier_port"])
             }
-            CollectiveKind::Broadcast => first_registered(q.kind, &["hier_allreduce"]),
+            CollectiveKind::Broadcast => first_registered(algos, q.kind, &["hier_allreduce"]),
         };
     }
     match q.kind {
@@ -70,7 +78,7 @@ pub fn select(q: &Query) -> Result<&'static str> {
             if let Some(prefs) =
                 super::nvls::selector_prefs(q.nvls, q.nranks, q.nranks_per_node, q.bytes)
             {
-                return first_registered(q.kind, prefs);
+                return first_registered(algos, q.kind, prefs);
             }
             let prefs: &[&'static str] = if q.bytes <= 16 << 10 {
                 &["allpair_packet", "packet", "rsag"]
@@ -81,12 +89,105 @@ pub fn select(q: &Query) -> Result<&'static str> {
                 // is only safe where every rank meets the same buffers (forced by the user).
                 &["rsag", "rsag_pipeline", "packet"]
             };
-            first_registered(q.kind, prefs)
+            first_registered(algos, q.kind, prefs)
         }
-        CollectiveKind::AllGather => first_registered(q.kind, &["fullmesh", "port_channel"]),
-        CollectiveKind::ReduceScatter => first_registered(q.kind, &["fullmesh"]),
-        CollectiveKind::Broadcast => first_registered(q.kind, &["fullmesh"]),
+        CollectiveKind::AllGather => first_registered(algos, q.kind, &["fullmesh", "port_channel"]),
+        CollectiveKind::ReduceScatter => first_registered(algos, q.kind, &["fullmesh"]),
+        CollectiveKind::Broadcast => first_registered(algos, q.kind, &["fullmesh"]),
     }
+}
+
+/// What a selector sees for one call: the call, the facts the default rules use, the
+/// collection, and the default choice.
+pub struct SelectContext<'a> {
+    /// The call (arguments validated).
+    pub call: &'a Call,
+    /// The facts of the call and world the default rules look at.
+    pub query: Query,
+    /// This rank.
+    pub rank: usize,
+    pub(crate) algos: &'a Collection,
+    pub(crate) plans: &'a [Arc<PlanAlgorithm>],
+    pub(crate) res: &'a super::setup::Resources,
+}
+
+impl SelectContext<'_> {
+    /// Every algorithm of the collection.
+    pub fn algorithms(&self) -> &[Arc<dyn Algorithm>] {
+        self.algos.all()
+    }
+    /// The algorithm `name` of `kind`, if the collection has one.
+    pub fn find(&self, kind: CollectiveKind, name: &str) -> Option<Arc<dyn Algorithm>> {
+        self.algos.find(kind, name).cloned()
+    }
+    /// The plan of the plan directory that runs this call, if any (the narrowest size range
+    /// among the matching ones, then the first file).
+    pub fn plan(&self) -> Option<Arc<dyn Algorithm>> {
+        let mut best: Option<&Arc<PlanAlgorithm>> = None;
+        for p in self.plans {
+            if p.kind() != self.call.kind || p.check(self.res, self.call).is_err() {
+                continue;
+            }
+            if best.is_none_or(|b| p.range_width() < b.range_width()) {
+                best = Some(p);
+            }
+        }
+        best.map(|p| p.clone() as Arc<dyn Algorithm>)
+    }
+    /// The native choice of today's rules ([`select`]).
+    pub fn native(&self) -> Result<Arc<dyn Algorithm>> {
+        let name = select(&self.query, self.algos)?;
+        self.algos.get(self.call.kind, name).cloned()
+    }
+    /// The default selector's choice: a matching plan first, else [`SelectContext::native`].
+    pub fn default_choice(&self) -> Result<Arc<dyn Algorithm>> {
+        match self.plan() {
+            Some(p) => Ok(p),
+            None => self.native(),
+        }
+    }
+}
+
+/// Chooses the algorithm of a call (replaces the default selector of a `Collectives`).
+/// `Ok(None)` leaves the call to the default choice ([`SelectContext::default_choice`]).
+/// Must decide alike on every rank (from the call's collective, sizes and types and the world,
+/// never from the rank or buffer addresses). A forced algorithm (`MSCCLPP_<KIND>_ALGO`,
+/// `force_algorithm`) is taken before any selector is asked. Closures
+/// `Fn(&SelectContext) -> Result<Option<Arc<dyn Algorithm>>>` are selectors.
+pub trait Selector: Send + Sync {
+    /// The algorithm for `ctx.call`, or `None` for the default choice.
+    fn select(&self, ctx: &SelectContext<'_>) -> Result<Option<Arc<dyn Algorithm>>>;
+}
+
+impl<F> Selector for F
+where
+    F: Fn(&SelectContext<'_>) -> Result<Option<Arc<dyn Algorithm>>> + Send + Sync,
+{
+    fn select(&self, ctx: &SelectContext<'_>) -> Result<Option<Arc<dyn Algorithm>>> {
+        self(ctx)
+    }
+}
+
+/// The process-wide selector ([`set_global_selector`]).
+fn global_slot() -> &'static std::sync::Mutex<Option<Arc<dyn Selector>>> {
+    static G: std::sync::OnceLock<std::sync::Mutex<Option<Arc<dyn Selector>>>> =
+        std::sync::OnceLock::new();
+    G.get_or_init(|| std::sync::Mutex::new(None))
+}
+
+/// Makes `selector` the selector of every `Collectives` created afterwards in this process
+/// without one of its own (e.g. the communicators of the NCCL library); `None` restores the
+/// default. Every rank must set the same.
+pub fn set_global_selector(selector: Option<Arc<dyn Selector>>) {
+    *global_slot().lock().unwrap_or_else(|p| p.into_inner()) = selector;
+}
+
+/// The process-wide selector, if one was set.
+pub(crate) fn global_selector() -> Option<Arc<dyn Selector>> {
+    global_slot()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 #[cfg(test)]
@@ -104,9 +205,10 @@ mod tests {
             host: false,
             nvls: false,
         };
-        let name = select(&q).unwrap();
+        let algos = super::super::collection::native_catalogue();
+        let name = select(&q, algos).unwrap();
         assert!(
-            nranks == 1 || find_algorithm(kind, name).is_ok(),
+            nranks == 1 || algos.find(kind, name).is_some(),
             "{kind} picks the unregistered {name}"
         );
         name
@@ -129,6 +231,10 @@ mod tests {
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
     }
 
+    fn select_n(q: &Query) -> Result<&'static str> {
+        select(q, super::super::collection::native_catalogue())
+    }
+
     #[test]
     fn across_nodes() {
         let q = |kind, bytes| Query {
@@ -144,14 +250,14 @@ mod tests {
         };
         for bytes in [1, 1 << 20, 1 << 30] {
             assert_eq!(
-                select(&q(CollectiveKind::AllReduce, bytes)).unwrap(),
+                select_n(&q(CollectiveKind::AllReduce, bytes)).unwrap(),
                 "hier_rsag_port"
             );
             for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
-                assert_eq!(select(&q(kind, bytes)).unwrap(), "hier_port");
+                assert_eq!(select_n(&q(kind, bytes)).unwrap(), "hier_port");
             }
             assert_eq!(
-                select(&q(CollectiveKind::Broadcast, bytes)).unwrap(),
+                select_n(&q(CollectiveKind::Broadcast, bytes)).unwrap(),
                 "hier_allreduce"
             );
         }

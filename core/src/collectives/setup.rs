@@ -15,6 +15,11 @@ use crate::registered_memory::RegisteredMemory;
 use crate::semaphore::MemoryDevice2DeviceSemaphoreDeviceHandle;
 use crate::transport::{Device, EndpointConfig, Transport};
 
+use super::net::NetState;
+use super::topology::{Census, Topology};
+use super::user_buffers::UserBufferCache;
+use std::sync::OnceLock;
+
 /// Blocks (per peer) that own a semaphore: the most blocks a semaphore-synchronised kernel
 /// may launch.
 pub const MAX_SEM_BLOCKS: usize = 64;
@@ -134,50 +139,45 @@ impl MetaLayout {
     }
 }
 
-/// Everything set up once per communicator.
+/// Everything the algorithms of one communicator share, set up once (collective): the
+/// topology, the device, the scratch buffers every peer maps, the meta buffer the kernels
+/// index, the CudaIpc connections, the network state of a world spanning nodes, the cache of
+/// registered user buffers and the GPU census. Read through its accessors; what only some
+/// algorithms use (the proxy and port channels, the NVLS scratch) is those algorithms' own
+/// state (see `port.rs`, `nvls.rs`).
 pub struct Resources {
-    /// This rank.
-    pub rank: usize,
-    /// World size.
-    pub nranks: usize,
-    /// Ranks on this node (host hash; `MSCCLPP_HOSTID` tells emulated nodes apart).
-    pub nranks_per_node: usize,
-    /// Which rank runs on which node (peers on other nodes are not mapped: their
-    /// `peer_bases` entry is this rank's own buffer and their `connections` entry `None`).
-    pub topo: super::topology::Topology,
-    /// Port channels to the peers of the same local index on the other nodes (`None` on one
-    /// node); see net.rs.
-    pub net: Option<super::net::NetState>,
-    /// The device kernels (or CPU threads) run on.
-    pub device: Device,
-    /// GPU compute capability (major, minor); (0, 0) on the host backend.
-    pub arch: (u32, u32),
-    /// Multiprocessors of the GPU (logical CPUs on the host backend).
-    pub sm_count: u32,
-    /// Ranks of this world running on the same device as this rank (itself included).
-    pub ranks_per_device: usize,
-    /// The configuration.
-    pub config: CollectivesConfig,
-    /// Shared buffer layout.
-    pub layout: Layout,
-    /// Meta buffer layout.
-    pub meta_layout: MetaLayout,
-    /// The local shared buffer.
-    pub shared: LocalMemory,
-    /// The local meta buffer.
-    pub meta: LocalMemory,
-    /// CudaIpc connections, index = rank (`None` for this rank and ranks on other nodes).
-    pub connections: Vec<Option<Connection>>,
-    /// Base address of every rank's shared buffer mapped here (own at index `rank`).
-    pub peer_bases: Vec<u64>,
-    /// The communicator (for zero-copy registrations).
-    pub comm: Communicator,
-    /// Registered user buffers of the zero-copy algorithms.
-    pub user_buffers: super::user_buffers::UserBufferCache,
-    /// State algorithms build lazily (proxy and port channels, ...); see ext.rs.
-    pub ext: super::ext::Extensions,
+    rank: usize,
+    nranks: usize,
+    nranks_per_node: usize,
+    topo: Topology,
+    net: Option<NetState>,
+    device: Device,
+    arch: (u32, u32),
+    sm_count: u32,
+    ranks_per_device: usize,
+    config: CollectivesConfig,
+    layout: Layout,
+    meta_layout: MetaLayout,
+    shared: LocalMemory,
+    meta: LocalMemory,
+    connections: Vec<Option<Connection>>,
+    peer_bases: Vec<u64>,
+    comm: Communicator,
+    user_buffers: UserBufferCache,
+    census: OnceLock<Census>,
     _registered: RegisteredMemory,
     _peer_shared: Vec<Option<RegisteredMemory>>,
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resources")
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("device", &self.device)
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Resources {
@@ -192,7 +192,7 @@ impl Resources {
             )));
         }
         let hosts = b.all_gather(&host_hash().to_le_bytes())?;
-        let topo = super::topology::Topology::new(rank, &hosts)?;
+        let topo = Topology::new(rank, &hosts)?;
         let device = match config.device {
             Some(d) => d,
             None => default_device(rank, b.nranks_per_node())?,
@@ -263,7 +263,18 @@ impl Resources {
                 None => shared.ptr(),
             })
             .collect();
-        let mut res = Resources {
+        let net = if topo.nnodes > 1 {
+            Some(NetState::build(
+                comm,
+                &topo,
+                device,
+                shared.ptr(),
+                layout.total,
+            )?)
+        } else {
+            None
+        };
+        let res = Resources {
             rank,
             nranks,
             nranks_per_node: topo.local_ranks.len(),
@@ -281,19 +292,95 @@ impl Resources {
             peer_bases,
             comm: comm.clone(),
             user_buffers: Default::default(),
-            ext: Default::default(),
-            net: None,
+            census: OnceLock::new(),
+            net,
             _registered: registered,
             _peer_shared: peer_shared,
         };
         res.write_meta()?;
-        if res.topo.nnodes > 1 {
-            res.net = Some(super::net::NetState::build(&res)?);
-        }
         // The first launch of any rank writes into its peers' shared buffers: start only when
         // every rank has finished its setup.
         b.barrier()?;
         Ok(res)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// World size.
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+    /// Ranks on this node (host hash; `MSCCLPP_HOSTID` tells emulated nodes apart).
+    pub fn nranks_per_node(&self) -> usize {
+        self.nranks_per_node
+    }
+    /// Which rank runs on which node (peers on other nodes are not mapped: their
+    /// [`Resources::peer_bases`] entry is this rank's own buffer and their connection `None`).
+    pub fn topo(&self) -> &Topology {
+        &self.topo
+    }
+    /// Port channels to the peers of the same local index on the other nodes (`None` on one
+    /// node); see net.rs.
+    pub fn net(&self) -> Option<&NetState> {
+        self.net.as_ref()
+    }
+    /// The device kernels (or CPU threads) run on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// GPU compute capability (major, minor); (0, 0) on the host backend.
+    pub fn arch(&self) -> (u32, u32) {
+        self.arch
+    }
+    /// Multiprocessors of the GPU (logical CPUs on the host backend).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+    /// Ranks of this world running on the same device as this rank (itself included).
+    pub fn ranks_per_device(&self) -> usize {
+        self.ranks_per_device
+    }
+    /// The configuration.
+    pub fn config(&self) -> &CollectivesConfig {
+        &self.config
+    }
+    /// Shared buffer layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    /// Meta buffer layout.
+    pub fn meta_layout(&self) -> &MetaLayout {
+        &self.meta_layout
+    }
+    /// The local shared buffer.
+    pub fn shared(&self) -> &LocalMemory {
+        &self.shared
+    }
+    /// The local meta buffer.
+    pub fn meta(&self) -> &LocalMemory {
+        &self.meta
+    }
+    /// CudaIpc connections, index = rank (`None` for this rank and ranks on other nodes).
+    pub fn connections(&self) -> &[Option<Connection>] {
+        &self.connections
+    }
+    /// Base address of every rank's shared buffer mapped here (own at index `rank`).
+    pub fn peer_bases(&self) -> &[u64] {
+        &self.peer_bases
+    }
+    /// The communicator (for registrations and collective setup inside a call).
+    pub fn comm(&self) -> &Communicator {
+        &self.comm
+    }
+    /// Registered user buffers of the zero-copy algorithms (any algorithm may use it).
+    pub fn user_buffers(&self) -> &UserBufferCache {
+        &self.user_buffers
+    }
+    /// The GPU census once taken (see `mesh::census`): set at most once per communicator.
+    pub(crate) fn census_cell(&self) -> &OnceLock<Census> {
+        &self.census
     }
 
     fn write_meta(&self) -> Result<()> {

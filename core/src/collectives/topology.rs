@@ -8,6 +8,16 @@
 
 use crate::error::{Error, Result};
 
+/// What the ranks agreed about their GPUs (identical on every rank; taken by the mesh
+/// algorithms' first call outside capture, see `mesh::census`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Census {
+    /// The most ranks that share one GPU.
+    pub share: usize,
+    /// The fewest multiprocessors of any rank's GPU.
+    pub min_sms: u32,
+}
+
 /// The node layout of a world (identical on every rank).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {

@@ -233,7 +233,7 @@ TEST!(AllReduceTest, UserBufferRegistration, |_ctx| {
     let env = coll_env();
     let res = env.coll.resources();
     let (rank, n) = (env.coll.rank(), env.coll.nranks());
-    let cache = &res.user_buffers;
+    let cache = res.user_buffers();
     let buf: mscclpp::GpuBuffer<u64> = ok!(mscclpp::GpuBuffer::new(env.device, 16), "allocating");
     ok!(
         buf.copy_from_host(0, &[0xC0DE_0000 + rank as u64]),
@@ -241,7 +241,7 @@ TEST!(AllReduceTest, UserBufferRegistration, |_ctx| {
     );
     let before = cache.len();
     let reg = ok!(
-        cache.get_or_register(&res.comm, env.device, buf.data(), buf.bytes(), false),
+        cache.get_or_register(res.comm(), env.device, buf.data(), buf.bytes(), false),
         "registering a library allocation"
     );
     let Some(reg) = reg else {
@@ -264,7 +264,7 @@ TEST!(AllReduceTest, UserBufferRegistration, |_ctx| {
     }
     // A second lookup hits the cache (no traffic, same entry).
     let again = ok!(
-        cache.get_or_register(&res.comm, env.device, buf.data(), buf.bytes(), false),
+        cache.get_or_register(res.comm(), env.device, buf.data(), buf.bytes(), false),
         "looking up again"
     );
     EXPECT_TRUE!(again.is_some_and(|a| std::sync::Arc::ptr_eq(&a, &reg)));
@@ -272,14 +272,14 @@ TEST!(AllReduceTest, UserBufferRegistration, |_ctx| {
     // A miss during capture registers nothing and talks to nobody.
     let other: mscclpp::GpuBuffer<u64> = ok!(mscclpp::GpuBuffer::new(env.device, 16), "allocating");
     let captured = ok!(
-        cache.get_or_register(&res.comm, env.device, other.data(), other.bytes(), true),
+        cache.get_or_register(res.comm(), env.device, other.data(), other.bytes(), true),
         "lookup under capture"
     );
     EXPECT_TRUE!(captured.is_none(), "a miss under capture falls back");
     // Memory the library did not allocate cannot be registered: every rank falls back.
     let foreign = [0u64; 16];
     let r = ok!(
-        cache.get_or_register(&res.comm, env.device, foreign.as_ptr() as u64, 128, false),
+        cache.get_or_register(res.comm(), env.device, foreign.as_ptr() as u64, 128, false),
         "registering foreign memory"
     );
     EXPECT_TRUE!(

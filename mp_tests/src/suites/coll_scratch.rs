@@ -207,8 +207,8 @@ TEST!(BroadcastTest, EveryRoot, |_ctx| {
 fn cached(env: &CollEnv, ptr: u64, size: usize) -> bool {
     let res = env.coll.resources();
     let e = ok!(
-        res.user_buffers
-            .get_or_register(&res.comm, res.device, ptr, size, true),
+        res.user_buffers()
+            .get_or_register(res.comm(), res.device(), ptr, size, true),
         "querying the registration cache"
     );
     e.is_some()
@@ -233,7 +233,7 @@ TEST!(CollectivesZeroCopyTest, RegistersOnceAndCaches, |_ctx| {
         cached(env, send.data(), bytes),
         "not registered before the first call"
     );
-    let before = env.coll.resources().user_buffers.len();
+    let before = env.coll.resources().user_buffers().len();
     let mut bad = 0;
     let mut errors = Vec::new();
     for call in 0..3u32 {
@@ -264,7 +264,7 @@ TEST!(CollectivesZeroCopyTest, RegistersOnceAndCaches, |_ctx| {
     EXPECT_TRUE!(cached(env, send.data(), bytes), "the input is registered");
     EXPECT_TRUE!(cached(env, recv.data(), bytes), "the output is registered");
     EXPECT_EQ!(
-        env.coll.resources().user_buffers.len(),
+        env.coll.resources().user_buffers().len(),
         before + 2,
         "three calls register each buffer once"
     );

@@ -8,6 +8,7 @@ mod broadcast;
 mod coll_common;
 mod coll_kernels;
 mod coll_matrix;
+mod coll_plans;
 mod coll_scratch;
 mod communicator;
 mod executor;

@@ -25,7 +25,7 @@ use super::memory_channel::common::ok;
 
 /// Skips on worlds of one node (keeps the single-node CI runs short).
 fn spanning_nodes() {
-    if coll_env().coll.resources().topo.nnodes == 1 {
+    if coll_env().coll.resources().topo().nnodes == 1 {
         SKIP!("needs a world spanning nodes (.ci/multinode-test runs it)");
     }
 }
@@ -33,9 +33,9 @@ fn spanning_nodes() {
 TEST!(MultiNodeTest, Topology, |_ctx| {
     let env = coll_env();
     let res = env.coll.resources();
-    let topo = &res.topo;
+    let topo = res.topo();
     EXPECT_EQ!(topo.nnodes * topo.per_node(), env.coll.nranks());
-    EXPECT_EQ!(res.nranks_per_node, topo.per_node());
+    EXPECT_EQ!(res.nranks_per_node(), topo.per_node());
     if let Ok(v) = std::env::var("MSCCLPP_TEST_EXPECT_NODES") {
         let want: usize = match v.trim().parse() {
             Ok(w) => w,
@@ -49,10 +49,10 @@ TEST!(MultiNodeTest, Topology, |_ctx| {
         );
     }
     if topo.nnodes == 1 {
-        EXPECT_TRUE!(res.net.is_none());
+        EXPECT_TRUE!(res.net().is_none());
         return;
     }
-    let Some(net) = &res.net else {
+    let Some(net) = res.net() else {
         FAIL!("a world of {} nodes without network channels", topo.nnodes);
     };
     if let Ok(v) = std::env::var("MSCCLPP_TEST_EXPECT_NET") {
@@ -101,7 +101,7 @@ TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
     // Nine chunks per call (64 KiB shards / chunks: the 4-slot pipeline wraps twice) and
     // back-to-back calls of the three algorithms with changing data.
     let env = coll_env();
-    let per_node = env.coll.resources().topo.per_node();
+    let per_node = env.coll.resources().topo().per_node();
     let mut errors = Vec::new();
     let mut bad = 0;
     // One call at 4 ranks per node (the host reduction of the debug build is slow).

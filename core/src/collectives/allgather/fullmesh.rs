@@ -17,7 +17,7 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 
-/// The algorithm object (registered in [`super::super::registry`]).
+/// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct Fullmesh;
 
 /// Bytes moved per block per chunk the grid is sized for.
@@ -31,11 +31,11 @@ impl Algorithm for Fullmesh {
         CollectiveKind::AllGather
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if mesh::slot_bytes(res, res.nranks) < VEC {
+        if mesh::slot_bytes(res, res.nranks()) < VEC {
             return Err(Error::invalid(format!(
                 "allgather fullmesh: expected a plain scratch of at least {} bytes, got {}",
-                res.nranks * VEC,
-                res.layout.plain_bytes
+                res.nranks() * VEC,
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -48,7 +48,7 @@ impl Algorithm for Fullmesh {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = mesh::slot_bytes(res, res.nranks);
+        let c = mesh::slot_bytes(res, res.nranks());
         let census = mesh::census(res, gpu, stream)?;
         let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
         let blocks = mesh::grid(&census, want, 32);
@@ -69,7 +69,7 @@ impl Algorithm for Fullmesh {
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+        let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
         let (c_max, total) = (mesh::slot_bytes(res, n), call.bytes());
         let own = call.recv + (me * total) as u64;
         let in_place = call.send == own;

@@ -38,7 +38,7 @@ pub struct HierPort;
 const MAX_CHUNK: usize = 64 << 10;
 
 fn chunk_bytes(res: &Resources, call: &Call) -> usize {
-    let cap = (res.layout.plain_bytes / (DEPTH * res.topo.nnodes)) / VEC * VEC;
+    let cap = (res.layout().plain_bytes / (DEPTH * res.topo().nnodes)) / VEC * VEC;
     call.bytes().next_multiple_of(VEC).min(cap).min(MAX_CHUNK)
 }
 
@@ -56,8 +56,8 @@ impl Algorithm for HierPort {
         if chunk_bytes(res, call) < VEC {
             return Err(Error::invalid(format!(
                 "allgather hier_port: expected a plain scratch of at least {} bytes, got {}",
-                DEPTH * res.topo.nnodes * VEC,
-                res.layout.plain_bytes
+                DEPTH * res.topo().nnodes * VEC,
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -79,17 +79,17 @@ impl Algorithm for HierPort {
         hier::launch(res, gpu, call, stream, chunk_bytes(res, call), &k)
     }
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let topo = &res.topo;
+        let topo = &res.topo();
         let (nn, me_node) = (topo.nnodes, topo.node);
         let (c, total, t) = (
             chunk_bytes(res, call),
             call.bytes(),
-            res.config.host_timeout,
+            res.config().host_timeout,
         );
-        let plain = res.layout.plain_offset;
+        let plain = res.layout().plain_offset;
         let handles = net_handles(res);
         let slot = |k: usize, j: usize| plain + ((k % DEPTH) * nn + j) * c;
-        let at = |r: usize, off: usize| res.peer_bases[r] + off as u64;
+        let at = |r: usize, off: usize| res.peer_bases()[r] + off as u64;
         let len = |k: usize| total.saturating_sub(k * c).min(c);
         let chunks = total.div_ceil(c);
 
@@ -98,7 +98,7 @@ impl Algorithm for HierPort {
         let stage_a = |k: usize| -> Result<()> {
             let src = call.send + (k * c) as u64;
             // SAFETY: the own X slot holds c bytes; the input holds the chunk.
-            unsafe { host_copy(at(res.rank, slot(k, me_node)), src, len(k)) };
+            unsafe { host_copy(at(res.rank(), slot(k, me_node)), src, len(k)) };
             for q in topo.rail_peers() {
                 let off = slot(k, me_node) as u64;
                 // SAFETY: a live channel of the net proxy; the range lies in both shared

@@ -27,8 +27,13 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 
-/// The algorithm object.
-pub struct PortChannel;
+/// The algorithm object: the proxy and port channels it shares with `rsag_port_channel`.
+#[derive(Debug, Default)]
+pub struct PortChannel {
+    /// The lazily built proxy and channels (shared with the other port-channel algorithms of
+    /// the same collection).
+    pub(crate) port: std::sync::Arc<port::PortChannels>,
+}
 
 /// Most blocks of a launch (they meet at grid barriers, so they must all be resident).
 const MAX_BLOCKS: usize = 16;
@@ -36,7 +41,7 @@ const MAX_BLOCKS: usize = 16;
 const BYTES_PER_BLOCK: usize = 128 << 10;
 
 fn chunk_bytes(res: &Resources) -> usize {
-    (res.layout.plain_bytes / (res.nranks + 1)) / VEC * VEC
+    (res.layout().plain_bytes / (res.nranks() + 1)) / VEC * VEC
 }
 
 impl Algorithm for PortChannel {
@@ -50,8 +55,8 @@ impl Algorithm for PortChannel {
         if chunk_bytes(res) < VEC {
             return Err(Error::invalid(format!(
                 "allgather port_channel: expected a plain scratch of at least {} bytes, got {}",
-                (res.nranks + 1) * VEC,
-                res.layout.plain_bytes
+                (res.nranks() + 1) * VEC,
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -64,7 +69,9 @@ impl Algorithm for PortChannel {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let st = port::state(res, Some((gpu, stream)))?
+        let st = self
+            .port
+            .state(res, Some((gpu, stream)))?
             .ok_or_else(|| port::not_built("allgather port_channel"))?;
         let c = chunk_bytes(res);
         let census = mesh::census(res, gpu, stream)?;
@@ -92,12 +99,14 @@ impl Algorithm for PortChannel {
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let st =
-            port::state(res, None)?.ok_or_else(|| port::not_built("allgather port_channel"))?;
-        let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
-        let (c_max, total, t) = (chunk_bytes(res), call.bytes(), res.config.host_timeout);
-        let plain = res.layout.plain_offset;
-        let mine = res.peer_bases[me] + plain as u64;
+        let st = self
+            .port
+            .state(res, None)?
+            .ok_or_else(|| port::not_built("allgather port_channel"))?;
+        let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
+        let (c_max, total, t) = (chunk_bytes(res), call.bytes(), res.config().host_timeout);
+        let plain = res.layout().plain_offset;
+        let mine = res.peer_bases()[me] + plain as u64;
         let own = call.recv + (me * total) as u64;
         let mut start = 0;
         while start < total {

@@ -18,7 +18,7 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 
-/// The algorithm object (registered in [`super::super::registry`]).
+/// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct AllpairPacket;
 
 /// Stripe width in units (one warp).
@@ -44,12 +44,12 @@ impl Algorithm for AllpairPacket {
         CollectiveKind::AllReduce
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        let need = res.nranks * units(call) * packet_bytes(unit_bytes(call));
-        if need > res.layout.ll_half_bytes {
+        let need = res.nranks() * units(call) * packet_bytes(unit_bytes(call));
+        if need > res.layout().ll_half_bytes {
             return Err(Error::invalid(format!(
                 "allreduce allpair_packet: {} bytes need {need} bytes of LL scratch per half, expected at most {} (ll_half_bytes); use a larger scratch or another algorithm",
                 call.bytes(),
-                res.layout.ll_half_bytes
+                res.layout().ll_half_bytes
             )));
         }
         Ok(())
@@ -63,7 +63,7 @@ impl Algorithm for AllpairPacket {
         stream: RawStream,
     ) -> Result<()> {
         let w = units(call);
-        let peers = res.nranks - 1;
+        let peers = res.nranks() - 1;
         // One warp per peer for the sends, at least 8 warps for the reduction.
         let threads = (32 * peers.max(8)).min(1024) as u32;
         let blocks = w
@@ -94,16 +94,17 @@ impl Algorithm for AllpairPacket {
 fn host<T: super::super::host_math::HostElem>(res: &Resources, call: &Call) -> Result<()> {
     let (unit, w, total) = (unit_bytes(call), units(call), call.bytes());
     let pkt = packet_bytes(unit);
-    let nb = res.config.host_blocks;
-    let (me, n) = (res.rank, res.nranks);
+    let nb = res.config().host_blocks;
+    let (me, n) = (res.rank(), res.nranks());
     let flag = host_flag(res, 0);
-    let half = res.layout.ll_offset as u64 + u64::from(flag & 1) * res.layout.ll_half_bytes as u64;
+    let half =
+        res.layout().ll_offset as u64 + u64::from(flag & 1) * res.layout().ll_half_bytes as u64;
     let mut all: Vec<Unit> = vec![[0u8; 8]; n];
     for b in 0..nb {
         let stripe = (0..w).filter(|idx| (idx / STRIPE) % nb == b);
         // Sends: the block's stripe to every peer.
         for p in (0..n).filter(|&p| p != me) {
-            let region = res.peer_bases[p] + half + (me * w * pkt) as u64;
+            let region = res.peer_bases()[p] + half + (me * w * pkt) as u64;
             for idx in stripe.clone() {
                 // SAFETY: send holds `total` bytes; the slot lies in peer p's LL half (check()).
                 unsafe {
@@ -117,7 +118,7 @@ fn host<T: super::super::host_math::HostElem>(res: &Resources, call: &Call) -> R
             }
         }
         // Reduction of the same stripe, ranks in order.
-        let base = res.peer_bases[me] + half;
+        let base = res.peer_bases()[me] + half;
         for idx in stripe {
             for (r, slot) in all.iter_mut().enumerate() {
                 *slot = if r == me {
@@ -126,7 +127,7 @@ fn host<T: super::super::host_math::HostElem>(res: &Resources, call: &Call) -> R
                 } else {
                     let addr = base + ((r * w + idx) * pkt) as u64;
                     // SAFETY: the slot lies in this rank's LL half.
-                    unsafe { get_packet(addr, unit, flag, res.config.host_timeout)? }
+                    unsafe { get_packet(addr, unit, flag, res.config().host_timeout)? }
                 };
             }
             let out = reduce_units::<T>(call.op, n, &all);

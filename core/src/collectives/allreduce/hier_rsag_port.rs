@@ -50,14 +50,14 @@ const MAX_SHARD: usize = 64 << 10;
 
 /// Scratch units of `S` bytes the layout needs.
 fn slots(res: &Resources, dtype: DataType) -> usize {
-    res.topo.per_node() + (DEPTH + DEPTH * res.topo.nnodes) * widen(dtype) + 1
+    res.topo().per_node() + (DEPTH + DEPTH * res.topo().nnodes) * widen(dtype) + 1
 }
 
 /// Shard bytes per chunk: the buffer split over the local ranks, capped by the scratch and
 /// [`MAX_SHARD`].
 fn shard_bytes(res: &Resources, call: &Call) -> usize {
-    let l = res.topo.per_node();
-    let cap = (res.layout.plain_bytes / slots(res, call.dtype)) / VEC * VEC;
+    let l = res.topo().per_node();
+    let cap = (res.layout().plain_bytes / slots(res, call.dtype)) / VEC * VEC;
     call.bytes()
         .div_ceil(l)
         .next_multiple_of(VEC)
@@ -80,7 +80,7 @@ impl Algorithm for HierRsagPort {
             return Err(Error::invalid(format!(
                 "allreduce hier_rsag_port: expected a plain scratch of at least {} bytes, got {}",
                 slots(res, call.dtype) * VEC,
-                res.layout.plain_bytes
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -131,10 +131,10 @@ impl Plan {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
-    let topo = &res.topo;
+    let topo = &res.topo();
     let (l, nn, me_l, me_node) = (topo.per_node(), topo.nnodes, topo.local, topo.node);
     let s = shard_bytes(res, call);
-    let plain = res.layout.plain_offset;
+    let plain = res.layout().plain_offset;
     let w = s * widen(call.dtype);
     debug_assert_eq!(
         std::mem::size_of::<T::Acc>(),
@@ -150,11 +150,11 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
         f: l * s + (DEPTH + DEPTH * nn) * w,
     };
     let handles = net_handles(res);
-    let t = res.config.host_timeout;
+    let t = res.config().host_timeout;
     let size = std::mem::size_of::<T>();
     let chunks = p.total.div_ceil(l * s);
-    let scratch = |r: usize, off: usize| res.peer_bases[r] + p.base + off as u64;
-    let mine = |off: usize| scratch(res.rank, off);
+    let scratch = |r: usize, off: usize| res.peer_bases()[r] + p.base + off as u64;
+    let mine = |off: usize| scratch(res.rank(), off);
 
     host_local_barrier(res, 0)?;
     rail_handshake(res)?;
@@ -202,7 +202,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
             .collect();
         let f = mine(p.f) as usize as *mut T;
         // SAFETY: the rail peers' partials have landed (waited above); F holds s bytes.
-        unsafe { reduce_from_acc::<T>(call.op, res.nranks, &srcs, f, len / size) };
+        unsafe { reduce_from_acc::<T>(call.op, res.nranks(), &srcs, f, len / size) };
         let out = call.recv + p.at(k, me_l, l) as u64;
         // SAFETY: the output holds the chunk.
         unsafe { host_copy(out, mine(p.f), len) };

@@ -14,7 +14,7 @@ use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollAr
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{host_copy, THREADS};
 use super::super::nvls::{
-    check_usable, count_launch, fallback, multimem_reduces, split, state, with_vec16, NvlsState,
+    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsState,
 };
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
@@ -22,8 +22,12 @@ use super::nvls_warp_pipeline::{copy_in, gpu_blocks, region_bytes};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
 
-/// The algorithm object.
-pub struct NvlsBlockPipeline;
+/// The algorithm object: the NVLS state it shares with the other NVLS variants.
+#[derive(Debug, Default)]
+pub struct NvlsBlockPipeline {
+    /// The lazily built NVLS scratch (and bound user buffers) of this communicator.
+    pub(crate) nvls: std::sync::Arc<super::super::nvls::NvlsShared>,
+}
 
 impl Algorithm for NvlsBlockPipeline {
     fn name(&self) -> &'static str {
@@ -45,7 +49,7 @@ impl Algorithm for NvlsBlockPipeline {
         stream: RawStream,
     ) -> Result<()> {
         let st = if multimem_reduces(call) {
-            state(res, Some((gpu, stream)))?
+            self.nvls.state(res, Some((gpu, stream)))?
         } else {
             None
         };
@@ -73,7 +77,7 @@ impl Algorithm for NvlsBlockPipeline {
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         let st = if multimem_reduces(call) {
-            state(res, None)?
+            self.nvls.state(res, None)?
         } else {
             None
         };
@@ -86,7 +90,7 @@ impl Algorithm for NvlsBlockPipeline {
 }
 
 fn host<V: MultimemVector>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let stage = region_bytes(st.bytes, nb, 2);
     if stage == 0 {
         return Err(Error::invalid(format!(

@@ -16,13 +16,17 @@ use super::super::algorithm::{host_bump_flags, host_flag, kernel_name, Algorithm
 use super::super::gpu::GpuCtx;
 use super::super::host_ll::{get_packet, load_unit, reduce_units, store_unit, Unit};
 use super::super::host_math::{with_elem, HostElem};
-use super::super::nvls::{check_usable, count_launch, split, state, NvlsState, SCRATCH_BYTES};
+use super::super::nvls::{check_usable, count_launch, split, NvlsState, SCRATCH_BYTES};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 
-/// The algorithm object.
-pub struct NvlsPacket;
+/// The algorithm object: the NVLS state it shares with the other NVLS variants.
+#[derive(Debug, Default)]
+pub struct NvlsPacket {
+    /// The lazily built NVLS scratch (and bound user buffers) of this communicator.
+    pub(crate) nvls: std::sync::Arc<super::super::nvls::NvlsShared>,
+}
 
 const WORD: usize = 8;
 const PKT: usize = 16;
@@ -47,13 +51,13 @@ impl Algorithm for NvlsPacket {
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
         check_usable(self.name(), res)?;
-        let need = 2 * half_bytes(call, res.nranks);
+        let need = 2 * half_bytes(call, res.nranks());
         if need > SCRATCH_BYTES {
             return Err(Error::invalid(format!(
                 "allreduce nvls_packet: {} bytes over {} ranks need {need} bytes of NVLS scratch, \
                  expected at most {SCRATCH_BYTES}; use nvls_warp_pipeline for this size",
                 call.bytes(),
-                res.nranks
+                res.nranks()
             )));
         }
         Ok(())
@@ -66,7 +70,7 @@ impl Algorithm for NvlsPacket {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let Some(st) = state(res, Some((gpu, stream)))? else {
+        let Some(st) = self.nvls.state(res, Some((gpu, stream)))? else {
             return Err(Error::invalid(
                 "allreduce nvls_packet: the NVLS scratch is bound by the first NVLS call outside \
                  graph capture; run one such call before capturing (or use allpair_packet)",
@@ -97,7 +101,7 @@ impl Algorithm for NvlsPacket {
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let Some(st) = state(res, None)? else {
+        let Some(st) = self.nvls.state(res, None)? else {
             return Err(Error::Internal("NVLS state missing outside capture".into()));
         };
         count_launch();
@@ -106,7 +110,7 @@ impl Algorithm for NvlsPacket {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let total = call.bytes();
     let w = words(call);
     let flag = host_flag(res, 0);
@@ -116,7 +120,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()>
     let h = st.channel.device_handle();
     let local = st.channel.device_ptr();
     let slot = |r: usize, j: usize| half + ((r * w + j) * PKT) as u64;
-    let t = res.config.host_timeout;
+    let t = res.config().host_timeout;
     let mut units: Vec<Unit> = vec![[0u8; 8]; n];
     for b in 0..nb {
         let (j0, j1) = split(w as u64, nb as u64, b as u64);

@@ -19,15 +19,19 @@ use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollAr
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, host_copy, THREADS};
 use super::super::nvls::{
-    check_usable, count_launch, fallback, multimem_reduces, split, state, with_vec16, NvlsState,
+    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsState,
 };
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
 
-/// The algorithm object.
-pub struct NvlsWarpPipeline;
+/// The algorithm object: the NVLS state it shares with the other NVLS variants.
+#[derive(Debug, Default)]
+pub struct NvlsWarpPipeline {
+    /// The lazily built NVLS scratch (and bound user buffers) of this communicator.
+    pub(crate) nvls: std::sync::Arc<super::super::nvls::NvlsShared>,
+}
 
 /// Bytes of each block's scratch region (whole vectors).
 pub(crate) fn region_bytes(scratch: usize, blocks: usize, stages: usize) -> usize {
@@ -71,7 +75,7 @@ impl Algorithm for NvlsWarpPipeline {
         stream: RawStream,
     ) -> Result<()> {
         let st = if multimem_reduces(call) {
-            state(res, Some((gpu, stream)))?
+            self.nvls.state(res, Some((gpu, stream)))?
         } else {
             None
         };
@@ -100,7 +104,7 @@ impl Algorithm for NvlsWarpPipeline {
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         let st = if multimem_reduces(call) {
-            state(res, None)?
+            self.nvls.state(res, None)?
         } else {
             None
         };
@@ -125,7 +129,7 @@ pub(crate) unsafe fn copy_in(dst: u64, src: u64, l: usize, pad: usize) {
 }
 
 fn host<V: MultimemVector>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let region = region_bytes(st.bytes, nb, 1);
     if region == 0 {
         return Err(Error::invalid(format!(

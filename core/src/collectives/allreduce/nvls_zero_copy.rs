@@ -18,8 +18,8 @@ use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollAr
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, THREADS};
 use super::super::nvls::{
-    block_vectors, check_usable, count_launch, fallback, multimem_reduces, user_channel,
-    with_vec16, UserChannel,
+    block_vectors, check_usable, count_launch, fallback, multimem_reduces, with_vec16, NvlsShared,
+    UserChannel,
 };
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, DataType, RawStream};
@@ -28,8 +28,12 @@ use crate::error::Result;
 use crate::switch_channel::SwitchChannelDeviceHandle;
 use std::sync::Arc;
 
-/// The algorithm object.
-pub struct NvlsZeroCopy;
+/// The algorithm object: the NVLS state it shares with the other NVLS variants.
+#[derive(Debug, Default)]
+pub struct NvlsZeroCopy {
+    /// The lazily built NVLS scratch (and bound user buffers) of this communicator.
+    pub(crate) nvls: std::sync::Arc<super::super::nvls::NvlsShared>,
+}
 
 /// Vectors per block the grid is sized for.
 const VECTORS_PER_BLOCK: u64 = 4096;
@@ -40,15 +44,22 @@ fn supported(call: &Call) -> bool {
 
 type Bound = (Arc<UserChannel>, Arc<UserChannel>);
 
-fn bound(res: &Resources, call: &Call, capturing: bool) -> Result<Option<Bound>> {
+fn bound(
+    nvls: &NvlsShared,
+    res: &Resources,
+    call: &Call,
+    capturing: bool,
+) -> Result<Option<Bound>> {
     let b = call.bytes();
-    let Some(i) = user_channel(res, call.send, b, capturing)? else {
+    let Some(i) = nvls.user_channel(res, call.send, b, capturing)? else {
         return Ok(None);
     };
     if call.recv == call.send {
         return Ok(Some((i.clone(), i)));
     }
-    Ok(user_channel(res, call.recv, b, capturing)?.map(|o| (i, o)))
+    Ok(nvls
+        .user_channel(res, call.recv, b, capturing)?
+        .map(|o| (i, o)))
 }
 
 impl Algorithm for NvlsZeroCopy {
@@ -71,7 +82,7 @@ impl Algorithm for NvlsZeroCopy {
         stream: RawStream,
     ) -> Result<()> {
         let chans = if supported(call) {
-            bound(res, call, gpu.is_capturing(stream)?)?
+            bound(&self.nvls, res, call, gpu.is_capturing(stream)?)?
         } else {
             None
         };
@@ -80,7 +91,7 @@ impl Algorithm for NvlsZeroCopy {
         };
         let nv = (call.bytes() / 16) as u64;
         let census = mesh::census(res, gpu, stream)?;
-        let want = nv.div_ceil(res.nranks as u64 * VECTORS_PER_BLOCK).max(1) as usize;
+        let want = nv.div_ceil(res.nranks() as u64 * VECTORS_PER_BLOCK).max(1) as usize;
         let blocks = mesh::grid(&census, want, 64);
         let mut args = CollArgs::new(res, call);
         args.extra[0] = ins.table.ptr();
@@ -103,7 +114,7 @@ impl Algorithm for NvlsZeroCopy {
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
         let chans = if supported(call) {
-            bound(res, call, false)?
+            bound(&self.nvls, res, call, false)?
         } else {
             None
         };
@@ -122,7 +133,7 @@ fn host<V: MultimemVector>(
     ins: &SwitchChannelDeviceHandle,
     outs: &SwitchChannelDeviceHandle,
 ) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let bytes = call.bytes() as u64;
     let nv = bytes / 16;
     for b in 0..nb {

@@ -40,12 +40,12 @@ impl Algorithm for Packet {
         CollectiveKind::AllReduce
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        let need = 2 * res.nranks * slice_words(call, res.nranks) * PKT;
-        if need > res.layout.ll_half_bytes {
+        let need = 2 * res.nranks() * slice_words(call, res.nranks()) * PKT;
+        if need > res.layout().ll_half_bytes {
             return Err(Error::invalid(format!(
                 "allreduce packet: {} bytes need {need} bytes of LL scratch per half, expected at most {} (ll_half_bytes); use rsag for this size",
                 call.bytes(),
-                res.layout.ll_half_bytes
+                res.layout().ll_half_bytes
             )));
         }
         Ok(())
@@ -58,9 +58,9 @@ impl Algorithm for Packet {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let sw = slice_words(call, res.nranks);
+        let sw = slice_words(call, res.nranks());
         let threads = 512u32;
-        let blocks = (sw * (res.nranks - 1))
+        let blocks = (sw * (res.nranks() - 1))
             .div_ceil(threads as usize)
             .clamp(1, res.max_waiting_blocks()) as u32;
         let mut args = CollArgs::new(res, call);
@@ -85,18 +85,19 @@ impl Algorithm for Packet {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let total = call.bytes();
     let sw = slice_words(call, n);
     let flag = host_flag(res, 0);
-    let half = res.layout.ll_offset as u64 + u64::from(flag & 1) * res.layout.ll_half_bytes as u64;
+    let half =
+        res.layout().ll_offset as u64 + u64::from(flag & 1) * res.layout().ll_half_bytes as u64;
     let p1 = |rank: usize, src: usize, j: usize| {
-        res.peer_bases[rank] + half + ((src * sw + j) * PKT) as u64
+        res.peer_bases()[rank] + half + ((src * sw + j) * PKT) as u64
     };
     let p2 = |rank: usize, src: usize, j: usize| {
-        res.peer_bases[rank] + half + (((n + src) * sw + j) * PKT) as u64
+        res.peer_bases()[rank] + half + (((n + src) * sw + j) * PKT) as u64
     };
-    let t = res.config.host_timeout;
+    let t = res.config().host_timeout;
     let mut all: Vec<Unit> = vec![[0u8; 8]; n];
     for b in 0..nb {
         let stripe = || (0..sw).filter(move |j| (j / STRIPE) % nb == b);

@@ -25,8 +25,8 @@ const VEC: usize = 16;
 
 /// Elements per chunk: the most that fit the plain scratch, a multiple of `n` vectors.
 fn chunk_elems(res: &Resources, size: usize) -> usize {
-    let unit = res.nranks * VEC / size;
-    (res.layout.plain_bytes / size) / unit * unit
+    let unit = res.nranks() * VEC / size;
+    (res.layout().plain_bytes / size) / unit * unit
 }
 
 /// Elements per slice of a chunk of `cnt` elements.
@@ -42,11 +42,11 @@ impl Algorithm for Rsag {
         CollectiveKind::AllReduce
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if res.layout.plain_bytes < res.nranks * VEC {
+        if res.layout().plain_bytes < res.nranks() * VEC {
             return Err(Error::invalid(format!(
                 "allreduce rsag: expected a plain scratch of at least {} bytes, got {}",
-                res.nranks * VEC,
-                res.layout.plain_bytes
+                res.nranks() * VEC,
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -61,8 +61,8 @@ impl Algorithm for Rsag {
     ) -> Result<()> {
         let size = call.dtype.size_in_bytes();
         let chunk =
-            chunk_elems(res, size).min(call.count.next_multiple_of(res.nranks * VEC / size));
-        let sv = slice_elems(chunk, res.nranks, size) * size / VEC;
+            chunk_elems(res, size).min(call.count.next_multiple_of(res.nranks() * VEC / size));
+        let sv = slice_elems(chunk, res.nranks(), size) * size / VEC;
         let blocks = sv
             .div_ceil(1024)
             .clamp(1, MAX_SEM_BLOCKS.min(res.max_waiting_blocks())) as u32;
@@ -88,10 +88,10 @@ impl Algorithm for Rsag {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let size = std::mem::size_of::<T>();
     let chunk = chunk_elems(res, size);
-    let scratch = |r: usize| res.peer_bases[r] + res.layout.plain_offset as u64;
+    let scratch = |r: usize| res.peer_bases()[r] + res.layout().plain_offset as u64;
     let mut ptrs: Vec<*const T> = vec![std::ptr::null(); n];
     for b in 0..nb {
         let mut start = 0;

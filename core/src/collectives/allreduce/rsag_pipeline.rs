@@ -55,20 +55,20 @@ struct Plan {
 }
 
 fn plan(res: &Resources, call: &Call) -> Result<Plan> {
-    let n = res.nranks;
-    let cap = (res.layout.plain_bytes / (2 * n * STAGES)) / VEC * VEC;
+    let n = res.nranks();
+    let cap = (res.layout().plain_bytes / (2 * n * STAGES)) / VEC * VEC;
     let whole = call.bytes().div_ceil(n).next_multiple_of(VEC);
     let w = whole.min(cap);
     if w < VEC {
         return Err(Error::invalid(format!(
             "allreduce rsag_pipeline: expected a plain scratch of at least {} bytes, got {}",
             2 * n * STAGES * VEC,
-            res.layout.plain_bytes
+            res.layout().plain_bytes
         )));
     }
     Ok(Plan {
         w,
-        d: res.layout.plain_bytes / (2 * n * w),
+        d: res.layout().plain_bytes / (2 * n * w),
         iters: call.bytes().div_ceil(n * w),
     })
 }
@@ -125,14 +125,14 @@ impl Algorithm for RsagPipeline {
 
 fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
     let Plan { w, d, iters } = plan(res, call)?;
-    let (me, n) = (res.rank, res.nranks);
-    let p_blocks = res.config.host_blocks.min(HANDSHAKE_ROW / K);
+    let (me, n) = (res.rank(), res.nranks());
+    let p_blocks = res.config().host_blocks.min(HANDSHAKE_ROW / K);
     let (size, total) = (std::mem::size_of::<T>(), call.bytes());
     let r_blocks = K * p_blocks;
     let stage_bytes = 2 * n * w;
     let slot = |rank: usize, i: usize, area: usize, from: usize| {
-        res.peer_bases[rank]
-            + (res.layout.plain_offset + (i % d) * stage_bytes + (area * n + from) * w) as u64
+        res.peer_bases()[rank]
+            + (res.layout().plain_offset + (i % d) * stage_bytes + (area * n + from) * w) as u64
     };
     host_barrier(res, HANDSHAKE_ROW)?;
     let mut srcs: Vec<*const T> = vec![std::ptr::null(); n];

@@ -33,8 +33,14 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 
-/// The algorithm object.
-pub struct RsagPortChannel;
+/// The algorithm object: the proxy and port channels it shares with all-gather
+/// `port_channel`.
+#[derive(Debug, Default)]
+pub struct RsagPortChannel {
+    /// The lazily built proxy and channels (shared with the other port-channel algorithms of
+    /// the same collection).
+    pub(crate) port: std::sync::Arc<port::PortChannels>,
+}
 
 /// Most blocks of a launch (they meet at grid barriers, so they must all be resident).
 const MAX_BLOCKS: usize = 16;
@@ -43,8 +49,8 @@ const BYTES_PER_BLOCK: usize = 128 << 10;
 
 /// Slice bytes per chunk.
 fn slice_bytes(res: &Resources, call: &Call) -> usize {
-    let n = res.nranks;
-    let cap = (res.layout.plain_bytes / (3 * n + 1)) / VEC * VEC;
+    let n = res.nranks();
+    let cap = (res.layout().plain_bytes / (3 * n + 1)) / VEC * VEC;
     call.bytes().div_ceil(n).next_multiple_of(VEC).min(cap)
 }
 
@@ -59,8 +65,8 @@ impl Algorithm for RsagPortChannel {
         if slice_bytes(res, call) < VEC {
             return Err(Error::invalid(format!(
                 "allreduce rsag_port_channel: expected a plain scratch of at least {} bytes, got {}",
-                (3 * res.nranks + 1) * VEC,
-                res.layout.plain_bytes
+                (3 * res.nranks() + 1) * VEC,
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -73,7 +79,9 @@ impl Algorithm for RsagPortChannel {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let st = port::state(res, Some((gpu, stream)))?
+        let st = self
+            .port
+            .state(res, Some((gpu, stream)))?
             .ok_or_else(|| port::not_built("allreduce rsag_port_channel"))?;
         let s = slice_bytes(res, call);
         let census = mesh::census(res, gpu, stream)?;
@@ -97,23 +105,25 @@ impl Algorithm for RsagPortChannel {
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let st = port::state(res, None)?
+        let st = self
+            .port
+            .state(res, None)?
             .ok_or_else(|| port::not_built("allreduce rsag_port_channel"))?;
         with_elem!(call.dtype, T => host::<T>(res, call, &st))
     }
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call, st: &PortState) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let (size, total, s) = (
         std::mem::size_of::<T>(),
         call.bytes(),
         slice_bytes(res, call),
     );
-    let t = res.config.host_timeout;
+    let t = res.config().host_timeout;
     let (off_a, off_rs, off_ag, off_rd) = (0, n * s, 2 * n * s, 3 * n * s);
-    let plain = res.layout.plain_offset;
-    let mine = res.peer_bases[me] + plain as u64;
+    let plain = res.layout().plain_offset;
+    let mine = res.peer_bases()[me] + plain as u64;
     let mut srcs: Vec<*const T> = vec![std::ptr::null(); n];
     host_barrier(res, 0)?;
     let mut at0 = 0;

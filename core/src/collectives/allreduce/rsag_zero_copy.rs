@@ -19,13 +19,13 @@
 use std::sync::Arc;
 
 use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
-use super::super::find_algorithm;
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use super::super::user_buffers::UserBuffer;
+use super::rsag_pipeline::RsagPipeline;
 use crate::error::Result;
 
 /// The algorithm object.
@@ -36,8 +36,8 @@ const BYTES_PER_BLOCK: usize = 64 << 10;
 
 /// The copying algorithm taken for buffers that are not registered.
 fn fallback() -> Result<&'static dyn Algorithm> {
-    find_algorithm(CollectiveKind::AllReduce, "rsag_pipeline")
-        .or_else(|_| find_algorithm(CollectiveKind::AllReduce, "rsag"))
+    static FALLBACK: RsagPipeline = RsagPipeline;
+    Ok(&FALLBACK)
 }
 
 /// Bytes of one rank's slice.
@@ -52,15 +52,15 @@ fn registered(
     call: &Call,
     capturing: bool,
 ) -> Result<Option<(Arc<UserBuffer>, Arc<UserBuffer>)>> {
-    let cache = &res.user_buffers;
+    let cache = &res.user_buffers();
     let b = call.bytes();
-    let Some(i) = cache.get_or_register(&res.comm, res.device, call.send, b, capturing)? else {
+    let Some(i) = cache.get_or_register(res.comm(), res.device(), call.send, b, capturing)? else {
         return Ok(None);
     };
     if call.recv == call.send {
         return Ok(Some((i.clone(), i)));
     }
-    let o = cache.get_or_register(&res.comm, res.device, call.recv, b, capturing)?;
+    let o = cache.get_or_register(res.comm(), res.device(), call.recv, b, capturing)?;
     Ok(o.map(|o| (i, o)))
 }
 
@@ -86,7 +86,7 @@ impl Algorithm for RsagZeroCopy {
         let Some((ins, outs)) = registered(res, call, gpu.is_capturing(stream)?)? else {
             return fallback()?.launch_gpu(res, gpu, call, stream);
         };
-        let s = slice_bytes(call, res.nranks);
+        let s = slice_bytes(call, res.nranks());
         let census = mesh::census(res, gpu, stream)?;
         let blocks = mesh::grid(&census, s.div_ceil(BYTES_PER_BLOCK), 64);
         let mut args = CollArgs::new(res, call);
@@ -117,7 +117,7 @@ impl Algorithm for RsagZeroCopy {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call, ins: &[u64], outs: &[u64]) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let size = std::mem::size_of::<T>();
     let (s, total) = (slice_bytes(call, n), call.bytes());
     let begin = (me * s).min(total);

@@ -34,7 +34,7 @@ impl Algorithm for Fullmesh {
         if mesh::slot_bytes(res, 1) < VEC {
             return Err(Error::invalid(format!(
                 "broadcast fullmesh: expected a plain scratch of at least {VEC} bytes, got {}",
-                res.layout.plain_bytes
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -67,7 +67,12 @@ impl Algorithm for Fullmesh {
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let (me, n, nb, root) = (res.rank, res.nranks, res.config.host_blocks, call.root);
+        let (me, n, nb, root) = (
+            res.rank(),
+            res.nranks(),
+            res.config().host_blocks,
+            call.root,
+        );
         let (c_max, total) = (mesh::slot_bytes(res, 1), call.bytes());
         for b in 0..nb {
             let mut start = 0;

@@ -28,7 +28,7 @@ pub struct HierAllreduce;
 fn as_allreduce(res: &Resources, call: &Call) -> Call {
     Call {
         kind: CollectiveKind::AllReduce,
-        send: if res.rank == call.root {
+        send: if res.rank() == call.root {
             call.send
         } else {
             call.recv
@@ -62,7 +62,7 @@ impl Algorithm for HierAllreduce {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        if res.rank != call.root {
+        if res.rank() != call.root {
             // SAFETY: the caller's live stream (or 0) of this device.
             let s = unsafe { Gpu::borrow_stream(gpu.device(), stream) };
             // SAFETY: the output holds `bytes` and stays valid until the stream ran the call.
@@ -73,7 +73,7 @@ impl Algorithm for HierAllreduce {
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        if res.rank != call.root {
+        if res.rank() != call.root {
             // SAFETY: the output is a live host buffer of `bytes` (the collective's contract).
             unsafe { std::ptr::write_bytes(call.recv as usize as *mut u8, 0, call.bytes()) };
         }

@@ -32,11 +32,11 @@ impl Algorithm for Fullmesh {
         CollectiveKind::ReduceScatter
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if mesh::slot_bytes(res, res.nranks) < VEC {
+        if mesh::slot_bytes(res, res.nranks()) < VEC {
             return Err(Error::invalid(format!(
                 "reducescatter fullmesh: expected a plain scratch of at least {} bytes, got {}",
-                res.nranks * VEC,
-                res.layout.plain_bytes
+                res.nranks() * VEC,
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -49,7 +49,7 @@ impl Algorithm for Fullmesh {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = mesh::slot_bytes(res, res.nranks);
+        let c = mesh::slot_bytes(res, res.nranks());
         let census = mesh::census(res, gpu, stream)?;
         let blocks = mesh::grid(&census, call.bytes().min(c).div_ceil(BYTES_PER_BLOCK), 32);
         let mut args = CollArgs::new(res, call);
@@ -75,7 +75,7 @@ impl Algorithm for Fullmesh {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
-    let (me, n, nb) = (res.rank, res.nranks, res.config.host_blocks);
+    let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let size = std::mem::size_of::<T>();
     let (c_max, total) = (mesh::slot_bytes(res, n), call.bytes());
     let mut srcs: Vec<*const T> = vec![std::ptr::null(); n];

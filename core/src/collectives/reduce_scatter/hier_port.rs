@@ -39,11 +39,11 @@ pub struct HierPort;
 const MAX_CHUNK: usize = 64 << 10;
 
 fn units(res: &Resources, call: &Call) -> usize {
-    res.nranks + 2 * DEPTH * res.topo.nnodes * widen(call.dtype)
+    res.nranks() + 2 * DEPTH * res.topo().nnodes * widen(call.dtype)
 }
 
 fn chunk_bytes(res: &Resources, call: &Call) -> usize {
-    let cap = (res.layout.plain_bytes / units(res, call)) / VEC * VEC;
+    let cap = (res.layout().plain_bytes / units(res, call)) / VEC * VEC;
     call.bytes().next_multiple_of(VEC).min(cap).min(MAX_CHUNK)
 }
 
@@ -62,7 +62,7 @@ impl Algorithm for HierPort {
             return Err(Error::invalid(format!(
                 "reducescatter hier_port: expected a plain scratch of at least {} bytes, got {}",
                 units(res, call) * VEC,
-                res.layout.plain_bytes
+                res.layout().plain_bytes
             )));
         }
         Ok(())
@@ -89,19 +89,19 @@ impl Algorithm for HierPort {
 }
 
 fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
-    let topo = &res.topo;
-    let (n, nn, me_l, me_node) = (res.nranks, topo.nnodes, topo.local, topo.node);
+    let topo = &res.topo();
+    let (n, nn, me_l, me_node) = (res.nranks(), topo.nnodes, topo.local, topo.node);
     let (c, total, t) = (
         chunk_bytes(res, call),
         call.bytes(),
-        res.config.host_timeout,
+        res.config().host_timeout,
     );
     let w = c * widen(call.dtype);
     let size = std::mem::size_of::<T>();
-    let plain = res.layout.plain_offset;
+    let plain = res.layout().plain_offset;
     let (off_r, off_net) = (n * c, n * c + DEPTH * nn * w);
     let handles = net_handles(res);
-    let at = |r: usize, off: usize| res.peer_bases[r] + (plain + off) as u64;
+    let at = |r: usize, off: usize| res.peer_bases()[r] + (plain + off) as u64;
     let len = |k: usize| total.saturating_sub(k * c).min(c);
     let chunks = total.div_ceil(c);
 
@@ -111,7 +111,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
         for b in 0..n {
             let src = call.send + (b * total + k * c) as u64;
             // SAFETY: A holds n * c bytes; the input holds n blocks of `total` bytes.
-            unsafe { host_copy(at(res.rank, b * c), src, len(k)) };
+            unsafe { host_copy(at(res.rank(), b * c), src, len(k)) };
         }
         host_local_barrier(res, 0)?;
         for j in 0..nn {
@@ -121,7 +121,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
                 .iter()
                 .map(|&q| at(q, block * c) as usize as *const T)
                 .collect();
-            let dst = at(res.rank, off_r + ((k % DEPTH) * nn + j) * w) as usize as *mut T::Acc;
+            let dst = at(res.rank(), off_r + ((k % DEPTH) * nn + j) * w) as usize as *mut T::Acc;
             // SAFETY: every local rank's A holds this chunk (barrier above); R's slot of w
             // bytes is free (module doc); the peers' shared buffers are mapped here.
             unsafe { reduce_to_acc::<T>(call.op, &srcs, dst, len(k) / size) };
@@ -146,7 +146,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
                 } else {
                     off_net + ((k % DEPTH) * nn + j) * w
                 };
-                at(res.rank, off) as usize as *const T::Acc
+                at(res.rank(), off) as usize as *const T::Acc
             })
             .collect();
         let out = (call.recv + (k * c) as u64) as usize as *mut T;
