@@ -43,9 +43,13 @@ pub fn gpu_hierarchical() -> NResult<bool> {
     }
 }
 
-/// [`NET_TRANSPORT`]: the transport it names (or, unset, the one available).
+/// [`NET_TRANSPORT`]: the transport it names (or, unset, the one available); parsed by
+/// core's `Env` (`mscclpp::env::Env::coll_net_transport`), read now.
 pub fn net_transport() -> NResult<Transport> {
-    pick_transport(read(NET_TRANSPORT).as_deref()).map_err(NcclError::from)
+    let choice = mscclpp::Env::current()
+        .coll_net_transport()
+        .map_err(NcclError::from)?;
+    Ok(pick_transport(choice))
 }
 
 /// An operation's names in [`FORCE_FALLBACK`].

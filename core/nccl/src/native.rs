@@ -11,9 +11,7 @@
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 
-use mscclpp::collectives::{
-    Algorithm, Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
-};
+use mscclpp::collectives::{self, Call, Collectives, CollectivesConfig, DataType, ReduceOp};
 use mscclpp::{Communicator, Device, LocalMemory};
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::{Gpu, StreamInterop};
@@ -76,22 +74,14 @@ fn gpu_hier_enabled() -> NResult<Result<(), String>> {
     Ok(Ok(()))
 }
 
-/// A collective the native path runs: the converted call and the algorithm chosen for it.
-#[derive(Clone, Copy)]
+/// A collective the native path runs: the converted call and what the collectives chose for
+/// it (`None`: nothing to do, a count of 0).
+#[derive(Clone, Debug)]
 pub struct Choice {
     /// The call as the collectives see it.
     pub call: Call,
-    /// The algorithm that runs it (`None`: nothing to do, a count of 0).
-    pub algorithm: Option<&'static dyn Algorithm>,
-}
-
-impl std::fmt::Debug for Choice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Choice")
-            .field("call", &self.call)
-            .field("algorithm", &self.algorithm.map(|a| a.name()))
-            .finish()
-    }
+    /// The collectives' choice (algorithm or plan, its check done).
+    pub chosen: Option<collectives::Choice>,
 }
 
 /// A buffer for results a rank discards, kept alive by every queued call that writes it.
@@ -148,26 +138,20 @@ impl Native {
         self.coll.as_ref().map(|_| ()).map_err(Clone::clone)
     }
 
-    // ROUTE: the one place a native collective's algorithm is chosen, while the call is routed;
-    // `Native::run` runs exactly this choice. Today's collectives select again inside their
-    // public entry points; with `Collectives::choose(&Call) -> Result<Choice>` this body becomes
-    // that call (and `Choice` theirs), and `run` becomes `run_choice(&Choice, stream)`.
-    /// The choice for `call`: the algorithm that covers it, or why none does (the fallback
-    /// then takes it).
+    /// The choice for `call` ([`Collectives::choose`]: forced, the user's selector, a plan or
+    /// the default), or why nothing covers it (the fallback then takes it). The one place a
+    /// native collective's algorithm is chosen; [`Native::run`] runs exactly this choice.
     pub fn choose(&self, call: Call) -> Result<Choice, String> {
         let coll = self.coll.as_ref().map_err(Clone::clone)?;
         if call.count == 0 {
-            return Ok(Choice {
-                call,
-                algorithm: None,
-            });
+            return Ok(Choice { call, chosen: None });
         }
-        let algorithm = coll
-            .checked_algorithm(&call)
+        let chosen = coll
+            .choose(&call)
             .map_err(|e| format!("no native algorithm can run it: {e}"))?;
         Ok(Choice {
             call,
-            algorithm: Some(algorithm),
+            chosen: Some(chosen),
         })
     }
 
@@ -181,21 +165,11 @@ impl Native {
             .coll
             .as_ref()
             .map_err(|why| NcclError::usage(why.clone()))?;
-        if choice.algorithm.is_none() {
+        let Some(chosen) = &choice.chosen else {
             return Ok(());
-        }
-        let c = &choice.call;
-        let (s, r, n, st) = (c.send, c.recv, c.count, stream);
-        // SAFETY: (all arms) the caller's buffers and stream, checked by the exported function.
-        let result = unsafe {
-            match c.kind {
-                CollectiveKind::AllReduce => coll.all_reduce(s, r, n, c.dtype, c.op, st),
-                CollectiveKind::AllGather => coll.all_gather(s, r, n, c.dtype, st),
-                CollectiveKind::ReduceScatter => coll.reduce_scatter(s, r, n, c.dtype, c.op, st),
-                CollectiveKind::Broadcast => coll.broadcast(s, r, n, c.dtype, c.root, st),
-            }
         };
-        result.map_err(NcclError::from)
+        // SAFETY: the caller's buffers and stream, checked by the exported function.
+        unsafe { coll.run_choice(chosen, stream) }.map_err(NcclError::from)
     }
 
     /// Copies `bytes` from `src` to `dst` in `stream` order (nothing when they coincide): a

@@ -13,47 +13,14 @@ use super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::{Gpu, StreamInterop};
-use std::sync::OnceLock;
 
 /// Copies of at most this many bytes use the driver's copy, larger ones the kernel
 /// (`0`: always the kernel). Bytes, with an optional K/M/G suffix (powers of 1024).
-pub const DRIVER_COPY_ENV: &str = "MSCCLPP_COPY_DRIVER_MAX_BYTES";
-const DRIVER_COPY_DEFAULT: usize = 256 << 20;
+pub const DRIVER_COPY_ENV: &str = crate::env::COPY_DRIVER_MAX_BYTES;
 
-/// Parses a [`DRIVER_COPY_ENV`] value (`None`: unset).
-pub(crate) fn parse_driver_copy_max(v: Option<&str>) -> Result<usize> {
-    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(DRIVER_COPY_DEFAULT);
-    };
-    let (digits, shift) = match v.as_bytes()[v.len() - 1].to_ascii_uppercase() {
-        b'K' => (&v[..v.len() - 1], 10),
-        b'M' => (&v[..v.len() - 1], 20),
-        b'G' => (&v[..v.len() - 1], 30),
-        _ => (v, 0),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(1usize << shift))
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "{DRIVER_COPY_ENV}={v}: expected a byte count such as 0, 65536, 64K, 256M or 1G"
-            ))
-        })
-}
-
-/// This process's [`DRIVER_COPY_ENV`], read once.
+/// This process's [`DRIVER_COPY_ENV`], read once ([`crate::env::Env::copy_driver_max_bytes`]).
 pub(crate) fn driver_copy_max() -> Result<usize> {
-    static V: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
-    V.get_or_init(|| {
-        // Kept as the bare message: `Error::invalid` below adds the "invalid usage" prefix.
-        parse_driver_copy_max(std::env::var(DRIVER_COPY_ENV).ok().as_deref()).map_err(|e| match e {
-            Error::InvalidUsage(m) => m,
-            other => other.to_string(),
-        })
-    })
-    .clone()
-    .map_err(Error::invalid)
+    crate::env::env().copy_driver_max_bytes()
 }
 
 /// The copy "algorithm" of one collective at world size 1.
@@ -169,28 +136,5 @@ impl Algorithm for Copy {
             };
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn driver_copy_threshold_parses_sizes_and_refuses_junk() {
-        assert_eq!(parse_driver_copy_max(None).unwrap(), 256 << 20);
-        assert_eq!(parse_driver_copy_max(Some("")).unwrap(), 256 << 20);
-        assert_eq!(parse_driver_copy_max(Some("0")).unwrap(), 0);
-        assert_eq!(parse_driver_copy_max(Some("65536")).unwrap(), 65536);
-        assert_eq!(parse_driver_copy_max(Some("64K")).unwrap(), 64 << 10);
-        assert_eq!(parse_driver_copy_max(Some("256m")).unwrap(), 256 << 20);
-        assert_eq!(parse_driver_copy_max(Some("1G")).unwrap(), 1 << 30);
-        for bad in ["x", "-1", "1.5G", "K", "99999999999999999999G", "1T"] {
-            let e = parse_driver_copy_max(Some(bad)).unwrap_err().to_string();
-            assert!(
-                e.contains(DRIVER_COPY_ENV) && e.contains("expected"),
-                "{bad}: {e}"
-            );
-        }
     }
 }

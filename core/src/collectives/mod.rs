@@ -112,31 +112,18 @@ pub fn algorithm_names(kind: CollectiveKind) -> Vec<&'static str> {
     collection::native_catalogue().names(kind)
 }
 
-/// Forced algorithms from the environment (see the module doc), checked against `algos`.
+/// Forced algorithms from the environment (see the module doc; parsed by
+/// [`crate::env::Env::forced_algorithms`]), checked against `algos`.
 fn forced_from_env(
-    get: impl Fn(&str) -> Option<String>,
+    env: &crate::env::Env,
     algos: &Collection,
 ) -> Result<HashMap<CollectiveKind, &'static str>> {
     let mut forced = HashMap::new();
-    if let Some(v) = get("MSCCLPP_ALGORITHM").filter(|v| !v.trim().is_empty()) {
-        for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (kind, name) = match item.split_once('=') {
-                Some((k, n)) => (k.trim().parse::<CollectiveKind>()?, n.trim()),
-                None => (CollectiveKind::AllReduce, item),
-            };
-            let a = algos
-                .get(kind, name)
-                .map_err(|e| Error::invalid(format!("MSCCLPP_ALGORITHM={v}: {e}")))?;
-            forced.insert(kind, a.name());
-        }
-    }
-    for kind in CollectiveKind::ALL {
-        if let Some(v) = get(kind.env_var()).filter(|v| !v.trim().is_empty()) {
-            let a = algos
-                .get(kind, v.trim())
-                .map_err(|e| Error::invalid(format!("{}={v}: {e}", kind.env_var())))?;
-            forced.insert(kind, a.name());
-        }
+    for f in env.forced_algorithms()? {
+        let a = algos
+            .get(f.kind, &f.name)
+            .map_err(|e| Error::invalid(format!("{}={}: {e}", f.var, f.value)))?;
+        forced.insert(f.kind, a.name());
     }
     Ok(forced)
 }
@@ -227,7 +214,9 @@ impl CollectivesBuilder {
     /// Sets up the collectives (collective: every rank calls it with the same sizes,
     /// builders and plan directory contents).
     pub fn build(self) -> Result<Collectives> {
-        let nvls_opt_in = nvls::emulation_opt_in(std::env::var(nvls::EMULATION_ENV).ok())?;
+        // Read again per communicator: an application may change them between communicators.
+        let env = crate::env::Env::current();
+        let nvls_opt_in = env.nvls_emulation()?;
         copy::driver_copy_max()?;
         let comm = self.comm;
         let res = Resources::new(&comm, self.config)?;
@@ -285,7 +274,7 @@ impl CollectivesBuilder {
                 );
             }
         }
-        let forced = forced_from_env(|k| std::env::var(k).ok(), &algos)?;
+        let forced = forced_from_env(&env, &algos)?;
         Ok(Collectives {
             res,
             gpu,
@@ -705,23 +694,24 @@ mod tests {
     #[test]
     fn env_forcing() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
+            crate::env::Env::from_lookup(move |k: &str| {
                 pairs
                     .iter()
                     .find(|(a, _)| *a == k)
                     .map(|(_, v)| v.to_string())
-            }
+            })
         };
         let natives = collection::native_catalogue();
-        let forced_from_env = |get| forced_from_env(get, natives);
-        let f = forced_from_env(env(&[("MSCCLPP_ALLREDUCE_ALGO", "allpair_packet")])).unwrap();
+        let forced_from_env = |env: &crate::env::Env| forced_from_env(env, natives);
+        let f = forced_from_env(&env(&[("MSCCLPP_ALLREDUCE_ALGO", "allpair_packet")])).unwrap();
         assert_eq!(f.get(&CollectiveKind::AllReduce), Some(&"allpair_packet"));
-        let e = forced_from_env(env(&[("MSCCLPP_ALLREDUCE_ALGO", "bogus")]))
+        let e = forced_from_env(&env(&[("MSCCLPP_ALLREDUCE_ALGO", "bogus")]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("allpair_packet") && e.contains("bogus"), "{e}");
-        let f = forced_from_env(env(&[("MSCCLPP_ALGORITHM", "allreduce=allpair_packet")])).unwrap();
+        let f =
+            forced_from_env(&env(&[("MSCCLPP_ALGORITHM", "allreduce=allpair_packet")])).unwrap();
         assert_eq!(f.len(), 1);
-        assert!(forced_from_env(env(&[("MSCCLPP_ALGORITHM", "gather=x")])).is_err());
+        assert!(forced_from_env(&env(&[("MSCCLPP_ALGORITHM", "gather=x")])).is_err());
     }
 }

@@ -21,6 +21,7 @@
 //! all-gather copies its slots between the two buffers). Semaphore tokens of Ethernet
 //! connections are host-mapped as well (semaphore.rs).
 
+use crate::env::NetTransport;
 use crate::error::{Error, Result};
 use crate::fifo::{Fifo, DEFAULT_FIFO_SIZE};
 use crate::gpu_buffer::GpuBuffer;
@@ -41,7 +42,7 @@ const TAG_MEMORY: u64 = 0xC013_0001;
 const TAG_SEMAPHORE: u64 = 0xC013_0002;
 
 /// The variable that forces the network transport.
-pub const NET_TRANSPORT_ENV: &str = "MSCCLPP_COLL_NET_TRANSPORT";
+pub const NET_TRANSPORT_ENV: &str = crate::env::COLL_NET_TRANSPORT;
 
 /// The rail peers' port channels and their proxy.
 pub struct NetState {
@@ -62,16 +63,14 @@ pub struct NetState {
     _staging: Option<LocalMemory>,
 }
 
-/// The transport `value` of [`NET_TRANSPORT_ENV`] (or, when unset, what is available) names.
-pub fn pick_transport(value: Option<&str>) -> Result<Transport> {
-    match value.map(str::trim).filter(|v| !v.is_empty()) {
-        Some(v) if v.eq_ignore_ascii_case("ib") => Ok(Transport::Ib0),
-        Some(v) if v.eq_ignore_ascii_case("ethernet") => Ok(Transport::Ethernet),
-        Some(v) => Err(Error::invalid(format!(
-            "{NET_TRANSPORT_ENV}={v}: expected one of ib, ethernet"
-        ))),
-        None if crate::ib::ib_unavailable_reason().is_none() => Ok(Transport::Ib0),
-        None => Ok(Transport::Ethernet),
+/// The transport [`NET_TRANSPORT_ENV`] chose ([`crate::env::Env::coll_net_transport`]), or,
+/// when unset, what is available.
+pub fn pick_transport(choice: Option<NetTransport>) -> Transport {
+    match choice {
+        Some(NetTransport::Ib) => Transport::Ib0,
+        Some(NetTransport::Ethernet) => Transport::Ethernet,
+        None if crate::ib::ib_unavailable_reason().is_none() => Transport::Ib0,
+        None => Transport::Ethernet,
     }
 }
 
@@ -86,8 +85,8 @@ impl NetState {
         shared: u64,
         total: usize,
     ) -> Result<NetState> {
-        let env = std::env::var(NET_TRANSPORT_ENV).ok();
-        let transport = pick_transport(env.as_deref())?;
+        // Read again per communicator, as the other collective switches.
+        let transport = pick_transport(crate::env::Env::current().coll_net_transport()?);
         let n = comm.bootstrap().nranks();
         let rails: Vec<usize> = topo.rail_peers().collect();
         let mut proxy = match device.kind {
@@ -185,12 +184,10 @@ mod tests {
 
     #[test]
     fn transport_names() {
-        assert_eq!(pick_transport(Some("IB")).unwrap(), Transport::Ib0);
+        assert_eq!(pick_transport(Some(NetTransport::Ib)), Transport::Ib0);
         assert_eq!(
-            pick_transport(Some(" ethernet ")).unwrap(),
+            pick_transport(Some(NetTransport::Ethernet)),
             Transport::Ethernet
         );
-        let e = pick_transport(Some("tcp")).unwrap_err().to_string();
-        assert!(e.contains("expected one of ib, ethernet"), "{e}");
     }
 }

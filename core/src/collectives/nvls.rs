@@ -78,24 +78,11 @@ type UserEntries = Mutex<HashMap<(u64, usize), Option<Arc<UserChannel>>>>;
 
 /// The env opt-in that lets the selector pick the NVLS variants on the host backend (over the
 /// multicast emulation): `MSCCLPP_NVLS_EMULATION=1` (`0` or unset: only when forced).
-pub const EMULATION_ENV: &str = "MSCCLPP_NVLS_EMULATION";
-
-/// The value of [`EMULATION_ENV`] (`env`): `0`, empty or unset = false, `1` = true; any other
-/// value is an error naming them.
-pub(crate) fn emulation_opt_in(env: Option<String>) -> Result<bool> {
-    match env.as_deref().map(str::trim) {
-        None | Some("") | Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(v) => Err(Error::invalid(format!(
-            "{EMULATION_ENV}={v}: expected 0 or 1 (1 lets the selector pick the NVLS \
-             all-reduces on the host backend's multicast emulation)"
-        ))),
-    }
-}
+pub const EMULATION_ENV: &str = crate::env::NVLS_EMULATION;
 
 /// Whether the selector may pick an NVLS variant for a communicator on `device` (asked once per
 /// `Collectives`): on a GPU when [`nvls_usable`] is `Ok` (env switches first, then the GPU's
-/// multicast support); on the host backend only when `opt_in` ([`emulation_opt_in`]).
+/// multicast support); on the host backend only when `opt_in` ([`crate::env::Env::nvls_emulation`]).
 pub(crate) fn selectable(device: crate::transport::Device, opt_in: bool) -> bool {
     match device.kind {
         DeviceType::Cpu => opt_in && nvls_usable(device).is_ok(),
@@ -366,14 +353,7 @@ mod tests {
     #[test]
     fn host_selects_nvls_only_when_opted_in() {
         let cpu = crate::transport::Device::CPU;
-        assert!(!emulation_opt_in(None).unwrap());
-        assert!(!emulation_opt_in(Some("0".into())).unwrap());
-        assert!(emulation_opt_in(Some(" 1".into())).unwrap());
         assert!(!selectable(cpu, false));
         assert!(selectable(cpu, true));
-        let e = emulation_opt_in(Some("yes".into()))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("expected 0 or 1"), "{e}");
     }
 }
