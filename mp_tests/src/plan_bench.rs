@@ -253,12 +253,10 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
         } else if rank == 0 {
             println!("# {size} bytes: skipped (the plan takes multiples of {unit} send bytes within {}..={})", plan.min_message_size(), plan.max_message_size());
         }
-        if size >= o.maxb {
-            break;
+        match o.next_size(size) {
+            Some(next) => size = next,
+            None => break,
         }
-        size = ((size as f64 * o.factor) as usize)
-            .max(size + 1)
-            .min(o.maxb);
     }
     if rank == 0 {
         println!(
@@ -266,8 +264,7 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
             if wrong == 0 { "OK" } else { "FAILED" }
         );
         if let Some(path) = &o.json {
-            let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-            std::fs::write(path, text).map_err(|e| format!("writing {path}: {e}"))?;
+            write_json(path, &rows)?;
         }
     }
     Ok(wrong == 0)

@@ -174,6 +174,27 @@ fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
     }
 }
 
+impl Opts {
+    /// The sweep's next message size after `size`: `size` times the factor (at least one
+    /// byte more, at most the largest size); `None` once `size` is the largest.
+    fn next_size(&self, size: usize) -> Option<usize> {
+        if size >= self.maxb {
+            return None;
+        }
+        Some(
+            ((size as f64 * self.factor) as usize)
+                .max(size + 1)
+                .min(self.maxb),
+        )
+    }
+}
+
+/// Writes `rows` to `path` as pretty-printed JSON.
+fn write_json(path: &str, rows: &impl serde::Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("writing {path}: {e}"))
+}
+
 struct Bench {
     coll: Collectives,
     boot: Arc<dyn Bootstrap>,
@@ -605,12 +626,10 @@ fn run(
                 in_place: ip,
             });
         }
-        if size >= o.maxb {
-            break;
+        match o.next_size(size) {
+            Some(next) => size = next,
+            None => break,
         }
-        size = ((size as f64 * o.factor) as usize)
-            .max(size + 1)
-            .min(o.maxb);
     }
     if rank == 0 {
         println!(
@@ -626,8 +645,7 @@ fn run(
             }
         );
         if let Some(path) = &o.json {
-            let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-            std::fs::write(path, text).map_err(|e| format!("writing {path}: {e}"))?;
+            write_json(path, &rows)?;
         }
     }
     Ok(wrong_total == 0)
