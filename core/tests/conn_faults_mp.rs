@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 use mscclpp::fifo::{TRIGGER_DATA, TRIGGER_SYNC};
 use mscclpp::port_channel::{BasePortChannelDeviceHandle, MemoryId};
-use mscclpp::semaphore::{Host2DeviceSemaphore, Host2HostSemaphore, Semaphore};
+use mscclpp::semaphore::{Host2DeviceSemaphore, Host2HostSemaphore};
 use mscclpp::{
     Communicator, Connection, Context, Device, EndpointConfig, IbMode, LocalMemory, ProxyService,
     RegisteredMemory, Transport,
@@ -175,34 +175,82 @@ fn swap_memory_then_freeze(
     Some((mem, reg, remote))
 }
 
-/// Rank 0's host proxy in front of the frozen peer: `sem` and both memories added, the flush
-/// timeout set, started once rank 1 had time to stop. Returns it with its channel's device
-/// handle and the ids of `dst` and `src`.
-fn started_proxy(
-    sem: Semaphore,
-    dst: RegisteredMemory,
-    src: RegisteredMemory,
-    flush_timeout: Duration,
-) -> (
-    ProxyService,
-    BasePortChannelDeviceHandle,
-    MemoryId,
-    MemoryId,
-) {
-    let mut proxy = ProxyService::new_host().expect("proxy");
-    proxy.set_flush_timeout(flush_timeout);
-    let sid = proxy
-        .add_semaphore(Host2DeviceSemaphore::new(sem).expect("h2d"))
-        .expect("add semaphore");
-    let dst = proxy.add_memory(dst).expect("dst");
-    let src = proxy.add_memory(src).expect("src");
-    let ch = proxy
-        .base_port_channel(sid)
-        .expect("channel")
-        .device_handle();
-    std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
-    proxy.start_proxy().expect("start");
-    (proxy, ch, dst, src)
+/// The proxy tests' flush timeout: `stop_proxy` must return within about this.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Rank 0's host proxy in front of the frozen rank 1, with the channel its puts go through.
+struct FrozenPeerProxy {
+    proxy: ProxyService,
+    ch: BasePortChannelDeviceHandle,
+    dst: MemoryId,
+    src: MemoryId,
+    _mem: LocalMemory,
+    _conn: Connection,
+}
+
+impl FrozenPeerProxy {
+    /// An Ethernet connection and semaphore to the peer, `len` bytes swapped with it (then
+    /// rank 1 freezes: `None`), and a host proxy holding both, its flush timeout
+    /// [`FLUSH_TIMEOUT`], started once rank 1 had time to stop.
+    fn start(r: &Rank, len: usize) -> Option<FrozenPeerProxy> {
+        let conn = ethernet_connection(r, 0);
+        let sem = r
+            .comm
+            .build_semaphore(&conn, 1 - r.rank, 0)
+            .get()
+            .expect("semaphore");
+        let (mem, reg, remote) = swap_memory_then_freeze(r, len)?;
+        let mut proxy = ProxyService::new_host().expect("proxy");
+        proxy.set_flush_timeout(FLUSH_TIMEOUT);
+        let sid = proxy
+            .add_semaphore(Host2DeviceSemaphore::new(sem).expect("h2d"))
+            .expect("add semaphore");
+        let dst = proxy.add_memory(remote).expect("dst");
+        let src = proxy.add_memory(reg).expect("src");
+        let ch = proxy
+            .base_port_channel(sid)
+            .expect("channel")
+            .device_handle();
+        std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
+        proxy.start_proxy().expect("start");
+        Some(FrozenPeerProxy {
+            proxy,
+            ch,
+            dst,
+            src,
+            _mem: mem,
+            _conn: conn,
+        })
+    }
+
+    /// Pushes one flushed put of `bytes` to the peer.
+    fn put_sync(&self, bytes: u64) {
+        // SAFETY: the proxy (and its FIFO) outlives the push: both are fields of `self`.
+        unsafe {
+            self.ch.push(
+                TRIGGER_DATA | TRIGGER_SYNC,
+                self.dst,
+                0,
+                self.src,
+                0,
+                bytes,
+                FLUSH_TIMEOUT,
+            )
+        }
+        .expect("push");
+    }
+
+    /// Stops the proxy, measured as `key`; it must fail (`expect` says why) within about one
+    /// flush timeout. Returns the error.
+    fn stop_fails_in_time(&mut self, key: &str, expect: &str) -> mscclpp::Error {
+        let (res, took) = timed(key, || self.proxy.stop_proxy());
+        let e = res.expect_err(expect);
+        assert!(
+            took < FLUSH_TIMEOUT + Duration::from_millis(1500),
+            "stop took {took:?}, expected about one flush timeout ({FLUSH_TIMEOUT:?})"
+        );
+        e
+    }
 }
 
 const STALE_LEN: usize = 1 << 20;
@@ -313,43 +361,18 @@ fn proxy_stop_behind_frozen_peer() {
         run_pair("proxy_stop_behind_frozen_peer", 21741, &[0], &[]);
         return;
     };
-    let conn = ethernet_connection(&r, 0);
-    let sem = r
-        .comm
-        .build_semaphore(&conn, 1 - r.rank, 0)
-        .get()
-        .expect("semaphore");
-    let Some((_mem, reg, remote)) = swap_memory_then_freeze(&r, 4096) else {
+    let Some(mut p) = FrozenPeerProxy::start(&r, 4096) else {
         return;
     };
-    let flush_timeout = Duration::from_secs(2);
-    let (mut proxy, ch, dst, src) = started_proxy(sem, remote, reg, flush_timeout);
     let n = 10;
     for _ in 0..n {
-        // SAFETY: the proxy (and its FIFO) outlives the pushes.
-        unsafe {
-            ch.push(
-                TRIGGER_DATA | TRIGGER_SYNC,
-                dst,
-                0,
-                src,
-                0,
-                64,
-                flush_timeout,
-            )
-        }
-        .expect("push");
+        p.put_sync(64);
     }
-    let (res, took) = timed("proxy_stop", || proxy.stop_proxy());
-    let e = res.expect_err("the failed requests are reported");
+    let e = p.stop_fails_in_time("proxy_stop", "the failed requests are reported");
     assert!(
         e.to_string()
             .contains(&format!("{n} proxy requests failed")),
         "{e}"
-    );
-    assert!(
-        took < flush_timeout + Duration::from_millis(1500),
-        "stop took {took:?}, expected about one flush timeout ({flush_timeout:?})"
     );
 }
 
@@ -364,40 +387,15 @@ fn proxy_stop_with_a_send_blocked_on_a_frozen_peer() {
         return;
     };
     let len = 64usize << 20;
-    let conn = ethernet_connection(&r, 0);
-    let sem = r
-        .comm
-        .build_semaphore(&conn, 1 - r.rank, 0)
-        .get()
-        .expect("semaphore");
-    let Some((_mem, reg, remote)) = swap_memory_then_freeze(&r, len) else {
+    let Some(mut p) = FrozenPeerProxy::start(&r, len) else {
         return;
     };
-    let flush_timeout = Duration::from_secs(2);
-    let (mut proxy, ch, dst, src) = started_proxy(sem, remote, reg, flush_timeout);
-    // SAFETY: the proxy (and its FIFO) outlives the push.
-    unsafe {
-        ch.push(
-            TRIGGER_DATA | TRIGGER_SYNC,
-            dst,
-            0,
-            src,
-            0,
-            len as u64,
-            flush_timeout,
-        )
-    }
-    .expect("push");
+    p.put_sync(len as u64);
     std::thread::sleep(Duration::from_millis(500)); // the send blocks on full buffers now
-    let (res, took) = timed("proxy_stop_blocked_send", || proxy.stop_proxy());
-    let e = res.expect_err("the blocked request failed");
+    let e = p.stop_fails_in_time("proxy_stop_blocked_send", "the blocked request failed");
     assert!(
         e.to_string().contains("rank 1"),
         "the error names the rank: {e}"
-    );
-    assert!(
-        took < flush_timeout + Duration::from_millis(1500),
-        "stop took {took:?}, expected about one flush timeout ({flush_timeout:?})"
     );
 }
 
