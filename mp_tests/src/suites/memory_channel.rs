@@ -36,6 +36,26 @@ pub(crate) mod common {
     }
     pub(crate) use ok;
 
+    /// Loads kernel `name` of module `stem` on `device` and zeroes the error counter `errors`
+    /// it will count into.
+    pub(crate) fn load_zeroing_errors(
+        device: Device,
+        stem: &str,
+        name: &str,
+        errors: &mscclpp::GpuBuffer<i32>,
+    ) -> GpuKernel {
+        let k = ok!(GpuKernel::load(device, stem, name), "loading {name}");
+        ok!(errors.copy_from_host(0, &[0]), "zeroing the error counter");
+        k
+    }
+
+    /// What the error counter `errors` holds.
+    pub(crate) fn read_errors(errors: &mscclpp::GpuBuffer<i32>) -> u64 {
+        let mut e = [0i32];
+        ok!(errors.copy_to_host(0, &mut e), "reading the error counter");
+        e[0] as u64
+    }
+
     /// Whether this build drives real GPUs (`--features cuda`/`rocm`).
     pub(crate) fn is_gpu_build() -> bool {
         Gpu::NAME != "host"
@@ -664,14 +684,7 @@ pub(crate) fn ping_pong(
             Mode::Ll8 => ("memory_channel_ll8_ping_pong", true),
             Mode::Ll16 => ("memory_channel_ll16_ping_pong", true),
         };
-        let k = ok!(
-            GpuKernel::load(s.pair.device, "memory_channel_tests", name),
-            "loading {name}"
-        );
-        ok!(
-            s.errors.copy_from_host(0, &[0]),
-            "zeroing the error counter"
-        );
+        let k = load_zeroing_errors(s.pair.device, "memory_channel_tests", name, &s.errors);
         let err_ptr = s.errors.data() as usize as *mut i32;
         let ms = if packet {
             let a = PacketArgs {
@@ -706,12 +719,7 @@ pub(crate) fn ping_pong(
                 "running {name}"
             )
         };
-        let mut e = [0i32];
-        ok!(
-            s.errors.copy_to_host(0, &mut e),
-            "reading the error counter"
-        );
-        (e[0] as u64, ms / 1e3)
+        (read_errors(&s.errors), ms / 1e3)
     } else {
         let threads = if check { 2 } else { 1 };
         let start = std::time::Instant::now();
