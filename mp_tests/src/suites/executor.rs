@@ -299,33 +299,16 @@ fn run_family(ctx: &TestContext, family: &str) {
     } else {
         dtypes
     };
-    let mut errors = Vec::new();
-    let mut bad = 0;
-    for bytes in sizes(&plan) {
-        bad += check_plan(
-            &env.exec,
-            &plan,
-            bytes,
-            dtypes,
-            packets,
-            2,
-            seed,
-            &mut errors,
-        );
-    }
+    let mut runs: Vec<(&Executor, usize)> =
+        sizes(&plan).into_iter().map(|b| (&env.exec, b)).collect();
     if !is_gpu_build() {
         // 3 host threads per block: the work is split as on a GPU and nop is a real barrier.
-        let bytes = sizes(&plan)[1];
-        bad += check_plan(
-            &env.exec_mt,
-            &plan,
-            bytes,
-            dtypes,
-            packets,
-            2,
-            seed,
-            &mut errors,
-        );
+        runs.push((&env.exec_mt, sizes(&plan)[1]));
+    }
+    let mut errors = Vec::new();
+    let mut bad = 0;
+    for (exec, bytes) in runs {
+        bad += check_plan(exec, &plan, bytes, dtypes, packets, 2, seed, &mut errors);
     }
     EXPECT_EQ!(bad, 0, "{family} on {n} ranks: {:?}", errors);
     // One context per (plan, buffers): the buffers above were reused for every call.
