@@ -235,26 +235,27 @@ fn write_and_signal(c: &Child, mode: IbMode) {
     b.barrier().expect("barrier");
 }
 
-#[test]
-fn ib_write_and_signal_host_mode() {
-    const NAME: &str = "ib_write_and_signal_host_mode";
-    if let Some(c) = child(NAME) {
-        return write_and_signal(&c, IbMode::Host);
+/// Test `name`: [`write_and_signal`] in `mode` on two ranks, both of which must pass.
+fn write_and_signal_test(name: &str, mode: IbMode) {
+    if let Some(c) = child(name) {
+        return write_and_signal(&c, mode);
     }
-    if let Some(outs) = spawn_pair(NAME, Duration::from_secs(120), no_env) {
-        assert_all_ok(NAME, &outs);
+    if let Some(outs) = spawn_pair(name, Duration::from_secs(120), no_env) {
+        assert_all_ok(name, &outs);
     }
 }
 
 #[test]
+fn ib_write_and_signal_host_mode() {
+    write_and_signal_test("ib_write_and_signal_host_mode", IbMode::Host);
+}
+
+#[test]
 fn ib_write_and_signal_host_no_atomic_mode() {
-    const NAME: &str = "ib_write_and_signal_host_no_atomic_mode";
-    if let Some(c) = child(NAME) {
-        return write_and_signal(&c, IbMode::HostNoAtomic);
-    }
-    if let Some(outs) = spawn_pair(NAME, Duration::from_secs(120), no_env) {
-        assert_all_ok(NAME, &outs);
-    }
+    write_and_signal_test(
+        "ib_write_and_signal_host_no_atomic_mode",
+        IbMode::HostNoAtomic,
+    );
 }
 
 #[test]
