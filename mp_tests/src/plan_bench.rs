@@ -259,10 +259,7 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
         }
     }
     if rank == 0 {
-        println!(
-            "# Out of bounds values : {wrong} {}",
-            if wrong == 0 { "OK" } else { "FAILED" }
-        );
+        print_out_of_bounds(wrong);
         if let Some(path) = &o.json {
             write_json(path, &rows)?;
         }

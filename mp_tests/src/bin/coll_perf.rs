@@ -189,6 +189,14 @@ impl Opts {
     }
 }
 
+/// The report's line of how many values were wrong, as nccl-tests prints it.
+fn print_out_of_bounds(wrong: u64) {
+    println!(
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    );
+}
+
 /// Writes `rows` to `path` as pretty-printed JSON.
 fn write_json(path: &str, rows: &impl serde::Serialize) -> Result<(), String> {
     let text = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
@@ -632,10 +640,7 @@ fn run(
         }
     }
     if rank == 0 {
-        println!(
-            "# Out of bounds values : {wrong_total} {}",
-            if wrong_total == 0 { "OK" } else { "FAILED" }
-        );
+        print_out_of_bounds(wrong_total);
         println!(
             "# Avg bus bandwidth    : {:.4}",
             if rows.is_empty() {
@@ -652,13 +657,9 @@ fn run(
 }
 
 fn real_main() -> i32 {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mp = match launcher::parse_options(&args) {
+    let mp = match launcher::options_of_this_process("coll_perf", USAGE) {
         Ok(m) => m,
-        Err(e) => {
-            eprintln!("coll_perf: {e}\n{USAGE}");
-            return 2;
-        }
+        Err(status) => return status,
     };
     let o = match parse(&mp.rest) {
         Ok(o) => o,
@@ -674,12 +675,9 @@ fn real_main() -> i32 {
     if let (Some(path), true) = (&o.plan, o.plan_check_only) {
         return plan_bench::check_only(path);
     }
-    let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
+    let placement = match launcher::placement_of_this_process("coll_perf") {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("coll_perf: {e}");
-            return 2;
-        }
+        Err(status) => return status,
     };
     let placement = match (placement, mp.np) {
         (None, Some(np)) => {
