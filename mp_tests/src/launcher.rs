@@ -15,6 +15,19 @@ pub struct Placement {
     pub source: &'static str,
 }
 
+impl Placement {
+    /// Rank 0 of 1: a process that no launcher started.
+    pub fn single_process() -> Placement {
+        Placement {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+            source: "single process",
+        }
+    }
+}
+
 /// The variables of each launcher, in the order they are tried:
 /// (name, rank, size, local rank, local size).
 pub(crate) const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[

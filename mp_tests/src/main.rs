@@ -67,13 +67,7 @@ fn real_main() -> i32 {
             return 2;
         }
         (Some(p), _) => p,
-        (None, None) => launcher::Placement {
-            rank: 0,
-            size: 1,
-            local_rank: 0,
-            local_size: 1,
-            source: "single process",
-        },
+        (None, None) => launcher::Placement::single_process(),
     };
     let ip_port = match (&opts.ip_port, placement.size) {
         (Some(a), _) => a.clone(),

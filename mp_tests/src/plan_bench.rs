@@ -210,13 +210,7 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
             let nat_m = nat.unwrap_or_default();
             wrong += ex.wrong + nat_m.wrong;
             if rank == 0 {
-                let w = |m: &Measure| {
-                    if o.check {
-                        m.wrong.to_string()
-                    } else {
-                        "N/A".into()
-                    }
-                };
+                let w = |m: &Measure| o.wrong_cell(m);
                 let native = match &nat {
                     Some(m) => format!(
                         "{:>8.2} {:>7.2} {:>7.2} {:>6}",

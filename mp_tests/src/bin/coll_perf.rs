@@ -175,6 +175,15 @@ fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
 }
 
 impl Opts {
+    /// The report's `#wrong` cell of `m`: its count, or N/A when results are not checked.
+    fn wrong_cell(&self, m: &Measure) -> String {
+        if self.check {
+            m.wrong.to_string()
+        } else {
+            "N/A".into()
+        }
+    }
+
     /// The sweep's next message size after `size`: `size` times the factor (at least one
     /// byte more, at most the largest size); `None` once `size` is the largest.
     fn next_size(&self, size: usize) -> Option<usize> {
@@ -609,13 +618,7 @@ fn run(
             wrong_total += oop.wrong + ip.wrong;
             bus_sum += (oop.busbw + ip.busbw) / 2.0;
             if rank == 0 {
-                let w = |m: &Measure| {
-                    if o.check {
-                        m.wrong.to_string()
-                    } else {
-                        "N/A".into()
-                    }
-                };
+                let w = |m: &Measure| o.wrong_cell(m);
                 println!(
                     "{:>12} {:>12} {:>9} {:>7} {:>7} {:>8.2} {:>7.2} {:>7.2} {:>6} {:>8.2} {:>7.2} {:>7.2} {:>6}  {algo}",
                     bytes, elems, o.dtype.nccl_name(), redop, root, oop.time_us, oop.algbw, oop.busbw, w(&oop), ip.time_us, ip.algbw, ip.busbw, w(&ip)
@@ -690,13 +693,7 @@ fn real_main() -> i32 {
             }
         }
         (Some(p), _) => p,
-        (None, None) => launcher::Placement {
-            rank: 0,
-            size: 1,
-            local_rank: 0,
-            local_size: 1,
-            source: "single process",
-        },
+        (None, None) => launcher::Placement::single_process(),
     };
     let ip_port = match &mp.ip_port {
         Some(given) => given.clone(),
