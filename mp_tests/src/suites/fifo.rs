@@ -37,6 +37,17 @@ fn gpu_device() -> Device {
     }
 }
 
+/// The pusher kernel `name` of fifo_tests on GPU builds; `None` on the host backend, where CPU
+/// threads push.
+fn pusher_kernel(name: &str) -> Option<GpuKernel> {
+    is_gpu_build().then(|| {
+        ok!(
+            GpuKernel::load(gpu_device(), "fifo_tests", name),
+            "loading {name}"
+        )
+    })
+}
+
 fn new_fifo(size: u32, k: Option<&GpuKernel>) -> Fifo {
     match k {
         Some(k) => ok!(
@@ -146,14 +157,7 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
         (16, 4, 1000, 0),
         (8, 8, 200, 7),
     ] {
-        let k = if is_gpu_build() {
-            Some(ok!(
-                GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push"),
-                "loading fifo_push"
-            ))
-        } else {
-            None
-        };
+        let k = pusher_kernel("fifo_push");
         let fifo = new_fifo(size, k.as_ref());
         let h = fifo.device_handle();
         let problems = if let Some(k) = &k {
@@ -206,14 +210,7 @@ TEST!(FifoTest, FailedTriggersReachTheDevice, |_ctx| {
     // The host fails the pusher's trigger (counting it before the pop, as the proxy does);
     // the pusher reads the count before its push and after its sync.
     let timeout = mp_env().timeout;
-    let k = if is_gpu_build() {
-        Some(ok!(
-            GpuKernel::load(gpu_device(), "fifo_tests", "fifo_failed_triggers"),
-            "loading fifo_failed_triggers"
-        ))
-    } else {
-        None
-    };
+    let k = pusher_kernel("fifo_failed_triggers");
     let fifo = new_fifo(8, k.as_ref());
     let h = fifo.device_handle();
     let fail_one = |fifo: &Fifo| -> bool {
@@ -289,14 +286,7 @@ PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
             "FIFO push throughput, host pops without checking (per trigger)",
         ),
     ] {
-        let k = if is_gpu_build() {
-            Some(ok!(
-                GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push_perf"),
-                "loading fifo_push_perf"
-            ))
-        } else {
-            None
-        };
+        let k = pusher_kernel("fifo_push_perf");
         let fifo = new_fifo(mscclpp::fifo::DEFAULT_FIFO_SIZE, k.as_ref());
         let h = fifo.device_handle();
         let us = if let Some(k) = &k {
