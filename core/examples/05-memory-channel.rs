@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::Barrier;
 
-use common::{check, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
+use common::{check_round, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
 use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
 use mscclpp::{Device, EndpointConfig, GpuBuffer, MemoryChannel, MemoryDevice2DeviceSemaphore};
 use mscclpp::{MemoryChannelDeviceHandle, Transport};
@@ -74,12 +74,7 @@ fn body(me: &Rank) -> Res {
                 Err(_) => Err("a device thread panicked".to_string()),
             })
         })?;
-        let want: Vec<u32> = (0..N).map(|i| value(peer, round, i)).collect();
-        check(
-            &format!("round {round}"),
-            &recv.to_vec().ctx("reading")?,
-            &want,
-        )?;
+        check_round(round, &recv, |i| value(peer, round, i))?;
         // The peer may overwrite `recv` only once this rank read it: one more signal/wait.
         // SAFETY: as in `kernel`.
         unsafe {

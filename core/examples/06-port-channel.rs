@@ -11,7 +11,7 @@
 // `pub`: 07-ib includes this file and uses its `common`.
 pub mod common;
 
-use common::{check, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
+use common::{check_round, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
 use mscclpp::{Device, EndpointConfig, GpuBuffer, Host2DeviceSemaphore, ProxyService, Transport};
 
 const ROUNDS: u32 = 8;
@@ -59,12 +59,7 @@ pub fn port_channel_rounds(me: &Rank, cfg: EndpointConfig) -> Res {
             // The proxy must be done reading `send` before the next round refills it.
             ch.flush(TIMEOUT).ctx("flush")?;
         }
-        let want: Vec<u32> = (0..N).map(|i| value(peer, round, i)).collect();
-        check(
-            &format!("round {round}"),
-            &recv.to_vec().ctx("reading")?,
-            &want,
-        )?;
+        check_round(round, &recv, |i| value(peer, round, i))?;
         // The peer may overwrite `recv` only once this rank read it.
         // SAFETY: as above.
         unsafe {

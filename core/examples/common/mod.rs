@@ -71,6 +71,16 @@ pub fn semaphore_with(comm: &Communicator, conn: &Connection, peer: usize) -> Re
         .ctx("building the semaphore")
 }
 
+/// Checks that `buf` holds `want(i)` at every index `i`: what the peer sent in round `round`.
+pub fn check_round(round: u32, buf: &GpuBuffer<u32>, want: impl Fn(usize) -> u32) -> Res {
+    let want: Vec<u32> = (0..buf.len()).map(want).collect();
+    check(
+        &format!("round {round}"),
+        &buf.to_vec().ctx("reading")?,
+        &want,
+    )
+}
+
 /// Compares what arrived with what was sent; names the first differing element.
 pub fn check<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Res {
     if got.len() != want.len() {
