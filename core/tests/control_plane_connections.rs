@@ -11,19 +11,16 @@ use mscclpp::{
 
 #[path = "common/loopback.rs"]
 mod loopback;
+#[path = "common/rng.rs"]
+mod rng;
+
+use rng::Rng;
 
 const T: Duration = Duration::from_secs(20);
 
+/// `n` deterministic random bytes from `seed`.
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    Rng(seed | 1).bytes(n)
 }
 
 /// Writes random data through `conn` into a remote view of `dst` and checks every byte.
