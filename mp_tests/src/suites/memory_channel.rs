@@ -56,6 +56,15 @@ pub(crate) mod common {
         e[0] as u64
     }
 
+    /// Rank 0 reports `value` (in `unit`) as the figure `what`; on every rank it must be
+    /// positive.
+    pub(crate) fn report_on_rank0(ctx: &TestContext, what: &str, value: f64, unit: &str) {
+        if ctx.rank() == 0 {
+            ctx.report_perf(what, value, unit);
+        }
+        EXPECT_GT!(value, 0.0);
+    }
+
     /// Whether this build drives real GPUs (`--features cuda`/`rocm`).
     pub(crate) fn is_gpu_build() -> bool {
         Gpu::NAME != "host"
@@ -790,10 +799,7 @@ fn latency(ctx: &TestContext, mode: Mode, label: &str) {
     ping_pong(&s, mode, n, warm, 0, false);
     let (_, secs) = ping_pong(&s, mode, n, iters, warm, false);
     let us = secs * 1e6 / f64::from(iters);
-    if ctx.rank() == 0 {
-        ctx.report_perf(label, us, "us/iter");
-    }
-    EXPECT_GT!(us, 0.0);
+    report_on_rank0(ctx, label, us, "us/iter");
     s.pair.sync();
 }
 
