@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{check, Ctx, Rank, Res, TIMEOUT};
+use common::{check, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
 use mscclpp::{Device, EndpointConfig, GpuBuffer, Host2HostSemaphore, Transport};
 
 const ROUNDS: u32 = 10;
@@ -21,19 +21,12 @@ fn body(me: &Rank) -> Res {
     let buf = GpuBuffer::<u32>::new(Device::CPU, N).ctx("allocating")?;
     let staging = GpuBuffer::<u32>::new(Device::CPU, N).ctx("allocating")?;
     let flags = Transport::Ethernet.into();
-    let buf_reg = comm
-        .register_memory(buf.data(), buf.bytes(), flags)
-        .ctx("registering")?;
     let staging_reg = comm
         .register_memory(staging.data(), staging.bytes(), flags)
         .ctx("registering")?;
-    comm.send_memory(&buf_reg, peer, 1).ctx("sending memory")?;
-    let remote = comm.recv_memory(peer, 1).get().ctx("receiving memory")?;
+    let (_buf_reg, remote) = exchange_buffer(comm, peer, &buf, flags)?;
     // One semaphore per pair of ranks: each side signals the other's token and waits on its own.
-    let sem = comm
-        .build_semaphore(&conn, peer, 2)
-        .get()
-        .ctx("building the semaphore")?;
+    let sem = semaphore_with(comm, &conn, peer)?;
     let sem = Host2HostSemaphore::new(sem).ctx("host-to-host semaphore")?;
 
     for round in 0..ROUNDS {

@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::Barrier;
 
-use common::{check, Ctx, Rank, Res, TIMEOUT};
+use common::{check_round, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
 use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
 use mscclpp::{Device, EndpointConfig, GpuBuffer, MemoryChannel, MemoryDevice2DeviceSemaphore};
 use mscclpp::{MemoryChannelDeviceHandle, Transport};
@@ -50,15 +50,8 @@ fn body(me: &Rank) -> Res {
     let conn = comm.connect(cfg, peer, 0).get().ctx("connecting")?;
     let send = GpuBuffer::<u32>::new(device, N).ctx("allocating")?;
     let recv = GpuBuffer::<u32>::new(device, N).ctx("allocating")?;
-    let recv_reg = comm
-        .register_memory(recv.data(), recv.bytes(), Transport::CudaIpc.into())
-        .ctx("registering")?;
-    comm.send_memory(&recv_reg, peer, 1).ctx("sending memory")?;
-    let peer_recv = comm.recv_memory(peer, 1).get().ctx("receiving memory")?;
-    let sem = comm
-        .build_semaphore(&conn, peer, 2)
-        .get()
-        .ctx("building the semaphore")?;
+    let (_recv_reg, peer_recv) = exchange_buffer(comm, peer, &recv, Transport::CudaIpc.into())?;
+    let sem = semaphore_with(comm, &conn, peer)?;
     let sem = MemoryDevice2DeviceSemaphore::new(sem).ctx("device-to-device semaphore")?;
     let channel = MemoryChannel::new(sem, peer_recv, send.data(), None).ctx("memory channel")?;
     let handle = channel.device_handle();
@@ -81,12 +74,7 @@ fn body(me: &Rank) -> Res {
                 Err(_) => Err("a device thread panicked".to_string()),
             })
         })?;
-        let want: Vec<u32> = (0..N).map(|i| value(peer, round, i)).collect();
-        check(
-            &format!("round {round}"),
-            &recv.to_vec().ctx("reading")?,
-            &want,
-        )?;
+        check_round(round, &recv, |i| value(peer, round, i))?;
         // The peer may overwrite `recv` only once this rank read it: one more signal/wait.
         // SAFETY: as in `kernel`.
         unsafe {

@@ -11,7 +11,7 @@
 // `pub`: 07-ib includes this file and uses its `common`.
 pub mod common;
 
-use common::{check, Ctx, Rank, Res, TIMEOUT};
+use common::{check_round, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
 use mscclpp::{Device, EndpointConfig, GpuBuffer, Host2DeviceSemaphore, ProxyService, Transport};
 
 const ROUNDS: u32 = 8;
@@ -32,15 +32,8 @@ pub fn port_channel_rounds(me: &Rank, cfg: EndpointConfig) -> Res {
     let send_reg = comm
         .register_memory(send.data(), send.bytes(), flags)
         .ctx("registering")?;
-    let recv_reg = comm
-        .register_memory(recv.data(), recv.bytes(), flags)
-        .ctx("registering")?;
-    comm.send_memory(&recv_reg, peer, 1).ctx("sending memory")?;
-    let peer_recv = comm.recv_memory(peer, 1).get().ctx("receiving memory")?;
-    let sem = comm
-        .build_semaphore(&conn, peer, 2)
-        .get()
-        .ctx("building the semaphore")?;
+    let (_recv_reg, peer_recv) = exchange_buffer(comm, peer, &recv, flags)?;
+    let sem = semaphore_with(comm, &conn, peer)?;
     let sem = Host2DeviceSemaphore::new(sem).ctx("host-to-device semaphore")?;
 
     // The proxy: a host FIFO here, since a CPU thread plays the device (ProxyService::new()
@@ -66,12 +59,7 @@ pub fn port_channel_rounds(me: &Rank, cfg: EndpointConfig) -> Res {
             // The proxy must be done reading `send` before the next round refills it.
             ch.flush(TIMEOUT).ctx("flush")?;
         }
-        let want: Vec<u32> = (0..N).map(|i| value(peer, round, i)).collect();
-        check(
-            &format!("round {round}"),
-            &recv.to_vec().ctx("reading")?,
-            &want,
-        )?;
+        check_round(round, &recv, |i| value(peer, round, i))?;
         // The peer may overwrite `recv` only once this rank read it.
         // SAFETY: as above.
         unsafe {

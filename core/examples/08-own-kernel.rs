@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{check, Ctx, Rank, Res, TIMEOUT};
+use common::{check, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
 use mscclpp::{Device, EndpointConfig, GpuBuffer, MemoryChannel, MemoryChannelDeviceHandle};
 use mscclpp::{MemoryDevice2DeviceSemaphore, Transport};
 use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
@@ -48,15 +48,8 @@ fn body(me: &Rank) -> Res {
     let recv = GpuBuffer::<u32>::new(device, N).ctx("allocating")?;
     let mine: Vec<u32> = (0..N).map(|i| value(rank, i)).collect();
     send.copy_from_host(0, &mine).ctx("filling")?;
-    let recv_reg = comm
-        .register_memory(recv.data(), recv.bytes(), Transport::CudaIpc.into())
-        .ctx("registering")?;
-    comm.send_memory(&recv_reg, peer, 1).ctx("sending memory")?;
-    let peer_recv = comm.recv_memory(peer, 1).get().ctx("receiving memory")?;
-    let sem = comm
-        .build_semaphore(&conn, peer, 2)
-        .get()
-        .ctx("building the semaphore")?;
+    let (_recv_reg, peer_recv) = exchange_buffer(comm, peer, &recv, Transport::CudaIpc.into())?;
+    let sem = semaphore_with(comm, &conn, peer)?;
     let sem = MemoryDevice2DeviceSemaphore::new(sem).ctx("device-to-device semaphore")?;
     let channel = MemoryChannel::new(sem, peer_recv, send.data(), None).ctx("memory channel")?;
 

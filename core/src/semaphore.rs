@@ -147,12 +147,30 @@ fn expected_token(device: Device) -> Result<LocalMemory> {
     LocalMemory::alloc(device, 8)
 }
 
+/// The outbound token of a semaphore the host signals, and the lock that orders its signals.
+#[derive(Debug, Default)]
+struct HostSignaller {
+    token: AtomicU64,
+    lock: Mutex<()>,
+}
+
+impl HostSignaller {
+    /// Increments the peer's token of `semaphore` (after every earlier write of its
+    /// connection).
+    fn signal(&self, semaphore: &Semaphore) -> Result<()> {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let next = self.token.load(Ordering::Acquire) + 1;
+        semaphore
+            .connection
+            .update_and_sync(&semaphore.remote, 0, &self.token, next)
+    }
+}
+
 /// The host signals, a GPU waits.
 #[derive(Debug)]
 pub struct Host2DeviceSemaphore {
     semaphore: Semaphore,
-    outbound: AtomicU64,
-    signal_lock: Mutex<()>,
+    outbound: HostSignaller,
     expected: LocalMemory,
 }
 
@@ -162,18 +180,13 @@ impl Host2DeviceSemaphore {
         let expected = expected_token(semaphore.connection.local_device())?;
         Ok(Host2DeviceSemaphore {
             semaphore,
-            outbound: AtomicU64::new(0),
-            signal_lock: Mutex::new(()),
+            outbound: HostSignaller::default(),
             expected,
         })
     }
     /// Increments the peer's token (after every earlier write of the connection).
     pub fn signal(&self) -> Result<()> {
-        let _g = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let next = self.outbound.load(Ordering::Acquire) + 1;
-        self.semaphore
-            .connection
-            .update_and_sync(&self.semaphore.remote, 0, &self.outbound, next)
+        self.outbound.signal(&self.semaphore)
     }
     /// The connection.
     pub fn connection(&self) -> &Connection {
@@ -196,8 +209,7 @@ impl Host2DeviceSemaphore {
 #[derive(Debug)]
 pub struct Host2HostSemaphore {
     semaphore: Semaphore,
-    outbound: AtomicU64,
-    signal_lock: Mutex<()>,
+    outbound: HostSignaller,
     expected: AtomicU64,
 }
 
@@ -213,18 +225,13 @@ impl Host2HostSemaphore {
         }
         Ok(Host2HostSemaphore {
             semaphore,
-            outbound: AtomicU64::new(0),
-            signal_lock: Mutex::new(()),
+            outbound: HostSignaller::default(),
             expected: AtomicU64::new(0),
         })
     }
     /// Increments the peer's token (after every earlier write of the connection).
     pub fn signal(&self) -> Result<()> {
-        let _g = self.signal_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let next = self.outbound.load(Ordering::Acquire) + 1;
-        self.semaphore
-            .connection
-            .update_and_sync(&self.semaphore.remote, 0, &self.outbound, next)
+        self.outbound.signal(&self.semaphore)
     }
     /// Consumes one signal if it arrived; never blocks.
     pub fn poll(&self) -> bool {

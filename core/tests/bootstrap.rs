@@ -1,7 +1,7 @@
 //! TcpBootstrap with every rank a thread of this process: setup by id and by address, resume,
 //! timeouts, collectives with random payloads, tag demultiplexing, port in use.
 
-use mscclpp::bootstrap::{Bootstrap, InitAddr, TcpBootstrap};
+use mscclpp::bootstrap::{Bootstrap, InitAddr, TcpBootstrap, UniqueId};
 use mscclpp::{Error, ErrorCode};
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -9,19 +9,10 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// xorshift64*: deterministic random bytes without the rand crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+
+use rng::Rng;
 
 fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -118,22 +109,29 @@ fn resume_with_ip_port_pair() {
     }
 }
 
-#[test]
-fn timeout_with_id_root_alone() {
-    // Rank 0 of 2 runs the root; rank 1 never comes.
-    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
-    let mut b = TcpBootstrap::new(0, 2).expect("new");
+/// Rank `rank` of 2 initializes with `id` and a 1 s timeout, nobody else coming: it must fail
+/// with a timeout naming `missing` after 1 to 1.6 s. Returns the bootstrap.
+fn join_times_out(rank: usize, id: &UniqueId, missing: &str) -> TcpBootstrap {
+    let mut b = TcpBootstrap::new(rank, 2).expect("new");
     let t0 = Instant::now();
     let err = b
-        .initialize_with_id(&id, Duration::from_secs(1))
+        .initialize_with_id(id, Duration::from_secs(1))
         .expect_err("must time out");
     let took = t0.elapsed();
     assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
-    assert!(err.to_string().contains("ranks [1]"), "{err}");
+    assert!(err.to_string().contains(missing), "{err}");
     assert!(
         took >= Duration::from_secs(1) && took < Duration::from_millis(1600),
         "{took:?}"
     );
+    b
+}
+
+#[test]
+fn timeout_with_id_root_alone() {
+    // Rank 0 of 2 runs the root; rank 1 never comes.
+    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+    let b = join_times_out(0, &id, "ranks [1]");
     assert!(!b.is_initialized());
 }
 
@@ -142,18 +140,7 @@ fn timeout_with_id_root_never_comes() {
     // The id's port is reserved in this process but nobody serves it: the connection sits in
     // the backlog and rank 1 times out waiting for the table.
     let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
-    let mut b = TcpBootstrap::new(1, 2).expect("new");
-    let t0 = Instant::now();
-    let err = b
-        .initialize_with_id(&id, Duration::from_secs(1))
-        .expect_err("must time out");
-    let took = t0.elapsed();
-    assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
-    assert!(err.to_string().contains("rank 0"), "{err}");
-    assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_millis(1600),
-        "{took:?}"
-    );
+    let _failed = join_times_out(1, &id, "rank 0");
     assert!(TcpBootstrap::release_unique_id(&id));
     assert!(!TcpBootstrap::release_unique_id(&id));
 

@@ -1,31 +1,21 @@
 //! TcpBootstrap across processes: each test re-runs this test binary N times as child ranks
 //! (`BOOT_MP_RANK` etc. select the role) and checks that every child exits cleanly.
 
+mod common;
+
+use common::{child, free_port, ChildRole, Spec};
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use mscclpp::{Error, ErrorCode};
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-struct Child {
-    rank: usize,
-    nranks: usize,
-    addr: String,
-}
-
-/// `Some` when this process is a child rank of the test `name`.
-fn child(name: &str) -> Option<Child> {
-    if std::env::var("BOOT_MP_TEST").ok()? != name {
-        return None;
-    }
-    let get = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("child needs {k}"));
-    Some(Child {
-        rank: get("BOOT_MP_RANK").parse().expect("BOOT_MP_RANK"),
-        nranks: get("BOOT_MP_NRANKS").parse().expect("BOOT_MP_NRANKS"),
-        addr: get("BOOT_MP_ADDR"),
-    })
+/// This rank's bootstrap, initialized at the parent's address within `timeout`.
+fn joined(c: &ChildRole, timeout: Duration) -> TcpBootstrap {
+    let mut b = TcpBootstrap::new(c.rank, c.nranks).expect("new");
+    b.initialize_with_addr(&c.addr, timeout)
+        .expect("initialize");
+    b
 }
 
 /// Spawns `nranks` children running test `name`; `extra_env(rank)` adds variables. Panics
@@ -37,58 +27,37 @@ fn spawn_ranks(
     limit: Duration,
     extra_env: impl Fn(usize) -> Vec<(String, String)>,
 ) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut kids: Vec<_> = (0..nranks)
+    let kids = (0..nranks)
         .map(|rank| {
-            let mut c = Command::new(&exe);
-            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
-                .env("BOOT_MP_TEST", name)
-                .env("BOOT_MP_RANK", rank.to_string())
-                .env("BOOT_MP_NRANKS", nranks.to_string())
-                .env("BOOT_MP_ADDR", addr)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            for (k, v) in extra_env(rank) {
-                c.env(k, v);
-            }
-            c.spawn().expect("spawn child rank")
+            let spec = extra_env(rank)
+                .into_iter()
+                .fold(Spec::rank(rank, nranks), |s, (k, v)| s.env(&k, &v));
+            common::start(name, addr, spec)
         })
         .collect();
-    let t0 = Instant::now();
-    let mut status = vec![None; nranks];
-    while status.iter().any(Option::is_none) && t0.elapsed() < limit {
-        for (r, k) in kids.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = k.try_wait().expect("try_wait");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut report = String::new();
-    let mut ok = true;
-    for (r, mut k) in kids.into_iter().enumerate() {
-        if status[r].is_none() {
-            let _ = k.kill();
-            ok = false;
-            report += &format!("rank {r}: still running after {limit:?}, killed\n");
-        }
-        let out = k.wait_with_output().expect("child output");
-        if !out.status.success() {
-            ok = false;
-        }
-        report += &format!(
-            "--- rank {r} ({}) ---\n{}{}\n",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    assert!(ok, "{name}: a child rank failed\n{report}");
+    let ended = common::wait_all(kids, limit);
+    let ok = ended.iter().all(|e| e.status.is_some_and(|s| s.success()));
+    assert!(
+        ok,
+        "{name}: a child rank failed\n{}",
+        common::report(&ended)
+    );
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
+/// [`spawn_ranks`] with the root at `127.0.0.1` on a free port.
+fn spawn_on_free_port(
+    name: &str,
+    nranks: usize,
+    limit: Duration,
+    extra_env: impl Fn(usize) -> Vec<(String, String)>,
+) {
+    spawn_ranks(
+        name,
+        nranks,
+        &format!("127.0.0.1:{}", free_port()),
+        limit,
+        extra_env,
+    );
 }
 
 fn hex(b: &[u8]) -> String {
@@ -160,20 +129,12 @@ fn mp_with_id() {
 fn mp_with_ip_port_pair() {
     const NAME: &str = "mp_with_ip_port_pair";
     if let Some(c) = child(NAME) {
-        let mut b = TcpBootstrap::new(c.rank, c.nranks).expect("new");
-        b.initialize_with_addr(&c.addr, TIMEOUT)
-            .expect("initialize");
+        let b = joined(&c, TIMEOUT);
         exercise(&b);
         return;
     }
     for n in [2, 4] {
-        spawn_ranks(
-            NAME,
-            n,
-            &format!("127.0.0.1:{}", free_port()),
-            Duration::from_secs(60),
-            none,
-        );
+        spawn_on_free_port(NAME, n, Duration::from_secs(60), none);
     }
 }
 
@@ -190,13 +151,7 @@ fn mp_resume_with_ip_port_pair() {
         }
         return;
     }
-    spawn_ranks(
-        NAME,
-        2,
-        &format!("127.0.0.1:{}", free_port()),
-        Duration::from_secs(60),
-        none,
-    );
+    spawn_on_free_port(NAME, 2, Duration::from_secs(60), none);
 }
 
 #[test]
@@ -251,22 +206,14 @@ fn mp_exit_before_connect() {
         assert!(took < timeout + Duration::from_secs(1), "{took:?}");
         return;
     }
-    spawn_ranks(
-        NAME,
-        3,
-        &format!("127.0.0.1:{}", free_port()),
-        Duration::from_secs(30),
-        none,
-    );
+    spawn_on_free_port(NAME, 3, Duration::from_secs(30), none);
 }
 
 #[test]
 fn mp_peer_exit_fails_recv() {
     const NAME: &str = "mp_peer_exit_fails_recv";
     if let Some(c) = child(NAME) {
-        let mut b = TcpBootstrap::new(c.rank, c.nranks).expect("new");
-        b.initialize_with_addr(&c.addr, Duration::from_secs(30))
-            .expect("initialize");
+        let b = joined(&c, Duration::from_secs(30));
         b.barrier().expect("barrier");
         if c.rank == 1 {
             std::process::exit(0); // dies without dropping anything
@@ -284,22 +231,14 @@ fn mp_peer_exit_fails_recv() {
         assert!(matches!(e, Error::Remote { peer: 1, .. }), "{e}");
         return;
     }
-    spawn_ranks(
-        NAME,
-        2,
-        &format!("127.0.0.1:{}", free_port()),
-        Duration::from_secs(30),
-        none,
-    );
+    spawn_on_free_port(NAME, 2, Duration::from_secs(30), none);
 }
 
 #[test]
 fn mp_nranks_per_node_from_hostid() {
     const NAME: &str = "mp_nranks_per_node_from_hostid";
     if let Some(c) = child(NAME) {
-        let mut b = TcpBootstrap::new(c.rank, c.nranks).expect("new");
-        b.initialize_with_addr(&c.addr, TIMEOUT)
-            .expect("initialize");
+        let b = joined(&c, TIMEOUT);
         // Ranks 0,1 say host "a", ranks 2,3 host "b" (see the parent below).
         assert_eq!(b.nranks_per_node(), 2);
         let h = b.host_hashes().expect("hashes");
@@ -309,16 +248,10 @@ fn mp_nranks_per_node_from_hostid() {
         b.barrier().expect("barrier");
         return;
     }
-    spawn_ranks(
-        NAME,
-        4,
-        &format!("127.0.0.1:{}", free_port()),
-        Duration::from_secs(60),
-        |r| {
-            vec![(
-                "MSCCLPP_HOSTID".into(),
-                if r < 2 { "a" } else { "b" }.into(),
-            )]
-        },
-    );
+    spawn_on_free_port(NAME, 4, Duration::from_secs(60), |r| {
+        vec![(
+            "MSCCLPP_HOSTID".into(),
+            if r < 2 { "a" } else { "b" }.into(),
+        )]
+    });
 }

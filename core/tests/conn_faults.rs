@@ -4,28 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use mscclpp::semaphore::{Host2DeviceSemaphore, Host2HostSemaphore, Semaphore, SemaphoreStub};
-use mscclpp::{
-    Connection, Context, Device, Endpoint, LocalMemory, ProxyService, RegisteredMemory, Transport,
-};
+use mscclpp::semaphore::{Host2HostSemaphore, Semaphore, SemaphoreStub};
+use mscclpp::{Connection, Context, Device, Endpoint, LocalMemory, RegisteredMemory, Transport};
+
+#[path = "common/loopback.rs"]
+mod loopback;
 
 const T: Duration = Duration::from_secs(10);
-
-/// Two connections between two fresh endpoints of `t` in this process (a -> b and b -> a).
-fn pair(ctx: &Context, t: Transport) -> (Connection, Connection) {
-    let a = ctx.create_endpoint(t.into()).unwrap();
-    let b = ctx.create_endpoint(t.into()).unwrap();
-    let (a_wire, b_wire) = (a.serialize(), b.serialize());
-    let ctx2 = ctx.clone();
-    let b2 = b.clone();
-    let h = std::thread::spawn(move || {
-        let remote_a = Endpoint::deserialize(&a_wire).unwrap();
-        ctx2.connect(&b2, &remote_a).unwrap()
-    });
-    let remote_b = Endpoint::deserialize(&b_wire).unwrap();
-    let ab = ctx.connect(&a, &remote_b).unwrap();
-    (ab, h.join().unwrap())
-}
 
 /// What another process on this host would receive for `reg` (the pid hash changed, so it
 /// decodes as a remote-only view over Ethernet).
@@ -39,7 +24,7 @@ fn foreign_view(reg: &RegisteredMemory) -> RegisteredMemory {
 #[test]
 fn ethernet_write_through_a_stale_handle_is_refused() {
     let ctx = Context::new().unwrap();
-    let (ab, ba) = pair(&ctx, Transport::Ethernet);
+    let (ab, ba) = loopback::pair(&ctx, Transport::Ethernet);
     let n = 1 << 20;
     let src = LocalMemory::alloc(Device::CPU, n).unwrap();
     let src_reg = ctx
@@ -161,7 +146,7 @@ fn host_semaphores(
 #[test]
 fn host_wait_ends_when_the_ethernet_peer_closed() {
     let ctx = Context::new().unwrap();
-    let (ab, ba) = pair(&ctx, Transport::Ethernet);
+    let (ab, ba) = loopback::pair(&ctx, Transport::Ethernet);
     let (a, b) = host_semaphores(&ctx, &ab, &ba);
     b.signal().unwrap();
     a.wait(T).unwrap();
@@ -181,21 +166,11 @@ fn host_wait_ends_when_the_ethernet_peer_closed() {
 #[test]
 fn failed_proxy_requests_are_counted() {
     let ctx = Context::new().unwrap();
-    let (ab, ba) = pair(&ctx, Transport::CudaIpc);
+    let (ab, ba) = loopback::pair(&ctx, Transport::CudaIpc);
     let sa = SemaphoreStub::new(&ctx, &ab).unwrap();
     let sb = SemaphoreStub::new(&ctx, &ba).unwrap();
     let sem = Semaphore::new(sa, sb.memory().clone(), ab.clone()).unwrap();
-    let mem = LocalMemory::alloc(Device::CPU, 64).unwrap();
-    let reg = ctx
-        .register_buffer(&mem, Transport::CudaIpc.into())
-        .unwrap();
-    let mut proxy = ProxyService::new_host().unwrap();
-    let id = proxy
-        .add_semaphore(Host2DeviceSemaphore::new(sem).unwrap())
-        .unwrap();
-    let m = proxy.add_memory(reg).unwrap();
-    let ch = proxy.base_port_channel(id).unwrap().device_handle();
-    proxy.start_proxy().unwrap();
+    let (mut proxy, ch, m, _mem) = loopback::started_proxy(&ctx, sem);
     // SAFETY: the proxy outlives the calls.
     unsafe {
         ch.put(m, 0, m, 0, 32, T).unwrap();
@@ -263,7 +238,7 @@ fn a_broken_connection_fails_fast_naming_the_rank() {
 fn ethernet_flush_succeeds_when_the_peer_closes_right_after_our_last_signal() {
     let ctx = Context::new().unwrap();
     for round in 0..40 {
-        let (ab, ba) = pair(&ctx, Transport::Ethernet);
+        let (ab, ba) = loopback::pair(&ctx, Transport::Ethernet);
         let (a, b) = host_semaphores(&ctx, &ab, &ba);
         a.signal().unwrap();
         b.wait(T).unwrap();

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 use mscclpp::fifo::{TRIGGER_DATA, TRIGGER_SYNC};
+use mscclpp::port_channel::{BasePortChannelDeviceHandle, MemoryId};
 use mscclpp::semaphore::{Host2DeviceSemaphore, Host2HostSemaphore};
 use mscclpp::{
     Communicator, Connection, Context, Device, EndpointConfig, IbMode, LocalMemory, ProxyService,
@@ -51,6 +52,16 @@ fn child(name: &str) -> Option<Rank> {
 
 fn measure(key: &str, value: impl std::fmt::Display) {
     println!("MEASURE {key}={value}");
+}
+
+/// Runs `f` and prints how long it took (`{key}_s`) and what it returned (`{key}_result`).
+fn timed<T: std::fmt::Debug>(key: &str, f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let res = f();
+    let took = start.elapsed();
+    measure(&format!("{key}_s"), format!("{:.3}", took.as_secs_f64()));
+    measure(&format!("{key}_result"), format!("{res:?}"));
+    (res, took)
 }
 
 /// Stops (`STOP`) or kills (`KILL`) this process.
@@ -133,6 +144,113 @@ fn fill(mem: &LocalMemory, byte: u8) {
 
 fn all_are(mem: &LocalMemory, byte: u8) -> bool {
     mem.to_vec().expect("read").iter().all(|&b| b == byte)
+}
+
+/// Registers `len` bytes for Ethernet and swaps the handle with the peer; then rank 1
+/// freezes (SIGSTOP, and `None` once the parent killed it), and rank 0 gets its buffer, its
+/// registration and the peer's.
+fn swap_memory_then_freeze(
+    r: &Rank,
+    len: usize,
+) -> Option<(LocalMemory, RegisteredMemory, RegisteredMemory)> {
+    let mem = LocalMemory::alloc(Device::CPU, len).expect("alloc");
+    let reg = r
+        .comm
+        .register_memory(mem.ptr(), len, Transport::Ethernet.into())
+        .expect("register");
+    r.comm
+        .send_memory(&reg, 1 - r.rank, 1)
+        .expect("send memory");
+    let remote = r
+        .comm
+        .recv_memory(1 - r.rank, 1)
+        .get()
+        .expect("recv memory");
+    r.boot.barrier().expect("barrier");
+    if r.rank == 1 {
+        signal_self("STOP");
+        std::thread::sleep(LIMIT);
+        return None;
+    }
+    Some((mem, reg, remote))
+}
+
+/// The proxy tests' flush timeout: `stop_proxy` must return within about this.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Rank 0's host proxy in front of the frozen rank 1, with the channel its puts go through.
+struct FrozenPeerProxy {
+    proxy: ProxyService,
+    ch: BasePortChannelDeviceHandle,
+    dst: MemoryId,
+    src: MemoryId,
+    _mem: LocalMemory,
+    _conn: Connection,
+}
+
+impl FrozenPeerProxy {
+    /// An Ethernet connection and semaphore to the peer, `len` bytes swapped with it (then
+    /// rank 1 freezes: `None`), and a host proxy holding both, its flush timeout
+    /// [`FLUSH_TIMEOUT`], started once rank 1 had time to stop.
+    fn start(r: &Rank, len: usize) -> Option<FrozenPeerProxy> {
+        let conn = ethernet_connection(r, 0);
+        let sem = r
+            .comm
+            .build_semaphore(&conn, 1 - r.rank, 0)
+            .get()
+            .expect("semaphore");
+        let (mem, reg, remote) = swap_memory_then_freeze(r, len)?;
+        let mut proxy = ProxyService::new_host().expect("proxy");
+        proxy.set_flush_timeout(FLUSH_TIMEOUT);
+        let sid = proxy
+            .add_semaphore(Host2DeviceSemaphore::new(sem).expect("h2d"))
+            .expect("add semaphore");
+        let dst = proxy.add_memory(remote).expect("dst");
+        let src = proxy.add_memory(reg).expect("src");
+        let ch = proxy
+            .base_port_channel(sid)
+            .expect("channel")
+            .device_handle();
+        std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
+        proxy.start_proxy().expect("start");
+        Some(FrozenPeerProxy {
+            proxy,
+            ch,
+            dst,
+            src,
+            _mem: mem,
+            _conn: conn,
+        })
+    }
+
+    /// Pushes one flushed put of `bytes` to the peer.
+    fn put_sync(&self, bytes: u64) {
+        // SAFETY: the proxy (and its FIFO) outlives the push: both are fields of `self`.
+        unsafe {
+            self.ch.push(
+                TRIGGER_DATA | TRIGGER_SYNC,
+                self.dst,
+                0,
+                self.src,
+                0,
+                bytes,
+                FLUSH_TIMEOUT,
+            )
+        }
+        .expect("push");
+    }
+
+    /// Stops the proxy, measured as `key`; it must fail (`expect` says why) within about one
+    /// flush timeout. Returns the error.
+    fn stop_fails_in_time(&mut self, key: &str, expect: &str) -> mscclpp::Error {
+        let (res, took) = timed(key, || self.proxy.stop_proxy());
+        let e = res.expect_err(expect);
+        assert!(
+            took < FLUSH_TIMEOUT + Duration::from_millis(1500),
+            "stop took {took:?}, expected about one flush timeout ({FLUSH_TIMEOUT:?})"
+        );
+        e
+    }
 }
 
 const STALE_LEN: usize = 1 << 20;
@@ -243,75 +361,18 @@ fn proxy_stop_behind_frozen_peer() {
         run_pair("proxy_stop_behind_frozen_peer", 21741, &[0], &[]);
         return;
     };
-    let conn = ethernet_connection(&r, 0);
-    let sem = r
-        .comm
-        .build_semaphore(&conn, 1 - r.rank, 0)
-        .get()
-        .expect("semaphore");
-    let mem = LocalMemory::alloc(Device::CPU, 4096).expect("alloc");
-    let reg = r
-        .comm
-        .register_memory(mem.ptr(), 4096, Transport::Ethernet.into())
-        .expect("register");
-    r.comm
-        .send_memory(&reg, 1 - r.rank, 1)
-        .expect("send memory");
-    let remote = r
-        .comm
-        .recv_memory(1 - r.rank, 1)
-        .get()
-        .expect("recv memory");
-    r.boot.barrier().expect("barrier");
-    if r.rank == 1 {
-        signal_self("STOP");
-        std::thread::sleep(LIMIT);
+    let Some(mut p) = FrozenPeerProxy::start(&r, 4096) else {
         return;
-    }
-    let flush_timeout = Duration::from_secs(2);
-    let mut proxy = ProxyService::new_host().expect("proxy");
-    proxy.set_flush_timeout(flush_timeout);
-    let sid = proxy
-        .add_semaphore(Host2DeviceSemaphore::new(sem).expect("h2d"))
-        .expect("add semaphore");
-    let dst = proxy.add_memory(remote).expect("dst");
-    let src = proxy.add_memory(reg).expect("src");
-    let ch = proxy
-        .base_port_channel(sid)
-        .expect("channel")
-        .device_handle();
-    std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
-    proxy.start_proxy().expect("start");
+    };
     let n = 10;
     for _ in 0..n {
-        // SAFETY: the proxy (and its FIFO) outlives the pushes.
-        unsafe {
-            ch.push(
-                TRIGGER_DATA | TRIGGER_SYNC,
-                dst,
-                0,
-                src,
-                0,
-                64,
-                flush_timeout,
-            )
-        }
-        .expect("push");
+        p.put_sync(64);
     }
-    let start = Instant::now();
-    let res = proxy.stop_proxy();
-    let took = start.elapsed();
-    measure("proxy_stop_s", format!("{:.3}", took.as_secs_f64()));
-    measure("proxy_stop_result", format!("{res:?}"));
-    let e = res.expect_err("the failed requests are reported");
+    let e = p.stop_fails_in_time("proxy_stop", "the failed requests are reported");
     assert!(
         e.to_string()
             .contains(&format!("{n} proxy requests failed")),
         "{e}"
-    );
-    assert!(
-        took < flush_timeout + Duration::from_millis(1500),
-        "stop took {took:?}, expected about one flush timeout ({flush_timeout:?})"
     );
 }
 
@@ -326,75 +387,15 @@ fn proxy_stop_with_a_send_blocked_on_a_frozen_peer() {
         return;
     };
     let len = 64usize << 20;
-    let conn = ethernet_connection(&r, 0);
-    let sem = r
-        .comm
-        .build_semaphore(&conn, 1 - r.rank, 0)
-        .get()
-        .expect("semaphore");
-    let mem = LocalMemory::alloc(Device::CPU, len).expect("alloc");
-    let reg = r
-        .comm
-        .register_memory(mem.ptr(), len, Transport::Ethernet.into())
-        .expect("register");
-    r.comm
-        .send_memory(&reg, 1 - r.rank, 1)
-        .expect("send memory");
-    let remote = r
-        .comm
-        .recv_memory(1 - r.rank, 1)
-        .get()
-        .expect("recv memory");
-    r.boot.barrier().expect("barrier");
-    if r.rank == 1 {
-        signal_self("STOP");
-        std::thread::sleep(LIMIT);
+    let Some(mut p) = FrozenPeerProxy::start(&r, len) else {
         return;
-    }
-    let flush_timeout = Duration::from_secs(2);
-    let mut proxy = ProxyService::new_host().expect("proxy");
-    proxy.set_flush_timeout(flush_timeout);
-    let sid = proxy
-        .add_semaphore(Host2DeviceSemaphore::new(sem).expect("h2d"))
-        .expect("add semaphore");
-    let dst = proxy.add_memory(remote).expect("dst");
-    let src = proxy.add_memory(reg).expect("src");
-    let ch = proxy
-        .base_port_channel(sid)
-        .expect("channel")
-        .device_handle();
-    std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
-    proxy.start_proxy().expect("start");
-    // SAFETY: the proxy (and its FIFO) outlives the push.
-    unsafe {
-        ch.push(
-            TRIGGER_DATA | TRIGGER_SYNC,
-            dst,
-            0,
-            src,
-            0,
-            len as u64,
-            flush_timeout,
-        )
-    }
-    .expect("push");
+    };
+    p.put_sync(len as u64);
     std::thread::sleep(Duration::from_millis(500)); // the send blocks on full buffers now
-    let start = Instant::now();
-    let res = proxy.stop_proxy();
-    let took = start.elapsed();
-    measure(
-        "proxy_stop_blocked_send_s",
-        format!("{:.3}", took.as_secs_f64()),
-    );
-    measure("proxy_stop_blocked_send_result", format!("{res:?}"));
-    let e = res.expect_err("the blocked request failed");
+    let e = p.stop_fails_in_time("proxy_stop_blocked_send", "the blocked request failed");
     assert!(
         e.to_string().contains("rank 1"),
         "the error names the rank: {e}"
-    );
-    assert!(
-        took < flush_timeout + Duration::from_millis(1500),
-        "stop took {took:?}, expected about one flush timeout ({flush_timeout:?})"
     );
 }
 
@@ -410,31 +411,13 @@ fn ethernet_write_to_a_frozen_peer_is_bounded() {
     };
     let len = 64usize << 20;
     let conn = ethernet_connection(&r, 0);
-    let mem = LocalMemory::alloc(Device::CPU, len).expect("alloc");
-    let reg = r
-        .comm
-        .register_memory(mem.ptr(), len, Transport::Ethernet.into())
-        .expect("register");
-    r.comm
-        .send_memory(&reg, 1 - r.rank, 1)
-        .expect("send memory");
-    let remote = r
-        .comm
-        .recv_memory(1 - r.rank, 1)
-        .get()
-        .expect("recv memory");
-    r.boot.barrier().expect("barrier");
-    if r.rank == 1 {
-        signal_self("STOP");
-        std::thread::sleep(LIMIT);
+    let Some((_mem, reg, remote)) = swap_memory_then_freeze(&r, len) else {
         return;
-    }
+    };
     std::thread::sleep(Duration::from_millis(300)); // let rank 1 stop
-    let start = Instant::now();
-    let res = conn.write(&remote, 0, &reg, 0, len as u64);
-    let took = start.elapsed();
-    measure("frozen_peer_write_s", format!("{:.3}", took.as_secs_f64()));
-    measure("frozen_peer_write_result", format!("{res:?}"));
+    let (res, took) = timed("frozen_peer_write", || {
+        conn.write(&remote, 0, &reg, 0, len as u64)
+    });
     let e = res.expect_err("the frozen peer takes no data");
     assert!(
         e.to_string().contains("rank 1"),
@@ -487,11 +470,7 @@ fn wait_sees_dead_peer(name: &str, port: u16, transport: Transport, env: &[(&str
         signal_self("KILL");
         return;
     }
-    let start = Instant::now();
-    let res = h.wait(t);
-    let took = start.elapsed();
-    measure(&format!("{name}_s"), format!("{:.3}", took.as_secs_f64()));
-    measure(&format!("{name}_result"), format!("{res:?}"));
+    let (res, took) = timed(name, || h.wait(t));
     let e = res.expect_err("the peer died: no signal can come");
     assert!(
         took < Duration::from_secs(5),
@@ -572,11 +551,7 @@ fn connect_to_absent_peer(name: &str, port: u16, dead: bool) {
         drop(fut);
         return;
     }
-    let start = Instant::now();
-    let res = fut.get().map(|_| ());
-    let took = start.elapsed();
-    measure(&format!("{name}_s"), format!("{:.3}", took.as_secs_f64()));
-    measure(&format!("{name}_result"), format!("{res:?}"));
+    let (res, took) = timed(name, || fut.get().map(|_| ()));
     let e = res.expect_err("the peer never pairs");
     assert!(
         e.to_string().contains("rank 1"),

@@ -9,35 +9,18 @@ use mscclpp::{
     SemaphoreStub, Transport,
 };
 
+#[path = "common/loopback.rs"]
+mod loopback;
+#[path = "common/rng.rs"]
+mod rng;
+
+use rng::Rng;
+
 const T: Duration = Duration::from_secs(20);
 
+/// `n` deterministic random bytes from `seed`.
 fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Two connections between two fresh endpoints of `t` in this process (a -> b and b -> a).
-fn pair(ctx: &Context, t: Transport) -> (Connection, Connection) {
-    let a = ctx.create_endpoint(t.into()).unwrap();
-    let b = ctx.create_endpoint(t.into()).unwrap();
-    let (a_wire, b_wire) = (a.serialize(), b.serialize());
-    let ctx2 = ctx.clone();
-    let b2 = b.clone();
-    let h = std::thread::spawn(move || {
-        let remote_a = mscclpp::Endpoint::deserialize(&a_wire).unwrap();
-        ctx2.connect(&b2, &remote_a).unwrap()
-    });
-    let remote_b = mscclpp::Endpoint::deserialize(&b_wire).unwrap();
-    let ab = ctx.connect(&a, &remote_b).unwrap();
-    let ba = h.join().unwrap();
-    (ab, ba)
+    Rng(seed | 1).bytes(n)
 }
 
 /// Writes random data through `conn` into a remote view of `dst` and checks every byte.
@@ -98,7 +81,7 @@ fn write_and_verify(ctx: &Context, conn: &Connection, t: Transport) {
 #[test]
 fn ipc_to_self_writes_every_byte() {
     let ctx = Context::new().unwrap();
-    let (ab, _ba) = pair(&ctx, Transport::CudaIpc);
+    let (ab, _ba) = loopback::pair(&ctx, Transport::CudaIpc);
     assert_eq!(ab.transport(), Transport::CudaIpc);
     assert_eq!(ab.remote_transport(), Transport::CudaIpc);
     assert_eq!(ab.local_device(), Device::CPU);
@@ -108,7 +91,7 @@ fn ipc_to_self_writes_every_byte() {
 #[test]
 fn ethernet_loopback_writes_every_byte() {
     let ctx = Context::new().unwrap();
-    let (ab, ba) = pair(&ctx, Transport::Ethernet);
+    let (ab, ba) = loopback::pair(&ctx, Transport::Ethernet);
     assert_eq!(ab.transport(), Transport::Ethernet);
     write_and_verify(&ctx, &ab, Transport::Ethernet);
     write_and_verify(&ctx, &ba, Transport::Ethernet);
@@ -117,7 +100,7 @@ fn ethernet_loopback_writes_every_byte() {
 #[test]
 fn ethernet_write_to_unregistered_memory_is_reported() {
     let ctx = Context::new().unwrap();
-    let (ab, ba) = pair(&ctx, Transport::Ethernet);
+    let (ab, ba) = loopback::pair(&ctx, Transport::Ethernet);
     let src = LocalMemory::alloc(Device::CPU, 4096).unwrap();
     let src_reg = ctx
         .register_buffer(&src, Transport::Ethernet.into())
@@ -167,7 +150,7 @@ fn ethernet_write_to_unregistered_memory_is_reported() {
 #[test]
 fn ethernet_peer_gone_is_an_error_not_a_hang() {
     let ctx = Context::new().unwrap();
-    let (ab, ba) = pair(&ctx, Transport::Ethernet);
+    let (ab, ba) = loopback::pair(&ctx, Transport::Ethernet);
     drop(ba);
     let src = LocalMemory::alloc(Device::CPU, 4096).unwrap();
     let src_reg = ctx
@@ -202,7 +185,7 @@ fn connecting_different_transports_names_both() {
 fn host_semaphores_over_both_transports() {
     for t in [Transport::CudaIpc, Transport::Ethernet] {
         let ctx = Context::new().unwrap();
-        let (ab, ba) = pair(&ctx, t);
+        let (ab, ba) = loopback::pair(&ctx, t);
         let sa = SemaphoreStub::new(&ctx, &ab).unwrap();
         let sb = SemaphoreStub::new(&ctx, &ba).unwrap();
         let ra = RegisteredMemory::deserialize(&sa.memory().serialize()).unwrap();

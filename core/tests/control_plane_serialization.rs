@@ -7,19 +7,10 @@ use mscclpp::{
     TransportFlags,
 };
 
-/// xorshift64*: a small deterministic PRNG.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[path = "common/rng.rs"]
+mod rng;
+
+use rng::Rng;
 
 #[test]
 fn endpoint_round_trips() {

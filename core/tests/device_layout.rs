@@ -4,8 +4,6 @@
 
 use std::collections::HashMap;
 use std::mem::{align_of, offset_of, size_of};
-use std::path::PathBuf;
-use std::process::Command;
 
 use mscclpp::device_emu::switch_channel::{Bf16x8, F16x8, F32x4};
 use mscclpp::fifo::{
@@ -19,6 +17,9 @@ use mscclpp::semaphore::{
 };
 use mscclpp::switch_channel::SwitchChannelDeviceHandle;
 
+#[path = "common/cpp_dump.rs"]
+mod cpp_dump;
+
 /// Builds and runs layout_dump once per test process (both tests need it; building it twice
 /// at once races: one test would execute the file while the other rewrites it); returns its
 /// output lines.
@@ -28,36 +29,7 @@ fn dump() -> Vec<String> {
 }
 
 fn build_and_run_dump() -> Vec<String> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let src = root.join("kernels/cuda/tests/layout_dump.cpp");
-    let inc = root.join("kernels/cuda/include");
-    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let exe = out_dir.join("layout_dump");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let status = Command::new(&cxx)
-        .args(["-std=c++17", "-O0", "-I"])
-        .arg(&inc)
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .unwrap_or_else(|e| {
-            panic!("running the host C++ compiler `{cxx}` (set CXX to choose another): {e}")
-        });
-    assert!(
-        status.success(),
-        "`{cxx}` failed to compile {}",
-        src.display()
-    );
-    let out = Command::new(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
-    assert!(
-        out.status.success(),
-        "layout_dump exited with {}",
-        out.status
-    );
-    String::from_utf8_lossy(&out.stdout)
+    cpp_dump::run("layout_dump")
         .lines()
         .map(str::to_string)
         .collect()

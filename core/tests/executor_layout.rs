@@ -5,34 +5,18 @@
 
 use std::collections::HashMap;
 use std::mem::{align_of, offset_of, size_of};
-use std::path::PathBuf;
-use std::process::Command;
 
 use mscclpp::executor::device::{
     op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, REF_SWITCH,
 };
 
+#[path = "common/cpp_dump.rs"]
+mod cpp_dump;
+
 fn dump() -> HashMap<String, usize> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let src = root.join("kernels/cuda/tests/executor_layout_dump.cpp");
-    let inc = root.join("kernels/cuda/include");
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("executor_layout_dump");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let status = Command::new(&cxx)
-        .args(["-std=c++17", "-O0", "-I"])
-        .arg(&inc)
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .unwrap_or_else(|e| panic!("running the host C++ compiler `{cxx}`: {e}"));
-    assert!(status.success(), "`{cxx}` failed on {}", src.display());
-    let out = Command::new(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
-    assert!(out.status.success(), "the dump exited with {}", out.status);
+    let out = cpp_dump::run("executor_layout_dump");
     let mut m = HashMap::new();
-    for l in String::from_utf8_lossy(&out.stdout).lines() {
+    for l in out.lines() {
         let p: Vec<&str> = l.split_whitespace().collect();
         if p.len() == 3 {
             let v = p[2].parse().unwrap_or_else(|e| panic!("line `{l}`: {e}"));

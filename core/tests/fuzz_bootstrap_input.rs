@@ -14,12 +14,8 @@ use mscclpp::{InitAddr, UniqueId};
 use proptest::prelude::*;
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("MSCCLPP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
     ProptestConfig {
-        cases,
+        cases: mscclpp_framework::fuzz_cases(),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

@@ -235,26 +235,27 @@ fn write_and_signal(c: &Child, mode: IbMode) {
     b.barrier().expect("barrier");
 }
 
-#[test]
-fn ib_write_and_signal_host_mode() {
-    const NAME: &str = "ib_write_and_signal_host_mode";
-    if let Some(c) = child(NAME) {
-        return write_and_signal(&c, IbMode::Host);
+/// Test `name`: [`write_and_signal`] in `mode` on two ranks, both of which must pass.
+fn write_and_signal_test(name: &str, mode: IbMode) {
+    if let Some(c) = child(name) {
+        return write_and_signal(&c, mode);
     }
-    if let Some(outs) = spawn_pair(NAME, Duration::from_secs(120), no_env) {
-        assert_all_ok(NAME, &outs);
+    if let Some(outs) = spawn_pair(name, Duration::from_secs(120), no_env) {
+        assert_all_ok(name, &outs);
     }
 }
 
 #[test]
+fn ib_write_and_signal_host_mode() {
+    write_and_signal_test("ib_write_and_signal_host_mode", IbMode::Host);
+}
+
+#[test]
 fn ib_write_and_signal_host_no_atomic_mode() {
-    const NAME: &str = "ib_write_and_signal_host_no_atomic_mode";
-    if let Some(c) = child(NAME) {
-        return write_and_signal(&c, IbMode::HostNoAtomic);
-    }
-    if let Some(outs) = spawn_pair(NAME, Duration::from_secs(120), no_env) {
-        assert_all_ok(NAME, &outs);
-    }
+    write_and_signal_test(
+        "ib_write_and_signal_host_no_atomic_mode",
+        IbMode::HostNoAtomic,
+    );
 }
 
 #[test]
@@ -462,13 +463,12 @@ fn peer_killed(c: &Child, mode: IbMode) {
     assert!(took < 2 * limit, "the survivor took {took:?} to fail");
 }
 
-#[test]
-fn ib_peer_killed_mid_transfer_host_mode() {
-    const NAME: &str = "ib_peer_killed_mid_transfer_host_mode";
-    if let Some(c) = child(NAME) {
-        return peer_killed(&c, IbMode::Host);
+/// Test `name`: rank 1 dies mid-transfer ([`peer_killed`] in `mode`); rank 0 must survive it.
+fn peer_killed_test(name: &str, mode: IbMode) {
+    if let Some(c) = child(name) {
+        return peer_killed(&c, mode);
     }
-    if let Some(outs) = spawn_pair(NAME, Duration::from_secs(90), no_env) {
+    if let Some(outs) = spawn_pair(name, Duration::from_secs(90), no_env) {
         assert!(
             outs[0].status.success(),
             "the survivor failed\n{}",
@@ -483,23 +483,16 @@ fn ib_peer_killed_mid_transfer_host_mode() {
 }
 
 #[test]
+fn ib_peer_killed_mid_transfer_host_mode() {
+    peer_killed_test("ib_peer_killed_mid_transfer_host_mode", IbMode::Host);
+}
+
+#[test]
 fn ib_peer_killed_mid_transfer_no_atomic_mode() {
-    const NAME: &str = "ib_peer_killed_mid_transfer_no_atomic_mode";
-    if let Some(c) = child(NAME) {
-        return peer_killed(&c, IbMode::HostNoAtomic);
-    }
-    if let Some(outs) = spawn_pair(NAME, Duration::from_secs(90), no_env) {
-        assert!(
-            outs[0].status.success(),
-            "the survivor failed\n{}",
-            report(&outs)
-        );
-        assert!(
-            !outs[1].status.success(),
-            "rank 1 was meant to die\n{}",
-            report(&outs)
-        );
-    }
+    peer_killed_test(
+        "ib_peer_killed_mid_transfer_no_atomic_mode",
+        IbMode::HostNoAtomic,
+    );
 }
 
 /// Port and device selection errors name what was asked for.

@@ -4,8 +4,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use mscclpp::semaphore::{Host2DeviceSemaphore, Semaphore, SemaphoreStub};
-use mscclpp::{Context, Device, Endpoint, LocalMemory, ProxyService, Transport};
+use mscclpp::semaphore::{Semaphore, SemaphoreStub};
+use mscclpp::{Context, Endpoint, Transport};
+
+#[path = "common/loopback.rs"]
+mod loopback;
 
 static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -37,17 +40,7 @@ fn five_hundred_failures_log_a_bounded_number_of_lines() {
     let sa = SemaphoreStub::new(&ctx, &ab).unwrap();
     let sb = SemaphoreStub::new(&ctx, &ab).unwrap();
     let sem = Semaphore::new(sa, sb.memory().clone(), ab).unwrap();
-    let mem = LocalMemory::alloc(Device::CPU, 64).unwrap();
-    let reg = ctx
-        .register_buffer(&mem, Transport::CudaIpc.into())
-        .unwrap();
-    let mut proxy = ProxyService::new_host().unwrap();
-    let id = proxy
-        .add_semaphore(Host2DeviceSemaphore::new(sem).unwrap())
-        .unwrap();
-    let m = proxy.add_memory(reg).unwrap();
-    let ch = proxy.base_port_channel(id).unwrap().device_handle();
-    proxy.start_proxy().unwrap();
+    let (mut proxy, ch, m, _mem) = loopback::started_proxy(&ctx, sem);
     let n = 500;
     for _ in 0..n {
         // SAFETY: the proxy outlives the pushes. Memory 7 was never added: each fails.

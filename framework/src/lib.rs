@@ -67,3 +67,13 @@ pub use runner::{
 pub use state::__private;
 pub use state::{registered_tests, Fixture, PerfRecord, TestCase, TestContext};
 pub use verdict::{combine_verdicts, SingleProcessWorld, Verdict, World};
+
+/// How many cases each property-based fuzz target of the workspace runs: the value of
+/// `MSCCLPP_FUZZ_CASES`, or 256 (what CI runs) when it is unset or not a number. One place
+/// for the budget that the proptest suites of `mscclpp`, this crate and `mp_tests` share.
+pub fn fuzz_cases() -> u32 {
+    std::env::var("MSCCLPP_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}

@@ -15,6 +15,19 @@ pub struct Placement {
     pub source: &'static str,
 }
 
+impl Placement {
+    /// Rank 0 of 1: a process that no launcher started.
+    pub fn single_process() -> Placement {
+        Placement {
+            rank: 0,
+            size: 1,
+            local_rank: 0,
+            local_size: 1,
+            source: "single process",
+        }
+    }
+}
+
 /// The variables of each launcher, in the order they are tried:
 /// (name, rank, size, local rank, local size).
 pub(crate) const LAUNCHERS: &[(&str, &str, &str, &str, &str)] = &[
@@ -133,6 +146,25 @@ pub fn default_ip_port() -> String {
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The largest `--timeout` accepted (one day): every wait adds to it, so it must not overflow.
 pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+
+/// [`parse_options`] of this process's arguments; on an error, prints it after `prog: ` with
+/// `usage` and gives the exit status for bad arguments (2).
+pub fn options_of_this_process(prog: &str, usage: &str) -> Result<MpOptions, i32> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    parse_options(&args).map_err(|e| {
+        eprintln!("{prog}: {e}\n{usage}");
+        2
+    })
+}
+
+/// [`detect_placement`] from this process's environment; on an error, prints it after
+/// `prog: ` and gives the exit status for bad arguments (2).
+pub fn placement_of_this_process(prog: &str) -> Result<Option<Placement>, i32> {
+    detect_placement(&|k| std::env::var(k).ok()).map_err(|e| {
+        eprintln!("{prog}: {e}");
+        2
+    })
+}
 
 /// Splits our own options from the framework's. Both `--opt=value` and `--opt value`.
 /// Every malformed value is an error naming the option, what came and what was expected

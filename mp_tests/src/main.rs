@@ -23,13 +23,9 @@ const USAGE: &str = "mp_unit_tests options (besides the framework's):
 Ranks come from Open MPI, MPICH/Hydra (PMI_*), Slurm or torchrun variables.";
 
 fn real_main() -> i32 {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match launcher::parse_options(&args) {
+    let opts = match launcher::options_of_this_process("mp_unit_tests", USAGE) {
         Ok(o) => o,
-        Err(e) => {
-            eprintln!("mp_unit_tests: {e}\n{USAGE}");
-            return 2;
-        }
+        Err(status) => return status,
     };
     // The framework's arguments and the test selection are checked before anything starts
     // (ranks, a bootstrap): a typo is exit 2 at once, never a run that reads as success.
@@ -38,12 +34,9 @@ fn real_main() -> i32 {
         return 2;
     }
     let info_only = opts.rest.iter().any(|a| a == "--list" || a == "--help");
-    let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
+    let placement = match launcher::placement_of_this_process("mp_unit_tests") {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("mp_unit_tests: {e}");
-            return 2;
-        }
+        Err(status) => return status,
     };
     if opts.rest.iter().any(|a| a == "--help") && placement.as_ref().is_none_or(|p| p.rank == 0) {
         println!("{USAGE}\n");
@@ -74,13 +67,7 @@ fn real_main() -> i32 {
             return 2;
         }
         (Some(p), _) => p,
-        (None, None) => launcher::Placement {
-            rank: 0,
-            size: 1,
-            local_rank: 0,
-            local_size: 1,
-            source: "single process",
-        },
+        (None, None) => launcher::Placement::single_process(),
     };
     let ip_port = match (&opts.ip_port, placement.size) {
         (Some(a), _) => a.clone(),

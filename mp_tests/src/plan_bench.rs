@@ -210,13 +210,7 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
             let nat_m = nat.unwrap_or_default();
             wrong += ex.wrong + nat_m.wrong;
             if rank == 0 {
-                let w = |m: &Measure| {
-                    if o.check {
-                        m.wrong.to_string()
-                    } else {
-                        "N/A".into()
-                    }
-                };
+                let w = |m: &Measure| o.wrong_cell(m);
                 let native = match &nat {
                     Some(m) => format!(
                         "{:>8.2} {:>7.2} {:>7.2} {:>6}",
@@ -253,21 +247,15 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
         } else if rank == 0 {
             println!("# {size} bytes: skipped (the plan takes multiples of {unit} send bytes within {}..={})", plan.min_message_size(), plan.max_message_size());
         }
-        if size >= o.maxb {
-            break;
+        match o.next_size(size) {
+            Some(next) => size = next,
+            None => break,
         }
-        size = ((size as f64 * o.factor) as usize)
-            .max(size + 1)
-            .min(o.maxb);
     }
     if rank == 0 {
-        println!(
-            "# Out of bounds values : {wrong} {}",
-            if wrong == 0 { "OK" } else { "FAILED" }
-        );
+        print_out_of_bounds(wrong);
         if let Some(path) = &o.json {
-            let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-            std::fs::write(path, text).map_err(|e| format!("writing {path}: {e}"))?;
+            write_json(path, &rows)?;
         }
     }
     Ok(wrong == 0)

@@ -1,31 +1,19 @@
 //! Misconfiguration must never read as success: each bad argument or environment value makes
 //! `mp_unit_tests` exit non-zero with a message naming it (issue 20, item 10).
 
+mod common;
+
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mp_unit_tests");
+use common::{output_without, BIN, LAUNCHER_VARS};
 
-/// Runs the binary as a lone process (no launcher variables inherited).
+/// Runs the binary as a lone process (no launcher variables, no `MSCCLPP_IBV_SO` inherited).
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args);
-    for v in [
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "RANK",
-        "WORLD_SIZE",
-        "MSCCLPP_IBV_SO",
-    ] {
-        cmd.env_remove(v);
-    }
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("spawning mp_unit_tests")
+    let mut remove = LAUNCHER_VARS.to_vec();
+    remove.push("MSCCLPP_IBV_SO");
+    output_without(cmd, &remove, envs)
 }
 
 fn text(o: &Output) -> String {

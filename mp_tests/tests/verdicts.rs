@@ -1,30 +1,17 @@
 //! Self-tests of the multi-rank verdicts: a failure on one rank fails the test on all of
 //! them, only rank 0 prints the summary, and the self-launcher and mpirun both work.
 
+mod common;
+
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mp_unit_tests");
+use common::{output_without, BIN, LAUNCHER_VARS};
 
+/// Runs the binary with a 60 s timeout, none of the launcher variables inherited.
 fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args).args(["--timeout=60"]);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    // The test harness itself may run under a launcher; children must not inherit it.
-    for v in [
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "RANK",
-        "WORLD_SIZE",
-    ] {
-        cmd.env_remove(v);
-    }
-    cmd.output().expect("spawning mp_unit_tests")
+    output_without(cmd, &LAUNCHER_VARS, envs)
 }
 
 fn summary_lines(stdout: &str) -> Vec<&str> {

@@ -14,7 +14,10 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mscclpp::{Communicator, Context, TcpBootstrap};
+use mscclpp::{
+    Communicator, Connection, Context, GpuBuffer, RegisteredMemory, Semaphore, TcpBootstrap,
+    TransportFlags,
+};
 
 /// How long any one blocking step of an example may take.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -42,6 +45,40 @@ impl<T, E: Display> Ctx<T> for Result<T, E> {
     fn ctx(self, what: &str) -> Res<T> {
         self.map_err(|e| format!("{what}: {e}"))
     }
+}
+
+/// Registers `buf` for `transports`, sends the registration to `peer` and receives the peer's
+/// (tag 1): the exchange example 03 goes through step by step. Returns this rank's
+/// registration (keep it while the peer may write) and the peer's.
+pub fn exchange_buffer<T: Copy>(
+    comm: &Communicator,
+    peer: usize,
+    buf: &GpuBuffer<T>,
+    transports: TransportFlags,
+) -> Res<(RegisteredMemory, RegisteredMemory)> {
+    let mine = comm
+        .register_memory(buf.data(), buf.bytes(), transports)
+        .ctx("registering")?;
+    comm.send_memory(&mine, peer, 1).ctx("sending memory")?;
+    let theirs = comm.recv_memory(peer, 1).get().ctx("receiving memory")?;
+    Ok((mine, theirs))
+}
+
+/// The semaphore between this rank and `peer` over `conn` (tag 2), as example 04 builds it.
+pub fn semaphore_with(comm: &Communicator, conn: &Connection, peer: usize) -> Res<Semaphore> {
+    comm.build_semaphore(conn, peer, 2)
+        .get()
+        .ctx("building the semaphore")
+}
+
+/// Checks that `buf` holds `want(i)` at every index `i`: what the peer sent in round `round`.
+pub fn check_round(round: u32, buf: &GpuBuffer<u32>, want: impl Fn(usize) -> u32) -> Res {
+    let want: Vec<u32> = (0..buf.len()).map(want).collect();
+    check(
+        &format!("round {round}"),
+        &buf.to_vec().ctx("reading")?,
+        &want,
+    )
 }
 
 /// Compares what arrived with what was sent; names the first differing element.

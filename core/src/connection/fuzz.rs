@@ -21,12 +21,8 @@ use crate::registered_memory::decode_ipc_info;
 use crate::{Context, Device, LocalMemory, RegisteredMemory, Transport};
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("MSCCLPP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
     ProptestConfig {
-        cases,
+        cases: mscclpp_framework::fuzz_cases(),
         failure_persistence: None,
         ..ProptestConfig::default()
     }

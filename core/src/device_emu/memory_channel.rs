@@ -99,6 +99,18 @@ fn nonnull(what: &str, p: *mut std::ffi::c_void) -> Result<*mut u8> {
 }
 
 impl MemoryChannelDeviceHandle {
+    /// The peer's `dst + target_offset` and the local `src + origin_offset`; an error when
+    /// either buffer is null.
+    ///
+    /// # Safety
+    /// Both offsets lie inside their buffers.
+    unsafe fn dst_src(&self, target_offset: u64, origin_offset: u64) -> Result<(*mut u8, *mut u8)> {
+        let d = nonnull("destination", self.dst)?;
+        let s = nonnull("source", self.src)?;
+        // SAFETY: forwarded from the caller.
+        Ok(unsafe { (d.add(target_offset as usize), s.add(origin_offset as usize)) })
+    }
+
     /// Copies `bytes` from `src + origin_offset` to the peer's `dst + target_offset`.
     ///
     /// # Safety
@@ -111,19 +123,10 @@ impl MemoryChannelDeviceHandle {
         thread_id: u32,
         num_threads: u32,
     ) -> Result<()> {
-        let (d, s) = (
-            nonnull("destination", self.dst)?,
-            nonnull("source", self.src)?,
-        );
         // SAFETY: forwarded from the caller.
         unsafe {
-            copy::copy(
-                d.add(target_offset as usize),
-                s.add(origin_offset as usize),
-                bytes,
-                thread_id,
-                num_threads,
-            )
+            let (d, s) = self.dst_src(target_offset, origin_offset)?;
+            copy::copy(d, s, bytes, thread_id, num_threads)
         }
     }
 
@@ -139,19 +142,10 @@ impl MemoryChannelDeviceHandle {
         thread_id: u32,
         num_threads: u32,
     ) -> Result<()> {
-        let (d, s) = (
-            nonnull("destination", self.dst)?,
-            nonnull("source", self.src)?,
-        );
         // SAFETY: forwarded from the caller.
         unsafe {
-            copy::copy(
-                s.add(origin_offset as usize),
-                d.add(target_offset as usize),
-                bytes,
-                thread_id,
-                num_threads,
-            )
+            let (d, s) = self.dst_src(target_offset, origin_offset)?;
+            copy::copy(s, d, bytes, thread_id, num_threads)
         }
     }
 
@@ -186,20 +180,10 @@ impl MemoryChannelDeviceHandle {
         num_threads: u32,
         flag: u32,
     ) -> Result<()> {
-        let (d, s) = (
-            nonnull("destination", self.dst)?,
-            nonnull("source", self.src)?,
-        );
         // SAFETY: forwarded from the caller.
         unsafe {
-            packet::copy_to_packets(
-                d.add(target_offset as usize).cast::<P>(),
-                s.add(origin_offset as usize),
-                bytes,
-                thread_id,
-                num_threads,
-                flag,
-            )
+            let (d, s) = self.dst_src(target_offset, origin_offset)?;
+            packet::copy_to_packets(d.cast::<P>(), s, bytes, thread_id, num_threads, flag)
         }
     }
 

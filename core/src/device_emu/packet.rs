@@ -209,50 +209,42 @@ mod tests {
         let mut pkts = vec![P::default(); n];
         let mut out = vec![0u32; data.len()];
         let bytes = (data.len() * 4) as u64;
-        // SAFETY: vectors sized for `bytes` of data and `n` packets.
-        unsafe {
-            assert!(
-                copy_from_packets(
-                    out.as_mut_ptr().cast(),
-                    pkts.as_ptr(),
-                    bytes,
-                    0,
-                    1,
-                    1,
-                    Duration::from_millis(5)
-                )
-                .is_err(),
-                "zeroed packets never carry flag 1"
-            );
-            for t in 0..3 {
-                copy_to_packets(pkts.as_mut_ptr(), data.as_ptr().cast(), bytes, t, 3, 7)
-                    .expect("valid args");
-            }
-            assert!(
-                copy_from_packets(
-                    out.as_mut_ptr().cast(),
-                    pkts.as_ptr(),
-                    bytes,
-                    0,
-                    1,
-                    8,
-                    Duration::from_millis(5)
-                )
-                .is_err(),
-                "wrong flag"
-            );
-            for t in 0..2 {
+        // Thread `t` of `threads` unpacks its share of the packets into `out`, waiting for `flag`.
+        let unpack = |out: &mut [u32], pkts: &[P], t, threads, flag, timeout| {
+            // SAFETY: vectors sized for `bytes` of data and `n` packets.
+            unsafe {
                 copy_from_packets(
                     out.as_mut_ptr().cast(),
                     pkts.as_ptr(),
                     bytes,
                     t,
-                    2,
-                    7,
-                    Duration::from_secs(1),
+                    threads,
+                    flag,
+                    timeout,
                 )
-                .expect("all packets carry 7");
             }
+        };
+        let short = Duration::from_millis(5);
+        assert!(
+            unpack(&mut out, &pkts, 0, 1, 1, short).is_err(),
+            "zeroed packets never carry flag 1"
+        );
+        // SAFETY: vectors sized for `bytes` of data and `n` packets.
+        unsafe {
+            for t in 0..3 {
+                copy_to_packets(pkts.as_mut_ptr(), data.as_ptr().cast(), bytes, t, 3, 7)
+                    .expect("valid args");
+            }
+        }
+        assert!(
+            unpack(&mut out, &pkts, 0, 1, 8, short).is_err(),
+            "wrong flag"
+        );
+        for t in 0..2 {
+            unpack(&mut out, &pkts, t, 2, 7, Duration::from_secs(1)).expect("all packets carry 7");
+        }
+        // SAFETY: as above.
+        unsafe {
             let first = read_packet(pkts.as_ptr(), 0, 7, Duration::from_secs(1)).expect("packet 0");
             assert_eq!(first[0], data[0]);
             assert!(

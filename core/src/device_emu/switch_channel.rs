@@ -203,6 +203,25 @@ impl SwitchChannelDeviceHandle {
         self.mc_ptr as usize as u64 + index * std::mem::size_of::<V>() as u64
     }
 
+    /// This thread's share of vectors `[first, first + count)` (checked against the buffer):
+    /// its first index `b` relative to `first`, its length and every rank's copy of it; `None`
+    /// when the share is empty.
+    fn my_share<V>(
+        &self,
+        first: u64,
+        count: u64,
+        thread_id: u32,
+        num_threads: u32,
+    ) -> Result<Option<(u64, usize, mscclpp_hal::host::MulticastMembers)>> {
+        self.check::<V>(first, count)?;
+        let (b, e) = share(count, thread_id, num_threads)?;
+        if b == e {
+            return Ok(None);
+        }
+        let m = members::<V>(self.mc_at::<V>(first + b), e - b)?;
+        Ok(Some((b, (e - b) as usize, m)))
+    }
+
     /// The sum over every rank's copy of vector `index` (`reduce<V>(index)` of the header).
     ///
     /// # Safety
@@ -236,14 +255,11 @@ impl SwitchChannelDeviceHandle {
         thread_id: u32,
         num_threads: u32,
     ) -> Result<()> {
-        self.check::<V>(first, count)?;
-        let (b, e) = share(count, thread_id, num_threads)?;
-        if b == e {
+        let Some((_, n, m)) = self.my_share::<V>(first, count, thread_id, num_threads)? else {
             return Ok(());
-        }
-        let m = members::<V>(self.mc_at::<V>(first + b), e - b)?;
-        for i in 0..(e - b) as usize {
-            // SAFETY: every member is valid for e - b vectors while `m` lives.
+        };
+        for i in 0..n {
+            // SAFETY: every member is valid for n vectors while `m` lives.
             let v = V::sum(
                 m.ptrs()
                     .iter()
@@ -270,14 +286,11 @@ impl SwitchChannelDeviceHandle {
         thread_id: u32,
         num_threads: u32,
     ) -> Result<()> {
-        self.check::<V>(first, count)?;
-        let (b, e) = share(count, thread_id, num_threads)?;
-        if b == e {
+        let Some((b, n, m)) = self.my_share::<V>(first, count, thread_id, num_threads)? else {
             return Ok(());
-        }
-        let m = members::<V>(self.mc_at::<V>(first + b), e - b)?;
-        for i in 0..(e - b) as usize {
-            // SAFETY: members valid for e - b vectors; dst for count (the caller's promise).
+        };
+        for i in 0..n {
+            // SAFETY: members valid for n vectors; dst for count (the caller's promise).
             unsafe {
                 let v = V::sum(
                     m.ptrs()
@@ -302,14 +315,11 @@ impl SwitchChannelDeviceHandle {
         thread_id: u32,
         num_threads: u32,
     ) -> Result<()> {
-        self.check::<V>(first, count)?;
-        let (b, e) = share(count, thread_id, num_threads)?;
-        if b == e {
+        let Some((b, n, m)) = self.my_share::<V>(first, count, thread_id, num_threads)? else {
             return Ok(());
-        }
-        let m = members::<V>(self.mc_at::<V>(first + b), e - b)?;
-        for i in 0..(e - b) as usize {
-            // SAFETY: src valid for count vectors; members for e - b.
+        };
+        for i in 0..n {
+            // SAFETY: src valid for count vectors; members for n.
             unsafe {
                 let v = src.add(b as usize + i).read_unaligned();
                 for p in m.ptrs() {

@@ -174,6 +174,44 @@ fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
     }
 }
 
+impl Opts {
+    /// The report's `#wrong` cell of `m`: its count, or N/A when results are not checked.
+    fn wrong_cell(&self, m: &Measure) -> String {
+        if self.check {
+            m.wrong.to_string()
+        } else {
+            "N/A".into()
+        }
+    }
+
+    /// The sweep's next message size after `size`: `size` times the factor (at least one
+    /// byte more, at most the largest size); `None` once `size` is the largest.
+    fn next_size(&self, size: usize) -> Option<usize> {
+        if size >= self.maxb {
+            return None;
+        }
+        Some(
+            ((size as f64 * self.factor) as usize)
+                .max(size + 1)
+                .min(self.maxb),
+        )
+    }
+}
+
+/// The report's line of how many values were wrong, as nccl-tests prints it.
+fn print_out_of_bounds(wrong: u64) {
+    println!(
+        "# Out of bounds values : {wrong} {}",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    );
+}
+
+/// Writes `rows` to `path` as pretty-printed JSON.
+fn write_json(path: &str, rows: &impl serde::Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(rows).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("writing {path}: {e}"))
+}
+
 struct Bench {
     coll: Collectives,
     boot: Arc<dyn Bootstrap>,
@@ -580,13 +618,7 @@ fn run(
             wrong_total += oop.wrong + ip.wrong;
             bus_sum += (oop.busbw + ip.busbw) / 2.0;
             if rank == 0 {
-                let w = |m: &Measure| {
-                    if o.check {
-                        m.wrong.to_string()
-                    } else {
-                        "N/A".into()
-                    }
-                };
+                let w = |m: &Measure| o.wrong_cell(m);
                 println!(
                     "{:>12} {:>12} {:>9} {:>7} {:>7} {:>8.2} {:>7.2} {:>7.2} {:>6} {:>8.2} {:>7.2} {:>7.2} {:>6}  {algo}",
                     bytes, elems, o.dtype.nccl_name(), redop, root, oop.time_us, oop.algbw, oop.busbw, w(&oop), ip.time_us, ip.algbw, ip.busbw, w(&ip)
@@ -605,18 +637,13 @@ fn run(
                 in_place: ip,
             });
         }
-        if size >= o.maxb {
-            break;
+        match o.next_size(size) {
+            Some(next) => size = next,
+            None => break,
         }
-        size = ((size as f64 * o.factor) as usize)
-            .max(size + 1)
-            .min(o.maxb);
     }
     if rank == 0 {
-        println!(
-            "# Out of bounds values : {wrong_total} {}",
-            if wrong_total == 0 { "OK" } else { "FAILED" }
-        );
+        print_out_of_bounds(wrong_total);
         println!(
             "# Avg bus bandwidth    : {:.4}",
             if rows.is_empty() {
@@ -626,21 +653,16 @@ fn run(
             }
         );
         if let Some(path) = &o.json {
-            let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
-            std::fs::write(path, text).map_err(|e| format!("writing {path}: {e}"))?;
+            write_json(path, &rows)?;
         }
     }
     Ok(wrong_total == 0)
 }
 
 fn real_main() -> i32 {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mp = match launcher::parse_options(&args) {
+    let mp = match launcher::options_of_this_process("coll_perf", USAGE) {
         Ok(m) => m,
-        Err(e) => {
-            eprintln!("coll_perf: {e}\n{USAGE}");
-            return 2;
-        }
+        Err(status) => return status,
     };
     let o = match parse(&mp.rest) {
         Ok(o) => o,
@@ -656,12 +678,9 @@ fn real_main() -> i32 {
     if let (Some(path), true) = (&o.plan, o.plan_check_only) {
         return plan_bench::check_only(path);
     }
-    let placement = match launcher::detect_placement(&|k| std::env::var(k).ok()) {
+    let placement = match launcher::placement_of_this_process("coll_perf") {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("coll_perf: {e}");
-            return 2;
-        }
+        Err(status) => return status,
     };
     let placement = match (placement, mp.np) {
         (None, Some(np)) => {
@@ -674,13 +693,7 @@ fn real_main() -> i32 {
             }
         }
         (Some(p), _) => p,
-        (None, None) => launcher::Placement {
-            rank: 0,
-            size: 1,
-            local_rank: 0,
-            local_size: 1,
-            source: "single process",
-        },
+        (None, None) => launcher::Placement::single_process(),
     };
     let ip_port = match &mp.ip_port {
         Some(given) => given.clone(),

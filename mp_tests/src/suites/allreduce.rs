@@ -145,28 +145,16 @@ TEST!(AllReduceTest, GraphReplay, |ctx| {
         let graph = Gpu::end_capture(stream);
         ok!(r, "all_reduce under capture");
         let graph = ok!(graph, "ending the capture");
-        let rank = env.coll.rank();
-        let n = env.coll.nranks();
-        let mut bad = 0;
         let mut errors = Vec::new();
-        for replay in 0..20u32 {
-            let vals = all_values(dtype, op, seed, replay, n, count);
-            write_values(&send, 0, dtype, &vals[rank]);
-            ok!(Gpu::launch_graph(&graph, stream), "replaying");
-            ok!(env.sync(), "waiting for the replay");
-            let mut got = vec![0u8; bytes];
-            ok!(recv.copy_to_host(0, &mut got), "reading");
-            bad += compare(
-                dtype,
-                &got,
-                0,
-                |i| {
-                    let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
-                    reference(dtype, op, &column)
-                },
-                &mut errors,
-            );
-        }
+        let bad = replay_all_reduce(
+            env,
+            &graph,
+            (&send, &recv),
+            (dtype, op, count),
+            seed,
+            20,
+            &mut errors,
+        );
         EXPECT_EQ!(
             bad,
             0,

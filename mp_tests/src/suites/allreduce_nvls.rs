@@ -8,10 +8,10 @@
 //! environment, or no multicast) every one skips with that reason, before any multicast call.
 
 use mscclpp::collectives::nvls::nvls_launches;
-use mscclpp::collectives::{find_algorithm, Call, CollectiveKind, DataType, ReduceOp};
+use mscclpp::collectives::{find_algorithm, CollectiveKind, DataType, ReduceOp};
 use mscclpp_framework::*;
 
-use super::coll_common::{agreed_seed, at_scale, coll_env, exhaustive};
+use super::coll_common::{agreed_seed, at_scale, coll_env, exhaustive, takes};
 use super::coll_matrix::one_call;
 use super::memory_channel::common::{is_gpu_build, ok};
 
@@ -66,16 +66,7 @@ fn nvls_test(algo: &str) {
     let mut call = 0u32;
     let mut ran = 0usize;
     for (dtype, op, count) in cases(env.coll.nranks()) {
-        let probe = Call {
-            kind: AR,
-            send: 1,
-            recv: 1,
-            count,
-            dtype,
-            op,
-            root: 0,
-        };
-        if a.check(env.coll.resources(), &probe).is_err() {
+        if !takes(env, a, AR, dtype, op, count) {
             continue; // beyond the variant's scratch (nvls_packet): the selector never picks it there
         }
         for in_place in [false, true] {

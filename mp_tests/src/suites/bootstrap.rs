@@ -50,21 +50,26 @@ pub(crate) fn shared_seed() -> u64 {
     }
 }
 
-/// A fresh UniqueId made on rank 0 and shared through the shared bootstrap.
-fn shared_unique_id() -> Result<UniqueId, String> {
+/// What `make` gives on rank 0, broadcast to every rank through the shared bootstrap (the
+/// other ranks do not call it).
+fn made_on_rank0(make: impl FnOnce() -> Result<Vec<u8>, String>) -> Result<Vec<u8>, String> {
     let env = mp_env();
     let mine = if env.bootstrap.rank() == 0 {
-        TcpBootstrap::create_unique_id()
-            .map_err(|e| e.to_string())?
-            .to_bytes()
-            .to_vec()
+        make()?
     } else {
         Vec::new()
     };
-    let bytes = env
-        .bootstrap
-        .broadcast(&mine, 0)
-        .map_err(|e| e.to_string())?;
+    env.bootstrap.broadcast(&mine, 0).map_err(|e| e.to_string())
+}
+
+/// A fresh UniqueId made on rank 0 and shared through the shared bootstrap.
+fn shared_unique_id() -> Result<UniqueId, String> {
+    let bytes = made_on_rank0(|| {
+        Ok(TcpBootstrap::create_unique_id()
+            .map_err(|e| e.to_string())?
+            .to_bytes()
+            .to_vec())
+    })?;
     UniqueId::from_bytes(&bytes).map_err(|e| e.to_string())
 }
 
@@ -75,17 +80,11 @@ fn shared_ip_port() -> Result<String, String> {
         InitAddr::Addr { addr, .. } => addr.ip(),
         InitAddr::Id(_) => return Err("--ip_port is not an address".into()),
     };
-    let mine = if env.bootstrap.rank() == 0 {
+    let bytes = made_on_rank0(|| {
         let l = std::net::TcpListener::bind((ip, 0)).map_err(|e| e.to_string())?;
         let port = l.local_addr().map_err(|e| e.to_string())?.port();
-        port.to_le_bytes().to_vec()
-    } else {
-        Vec::new()
-    };
-    let bytes = env
-        .bootstrap
-        .broadcast(&mine, 0)
-        .map_err(|e| e.to_string())?;
+        Ok(port.to_le_bytes().to_vec())
+    })?;
     let port = <[u8; 2]>::try_from(bytes.as_slice())
         .map(u16::from_le_bytes)
         .map_err(|_| format!("expected a 2-byte port, got {} bytes", bytes.len()))?;

@@ -4,7 +4,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use mscclpp::collectives::{Collectives, CollectivesConfig, DataType};
+use mscclpp::collectives::{
+    Algorithm, Call, CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp,
+};
 use mscclpp::{Communicator, Context, Device, GpuBuffer};
 use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
@@ -31,20 +33,53 @@ unsafe impl Sync for CollEnv {}
 impl CollEnv {
     /// The raw stream handle to pass to the collectives (0 on the host backend).
     pub fn raw_stream(&self) -> u64 {
-        self.stream.as_ref().map_or(0, Gpu::raw_stream)
+        raw_stream_of(&self.stream)
     }
     /// Waits for the stream (no-op on the host backend).
     pub fn sync(&self) -> Result<(), String> {
-        match &self.stream {
-            Some(s) => Gpu::stream_synchronize(s, mp_env().timeout).map_err(|e| e.to_string()),
-            None => Ok(()),
-        }
+        sync_stream(&self.stream)
     }
 }
 
-/// Sets up collectives on this rank's device with `config` (its device and host timeout filled
-/// in); `Err("skip: ...")` on a GPU build without a GPU. `what` names the setup in errors.
-pub(crate) fn new_coll_env(config: CollectivesConfig, what: &str) -> Result<CollEnv, String> {
+/// Whether algorithm `a` takes a call of `kind` on `count` elements of `dtype` with `op` on
+/// these collectives (its `check` on a probe call): one beyond its scratch is one the selector
+/// never picks.
+pub(crate) fn takes(
+    env: &CollEnv,
+    a: &dyn Algorithm,
+    kind: CollectiveKind,
+    dtype: DataType,
+    op: ReduceOp,
+    count: usize,
+) -> bool {
+    let probe = Call {
+        kind,
+        send: 1,
+        recv: 1,
+        count,
+        dtype,
+        op,
+        root: 0,
+    };
+    a.check(env.coll.resources(), &probe).is_ok()
+}
+
+/// The raw handle of `stream` (0 on the host backend, which has none).
+pub(crate) fn raw_stream_of(stream: &Option<<Gpu as Api>::Stream>) -> u64 {
+    stream.as_ref().map_or(0, Gpu::raw_stream)
+}
+
+/// Waits (at most the run's timeout) for `stream`; a no-op on the host backend.
+pub(crate) fn sync_stream(stream: &Option<<Gpu as Api>::Stream>) -> Result<(), String> {
+    match stream {
+        Some(s) => Gpu::stream_synchronize(s, mp_env().timeout).map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// This rank's device (GPU builds: a visible GPU by local rank; `Err("skip: ...")` without
+/// one) and a communicator over the shared bootstrap.
+pub(crate) fn rank_device_and_comm() -> Result<(Device, Arc<Communicator>), String> {
     let env = mp_env();
     let device = if is_gpu_build() {
         let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
@@ -53,7 +88,26 @@ pub(crate) fn new_coll_env(config: CollectivesConfig, what: &str) -> Result<Coll
         Device::CPU
     };
     let context = Context::new().map_err(|e| e.to_string())?;
-    let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
+    Ok((
+        device,
+        Arc::new(Communicator::new(env.bootstrap.clone(), context)),
+    ))
+}
+
+/// A new stream on `device` (GPU builds); `None` on the host backend, which has none.
+pub(crate) fn new_stream(device: Device) -> Result<Option<<Gpu as Api>::Stream>, String> {
+    if !is_gpu_build() {
+        return Ok(None);
+    }
+    let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
+    Ok(Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?))
+}
+
+/// Sets up collectives on this rank's device with `config` (its device and host timeout filled
+/// in); `Err("skip: ...")` on a GPU build without a GPU. `what` names the setup in errors.
+pub(crate) fn new_coll_env(config: CollectivesConfig, what: &str) -> Result<CollEnv, String> {
+    let env = mp_env();
+    let (device, comm) = rank_device_and_comm()?;
     let cfg = CollectivesConfig {
         device: Some(device),
         host_timeout: env.timeout,
@@ -61,12 +115,7 @@ pub(crate) fn new_coll_env(config: CollectivesConfig, what: &str) -> Result<Coll
     };
     let coll =
         Collectives::with_config(comm, cfg).map_err(|e| format!("setting up {what}: {e}"))?;
-    let stream = if is_gpu_build() {
-        let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
-        Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
-    } else {
-        None
-    };
+    let stream = new_stream(device)?;
     Ok(CollEnv {
         coll: Arc::new(coll),
         device,
@@ -150,6 +199,57 @@ pub(crate) fn compare(
                 first_errors.push(format!("element {}: got {g}, expected {w}", first + k));
             }
         }
+    }
+    bad
+}
+
+/// Mismatches of `got` against the all-reduce with `op` of the ranks' inputs `vals` (`vals[r]`
+/// rank r's elements); the first few described in `errors`.
+pub(crate) fn compare_all_reduce(
+    dtype: DataType,
+    op: ReduceOp,
+    got: &[u8],
+    vals: &[Vec<f64>],
+    errors: &mut Vec<String>,
+) -> usize {
+    compare(
+        dtype,
+        got,
+        0,
+        |i| {
+            let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
+            reference(dtype, op, &column)
+        },
+        errors,
+    )
+}
+
+/// Replays `graph`, a captured all-reduce of `count` elements of `dtype` with `op` from `send`
+/// into `recv`, `replays` times on the stream of `env`, each time with fresh inputs (the replay
+/// index is the call number of [`all_values`]); returns the mismatches, the first few
+/// described in `errors`.
+pub(crate) fn replay_all_reduce(
+    env: &CollEnv,
+    graph: &<Gpu as StreamInterop>::Graph,
+    (send, recv): (&GpuBuffer<u8>, &GpuBuffer<u8>),
+    (dtype, op, count): (DataType, ReduceOp, usize),
+    seed: u64,
+    replays: u32,
+    errors: &mut Vec<String>,
+) -> usize {
+    let Some(stream) = env.stream.as_ref() else {
+        FAIL!("replaying a graph needs a stream")
+    };
+    let (rank, n) = (env.coll.rank(), env.coll.nranks());
+    let mut bad = 0;
+    for replay in 0..replays {
+        let vals = all_values(dtype, op, seed, replay, n, count);
+        write_values(send, 0, dtype, &vals[rank]);
+        ok!(Gpu::launch_graph(graph, stream), "replaying");
+        ok!(env.sync(), "waiting for the replay");
+        let mut got = vec![0u8; count * dtype.size_in_bytes()];
+        ok!(recv.copy_to_host(0, &mut got), "reading");
+        bad += compare_all_reduce(dtype, op, &got, &vals, errors);
     }
     bad
 }

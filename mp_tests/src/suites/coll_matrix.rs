@@ -3,9 +3,7 @@
 //! algorithm over data types x ops x in/out of place x sizes (see `matrix` for the subset CI
 //! runs; `MSCCLPP_COLL_TEST_EXHAUSTIVE=1` runs everything).
 
-use mscclpp::collectives::{
-    algorithm_names, find_algorithm, Call, CollectiveKind, DataType, ReduceOp,
-};
+use mscclpp::collectives::{algorithm_names, find_algorithm, CollectiveKind, DataType, ReduceOp};
 use mscclpp_framework::*;
 
 use super::coll_common::*;
@@ -209,16 +207,7 @@ pub(crate) fn matrix(kind: CollectiveKind, algo: &str) {
                     );
                 }
                 for count in sizes {
-                    let probe = Call {
-                        kind,
-                        send: 1,
-                        recv: 1,
-                        count,
-                        dtype,
-                        op,
-                        root: 0,
-                    };
-                    if n > 1 && a.check(env.coll.resources(), &probe).is_err() {
+                    if n > 1 && !takes(env, a, kind, dtype, op, count) {
                         continue; // beyond this algorithm's scratch: the selector never picks it there
                     }
                     call += 1;

@@ -11,9 +11,7 @@
 
 use std::sync::OnceLock;
 
-use mscclpp::collectives::{
-    find_algorithm, Call, CollectiveKind, CollectivesConfig, DataType, ReduceOp,
-};
+use mscclpp::collectives::{find_algorithm, CollectiveKind, CollectivesConfig, DataType, ReduceOp};
 use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Buffer, Gpu, MemoryKind, StreamInterop};
 
@@ -70,16 +68,7 @@ fn small_scratch(kind: CollectiveKind, cases: &[(DataType, ReduceOp, usize)]) {
                 SMALL_SCRATCH,
                 "a case that spans chunks"
             );
-            let probe = Call {
-                kind,
-                send: 1,
-                recv: 1,
-                count,
-                dtype,
-                op,
-                root: 0,
-            };
-            if a.check(env.coll.resources(), &probe).is_err() {
+            if !takes(env, a, kind, dtype, op, count) {
                 continue;
             }
             for in_place in [false, true] {
@@ -248,16 +237,7 @@ TEST!(CollectivesZeroCopyTest, RegistersOnceAndCaches, |_ctx| {
         ok!(env.sync(), "waiting");
         let mut got = vec![0u8; bytes];
         ok!(recv.copy_to_host(0, &mut got), "reading");
-        bad += compare(
-            dtype,
-            &got,
-            0,
-            |i| {
-                let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
-                reference(dtype, op, &column)
-            },
-            &mut errors,
-        );
+        bad += compare_all_reduce(dtype, op, &got, &vals, &mut errors);
     }
     ok!(env.coll.force_algorithm(ar, None), "un-forcing");
     EXPECT_EQ!(bad, 0, "zero-copy results: {}", errors.join("; "));
@@ -313,16 +293,7 @@ TEST!(CollectivesZeroCopyTest, ForeignBuffersFallBack, |_ctx| {
     let mut got = vec![0u8; bytes];
     ok!(Gpu::read(&dev, &buf, 0, &mut got), "reading");
     let mut errors = Vec::new();
-    let bad = compare(
-        dtype,
-        &got,
-        0,
-        |i| {
-            let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
-            reference(dtype, op, &column)
-        },
-        &mut errors,
-    );
+    let bad = compare_all_reduce(dtype, op, &got, &vals, &mut errors);
     EXPECT_EQ!(bad, 0, "fallback results: {}", errors.join("; "));
     EXPECT_FALSE!(
         cached(env, buf.device_ptr(), bytes),
@@ -369,25 +340,15 @@ TEST!(
         );
         let seed = agreed_seed();
         let mut errors = Vec::new();
-        let mut bad = 0;
-        for replay in 0..5u32 {
-            let vals = all_values(dtype, op, seed, replay, env.coll.nranks(), count);
-            write_values(&send, 0, dtype, &vals[env.coll.rank()]);
-            ok!(Gpu::launch_graph(&graph, stream), "replaying");
-            ok!(env.sync(), "waiting for the replay");
-            let mut got = vec![0u8; bytes];
-            ok!(recv.copy_to_host(0, &mut got), "reading");
-            bad += compare(
-                dtype,
-                &got,
-                0,
-                |i| {
-                    let column: Vec<f64> = vals.iter().map(|v| v[i]).collect();
-                    reference(dtype, op, &column)
-                },
-                &mut errors,
-            );
-        }
+        let bad = replay_all_reduce(
+            env,
+            &graph,
+            (&send, &recv),
+            (dtype, op, count),
+            seed,
+            5,
+            &mut errors,
+        );
         EXPECT_EQ!(bad, 0, "replays of the fallback: {}", errors.join("; "));
     }
 );

@@ -97,35 +97,54 @@ fn payload(seed: u64, from: usize, to: usize, round: u64) -> Vec<u8> {
     )
 }
 
-/// Writes this rank's payload for each peer into the peer's slot `rank` (from a staging
-/// buffer), then each rank verifies the slots of every peer byte by byte.
-fn write_round(
-    m: &Mesh,
-    staging: &LocalMemory,
-    staging_reg: &RegisteredMemory,
-    seed: u64,
-    round: u64,
-) {
-    let rank = mp_env().bootstrap.rank();
-    for p in peers() {
-        let (Some(c), Some(dst)) = (&m.conns[p], &m.remote[p]) else {
-            FAIL!("no connection to {}", p)
-        };
+/// This rank's staging buffer, one chunk per peer, registered for the mesh's transport.
+struct Staging {
+    mem: LocalMemory,
+    reg: RegisteredMemory,
+}
+
+impl Staging {
+    /// A staging buffer on `device` as large as the mesh's buffer, registered for `transport`.
+    fn new(m: &Mesh, device: Device, transport: Transport) -> Staging {
+        let mem = ok!(LocalMemory::alloc(device, m.buffer.size()), "alloc staging");
+        let reg = ok!(
+            m.comm
+                .register_memory(mem.ptr(), mem.size(), transport.into()),
+            "register staging"
+        );
+        Staging { mem, reg }
+    }
+
+    /// Fills peer `p`'s chunk with this rank's payload of `round` and writes it through `c`
+    /// into the peer's slot `rank` of `dst`.
+    fn send(&self, c: &Connection, dst: &RegisteredMemory, p: usize, seed: u64, round: u64) {
+        let rank = mp_env().bootstrap.rank();
         ok!(
-            staging.write(p * chunk(), &payload(seed, rank, p, round)),
+            self.mem.write(p * chunk(), &payload(seed, rank, p, round)),
             "fill staging"
         );
         ok!(
             c.write(
                 dst,
                 (rank * chunk()) as u64,
-                staging_reg,
+                &self.reg,
                 (p * chunk()) as u64,
                 chunk() as u64
             ),
             "write to rank {}",
             p
         );
+    }
+}
+
+/// Writes this rank's payload for each peer into the peer's slot `rank` (from a staging
+/// buffer), then each rank verifies the slots of every peer byte by byte.
+fn write_round(m: &Mesh, staging: &Staging, seed: u64, round: u64) {
+    for p in peers() {
+        let (Some(c), Some(dst)) = (&m.conns[p], &m.remote[p]) else {
+            FAIL!("no connection to {}", p)
+        };
+        staging.send(c, dst, p, seed, round);
     }
     for p in peers() {
         if let Some(c) = &m.conns[p] {
@@ -166,14 +185,9 @@ TEST!(CommunicatorTest, BasicWrite, |_ctx| {
     let seed = shared_seed();
     let device = data_device();
     let m = build_mesh(Transport::CudaIpc, device, 100);
-    let staging = ok!(LocalMemory::alloc(device, m.buffer.size()), "alloc staging");
-    let staging_reg = ok!(
-        m.comm
-            .register_memory(staging.ptr(), staging.size(), Transport::CudaIpc.into()),
-        "register staging"
-    );
+    let staging = Staging::new(&m, device, Transport::CudaIpc);
     for round in 0..3 {
-        write_round(&m, &staging, &staging_reg, seed, round);
+        write_round(&m, &staging, seed, round);
         ok!(env.bootstrap.barrier(), "barrier");
         verify_round(&m, seed, round);
         ok!(env.bootstrap.barrier(), "barrier");
@@ -185,15 +199,7 @@ fn write_with_host_semaphores(transport: Transport, tag: u64) {
     let env = mp_env();
     let seed = shared_seed();
     let m = build_mesh(transport, Device::CPU, tag);
-    let staging = ok!(
-        LocalMemory::alloc(Device::CPU, m.buffer.size()),
-        "alloc staging"
-    );
-    let staging_reg = ok!(
-        m.comm
-            .register_memory(staging.ptr(), staging.size(), transport.into()),
-        "register staging"
-    );
+    let staging = Staging::new(&m, Device::CPU, transport);
     let n = env.bootstrap.nranks();
     let mut futures = Vec::new();
     for p in peers() {
@@ -207,27 +213,12 @@ fn write_with_host_semaphores(transport: Transport, tag: u64) {
         let s = ok!(f.get(), "build_semaphore with rank {}", p);
         sems[p] = Some(ok!(Host2HostSemaphore::new(s), "Host2HostSemaphore"));
     }
-    let rank = env.bootstrap.rank();
     for round in 0..5 {
         for p in peers() {
             let (Some(c), Some(dst), Some(s)) = (&m.conns[p], &m.remote[p], &sems[p]) else {
                 FAIL!("missing state for rank {}", p)
             };
-            ok!(
-                staging.write(p * chunk(), &payload(seed, rank, p, round)),
-                "fill staging"
-            );
-            ok!(
-                c.write(
-                    dst,
-                    (rank * chunk()) as u64,
-                    &staging_reg,
-                    (p * chunk()) as u64,
-                    chunk() as u64
-                ),
-                "write to rank {}",
-                p
-            );
+            staging.send(c, dst, p, seed, round);
             ok!(s.signal(), "signal rank {}", p);
         }
         for p in peers() {
@@ -324,12 +315,7 @@ TEST!(CommunicatorTest, WriteWithDeviceSemaphores, |_ctx| {
         FAIL!("rank_gpu changed its answer")
     };
     let m = build_mesh(Transport::CudaIpc, device, 500);
-    let staging = ok!(LocalMemory::alloc(device, m.buffer.size()), "alloc staging");
-    let staging_reg = ok!(
-        m.comm
-            .register_memory(staging.ptr(), staging.size(), Transport::CudaIpc.into()),
-        "register staging"
-    );
+    let staging = Staging::new(&m, device, Transport::CudaIpc);
     let n = env.bootstrap.nranks();
     let mut futures = Vec::new();
     for p in peers() {
@@ -364,7 +350,7 @@ TEST!(CommunicatorTest, WriteWithDeviceSemaphores, |_ctx| {
     }
     let rank = env.bootstrap.rank();
     for round in 0..3u64 {
-        write_round(&m, &staging, &staging_reg, seed, round);
+        write_round(&m, &staging, seed, round);
         for p in peers() {
             let Some(s) = &h2d[p] else {
                 FAIL!("no semaphore for {}", p)

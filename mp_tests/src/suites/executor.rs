@@ -5,14 +5,14 @@
 //! made by upstream's DSL from `MSCCLPP_EXECUTOR_UPSTREAM_PLANS`. Bad plans and refusals are
 //! in executor_bad.rs. At a world size without a plan the test skips, saying why.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use mscclpp::collectives::{DataType, ReduceOp};
 use mscclpp::executor::{ExecutionPlan, Executor, ExecutorConfig, PacketType};
-use mscclpp::{Communicator, Context, Device, GpuBuffer};
+use mscclpp::{Device, GpuBuffer};
 use mscclpp_framework::*;
 use mscclpp_hal::prelude::*;
-use mscclpp_hal::{Gpu, StreamInterop};
+use mscclpp_hal::Gpu;
 
 use super::coll_common::{
     agreed_seed, all_values, compare, guard_intact, poisoned, reference, write_values, GUARD,
@@ -81,13 +81,10 @@ unsafe impl Sync for ExecEnv {}
 
 impl ExecEnv {
     pub fn raw_stream(&self) -> u64 {
-        self.stream.as_ref().map_or(0, Gpu::raw_stream)
+        super::coll_common::raw_stream_of(&self.stream)
     }
     pub fn sync(&self) -> Result<(), String> {
-        match &self.stream {
-            Some(s) => Gpu::stream_synchronize(s, mp_env().timeout).map_err(|e| e.to_string()),
-            None => Ok(()),
-        }
+        super::coll_common::sync_stream(&self.stream)
     }
 }
 
@@ -96,14 +93,7 @@ pub(crate) fn exec_env() -> &'static ExecEnv {
     static ENV: OnceLock<Result<ExecEnv, String>> = OnceLock::new();
     let r = ENV.get_or_init(|| {
         let env = mp_env();
-        let device = if is_gpu_build() {
-            let n = crate::world::visible_gpus().map_err(|r| format!("skip: {r}"))?;
-            Device::gpu((env.placement.local_rank % n) as i32)
-        } else {
-            Device::CPU
-        };
-        let context = Context::new().map_err(|e| e.to_string())?;
-        let comm = Arc::new(Communicator::new(env.bootstrap.clone(), context));
+        let (device, comm) = super::coll_common::rank_device_and_comm()?;
         let cfg = ExecutorConfig {
             timeout: env.timeout,
             host_threads_per_block: 1,
@@ -117,12 +107,7 @@ pub(crate) fn exec_env() -> &'static ExecEnv {
             },
         )
         .map_err(|e| e.to_string())?;
-        let stream = if is_gpu_build() {
-            let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
-            Some(Gpu::create_stream(&dev).map_err(|e| e.to_string())?)
-        } else {
-            None
-        };
+        let stream = super::coll_common::new_stream(device)?;
         Ok(ExecEnv {
             exec,
             exec_mt,
@@ -314,33 +299,16 @@ fn run_family(ctx: &TestContext, family: &str) {
     } else {
         dtypes
     };
-    let mut errors = Vec::new();
-    let mut bad = 0;
-    for bytes in sizes(&plan) {
-        bad += check_plan(
-            &env.exec,
-            &plan,
-            bytes,
-            dtypes,
-            packets,
-            2,
-            seed,
-            &mut errors,
-        );
-    }
+    let mut runs: Vec<(&Executor, usize)> =
+        sizes(&plan).into_iter().map(|b| (&env.exec, b)).collect();
     if !is_gpu_build() {
         // 3 host threads per block: the work is split as on a GPU and nop is a real barrier.
-        let bytes = sizes(&plan)[1];
-        bad += check_plan(
-            &env.exec_mt,
-            &plan,
-            bytes,
-            dtypes,
-            packets,
-            2,
-            seed,
-            &mut errors,
-        );
+        runs.push((&env.exec_mt, sizes(&plan)[1]));
+    }
+    let mut errors = Vec::new();
+    let mut bad = 0;
+    for (exec, bytes) in runs {
+        bad += check_plan(exec, &plan, bytes, dtypes, packets, 2, seed, &mut errors);
     }
     EXPECT_EQ!(bad, 0, "{family} on {n} ranks: {:?}", errors);
     // One context per (plan, buffers): the buffers above were reused for every call.

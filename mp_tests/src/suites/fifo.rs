@@ -37,6 +37,17 @@ fn gpu_device() -> Device {
     }
 }
 
+/// The pusher kernel `name` of fifo_tests on GPU builds; `None` on the host backend, where CPU
+/// threads push.
+fn pusher_kernel(name: &str) -> Option<GpuKernel> {
+    is_gpu_build().then(|| {
+        ok!(
+            GpuKernel::load(gpu_device(), "fifo_tests", name),
+            "loading {name}"
+        )
+    })
+}
+
 fn new_fifo(size: u32, k: Option<&GpuKernel>) -> Fifo {
     match k {
         Some(k) => ok!(
@@ -47,6 +58,44 @@ fn new_fifo(size: u32, k: Option<&GpuKernel>) -> Fifo {
     }
 }
 
+/// How a drain waits for the next trigger: spins `spin_polls` polls, then yields, failing the
+/// test once it waited `timeout` after the spinning. The clock is read only once spinning is
+/// over (a read per trigger shows in the perf figures).
+struct Idle {
+    polls: u32,
+    spin_polls: u32,
+    since: Option<Instant>,
+    timeout: Duration,
+}
+
+impl Idle {
+    fn new(spin_polls: u32, timeout: Duration) -> Idle {
+        Idle {
+            polls: 0,
+            spin_polls,
+            since: None,
+            timeout,
+        }
+    }
+
+    /// One empty poll of `fifo` more.
+    fn wait(&mut self, fifo: &Fifo) {
+        self.polls = self.polls.saturating_add(1);
+        if self.polls < self.spin_polls {
+            std::hint::spin_loop();
+            return;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        ASSERT_TRUE!(
+            since.elapsed() < self.timeout,
+            "no trigger at tail {} within {:?}",
+            fifo.tail(),
+            self.timeout
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// Pops `total` triggers from pushers of `per` triggers each; checks each appears once and
 /// each pusher's in order. Returns the number of problems.
 fn drain_and_check(fifo: &Fifo, pushers: u64, per: u64, timeout: Duration) -> u64 {
@@ -54,28 +103,14 @@ fn drain_and_check(fifo: &Fifo, pushers: u64, per: u64, timeout: Duration) -> u6
     let mut problems = 0;
     let spin_polls: u32 = if is_gpu_build() { 4096 } else { 16 };
     for _ in 0..pushers * per {
-        let mut start = None;
-        let mut polls = 0u32;
+        // Spin briefly (a GPU answers within microseconds), then back off; CPU pushers share
+        // our cores, so on the host backend back off almost at once.
+        let mut idle = Idle::new(spin_polls, timeout);
         let t = loop {
             if let Some(t) = fifo.poll() {
                 break t;
             }
-            // Spin briefly (a GPU answers within microseconds), then back off; CPU pushers
-            // share our cores, so on the host backend back off almost at once. The clock is
-            // read only once spinning is over (a read per trigger shows in the perf figure).
-            polls = polls.saturating_add(1);
-            if polls < spin_polls {
-                std::hint::spin_loop();
-                continue;
-            }
-            let start = *start.get_or_insert_with(Instant::now);
-            ASSERT_TRUE!(
-                start.elapsed() < timeout,
-                "no trigger at tail {} within {:?}",
-                fifo.tail(),
-                timeout
-            );
-            std::thread::yield_now();
+            idle.wait(fifo);
         };
         let k = t.fst;
         if t.snd & !TRIGGER_COMMIT_BIT != test_trigger(k).snd || k / per >= pushers {
@@ -99,30 +134,16 @@ fn drain_and_check(fifo: &Fifo, pushers: u64, per: u64, timeout: Duration) -> u6
 fn drain_unchecked(fifo: &Fifo, total: u64, timeout: Duration) -> u64 {
     let mut last = None;
     let mut popped = 0;
-    let mut polls = 0u32;
-    let mut start = None;
+    let mut idle = Idle::new(4096, timeout);
     while popped < total {
         if let Some(t) = fifo.poll() {
             last = Some(t.fst);
             fifo.pop();
             popped += 1;
-            polls = 0;
-            start = None;
+            idle = Idle::new(4096, timeout);
             continue;
         }
-        polls = polls.saturating_add(1);
-        if polls < 4096 {
-            std::hint::spin_loop();
-            continue;
-        }
-        let since = *start.get_or_insert_with(Instant::now);
-        ASSERT_TRUE!(
-            since.elapsed() < timeout,
-            "no trigger at tail {} within {:?}",
-            fifo.tail(),
-            timeout
-        );
-        std::thread::yield_now();
+        idle.wait(fifo);
     }
     u64::from(last != Some(total - 1))
 }
@@ -136,14 +157,7 @@ TEST!(FifoTest, PushPollPop, |_ctx| {
         (16, 4, 1000, 0),
         (8, 8, 200, 7),
     ] {
-        let k = if is_gpu_build() {
-            Some(ok!(
-                GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push"),
-                "loading fifo_push"
-            ))
-        } else {
-            None
-        };
+        let k = pusher_kernel("fifo_push");
         let fifo = new_fifo(size, k.as_ref());
         let h = fifo.device_handle();
         let problems = if let Some(k) = &k {
@@ -196,14 +210,7 @@ TEST!(FifoTest, FailedTriggersReachTheDevice, |_ctx| {
     // The host fails the pusher's trigger (counting it before the pop, as the proxy does);
     // the pusher reads the count before its push and after its sync.
     let timeout = mp_env().timeout;
-    let k = if is_gpu_build() {
-        Some(ok!(
-            GpuKernel::load(gpu_device(), "fifo_tests", "fifo_failed_triggers"),
-            "loading fifo_failed_triggers"
-        ))
-    } else {
-        None
-    };
+    let k = pusher_kernel("fifo_failed_triggers");
     let fifo = new_fifo(8, k.as_ref());
     let h = fifo.device_handle();
     let fail_one = |fifo: &Fifo| -> bool {
@@ -279,14 +286,7 @@ PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
             "FIFO push throughput, host pops without checking (per trigger)",
         ),
     ] {
-        let k = if is_gpu_build() {
-            Some(ok!(
-                GpuKernel::load(gpu_device(), "fifo_tests", "fifo_push_perf"),
-                "loading fifo_push_perf"
-            ))
-        } else {
-            None
-        };
+        let k = pusher_kernel("fifo_push_perf");
         let fifo = new_fifo(mscclpp::fifo::DEFAULT_FIFO_SIZE, k.as_ref());
         let h = fifo.device_handle();
         let us = if let Some(k) = &k {
@@ -342,9 +342,6 @@ PERF_TEST!(FifoPerfTest, PushPollPop, |ctx| {
                 secs * 1e6 / n as f64
             })
         };
-        if ctx.rank() == 0 {
-            ctx.report_perf(label, us, "us/iter");
-        }
-        EXPECT_GT!(us, 0.0);
+        report_on_rank0(ctx, label, us, "us/iter");
     }
 });

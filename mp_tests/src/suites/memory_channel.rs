@@ -36,6 +36,35 @@ pub(crate) mod common {
     }
     pub(crate) use ok;
 
+    /// Loads kernel `name` of module `stem` on `device` and zeroes the error counter `errors`
+    /// it will count into.
+    pub(crate) fn load_zeroing_errors(
+        device: Device,
+        stem: &str,
+        name: &str,
+        errors: &mscclpp::GpuBuffer<i32>,
+    ) -> GpuKernel {
+        let k = ok!(GpuKernel::load(device, stem, name), "loading {name}");
+        ok!(errors.copy_from_host(0, &[0]), "zeroing the error counter");
+        k
+    }
+
+    /// What the error counter `errors` holds.
+    pub(crate) fn read_errors(errors: &mscclpp::GpuBuffer<i32>) -> u64 {
+        let mut e = [0i32];
+        ok!(errors.copy_to_host(0, &mut e), "reading the error counter");
+        e[0] as u64
+    }
+
+    /// Rank 0 reports `value` (in `unit`) as the figure `what`; on every rank it must be
+    /// positive.
+    pub(crate) fn report_on_rank0(ctx: &TestContext, what: &str, value: f64, unit: &str) {
+        if ctx.rank() == 0 {
+            ctx.report_perf(what, value, unit);
+        }
+        EXPECT_GT!(value, 0.0);
+    }
+
     /// Whether this build drives real GPUs (`--features cuda`/`rocm`).
     pub(crate) fn is_gpu_build() -> bool {
         Gpu::NAME != "host"
@@ -664,14 +693,7 @@ pub(crate) fn ping_pong(
             Mode::Ll8 => ("memory_channel_ll8_ping_pong", true),
             Mode::Ll16 => ("memory_channel_ll16_ping_pong", true),
         };
-        let k = ok!(
-            GpuKernel::load(s.pair.device, "memory_channel_tests", name),
-            "loading {name}"
-        );
-        ok!(
-            s.errors.copy_from_host(0, &[0]),
-            "zeroing the error counter"
-        );
+        let k = load_zeroing_errors(s.pair.device, "memory_channel_tests", name, &s.errors);
         let err_ptr = s.errors.data() as usize as *mut i32;
         let ms = if packet {
             let a = PacketArgs {
@@ -706,12 +728,7 @@ pub(crate) fn ping_pong(
                 "running {name}"
             )
         };
-        let mut e = [0i32];
-        ok!(
-            s.errors.copy_to_host(0, &mut e),
-            "reading the error counter"
-        );
-        (e[0] as u64, ms / 1e3)
+        (read_errors(&s.errors), ms / 1e3)
     } else {
         let threads = if check { 2 } else { 1 };
         let start = std::time::Instant::now();
@@ -782,10 +799,7 @@ fn latency(ctx: &TestContext, mode: Mode, label: &str) {
     ping_pong(&s, mode, n, warm, 0, false);
     let (_, secs) = ping_pong(&s, mode, n, iters, warm, false);
     let us = secs * 1e6 / f64::from(iters);
-    if ctx.rank() == 0 {
-        ctx.report_perf(label, us, "us/iter");
-    }
-    EXPECT_GT!(us, 0.0);
+    report_on_rank0(ctx, label, us, "us/iter");
     s.pair.sync();
 }
 

@@ -294,17 +294,11 @@ fn ping_pong_on(
     ASSERT_LE!(n as usize, s.n_max);
     s.pair.sync();
     if s.on_gpu() {
-        let k = ok!(
-            GpuKernel::load(
-                s.pair.device,
-                "port_channel_tests",
-                "port_channel_ping_pong"
-            ),
-            "loading the kernel"
-        );
-        ok!(
-            s.errors.copy_from_host(0, &[0]),
-            "zeroing the error counter"
+        let k = load_zeroing_errors(
+            s.pair.device,
+            "port_channel_tests",
+            "port_channel_ping_pong",
+            &s.errors,
         );
         let a = PingPongArgs {
             ch: s.channel.device_handle(),
@@ -329,12 +323,7 @@ fn ping_pong_on(
             "running port_channel_ping_pong{}",
             if legacy { " on the legacy stream" } else { "" }
         );
-        let mut e = [0i32];
-        ok!(
-            s.errors.copy_to_host(0, &mut e),
-            "reading the error counter"
-        );
-        (e[0] as u64, ms / 1e3)
+        (read_errors(&s.errors), ms / 1e3)
     } else {
         let start = Instant::now();
         let errors = ok!(
@@ -419,17 +408,11 @@ pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
     for n in [2u64, 1000, 1 << 14] {
         s.pair.sync();
         let errors = if s.on_gpu() {
-            let k = ok!(
-                GpuKernel::load(
-                    s.pair.device,
-                    "port_channel_tests",
-                    "port_channel_packet_ping_pong"
-                ),
-                "loading the kernel"
-            );
-            ok!(
-                s.errors.copy_from_host(0, &[0]),
-                "zeroing the error counter"
+            let k = load_zeroing_errors(
+                s.pair.device,
+                "port_channel_tests",
+                "port_channel_packet_ping_pong",
+                &s.errors,
             );
             let a = PacketArgs {
                 ch: s.packet_channel.device_handle(),
@@ -448,12 +431,7 @@ pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
                 unsafe { k.run(1, 1024, &a, s.pair.timeout) },
                 "running port_channel_packet_ping_pong"
             );
-            let mut e = [0i32];
-            ok!(
-                s.errors.copy_to_host(0, &mut e),
-                "reading the error counter"
-            );
-            e[0] as u64
+            read_errors(&s.errors)
         } else {
             ok!(
                 host_packet_ping_pong(&s, n, iters, flag_base),
@@ -486,14 +464,12 @@ PERF_TEST!(PortChannelOneToOneTest, PingPongPerf, |ctx| {
     ping_pong(&s, 1, warm, false, false);
     let (_, secs) = ping_pong(&s, 1, iters, false, false);
     let us = secs * 1e6 / f64::from(iters);
-    if ctx.rank() == 0 {
-        ctx.report_perf(
-            "port channel put+signal ping-pong, 4 bytes (one hop)",
-            us,
-            "us/iter",
-        );
-    }
-    EXPECT_GT!(us, 0.0);
+    report_on_rank0(
+        ctx,
+        "port channel put+signal ping-pong, 4 bytes (one hop)",
+        us,
+        "us/iter",
+    );
     s.finish();
 });
 

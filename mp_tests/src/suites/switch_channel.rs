@@ -81,6 +81,24 @@ impl Nvls {
         ok!(mp_env().bootstrap.barrier(), "bootstrap barrier");
     }
 
+    /// A buffer of `elems` f32 holding [`value`]`(rank, i, salt)`, its NVLS connection and
+    /// the switch channel bound to the buffer.
+    fn filled_channel(
+        &self,
+        elems: usize,
+        salt: usize,
+    ) -> (GpuBuffer<f32>, NvlsConnection, SwitchChannel) {
+        let buf: GpuBuffer<f32> = ok!(GpuBuffer::new(self.device, elems), "allocating");
+        let mine: Vec<f32> = (0..elems).map(|i| value(self.rank, i, salt)).collect();
+        ok!(buf.copy_from_host(0, &mine), "filling");
+        let conn = self.connect(buf.bytes());
+        let ch = ok!(
+            conn.bind_allocated_memory(buf.data(), buf.bytes()),
+            "binding"
+        );
+        (buf, conn, ch)
+    }
+
     fn connect(&self, bytes: usize) -> NvlsConnection {
         ok!(
             NvlsConnection::connect_collective(&self.comm, &self.ranks, self.device, bytes),
@@ -233,14 +251,8 @@ TEST!(SwitchChannelTest, SimpleAllReduce, |ctx| {
     // Upstream's test: one rank reduces vector 0 over every copy and stores the sum back.
     let s = nvls_setup(ctx);
     let elems = 64 * 1024;
-    let buf: GpuBuffer<f32> = ok!(GpuBuffer::new(s.device, elems), "allocating");
     let mine: Vec<f32> = (0..elems).map(|i| value(s.rank, i, 0)).collect();
-    ok!(buf.copy_from_host(0, &mine), "filling");
-    let conn = s.connect(buf.bytes());
-    let ch = ok!(
-        conn.bind_allocated_memory(buf.data(), buf.bytes()),
-        "binding"
-    );
+    let (buf, _conn, ch) = s.filled_channel(elems, 0);
     EXPECT_EQ!(ch.device_ptr(), buf.data());
     EXPECT_NE!(
         ch.mc_ptr(),
@@ -331,14 +343,7 @@ TEST!(SwitchChannelTest, ReduceToAndBroadcastFrom, |ctx| {
         SKIP!("reduce_to/broadcast_from are host-emulation operations (GPU kernels use reduce/broadcast)");
     }
     let elems = 32 * 1024;
-    let buf: GpuBuffer<f32> = ok!(GpuBuffer::new(s.device, elems), "allocating");
-    let mine: Vec<f32> = (0..elems).map(|i| value(s.rank, i, 2)).collect();
-    ok!(buf.copy_from_host(0, &mine), "filling");
-    let conn = s.connect(buf.bytes());
-    let ch = ok!(
-        conn.bind_allocated_memory(buf.data(), buf.bytes()),
-        "binding"
-    );
+    let (buf, _conn, ch) = s.filled_channel(elems, 2);
     s.barrier();
     let h = ch.device_handle();
     let (first, count) = s.slice((elems / 4) as u64);
@@ -439,14 +444,7 @@ TEST!(SwitchChannelTest, CreateBindDestroyCycles, |ctx| {
     };
     let elems = 4096;
     let cycle = |c: usize| {
-        let buf: GpuBuffer<f32> = ok!(GpuBuffer::new(s.device, elems), "allocating");
-        let mine: Vec<f32> = (0..elems).map(|i| value(s.rank, i, c)).collect();
-        ok!(buf.copy_from_host(0, &mine), "filling");
-        let conn = s.connect(buf.bytes());
-        let ch = ok!(
-            conn.bind_allocated_memory(buf.data(), buf.bytes()),
-            "binding"
-        );
+        let (buf, conn, ch) = s.filled_channel(elems, c);
         s.barrier();
         let (first, count) = s.slice((elems / 4) as u64);
         all_reduce::<f32>(&s, &ch, first, count);

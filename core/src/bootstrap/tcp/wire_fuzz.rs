@@ -13,12 +13,8 @@ use proptest::prelude::*;
 use super::wire::*;
 
 fn config() -> ProptestConfig {
-    let cases = std::env::var("MSCCLPP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
     ProptestConfig {
-        cases,
+        cases: mscclpp_framework::fuzz_cases(),
         failure_persistence: None,
         ..ProptestConfig::default()
     }
