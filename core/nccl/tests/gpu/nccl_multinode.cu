@@ -10,6 +10,9 @@
 // NCCL_MN_MODES (default "stream,legacy") and NCCL_MN_COUNTS (default "1,1000,4099,1048576")
 // choose the modes and sizes, in order; NCCL_MN_STREAM=legacy launches on the legacy default
 // stream itself (as PyTorch 2.11 does for synchronous collectives) instead of a non-blocking one.
+// NCCL_MN_WORLD / NCCL_MN_NODES change the world (default 4 ranks on 2 emulated nodes; 2 and 1:
+// two ranks on one node, as `gpu-check plans` runs it) and NCCL_MN_ALLOC=memalloc takes the
+// buffer from ncclMemAlloc instead of cudaMalloc.
 // Prints "NCCL_MN rank=<r> mode=<m> n=<count> ok=<0|1> ms=<t>" per call, "NCCL_MN rank=<r>
 // done ok=<0|1>" last; exits 1 on any failure or timeout.
 #include <cuda_runtime.h>
@@ -96,10 +99,22 @@ int main(void) {
     return 1;
   }
   rank_ = atoi(r);
-  const int world = 4;
-  char host[64];
-  snprintf(host, sizeof host, "nccl-mn-node-%d", rank_ / 2);
-  setenv("MSCCLPP_HOSTID", host, 1);
+  // NCCL_MN_WORLD ranks (default 4) on NCCL_MN_NODES emulated nodes (default 2; 1: one node,
+  // MSCCLPP_HOSTID left alone).
+  const char* ws = getenv("NCCL_MN_WORLD");
+  const char* ns = getenv("NCCL_MN_NODES");
+  const int world = ws ? atoi(ws) : 4;
+  const int nodes = ns ? atoi(ns) : 2;
+  if (world < 1 || nodes < 1 || world % nodes != 0) {
+    printf("NCCL_MN rank=%d FAIL NCCL_MN_WORLD=%d NCCL_MN_NODES=%d: expected nodes dividing world\n", rank_, world,
+           nodes);
+    return 1;
+  }
+  if (nodes > 1) {
+    char host[64];
+    snprintf(host, sizeof host, "nccl-mn-node-%d", rank_ / (world / nodes));
+    setenv("MSCCLPP_HOSTID", host, 1);
+  }
   CK(cudaSetDevice(0));
   ncclUniqueId id;
   exchange_id(&id, idf);
@@ -117,7 +132,15 @@ int main(void) {
   size_t max = 1;
   for (int c = 0; c < ncounts; c++) max = counts[c] > max ? counts[c] : max;
   float *buf, *host_in = (float*)malloc(max * 4), *host_out = (float*)malloc(max * 4);
-  CK(cudaMalloc(&buf, max * 4));
+  // NCCL_MN_ALLOC=memalloc: the buffer comes from ncclMemAlloc (memory the library allocated,
+  // which execution plans need); default cudaMalloc.
+  const char* alloc = getenv("NCCL_MN_ALLOC");
+  const int memalloc = alloc && strcmp(alloc, "memalloc") == 0;
+  if (memalloc) {
+    NK(ncclMemAlloc((void**)&buf, max * 4));
+  } else {
+    CK(cudaMalloc(&buf, max * 4));
+  }
   int all_ok = 1;
   int modes[8], nmodes = 0;  // 0 stream, 1 legacy
   const char* names[] = {"stream", "legacy"};
@@ -147,7 +170,7 @@ int main(void) {
       double ms = now_ms() - t0;
       int ok = 1;
       for (size_t i = 0; i < n && ok; i++) {
-        float want = (float)((i % 17) * world + 0 + 1 + 2 + 3);
+        float want = (float)((i % 17) * world + world * (world - 1) / 2);
         if (host_out[i] != want) {
           printf("NCCL_MN rank=%d mode=%s n=%zu: element %zu is %g, expected %g\n", rank_, names[m], n, i,
                  host_out[i], want);
@@ -158,6 +181,7 @@ int main(void) {
       all_ok &= ok;
     }
   }
+  if (memalloc) NK(ncclMemFree(buf));
   NK(ncclCommDestroy(comm));
   printf("NCCL_MN rank=%d done ok=%d\n", rank_, all_ok);
   return all_ok ? 0 : 1;
