@@ -124,6 +124,7 @@ pub mod gpu_buffer;
 #[allow(rustdoc::private_intra_doc_links)] // its docs link its private parts (mr, qp)
 pub mod ib;
 pub mod identity;
+pub mod kernels;
 pub mod logger;
 pub mod memory;
 pub mod memory_channel;

@@ -59,6 +59,8 @@ mod runner;
 mod state;
 mod verdict;
 
+pub mod env;
+
 pub use runner::{
     checked_selection, parse_args, run, run_main, select_tests, Environment, Filter, Options,
     PerfSelection, USAGE,
@@ -68,12 +70,4 @@ pub use state::__private;
 pub use state::{registered_tests, Fixture, PerfRecord, TestCase, TestContext};
 pub use verdict::{combine_verdicts, SingleProcessWorld, Verdict, World};
 
-/// How many cases each property-based fuzz target of the workspace runs: the value of
-/// `MSCCLPP_FUZZ_CASES`, or 256 (what CI runs) when it is unset or not a number. One place
-/// for the budget that the proptest suites of `mscclpp`, this crate and `mp_tests` share.
-pub fn fuzz_cases() -> u32 {
-    std::env::var("MSCCLPP_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
-}
+pub use env::fuzz_cases;

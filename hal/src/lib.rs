@@ -49,7 +49,6 @@ pub mod graph;
 pub mod ibv;
 pub mod ipc;
 pub mod ipc_cache;
-pub mod kernels;
 mod multicast;
 mod nvls;
 
@@ -410,7 +409,7 @@ pub trait StreamApi {
 
 /// Code objects and kernel launch (each backend's `module.rs`).
 pub trait ModuleApi {
-    /// Loads a code object (fatbin/cubin/hsaco bytes, e.g. from [`kernels::object`]).
+    /// Loads a code object (fatbin/cubin/hsaco bytes, e.g. a `CodeObject` of `mscclpp::kernels`).
     fn load_module(dev: &<Self as Api>::Device, code: &[u8]) -> Result<<Self as Api>::Module>
     where
         Self: Api;

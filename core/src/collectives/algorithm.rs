@@ -140,12 +140,6 @@ impl CollArgs {
     }
 }
 
-/// The name of the kernel instantiated for `base`, `dtype` and `op`
-/// (`allreduce_allpair_packet_f16_sum`).
-pub fn kernel_name(base: &str, dtype: DataType, op: ReduceOp) -> String {
-    format!("{base}_{}_{}", dtype.kernel_name(), op.name())
-}
-
 /// Host backend: the flag block `blk` reads at its start.
 pub fn host_flag(res: &Resources, blk: usize) -> u32 {
     // SAFETY: the meta buffer is live host memory of MAX_FLAGS u32 at flags_ptr (host backend).

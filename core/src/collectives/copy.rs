@@ -11,6 +11,7 @@ use super::gpu::GpuCtx;
 use super::setup::Resources;
 use super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::{Gpu, StreamInterop};
 
@@ -64,8 +65,7 @@ pub(crate) unsafe fn gpu_copy(
     // SAFETY: CopyArgs mirrors coll_copy's parameters; forwarded from the caller.
     unsafe {
         gpu.launch(
-            "collectives/copy",
-            "coll_copy",
+            kernels::collectives::copy::COLL_COPY,
             blocks,
             threads,
             &args,

@@ -1,6 +1,6 @@
-//! Kernel launching for the collectives on GPU builds: code objects loaded once per
-//! `Collectives`, kernels looked up once by name, launches on the caller's stream (wrapped
-//! non-owningly through [`mscclpp_hal::StreamInterop`]).
+//! Kernel launching for the collectives and the executor on GPU builds: code objects loaded
+//! once per `GpuCtx`, kernels looked up once by their typed name ([`crate::kernels`]),
+//! launches on the caller's stream (wrapped non-owningly through [`mscclpp_hal::StreamInterop`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -9,13 +9,14 @@ use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
 
 use super::types::RawStream;
 use crate::error::{Error, Result};
+use crate::kernels::{self, CodeObject, Kernel};
 use crate::memory::hal_err;
 
-/// The GPU side of one `Collectives`: device, modules, kernels.
+/// The GPU side of one `Collectives`: device, modules (by stem), kernels (by stem and name).
 pub struct GpuCtx {
     dev: <Gpu as Api>::Device,
     modules: Mutex<HashMap<&'static str, <Gpu as Api>::Module>>,
-    kernels: Mutex<HashMap<String, <Gpu as Api>::Kernel>>,
+    kernels: Mutex<HashMap<(&'static str, &'static str), <Gpu as Api>::Kernel>>,
 }
 
 impl std::fmt::Debug for GpuCtx {
@@ -26,23 +27,34 @@ impl std::fmt::Debug for GpuCtx {
     }
 }
 
+/// Loads `object` on `dev`: an error when this build embeds no code for it.
+fn load(dev: &<Gpu as Api>::Device, object: &CodeObject) -> Result<<Gpu as Api>::Module> {
+    let stem = object.stem();
+    let code = object.code().ok_or_else(|| {
+        Error::invalid(format!(
+            "collectives: this build embeds no code object `{stem}` (built without a GPU feature?)"
+        ))
+    })?;
+    Gpu::load_module(dev, code).map_err(|e| hal_err(&format!("load code object {stem}"), e))
+}
+
 impl GpuCtx {
-    /// The context of GPU `id`, with every collectives code object loaded (all their kernels
-    /// too, see the CUDA backend's `load_module`): loading one at a first launch could wait
-    /// for kernels running on the GPU, which under MPS include other ranks' kernels waiting for
-    /// this rank's. Loaded per `Collectives`, not once per process: the code objects hold
-    /// module-scope state (the grid barrier word of mesh.hpp, tagged with the communicator's
-    /// own flags), so two communicators sharing a module would pass each other's grid
-    /// barriers (a process-wide cache did: wrong `rsag_pipeline` results at 4 ranks on an H200,
-    /// 2026-12-02).
+    /// The context of GPU `id`, with every collectives code object
+    /// ([`kernels::collectives::OBJECTS`]) loaded (all their kernels too, see the CUDA
+    /// backend's `load_module`): loading one at a first launch could wait for kernels running
+    /// on the GPU, which under MPS include other ranks' kernels waiting for this rank's. Loaded
+    /// per `Collectives`, not once per process: the code objects hold module-scope state (the
+    /// grid barrier word of mesh.hpp, tagged with the communicator's own flags), so two
+    /// communicators sharing a module would pass each other's grid barriers (a process-wide
+    /// cache did: wrong `rsag_pipeline` results at 4 ranks on an H200, 2026-12-02). Objects
+    /// this build does not embed (host backend, skipped device code) are left out; a launch of
+    /// one of their kernels says so.
     pub fn new(id: i32) -> Result<GpuCtx> {
         let dev = crate::memory::gpu_device(id)?;
         let mut modules = HashMap::new();
-        for stem in mscclpp_hal::kernels::stems().filter(|s| s.starts_with("collectives/")) {
-            if let Some(code) = mscclpp_hal::kernels::object(stem) {
-                let m = Gpu::load_module(&dev, code)
-                    .map_err(|e| hal_err(&format!("load code object {stem}"), e))?;
-                modules.insert(stem, m);
+        for object in kernels::collectives::OBJECTS {
+            if object.code().is_some() {
+                modules.insert(object.stem(), load(&dev, object)?);
             }
         }
         Ok(GpuCtx {
@@ -57,31 +69,26 @@ impl GpuCtx {
         &self.dev
     }
 
-    /// Kernel `name` of code object `stem` (cached).
-    pub fn kernel(&self, stem: &'static str, name: &str) -> Result<<Gpu as Api>::Kernel> {
-        if let Some(k) = self
+    /// The loaded kernel `k` (cached; its code object is loaded here if [`GpuCtx::new`] did
+    /// not, as the executor's is).
+    pub fn kernel(&self, k: Kernel) -> Result<<Gpu as Api>::Kernel> {
+        let (stem, name) = (k.object().stem(), k.name());
+        if let Some(loaded) = self
             .kernels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(name)
+            .get(&(stem, name))
         {
-            return Ok(k.clone());
+            return Ok(loaded.clone());
         }
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if !modules.contains_key(stem) {
-            let code = mscclpp_hal::kernels::object(stem).ok_or_else(|| {
-                Error::invalid(format!(
-                    "collectives: this build embeds no code object `{stem}` (built without a GPU feature?)"
-                ))
-            })?;
-            let m = Gpu::load_module(&self.dev, code)
-                .map_err(|e| hal_err(&format!("load code object {stem}"), e))?;
-            modules.insert(stem, m);
+            modules.insert(stem, load(&self.dev, k.object())?);
         }
         let module = modules
             .get(stem)
             .ok_or_else(|| Error::Internal(format!("module {stem} vanished")))?;
-        let k = Gpu::get_kernel(module, name).map_err(|e| {
+        let loaded = Gpu::get_kernel(module, name).map_err(|e| {
             Error::invalid(format!(
                 "collectives: code object `{stem}` has no kernel `{name}` (that data type / operation is not built for this GPU backend): {e}"
             ))
@@ -89,30 +96,30 @@ impl GpuCtx {
         self.kernels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name.to_string(), k.clone());
-        Ok(k)
+            .insert((stem, name), loaded.clone());
+        Ok(loaded)
     }
 
-    /// Launches `name` of `stem` with the `#[repr(C)]` argument block `args` on `stream`.
+    /// Launches `k` on `blocks` blocks of `threads` threads with the `#[repr(C)]` argument
+    /// block `args` on `stream`: the one launch every collective and the executor make.
     ///
     /// # Safety
     /// `A` matches the kernel's parameters; every address in it stays valid until the kernel
     /// finished; `stream` is 0 or a live stream of this device's context.
     pub unsafe fn launch<A: Copy>(
         &self,
-        stem: &'static str,
-        name: &str,
+        k: Kernel,
         blocks: u32,
         threads: u32,
         args: &A,
         stream: RawStream,
     ) -> Result<()> {
-        let k = self.kernel(stem, name)?;
+        let loaded = self.kernel(k)?;
         // SAFETY: forwarded from the caller (stream ownership stays with the caller).
         let s = unsafe { Gpu::borrow_stream(&self.dev, stream) };
         // SAFETY: forwarded from the caller.
-        unsafe { Gpu::launch(&k, &LaunchConfig::linear(blocks, threads), &s, args) }
-            .map_err(|e| hal_err(&format!("launch {name}"), e))
+        unsafe { Gpu::launch(&loaded, &LaunchConfig::linear(blocks, threads), &s, args) }
+            .map_err(|e| hal_err(&format!("launch {}", k.name()), e))
     }
 
     /// Whether `stream` is being captured into a graph.

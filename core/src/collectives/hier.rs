@@ -10,6 +10,7 @@ use super::mesh::{self, THREADS};
 use super::setup::Resources;
 use super::types::{DataType, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 use crate::port_channel::PortChannelDeviceHandle;
 
 /// Pipeline slots of the network areas (see `allreduce/hier_rsag_port.rs` for why 4 suffice).
@@ -83,10 +84,8 @@ pub(crate) fn gpu_args(
 
 /// Which hierarchical kernel a launch runs.
 pub(crate) struct Kernel<'a> {
-    /// The code object (path below kernels/cuda/src without `.cu`).
-    pub module: &'static str,
-    /// The kernel's name.
-    pub name: &'a str,
+    /// The kernel (one of kernels/cuda/src/collectives/*/hier_*.cu).
+    pub kernel: kernels::Kernel,
     /// The algorithm, for errors ("allreduce hier_rsag_port").
     pub what: &'a str,
     /// The kernel counts bytes per rank instead of elements (all-gather).
@@ -108,7 +107,7 @@ pub(crate) fn launch(
     }
     // SAFETY: CollArgs mirrors the kernels' parameter (common.hpp); the net channel table and
     // the rank table live in `res`; the caller keeps the buffers alive.
-    unsafe { gpu.launch(k.module, k.name, blocks, THREADS, &args, stream) }
+    unsafe { gpu.launch(k.kernel, blocks, THREADS, &args, stream) }
 }
 
 /// Handshake with every rail peer (a signal each way on the port channels).

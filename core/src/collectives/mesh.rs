@@ -10,12 +10,13 @@
 
 use mscclpp_hal::{prelude::*, Gpu};
 
-use super::algorithm::split;
+use super::algorithm::{split, Call, CollArgs};
 use super::gpu::GpuCtx;
 use super::setup::{Resources, MAX_SEM_BLOCKS};
 pub(crate) use super::topology::Census;
 use super::types::RawStream;
 use crate::error::{Error, Result};
+use crate::kernels::Kernel;
 use crate::memory::hal_err;
 
 /// Bytes of one vector (the partition granularity).
@@ -71,6 +72,48 @@ pub(crate) fn census(res: &Resources, gpu: &GpuCtx, stream: RawStream) -> Result
 pub(crate) fn grid(c: &Census, want: usize, limit: usize) -> u32 {
     let cap = (c.min_sms as usize / c.share.max(1)).max(1);
     want.min(cap).min(limit).clamp(1, MAX_SEM_BLOCKS) as u32
+}
+
+/// The grid a mesh launch asks for: `want` blocks, at most `limit` ([`grid`] applies the census).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grid {
+    /// Blocks the work would use.
+    pub want: usize,
+    /// The algorithm's cap.
+    pub limit: usize,
+}
+
+/// The launch of every census-sized collective kernel: `k` with [`THREADS`] threads on the
+/// [`grid`] of `g` over this call's [`census`], its one parameter `CollArgs::new(res, call)`
+/// with `extra` in the first words of `CollArgs::extra`.
+///
+/// # Safety
+/// `k` takes one `CollArgs`; every address in `extra` and in the call stays valid until the
+/// kernel finished; `stream` is 0 or a live stream of `gpu`'s device.
+pub(crate) unsafe fn launch(
+    res: &Resources,
+    gpu: &GpuCtx,
+    call: &Call,
+    stream: RawStream,
+    k: Kernel,
+    g: Grid,
+    extra: &[u64],
+) -> Result<()> {
+    let census = census(res, gpu, stream)?;
+    let blocks = grid(&census, g.want, g.limit);
+    let mut args = CollArgs::new(res, call);
+    args.extra
+        .get_mut(..extra.len())
+        .ok_or_else(|| {
+            Error::Internal(format!(
+                "{}: {} extra argument words, CollArgs has 5",
+                k.name(),
+                extra.len()
+            ))
+        })?
+        .copy_from_slice(extra);
+    // SAFETY: forwarded from the caller; CollArgs mirrors the kernel's parameter (common.hpp).
+    unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
 }
 
 /// Bytes of one of `nslots` equal slots of the plain scratch (a multiple of [`VEC`]).

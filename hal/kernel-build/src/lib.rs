@@ -1,13 +1,21 @@
-//! Compiling device code from build scripts, shared by `hal/build.rs` (the kernels the library
-//! launches, `kernels/cuda/src/`) and `mp_tests/test-kernels/build.rs` (the test kernels,
-//! `kernels/cuda/test_kernels/`), so the compiler discovery and architecture flags exist once.
+//! Compiling device code from build scripts, shared by `core/build.rs` (the kernels the library
+//! launches, `kernels/cuda/src/`, and the examples' own) and `mp_tests/test-kernels/build.rs`
+//! (the test kernels, `kernels/cuda/test_kernels/`), so the compiler discovery and architecture
+//! flags exist once; `hal/build.rs` uses only [`Backend`] (it compiles no device code).
 //!
 //! [`compile_tree`] compiles every `.cu` file under a folder (subfolders included, embedded
 //! as `folder/stem`) with nvcc into fatbins (sm_80, sm_90, sm_100 and compute_90 PTX, dropping
 //! what the nvcc at hand does not list) or with hipcc into AMD code objects (gfx90a, and gfx942
 //! where hipcc accepts it). [`write_index`] writes a Rust file declaring
-//! `KERNEL_OBJECTS: &[(&str, &[u8])]` that `include!`s them. Failures stop the build with a
-//! message naming the tool, the command and its output (build scripts report by panicking).
+//! `KERNEL_OBJECTS: &[(&str, &[u8])]` that `include!`s them; [`write_names`] writes typed names
+//! instead: a module per source with its code object and one const per kernel or kernel
+//! family, found by scanning the sources ([`scan_source`]), the same on every backend.
+//! Failures stop the build with a message naming the tool, the command and its output (build
+//! scripts report by panicking).
+
+mod names;
+
+pub use names::{group, scan_source, write_names, Entry, NameOptions, Vocabulary};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

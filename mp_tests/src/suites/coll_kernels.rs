@@ -3,6 +3,8 @@
 //! same run (the vectorised `coll_copy` kernel and cuMemcpy), as bytes read + written per
 //! second. Target: the reduction reaches >= 95 % of the copy. Rank 0 measures; the others wait.
 
+use mscclpp::collectives::{DataType, ReduceOp};
+use mscclpp::kernels::collectives::copy as copy_kernels;
 use mscclpp::{Device, GpuBuffer};
 use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
@@ -47,16 +49,22 @@ PERF_TEST!(CollectivesKernelPerfTest, LocalReduceBandwidth, |ctx| {
     let c: GpuBuffer<u8> = ok!(GpuBuffer::new(device, bytes), "allocating c");
     let dev = ok!(Gpu::open_device(0), "opening GPU 0");
     let props = ok!(Gpu::properties(&dev), "GPU properties");
-    let code = match mscclpp_hal::kernels::object("collectives/copy") {
+    let code = match copy_kernels::OBJECT.code() {
         Some(c) => c,
         None => FAIL!("this build embeds no collectives/copy code object"),
     };
     let module = ok!(Gpu::load_module(&dev, code), "loading collectives/copy");
-    let reduce = ok!(
-        Gpu::get_kernel(&module, "coll_reduce2_f16_sum"),
-        "coll_reduce2_f16_sum"
+    let reduce2 = ok!(
+        copy_kernels::COLL_REDUCE2.instance(DataType::F16, ReduceOp::Sum),
+        "coll_reduce2 f16 sum"
     );
-    let copy = ok!(Gpu::get_kernel(&module, "coll_copy"), "coll_copy");
+    let reduce = ok!(
+        Gpu::get_kernel(&module, reduce2.name()),
+        "{}",
+        reduce2.name()
+    );
+    let copy_name = copy_kernels::COLL_COPY.name();
+    let copy = ok!(Gpu::get_kernel(&module, copy_name), "{copy_name}");
     let stream = ok!(Gpu::create_stream(&dev), "stream");
     let (start, end) = (
         ok!(Gpu::create_event(&dev), "event"),

@@ -10,12 +10,13 @@
 //! slot into the output. In place: `send == recv + me * bytes`, step 2 skips the own slot.
 //! Kernel: kernels/cuda/src/collectives/allgather/fullmesh.cu (one kernel for every type).
 
-use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{self, host_copy, part, peers, scratch_at, THREADS, VEC};
+use super::super::mesh::{self, host_copy, part, peers, scratch_at, Grid, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct Fullmesh;
@@ -49,23 +50,11 @@ impl Algorithm for Fullmesh {
         stream: RawStream,
     ) -> Result<()> {
         let c = mesh::slot_bytes(res, res.nranks());
-        let census = mesh::census(res, gpu, stream)?;
         let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
-        let blocks = mesh::grid(&census, want, 32);
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = c as u64;
-        args.extra[1] = call.bytes() as u64;
-        // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allgather/fullmesh",
-                "allgather_fullmesh",
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let k = kernels::collectives::allgather::FULLMESH;
+        let extra = [c as u64, call.bytes() as u64];
+        // SAFETY: the kernel takes one CollArgs; the caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -30,6 +30,7 @@ use super::super::mesh::{host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct HierPort;
@@ -71,8 +72,7 @@ impl Algorithm for HierPort {
     ) -> Result<()> {
         // The kernel moves bytes: its count is the bytes per rank.
         let k = Kernel {
-            module: "collectives/allgather/hier_port",
-            name: "allgather_hier_port",
+            kernel: kernels::collectives::allgather::HIER_PORT,
             what: "allgather hier_port",
             count_bytes: true,
         };

@@ -18,14 +18,15 @@
 //! (`super::super::port`); a call captured before that fails with the reason.
 //! Kernel: kernels/cuda/src/collectives/allgather/port_channel.cu (one kernel for every type).
 
-use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
+use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::port;
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object: the proxy and port channels it shares with `rsag_port_channel`.
 #[derive(Debug, Default)]
@@ -74,28 +75,16 @@ impl Algorithm for PortChannel {
             .state(res, Some((gpu, stream)))?
             .ok_or_else(|| port::not_built("allgather port_channel"))?;
         let c = chunk_bytes(res);
-        let census = mesh::census(res, gpu, stream)?;
-        let blocks = mesh::grid(
-            &census,
-            call.bytes().min(c).div_ceil(BYTES_PER_BLOCK),
-            MAX_BLOCKS,
-        );
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = st.table.data();
-        args.extra[1] = c as u64;
-        args.extra[2] = call.bytes() as u64;
-        // SAFETY: CollArgs mirrors the kernel's parameter; the channel table lives in `res.ext`;
-        // the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allgather/port_channel",
-                "allgather_port_channel",
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
+        let k = kernels::collectives::allgather::PORT_CHANNEL;
+        let extra = [st.table.data(), c as u64, call.bytes() as u64];
+        let g = Grid {
+            want,
+            limit: MAX_BLOCKS,
+        };
+        // SAFETY: the kernel takes one CollArgs; the channel table lives in `res.ext`; the
+        // caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, g, &extra) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -8,7 +8,7 @@
 //! block only waits for the same block of its peers and in-place calls are safe.
 //! Kernel: kernels/cuda/src/collectives/allreduce/allpair_packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_bump_flags, host_flag, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_ll::{
     get_packet, load_unit, packet_bytes, put_packet, reduce_units, store_unit, Unit,
@@ -17,6 +17,7 @@ use super::super::host_math::with_elem;
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct AllpairPacket;
@@ -72,18 +73,9 @@ impl Algorithm for AllpairPacket {
             .min(res.max_waiting_blocks()) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = w as u64;
-        let name = kernel_name("allreduce_allpair_packet", call.dtype, call.op);
+        let k = kernels::collectives::allreduce::ALLPAIR_PACKET.instance(call.dtype, call.op)?;
         // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/allpair_packet",
-                &name,
-                blocks,
-                threads,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, blocks, threads, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

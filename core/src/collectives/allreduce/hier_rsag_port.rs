@@ -32,7 +32,7 @@
 //! collectives/net.rs; the shared buffer otherwise), A and F (read by local peers) in the
 //! shared one.
 
-use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
+use super::super::algorithm::{host_local_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
 use super::super::host_math::{reduce_from_acc, reduce_to_acc, with_elem, HostElem};
@@ -41,6 +41,7 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, DataType, RawStream};
 use super::rsag_port_channel::put_or_signal;
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct HierRsagPort;
@@ -92,10 +93,9 @@ impl Algorithm for HierRsagPort {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let name = kernel_name("allreduce_hier_rsag_port", call.dtype, call.op);
         let k = Kernel {
-            module: "collectives/allreduce/hier_rsag_port",
-            name: &name,
+            kernel: kernels::collectives::allreduce::HIER_RSAG_PORT
+                .instance(call.dtype, call.op)?,
             what: "allreduce hier_rsag_port",
             count_bytes: false,
         };

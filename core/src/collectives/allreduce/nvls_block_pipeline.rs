@@ -10,7 +10,7 @@
 //! f32/f16/bf16 sum only (any count); other calls go to the copying fallback.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_block_pipeline.cu.
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{host_copy, THREADS};
 use super::super::nvls::{
@@ -21,6 +21,7 @@ use super::super::types::{CollectiveKind, RawStream};
 use super::nvls_warp_pipeline::{copy_in, gpu_blocks, region_bytes};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -60,19 +61,11 @@ impl Algorithm for NvlsBlockPipeline {
         let mut args = CollArgs::new(res, call);
         args.extra[0] = st.table.ptr();
         args.extra[1] = region_bytes(st.bytes, blocks as usize, 2) as u64;
-        let name = kernel_name("allreduce_nvls_block_pipeline", call.dtype, call.op);
+        let k =
+            kernels::collectives::allreduce::NVLS_BLOCK_PIPELINE.instance(call.dtype, call.op)?;
         count_launch();
         // SAFETY: as nvls_warp_pipeline: the scratch and its table live in `res.ext`.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/nvls_block_pipeline",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -12,7 +12,7 @@
 //! `split(W, blocks, b)` of every slot, so it waits only for the same block of its peers.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_bump_flags, host_flag, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_ll::{get_packet, load_unit, reduce_units, store_unit, Unit};
 use super::super::host_math::{with_elem, HostElem};
@@ -20,6 +20,7 @@ use super::super::nvls::{check_usable, count_launch, split, NvlsState, SCRATCH_B
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -84,20 +85,11 @@ impl Algorithm for NvlsPacket {
         args.extra[0] = st.table.ptr();
         args.extra[1] = w as u64;
         args.extra[2] = (st.bytes / 2) as u64;
-        let name = kernel_name("allreduce_nvls_packet", call.dtype, call.op);
+        let k = kernels::collectives::allreduce::NVLS_PACKET.instance(call.dtype, call.op)?;
         count_launch();
         // SAFETY: CollArgs mirrors the kernel's parameter; the scratch and its table live in
         // `res.ext`; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/nvls_packet",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -15,7 +15,7 @@
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_warp_pipeline.cu (a warp-strided loop per
 //! phase).
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, host_copy, THREADS};
 use super::super::nvls::{
@@ -25,6 +25,7 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -86,20 +87,12 @@ impl Algorithm for NvlsWarpPipeline {
         let mut args = CollArgs::new(res, call);
         args.extra[0] = st.table.ptr();
         args.extra[1] = region_bytes(st.bytes, blocks as usize, 1) as u64;
-        let name = kernel_name("allreduce_nvls_warp_pipeline", call.dtype, call.op);
+        let k =
+            kernels::collectives::allreduce::NVLS_WARP_PIPELINE.instance(call.dtype, call.op)?;
         count_launch();
         // SAFETY: CollArgs mirrors the kernel's parameter; the scratch and its handle table live
         // in `res.ext`; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/nvls_warp_pipeline",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

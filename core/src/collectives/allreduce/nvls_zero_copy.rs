@@ -14,9 +14,9 @@
 //! (not allocated by this library) and buffers first seen under graph capture.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_zero_copy.cu.
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{self, THREADS};
+use super::super::mesh::{self, Grid};
 use super::super::nvls::{
     block_vectors, check_usable, count_launch, fallback, multimem_reduces, with_vec16, NvlsShared,
     UserChannel,
@@ -25,6 +25,7 @@ use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, DataType, RawStream};
 use crate::device_emu::switch_channel::{Bf16x2, F16x2, F32x1, MultimemVector};
 use crate::error::Result;
+use crate::kernels;
 use crate::switch_channel::SwitchChannelDeviceHandle;
 use std::sync::Arc;
 
@@ -90,26 +91,13 @@ impl Algorithm for NvlsZeroCopy {
             return fallback()?.launch_gpu(res, gpu, call, stream);
         };
         let nv = (call.bytes() / 16) as u64;
-        let census = mesh::census(res, gpu, stream)?;
         let want = nv.div_ceil(res.nranks() as u64 * VECTORS_PER_BLOCK).max(1) as usize;
-        let blocks = mesh::grid(&census, want, 64);
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = ins.table.ptr();
-        args.extra[1] = outs.table.ptr();
-        let name = kernel_name("allreduce_nvls_zero_copy", call.dtype, call.op);
+        let k = kernels::collectives::allreduce::NVLS_ZERO_COPY.instance(call.dtype, call.op)?;
+        let extra = [ins.table.ptr(), outs.table.ptr()];
         count_launch();
-        // SAFETY: CollArgs mirrors the kernel's parameter; the handle tables live in the cache
-        // (kept by `res`); the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/nvls_zero_copy",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        // SAFETY: the kernel takes one CollArgs; the handle tables live in the cache (kept by
+        // `res`); the caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 64 }, &extra) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -11,13 +11,14 @@
 //! so a block depends only on the same block of its peers.
 //! Kernel: kernels/cuda/src/collectives/allreduce/packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_bump_flags, host_flag, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_ll::{get_packet, load_unit, put_packet, reduce_units, store_unit, Unit};
 use super::super::host_math::{with_elem, HostElem};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct Packet;
@@ -65,18 +66,9 @@ impl Algorithm for Packet {
             .clamp(1, res.max_waiting_blocks()) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = sw as u64;
-        let name = kernel_name("allreduce_packet", call.dtype, call.op);
+        let k = kernels::collectives::allreduce::PACKET.instance(call.dtype, call.op)?;
         // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/packet",
-                &name,
-                blocks,
-                threads,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, blocks, threads, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

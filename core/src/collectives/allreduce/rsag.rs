@@ -11,12 +11,13 @@
 //! offset in the chunk. Block b owns vectors `split(SV, blocks, b)` of every slice.
 //! Kernel: kernels/cuda/src/collectives/allreduce/rsag.cu.
 
-use super::super::algorithm::{host_barrier, kernel_name, split, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, split, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::setup::{Resources, MAX_SEM_BLOCKS};
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct Rsag;
@@ -68,18 +69,9 @@ impl Algorithm for Rsag {
             .clamp(1, MAX_SEM_BLOCKS.min(res.max_waiting_blocks())) as u32;
         let mut args = CollArgs::new(res, call);
         args.extra[0] = chunk_elems(res, size) as u64;
-        let name = kernel_name("allreduce_rsag", call.dtype, call.op);
+        let k = kernels::collectives::allreduce::RSAG.instance(call.dtype, call.op)?;
         // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/rsag",
-                &name,
-                blocks,
-                1024,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, blocks, 1024, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -23,13 +23,14 @@
 //! REDUCE blocks), so the local waits hold by construction and every rank meets its peers'
 //! handshakes in the same order. Kernel: kernels/cuda/src/collectives/allreduce/rsag_pipeline.cu.
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
 use super::super::setup::{Resources, MAX_SEM_BLOCKS};
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct RsagPipeline;
@@ -104,18 +105,9 @@ impl Algorithm for RsagPipeline {
         let p = (total / (K + 1)).max(1);
         let mut args = CollArgs::new(res, call);
         args.extra[..4].copy_from_slice(&[pl.w as u64, pl.d as u64, p as u64, K as u64]);
-        let name = kernel_name("allreduce_rsag_pipeline", call.dtype, call.op);
+        let k = kernels::collectives::allreduce::RSAG_PIPELINE.instance(call.dtype, call.op)?;
         // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/rsag_pipeline",
-                &name,
-                (p * (K + 1)) as u32,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        unsafe { gpu.launch(k, (p * (K + 1)) as u32, THREADS, &args, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

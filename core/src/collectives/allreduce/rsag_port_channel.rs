@@ -24,14 +24,15 @@
 //! (`super::super::port`); a call captured before that fails with the reason.
 //! Kernel: kernels/cuda/src/collectives/allreduce/rsag_port_channel.cu.
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
-use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
+use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::port::{self, PortState};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object: the proxy and port channels it shares with all-gather
 /// `port_channel`.
@@ -84,24 +85,14 @@ impl Algorithm for RsagPortChannel {
             .state(res, Some((gpu, stream)))?
             .ok_or_else(|| port::not_built("allreduce rsag_port_channel"))?;
         let s = slice_bytes(res, call);
-        let census = mesh::census(res, gpu, stream)?;
-        let blocks = mesh::grid(&census, s.div_ceil(BYTES_PER_BLOCK), MAX_BLOCKS);
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = st.table.data();
-        args.extra[1] = s as u64;
-        let name = kernel_name("allreduce_rsag_port_channel", call.dtype, call.op);
-        // SAFETY: CollArgs mirrors the kernel's parameter; the channel table lives in `res.ext`;
-        // the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/rsag_port_channel",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let k = kernels::collectives::allreduce::RSAG_PORT_CHANNEL.instance(call.dtype, call.op)?;
+        let g = Grid {
+            want: s.div_ceil(BYTES_PER_BLOCK),
+            limit: MAX_BLOCKS,
+        };
+        // SAFETY: the kernel takes one CollArgs; the channel table lives in `res.ext`; the
+        // caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, g, &[st.table.data(), s as u64]) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

@@ -18,15 +18,16 @@
 
 use std::sync::Arc;
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
-use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
+use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use super::super::user_buffers::UserBuffer;
 use super::rsag_pipeline::RsagPipeline;
 use crate::error::Result;
+use crate::kernels;
 
 /// The algorithm object.
 pub struct RsagZeroCopy;
@@ -87,25 +88,12 @@ impl Algorithm for RsagZeroCopy {
             return fallback()?.launch_gpu(res, gpu, call, stream);
         };
         let s = slice_bytes(call, res.nranks());
-        let census = mesh::census(res, gpu, stream)?;
-        let blocks = mesh::grid(&census, s.div_ceil(BYTES_PER_BLOCK), 64);
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = ins.table.ptr();
-        args.extra[1] = outs.table.ptr();
-        args.extra[2] = s as u64;
-        let name = kernel_name("allreduce_rsag_zero_copy", call.dtype, call.op);
-        // SAFETY: CollArgs mirrors the kernel's parameter; the tables live in the cache (kept
-        // by `res`), the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/allreduce/rsag_zero_copy",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let want = s.div_ceil(BYTES_PER_BLOCK);
+        let k = kernels::collectives::allreduce::RSAG_ZERO_COPY.instance(call.dtype, call.op)?;
+        let extra = [ins.table.ptr(), outs.table.ptr(), s as u64];
+        // SAFETY: the kernel takes one CollArgs; the tables live in the cache (kept by `res`),
+        // the caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 64 }, &extra) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

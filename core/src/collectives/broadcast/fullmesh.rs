@@ -10,12 +10,13 @@
 //! waits equally often (root->peer twice per chunk, peer->root once).
 //! Kernel: kernels/cuda/src/collectives/broadcast/fullmesh.cu (one kernel for every type).
 
-use super::super::algorithm::{host_signal, host_wait, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_signal, host_wait, Algorithm, Call};
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{self, host_copy, part, peers, scratch_at, THREADS, VEC};
+use super::super::mesh::{self, host_copy, part, peers, scratch_at, Grid, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct Fullmesh;
@@ -48,22 +49,11 @@ impl Algorithm for Fullmesh {
         stream: RawStream,
     ) -> Result<()> {
         let c = mesh::slot_bytes(res, 1);
-        let census = mesh::census(res, gpu, stream)?;
-        let blocks = mesh::grid(&census, call.bytes().min(c).div_ceil(BYTES_PER_BLOCK), 32);
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = c as u64;
-        args.extra[1] = call.bytes() as u64;
-        // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/broadcast/fullmesh",
-                "broadcast_fullmesh",
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
+        let k = kernels::collectives::broadcast::FULLMESH;
+        let extra = [c as u64, call.bytes() as u64];
+        // SAFETY: the kernel takes one CollArgs; the caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

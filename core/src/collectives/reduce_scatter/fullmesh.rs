@@ -10,13 +10,14 @@
 //! bytes`) each element is read before it is written by the same thread.
 //! Kernel: kernels/cuda/src/collectives/reduce_scatter/fullmesh.cu.
 
-use super::super::algorithm::{host_barrier, kernel_name, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
-use super::super::mesh::{self, host_copy, part, peers, scratch_at, THREADS, VEC};
+use super::super::mesh::{self, host_copy, part, peers, scratch_at, Grid, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct Fullmesh;
@@ -50,23 +51,11 @@ impl Algorithm for Fullmesh {
         stream: RawStream,
     ) -> Result<()> {
         let c = mesh::slot_bytes(res, res.nranks());
-        let census = mesh::census(res, gpu, stream)?;
-        let blocks = mesh::grid(&census, call.bytes().min(c).div_ceil(BYTES_PER_BLOCK), 32);
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = c as u64;
-        args.extra[1] = call.bytes() as u64;
-        let name = kernel_name("reducescatter_fullmesh", call.dtype, call.op);
-        // SAFETY: CollArgs mirrors the kernel's parameter; the caller keeps the buffers alive.
-        unsafe {
-            gpu.launch(
-                "collectives/reduce_scatter/fullmesh",
-                &name,
-                blocks,
-                THREADS,
-                &args,
-                stream,
-            )
-        }
+        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
+        let k = kernels::collectives::reduce_scatter::FULLMESH.instance(call.dtype, call.op)?;
+        let extra = [c as u64, call.bytes() as u64];
+        // SAFETY: the kernel takes one CollArgs; the caller keeps the buffers alive.
+        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {

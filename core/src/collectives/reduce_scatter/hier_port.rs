@@ -22,7 +22,7 @@
 //! `allreduce/hier_rsag_port.rs`). R and NET live in the network buffer (host-mapped over
 //! Ethernet, collectives/net.rs), A in the shared one.
 
-use super::super::algorithm::{host_local_barrier, kernel_name, Algorithm, Call};
+use super::super::algorithm::{host_local_barrier, Algorithm, Call};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
@@ -31,6 +31,7 @@ use super::super::mesh::{host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
+use crate::kernels;
 
 /// The algorithm object.
 pub struct HierPort;
@@ -74,10 +75,9 @@ impl Algorithm for HierPort {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let name = kernel_name("reducescatter_hier_port", call.dtype, call.op);
         let k = Kernel {
-            module: "collectives/reduce_scatter/hier_port",
-            name: &name,
+            kernel: kernels::collectives::reduce_scatter::HIER_PORT
+                .instance(call.dtype, call.op)?,
             what: "reducescatter hier_port",
             count_bytes: false,
         };

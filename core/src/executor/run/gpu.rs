@@ -1,5 +1,5 @@
-//! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor.cu`, embedded as
-//! `executor/executor`): one launch per execution, one block per thread block of the plan,
+//! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor.cu`,
+//! [`kernels::executor::EXECUTOR`]): one launch per execution, one block per thread block of the plan,
 //! on the caller's stream.
 
 use mscclpp_hal::prelude::*;
@@ -11,6 +11,7 @@ use crate::collectives::{DataType, RawStream};
 use crate::error::{Error, Result};
 use crate::executor::lower::device::ExecArgs;
 use crate::executor::plan::ExecutionPlan;
+use crate::kernels;
 use crate::memory::hal_err;
 
 /// `ExecDataType` of the C header.
@@ -58,8 +59,7 @@ pub(crate) unsafe fn launch(
     // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter.
     unsafe {
         g.launch(
-            "executor/executor",
-            "executor_kernel",
+            kernels::executor::EXECUTOR,
             args.nblocks,
             threads,
             &args,
