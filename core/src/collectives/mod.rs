@@ -625,7 +625,6 @@ impl Collectives {
     ///
     /// # Safety
     /// As [`Collectives::all_reduce`].
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn reduce_scatter(
         &self,
         send: u64,
