@@ -403,13 +403,9 @@ impl CudaHostRegistration {
 impl Drop for CudaHostRegistration {
     fn drop(&mut self) {
         // SAFETY: `host` was registered by `register_host` and is unregistered once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { mem::host_unregister(self.host.cast()) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe {
+            mem::host_unregister(self.host.cast())
+        });
     }
 }
 

@@ -52,15 +52,12 @@ impl Buffer for RocmMemory {
 
 impl Drop for RocmMemory {
     fn drop(&mut self) {
-        let r = self.dev.bind().and_then(|()| match self.host {
+        deferred::release(self.dev.bind(), || match self.host {
             // SAFETY: p came from hipHostMalloc and is freed once.
             Some(p) => unsafe { mem::host_free(p.cast()) },
             // SAFETY: ptr came from hipMalloc/hipExtMallocWithFlags and is freed once.
             None => unsafe { mem::free(self.ptr as usize as *mut c_void) },
         });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
     }
 }
 
@@ -251,13 +248,9 @@ impl RocmHostRegistration {
 impl Drop for RocmHostRegistration {
     fn drop(&mut self) {
         // SAFETY: `host` was registered by `register_host` and is unregistered once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { mem::host_unregister(self.host.cast()) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe {
+            mem::host_unregister(self.host.cast())
+        });
     }
 }
 
