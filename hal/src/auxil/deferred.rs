@@ -16,7 +16,7 @@ pub(crate) fn record(err: Error) {
 
 /// The body of a GPU handle's `Drop`: once `bind` (making the owning device current) succeeded,
 /// runs `release` (the driver's free/destroy call); a failure of either is [`record`]ed.
-#[cfg(any(feature = "cuda", feature = "rocm"))]
+#[cfg(any(hal_cuda, hal_rocm))]
 pub(crate) fn release(bind: Result<()>, release: impl FnOnce() -> Result<()>) {
     if let Err(e) = bind.and_then(|()| release()) {
         record(e);
