@@ -14,6 +14,15 @@ pub(crate) fn record(err: Error) {
     pending.push(err);
 }
 
+/// The body of a GPU handle's `Drop`: once `bind` (making the owning device current) succeeded,
+/// runs `release` (the driver's free/destroy call); a failure of either is [`record`]ed.
+#[cfg(any(hal_cuda, hal_rocm))]
+pub(crate) fn release(bind: Result<()>, release: impl FnOnce() -> Result<()>) {
+    if let Err(e) = bind.and_then(|()| release()) {
+        record(e);
+    }
+}
+
 /// Returns the oldest recorded drop-time failure, if any, as [`Error::Deferred`].
 pub(crate) fn check() -> Result<()> {
     let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());

@@ -21,4 +21,6 @@ pub(crate) use calls::count_driver_call;
 pub use calls::driver_calls_on_this_thread;
 #[cfg(any(hal_cuda, hal_rocm))]
 pub(crate) use image::aligned_code_image;
+#[cfg(any(hal_cuda, hal_rocm))]
+pub(crate) use range::register_then_map;
 pub(crate) use range::{check_host_range, check_range};

@@ -32,3 +32,18 @@ pub(crate) fn check_host_range(op: &'static str, ptr: *mut u8, len: usize) -> Re
     }
     Ok(())
 }
+
+/// The driver steps of a GPU backend's [`crate::HostRegisterApi::register_host`]: `register` pins
+/// the range, then `device_pointer` asks for its device address; should that fail, `unregister`
+/// undoes the pin (as well as it can) and the device-pointer error is returned.
+#[cfg(any(hal_cuda, hal_rocm))]
+pub(crate) fn register_then_map(
+    register: impl FnOnce() -> Result<()>,
+    device_pointer: impl FnOnce() -> Result<u64>,
+    unregister: impl FnOnce() -> Result<()>,
+) -> Result<u64> {
+    register()?;
+    device_pointer().inspect_err(|_| {
+        let _ = unregister();
+    })
+}

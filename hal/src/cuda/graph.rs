@@ -27,14 +27,11 @@ unsafe impl Sync for CudaGraph {}
 impl Drop for CudaGraph {
     fn drop(&mut self) {
         // SAFETY: both handles were created by end_capture and are destroyed once.
-        let r = self.dev.bind().and_then(|()| unsafe {
+        deferred::release(self.dev.bind(), || unsafe {
             let a = graph::exec_destroy(self.exec);
             let b = graph::destroy(self.graph);
             a.and(b)
         });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
     }
 }
 

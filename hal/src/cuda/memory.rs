@@ -12,7 +12,7 @@ use super::device::CudaDevice;
 use super::result::{device, mem, peer, stream, vmm};
 use super::Cuda;
 use crate::auxil::fdpass::FdRegistration;
-use crate::auxil::{check_host_range, check_range, deferred};
+use crate::auxil::{check_host_range, check_range, deferred, register_then_map};
 use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -403,13 +403,9 @@ impl CudaHostRegistration {
 impl Drop for CudaHostRegistration {
     fn drop(&mut self) {
         // SAFETY: `host` was registered by `register_host` and is unregistered once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { mem::host_unregister(self.host.cast()) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe {
+            mem::host_unregister(self.host.cast())
+        });
     }
 }
 
@@ -425,17 +421,14 @@ impl HostRegisterApi for Cuda {
         dev.enter()?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         let host: *mut c_void = ptr.cast();
-        // SAFETY: the caller guarantees a live host range that outlives the registration.
-        unsafe { mem::host_register(host, len, flags) }?;
-        // SAFETY: ptr was just registered with DEVICEMAP.
-        let device_ptr = match unsafe { mem::host_device_pointer(host) } {
-            Ok(d) => d,
-            Err(e) => {
-                // SAFETY: undo the registration made above.
-                let _ = unsafe { mem::host_unregister(host) };
-                return Err(e);
-            }
-        };
+        let device_ptr = register_then_map(
+            // SAFETY: the caller guarantees a live host range that outlives the registration.
+            || unsafe { mem::host_register(host, len, flags) },
+            // SAFETY: asked only once the range is registered with DEVICEMAP.
+            || unsafe { mem::host_device_pointer(host) },
+            // SAFETY: undoes the registration made by the first step, once.
+            || unsafe { mem::host_unregister(host) },
+        )?;
         Ok(CudaHostRegistration {
             dev: dev.clone(),
             host: ptr,

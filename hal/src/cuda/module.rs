@@ -45,13 +45,7 @@ impl Drop for ModuleInner {
     fn drop(&mut self) {
         // SAFETY: raw came from cuModuleLoadData and is unloaded once; every kernel of it
         // holds this Arc, so none is left.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { module::unload(self.raw) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe { module::unload(self.raw) });
     }
 }
 

@@ -57,13 +57,7 @@ struct McHandle {
 impl Drop for McHandle {
     fn drop(&mut self) {
         // SAFETY: the handle came from cuMulticastCreate or an import and is released once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { vmm::release(self.handle) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe { vmm::release(self.handle) });
     }
 }
 
@@ -91,7 +85,7 @@ impl Drop for CudaMulticastBinding {
     fn drop(&mut self) {
         let m = &self.mc.inner;
         // SAFETY: this range was bound for this device by `bind` and is unbound once.
-        let r = self.dev.bind().and_then(|()| unsafe {
+        deferred::release(self.dev.bind(), || unsafe {
             mcr::unbind(
                 m.permit,
                 m.handle,
@@ -100,9 +94,6 @@ impl Drop for CudaMulticastBinding {
                 self.size,
             )
         });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
     }
 }
 
@@ -138,14 +129,11 @@ impl Buffer for CudaMulticastMapping {
 impl Drop for CudaMulticastMapping {
     fn drop(&mut self) {
         // SAFETY: base/len was reserved and mapped by `map` and is released once.
-        let r = self.mc.inner.dev.bind().and_then(|()| unsafe {
+        deferred::release(self.mc.inner.dev.bind(), || unsafe {
             let a = vmm::unmap(self.base, self.len);
             let b = vmm::address_free(self.base, self.len);
             a.and(b)
         });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
     }
 }
 

@@ -42,26 +42,14 @@ impl CudaStream {
 impl Drop for CudaStream {
     fn drop(&mut self) {
         // SAFETY: raw was created by cuStreamCreate and is destroyed once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { stream::destroy(self.raw) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe { stream::destroy(self.raw) });
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
         // SAFETY: raw was created by cuEventCreate and is destroyed once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { event::destroy(self.raw) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe { event::destroy(self.raw) });
     }
 }
 

@@ -33,6 +33,14 @@ impl AccessFlags {
     pub fn contains(self, other: AccessFlags) -> bool {
         self.0 & other.0 == other.0
     }
+
+    /// The flags as the C `int` the registration calls take (`op` names the call in the error).
+    pub(crate) fn as_c_int(self, op: &'static str) -> Result<i32, IbvError> {
+        i32::try_from(self.0).map_err(|_| IbvError::InvalidArgument {
+            op,
+            reason: format!("access flags {:#x} do not fit an int", self.0),
+        })
+    }
 }
 
 impl std::ops::BitOr for AccessFlags {
@@ -98,10 +106,7 @@ impl ProtectionDomain {
         len: usize,
         access: AccessFlags,
     ) -> Result<MemoryRegion, IbvError> {
-        let access_int = i32::try_from(access.0).map_err(|_| IbvError::InvalidArgument {
-            op: "ibv_reg_mr",
-            reason: format!("access flags {:#x} do not fit an int", access.0),
-        })?;
+        let access_int = access.as_c_int("ibv_reg_mr")?;
         // SAFETY: live PD; the caller guarantees the range stays valid while registered.
         let raw = unsafe {
             (self.ctx.lib().reg_mr)(self.as_ptr(), addr.cast::<c_void>(), len, access_int)
@@ -133,10 +138,7 @@ impl ProtectionDomain {
                 by: self.ctx.lib().path().to_string(),
             });
         };
-        let access_int = i32::try_from(access.0).map_err(|_| IbvError::InvalidArgument {
-            op: "ibv_reg_dmabuf_mr",
-            reason: format!("access flags {:#x} do not fit an int", access.0),
-        })?;
+        let access_int = access.as_c_int("ibv_reg_dmabuf_mr")?;
         // SAFETY: live PD; the caller guarantees the dma-buf stays valid while registered.
         let raw = unsafe { f(self.as_ptr(), offset, len, iova, fd, access_int) };
         let raw = NonNull::new(raw).ok_or_else(|| IbvError::from_errno("ibv_reg_dmabuf_mr"))?;
@@ -240,5 +242,22 @@ impl Drop for MemoryRegion {
                 IbvError::from_ret("ibv_dereg_mr", ret)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_flags_convert_to_a_c_int_or_name_the_call() {
+        assert_eq!(
+            AccessFlags::ALL_REMOTE.as_c_int("ibv_reg_mr").ok(),
+            Some(15)
+        );
+        let err = AccessFlags(u32::MAX)
+            .as_c_int("ibv_reg_mr")
+            .expect_err("too wide for an int");
+        assert!(err.to_string().contains("ibv_reg_mr"), "{err}");
     }
 }

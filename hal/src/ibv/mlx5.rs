@@ -189,10 +189,7 @@ impl ProtectionDomain {
                 by: mlx5.path.clone(),
             });
         };
-        let access_int = i32::try_from(access.0).map_err(|_| IbvError::InvalidArgument {
-            op: "mlx5dv_reg_dmabuf_mr",
-            reason: format!("access flags {:#x} do not fit an int", access.0),
-        })?;
+        let access_int = access.as_c_int("mlx5dv_reg_dmabuf_mr")?;
         // SAFETY: live PD; the caller guarantees the dma-buf stays valid while registered.
         let raw = unsafe {
             f(

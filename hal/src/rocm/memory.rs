@@ -12,7 +12,7 @@ use super::device::RocmDevice;
 use super::result::{mem, stream};
 use super::sys::HipStream;
 use super::Rocm;
-use crate::auxil::{check_host_range, check_range, deferred};
+use crate::auxil::{check_host_range, check_range, deferred, register_then_map};
 use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use std::ffi::c_void;
 
@@ -52,15 +52,12 @@ impl Buffer for RocmMemory {
 
 impl Drop for RocmMemory {
     fn drop(&mut self) {
-        let r = self.dev.bind().and_then(|()| match self.host {
+        deferred::release(self.dev.bind(), || match self.host {
             // SAFETY: p came from hipHostMalloc and is freed once.
             Some(p) => unsafe { mem::host_free(p.cast()) },
             // SAFETY: ptr came from hipMalloc/hipExtMallocWithFlags and is freed once.
             None => unsafe { mem::free(self.ptr as usize as *mut c_void) },
         });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
     }
 }
 
@@ -251,13 +248,9 @@ impl RocmHostRegistration {
 impl Drop for RocmHostRegistration {
     fn drop(&mut self) {
         // SAFETY: `host` was registered by `register_host` and is unregistered once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { mem::host_unregister(self.host.cast()) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe {
+            mem::host_unregister(self.host.cast())
+        });
     }
 }
 
@@ -271,27 +264,19 @@ impl HostRegisterApi for Rocm {
         check_host_range("register_host(rocm)", ptr, len)?;
         dev.enter()?;
         let host: *mut c_void = ptr.cast();
-        // SAFETY: the caller guarantees a live host range that outlives the registration.
-        unsafe {
-            mem::host_register(
-                host,
-                len,
-                HIP_HOST_REGISTER_MAPPED | HIP_HOST_REGISTER_PORTABLE,
-            )
-        }?;
-        // SAFETY: ptr was just registered as mapped.
-        let d = match unsafe { mem::host_device_pointer(host) } {
-            Ok(d) => d,
-            Err(e) => {
-                // SAFETY: undo the registration made above.
-                let _ = unsafe { mem::host_unregister(host) };
-                return Err(e);
-            }
-        };
+        let flags = HIP_HOST_REGISTER_MAPPED | HIP_HOST_REGISTER_PORTABLE;
+        let device_ptr = register_then_map(
+            // SAFETY: the caller guarantees a live host range that outlives the registration.
+            || unsafe { mem::host_register(host, len, flags) },
+            // SAFETY: asked only once the range is registered as mapped.
+            || unsafe { mem::host_device_pointer(host) }.map(|d| d as usize as u64),
+            // SAFETY: undoes the registration made by the first step, once.
+            || unsafe { mem::host_unregister(host) },
+        )?;
         Ok(RocmHostRegistration {
             dev: *dev,
             host: ptr,
-            device_ptr: d as usize as u64,
+            device_ptr,
             len,
         })
     }

@@ -35,26 +35,14 @@ unsafe impl Sync for RocmEvent {}
 impl Drop for RocmStream {
     fn drop(&mut self) {
         // SAFETY: raw came from hipStreamCreateWithFlags and is destroyed once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { stream::destroy(self.raw) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe { stream::destroy(self.raw) });
     }
 }
 
 impl Drop for RocmEvent {
     fn drop(&mut self) {
         // SAFETY: raw came from hipEventCreate and is destroyed once.
-        let r = self
-            .dev
-            .bind()
-            .and_then(|()| unsafe { event::destroy(self.raw) });
-        if let Err(e) = r {
-            deferred::record(e);
-        }
+        deferred::release(self.dev.bind(), || unsafe { event::destroy(self.raw) });
     }
 }
 
