@@ -76,13 +76,15 @@ impl HostPacket for LL8Packet {
     }
 }
 
-fn check_args<P: Packet>(
+/// Checks the arguments of a cooperative packet copy and returns the packet indices thread
+/// `thread_id` handles: `thread_id, +num_threads, ...` below `bytes / PAYLOAD_BYTES`.
+fn thread_packets<P: Packet>(
     op: &str,
     data: usize,
     bytes: u64,
     thread_id: u32,
     num_threads: u32,
-) -> Result<()> {
+) -> Result<std::iter::StepBy<std::ops::Range<usize>>> {
     if !bytes.is_multiple_of(P::PAYLOAD_BYTES as u64)
         || !data.is_multiple_of(4)
         || num_threads == 0
@@ -94,7 +96,8 @@ fn check_args<P: Packet>(
             P::PAYLOAD_BYTES
         )));
     }
-    Ok(())
+    let n = (bytes / P::PAYLOAD_BYTES as u64) as usize;
+    Ok((thread_id as usize..n).step_by(num_threads as usize))
 }
 
 /// Packs `bytes` of `data` into packets carrying `flag`. All `num_threads` cooperating threads
@@ -110,25 +113,21 @@ pub unsafe fn copy_to_packets<P: HostPacket>(
     num_threads: u32,
     flag: u32,
 ) -> Result<()> {
-    check_args::<P>(
+    for i in thread_packets::<P>(
         "copy_to_packets",
         data as usize,
         bytes,
         thread_id,
         num_threads,
-    )?;
-    let n = bytes / P::PAYLOAD_BYTES as u64;
-    let mut i = u64::from(thread_id);
-    while i < n {
-        // SAFETY: i < n, inside both ranges by the caller's contract.
+    )? {
+        // SAFETY: i < bytes / PAYLOAD_BYTES, inside both ranges by the caller's contract.
         unsafe {
             P::write(
-                packets.add(i as usize),
-                data.add(i as usize * P::PAYLOAD_BYTES).cast::<u32>(),
+                packets.add(i),
+                data.add(i * P::PAYLOAD_BYTES).cast::<u32>(),
                 flag,
             )
         };
-        i += u64::from(num_threads);
     }
     Ok(())
 }
@@ -147,30 +146,21 @@ pub unsafe fn copy_from_packets<P: HostPacket>(
     flag: u32,
     timeout: Duration,
 ) -> Result<()> {
-    check_args::<P>(
+    for i in thread_packets::<P>(
         "copy_from_packets",
         data as usize,
         bytes,
         thread_id,
         num_threads,
-    )?;
-    let n = bytes / P::PAYLOAD_BYTES as u64;
-    let mut i = u64::from(thread_id);
-    while i < n {
-        // SAFETY: i < n, inside both ranges by the caller's contract.
-        let (pkt, out) = unsafe {
-            (
-                packets.add(i as usize),
-                data.add(i as usize * P::PAYLOAD_BYTES).cast::<u32>(),
-            )
-        };
+    )? {
+        // SAFETY: i < bytes / PAYLOAD_BYTES, inside both ranges by the caller's contract.
+        let (pkt, out) = unsafe { (packets.add(i), data.add(i * P::PAYLOAD_BYTES).cast::<u32>()) };
         spin_until(
             &format!("{} packet {i} flag {flag}", P::NAME),
             timeout,
             // SAFETY: as above.
             || unsafe { P::read_once(pkt, flag, out) },
         )?;
-        i += u64::from(num_threads);
     }
     Ok(())
 }

@@ -52,6 +52,37 @@ pub(crate) fn one_call(
     )
 }
 
+/// The next call of a test loop: counts it in `call`, takes root `call % nranks` and runs
+/// [`one_call_on`]; returns the mismatches, the root and the errors joined by "; ".
+#[allow(clippy::too_many_arguments)] // as one_call_on, with the call counter
+pub(crate) fn next_call(
+    env: &CollEnv,
+    kind: CollectiveKind,
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    count: usize,
+    seed: u64,
+    call: &mut u32,
+) -> (usize, usize, String) {
+    *call += 1;
+    let root = *call as usize % env.coll.nranks();
+    let mut errors = Vec::new();
+    let bad = one_call_on(
+        env,
+        kind,
+        dtype,
+        op,
+        in_place,
+        count,
+        root,
+        seed,
+        *call,
+        &mut errors,
+    );
+    (bad, root, errors.join("; "))
+}
+
 /// [`one_call`] on the collectives of `env`.
 #[allow(clippy::too_many_arguments)] // as one_call, plus the collectives it runs on
 pub(crate) fn one_call_on(
@@ -210,20 +241,8 @@ pub(crate) fn matrix(kind: CollectiveKind, algo: &str) {
                     if n > 1 && !takes(env, a, kind, dtype, op, count) {
                         continue; // beyond this algorithm's scratch: the selector never picks it there
                     }
-                    call += 1;
-                    let root = call as usize % n;
-                    let mut errors = Vec::new();
-                    let bad = one_call(
-                        kind,
-                        dtype,
-                        op,
-                        in_place,
-                        count,
-                        root,
-                        seed,
-                        call,
-                        &mut errors,
-                    );
+                    let (bad, root, errors) =
+                        next_call(env, kind, dtype, op, in_place, count, seed, &mut call);
                     EXPECT_EQ!(
                         bad,
                         0,
@@ -234,7 +253,7 @@ pub(crate) fn matrix(kind: CollectiveKind, algo: &str) {
                         } else {
                             String::new()
                         },
-                        errors.join("; ")
+                        errors
                     );
                 }
             }

@@ -16,7 +16,7 @@ use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Buffer, Gpu, MemoryKind, StreamInterop};
 
 use super::coll_common::*;
-use super::coll_matrix::{one_call, one_call_on};
+use super::coll_matrix::{next_call, one_call};
 use super::memory_channel::common::{is_gpu_build, ok};
 
 /// Bytes of the small communicator's plain scratch and of each LL half.
@@ -72,27 +72,14 @@ fn small_scratch(kind: CollectiveKind, cases: &[(DataType, ReduceOp, usize)]) {
                 continue;
             }
             for in_place in [false, true] {
-                call += 1;
-                let root = call as usize % n;
-                let mut errors = Vec::new();
-                let bad = one_call_on(
-                    env,
-                    kind,
-                    dtype,
-                    op,
-                    in_place,
-                    count,
-                    root,
-                    seed,
-                    call,
-                    &mut errors,
-                );
+                let (bad, _root, errors) =
+                    next_call(env, kind, dtype, op, in_place, count, seed, &mut call);
                 EXPECT_EQ!(
                     bad,
                     0,
                     "{kind} {algo} {dtype} {op} count {count} {} (scratch {SMALL_SCRATCH} bytes): {}",
                     if in_place { "in place" } else { "out of place" },
-                    errors.join("; ")
+                    errors
                 );
             }
         }

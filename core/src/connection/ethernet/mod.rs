@@ -154,6 +154,18 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+    /// Waits at most `left` on the condition variable with the held guard `s` (a poisoned lock
+    /// is taken over, as in [`Shared::lock`]).
+    fn wait<'a>(
+        &self,
+        s: std::sync::MutexGuard<'a, State>,
+        left: Duration,
+    ) -> std::sync::MutexGuard<'a, State> {
+        self.cv
+            .wait_timeout(s, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+    }
     fn report(&self, msg: String) {
         self.lock().push_report(msg);
         self.cv.notify_all();
@@ -234,12 +246,7 @@ impl Drop for EthernetConnection {
             if left.is_zero() {
                 break;
             }
-            s = self
-                .shared
-                .cv
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            s = self.shared.wait(s, left);
         }
         drop(s);
         let _ = self.inbound.shutdown(Shutdown::Both);
@@ -437,12 +444,7 @@ impl BaseConnection for EthernetConnection {
                     timeout,
                 ));
             }
-            s = self
-                .shared
-                .cv
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            s = self.shared.wait(s, left);
         }
     }
     fn transport(&self) -> Transport {
