@@ -124,15 +124,20 @@ pub(crate) fn slot_bytes(res: &Resources, nslots: usize) -> usize {
 /// Bytes per block per chunk the grids of the slotted kernels ([`launch_slotted`]) are sized for.
 const SLOTTED_BYTES_PER_BLOCK: usize = 64 << 10;
 
+/// The error of an algorithm `what` whose plain scratch is smaller than the `need` bytes it
+/// must have at least.
+pub(crate) fn small_scratch(res: &Resources, what: &str, need: usize) -> Error {
+    Error::invalid(format!(
+        "{what}: expected a plain scratch of at least {need} bytes, got {}",
+        res.layout().plain_bytes
+    ))
+}
+
 /// The check of an algorithm that cuts the plain scratch into `nslots` slots: each slot holds
 /// at least one vector; the error names `what` (e.g. "allgather fullmesh").
 pub(crate) fn check_slots(res: &Resources, nslots: usize, what: &str) -> Result<()> {
     if slot_bytes(res, nslots) < VEC {
-        return Err(Error::invalid(format!(
-            "{what}: expected a plain scratch of at least {} bytes, got {}",
-            nslots * VEC,
-            res.layout().plain_bytes
-        )));
+        return Err(small_scratch(res, what, nslots * VEC));
     }
     Ok(())
 }
