@@ -3,7 +3,7 @@
 //! launches on the caller's stream (wrapped non-owningly through [`mscclpp_hal::StreamInterop`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
 
@@ -127,5 +127,51 @@ impl GpuCtx {
         // SAFETY: the caller of the collective passed a live stream (or 0).
         let s = unsafe { Gpu::borrow_stream(&self.dev, stream) };
         Gpu::is_capturing(&s).map_err(|e| hal_err("query stream capture", e))
+    }
+}
+
+/// A per-communicator state built on first use (collectively, by the caller's `build`) and
+/// kept: the lazy channel states of the NVLS and port-channel algorithms.
+pub(crate) struct LazyState<T> {
+    slot: Mutex<Option<Arc<T>>>,
+}
+
+impl<T> Default for LazyState<T> {
+    fn default() -> Self {
+        Self {
+            slot: Mutex::new(None),
+        }
+    }
+}
+
+impl<T> LazyState<T> {
+    /// Whether the state was built.
+    pub(crate) fn is_built(&self) -> bool {
+        self.slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// The state, built by `build` on first use; `None` while `gpu`'s stream is capturing a
+    /// graph before it was built (nothing collective may run then). A failed build leaves it
+    /// unbuilt.
+    pub(crate) fn get_or_build(
+        &self,
+        gpu: Option<(&GpuCtx, RawStream)>,
+        build: impl FnOnce() -> Result<T>,
+    ) -> Result<Option<Arc<T>>> {
+        let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slot.as_ref() {
+            return Ok(Some(s.clone()));
+        }
+        if let Some((g, stream)) = gpu {
+            if g.is_capturing(stream)? {
+                return Ok(None);
+            }
+        }
+        let s = Arc::new(build()?);
+        *slot = Some(s.clone());
+        Ok(Some(s))
     }
 }

@@ -121,6 +121,67 @@ pub(crate) fn slot_bytes(res: &Resources, nslots: usize) -> usize {
     (res.layout().plain_bytes / nslots.max(1)) / VEC * VEC
 }
 
+/// Bytes per block per chunk the grids of the slotted kernels ([`launch_slotted`]) are sized for.
+const SLOTTED_BYTES_PER_BLOCK: usize = 64 << 10;
+
+/// The error of an algorithm `what` whose plain scratch is smaller than the `need` bytes it
+/// must have at least.
+pub(crate) fn small_scratch(res: &Resources, what: &str, need: usize) -> Error {
+    Error::invalid(format!(
+        "{what}: expected a plain scratch of at least {need} bytes, got {}",
+        res.layout().plain_bytes
+    ))
+}
+
+/// The check of an algorithm that cuts the plain scratch into `nslots` slots: each slot holds
+/// at least one vector; the error names `what` (e.g. "allgather fullmesh").
+pub(crate) fn check_slots(res: &Resources, nslots: usize, what: &str) -> Result<()> {
+    if slot_bytes(res, nslots) < VEC {
+        return Err(small_scratch(res, what, nslots * VEC));
+    }
+    Ok(())
+}
+
+/// The launch of the fullmesh kernels: chunks of one of `nslots` plain scratch slots, a grid
+/// of up to 32 blocks sized for 64 KiB per block per chunk, `extra = [slot bytes, call bytes]`.
+///
+/// # Safety
+/// As [`launch`]: `k` takes one `CollArgs` whose first extra words are those two.
+pub(crate) unsafe fn launch_slotted(
+    res: &Resources,
+    gpu: &GpuCtx,
+    call: &Call,
+    stream: RawStream,
+    k: Kernel,
+    nslots: usize,
+) -> Result<()> {
+    let c = slot_bytes(res, nslots);
+    let want = call.bytes().min(c).div_ceil(SLOTTED_BYTES_PER_BLOCK);
+    let extra = [c as u64, call.bytes() as u64];
+    // SAFETY: forwarded from the caller.
+    unsafe { launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
+}
+
+/// The host loop of the chunked algorithms: for every block `b` of `nb` and every chunk of at
+/// most `c_max` bytes of `total` (starting at byte `start`), `f(b, start, part)` with block
+/// b's [`part`] of the chunk. Stops at the first error.
+pub(crate) fn for_each_part(
+    nb: usize,
+    total: usize,
+    c_max: usize,
+    mut f: impl FnMut(usize, usize, (usize, usize)) -> Result<()>,
+) -> Result<()> {
+    for b in 0..nb {
+        let mut start = 0;
+        while start < total {
+            let c = c_max.min(total - start);
+            f(b, start, part(c, nb, b))?;
+            start += c;
+        }
+    }
+    Ok(())
+}
+
 /// `[x0, x1)`: the bytes block `b` of `nb` owns in a chunk of `c` bytes (whole vectors, the
 /// last block's part clipped at `c`). mesh.hpp `blockPart`.
 pub(crate) fn part(c: usize, nb: usize, b: usize) -> (usize, usize) {

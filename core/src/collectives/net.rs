@@ -89,13 +89,7 @@ impl NetState {
         let transport = pick_transport(crate::env::Env::current().coll_net_transport()?);
         let n = comm.bootstrap().nranks();
         let rails: Vec<usize> = topo.rail_peers().collect();
-        let mut proxy = match device.kind {
-            DeviceType::Cpu => ProxyService::new_host()?,
-            DeviceType::Gpu => {
-                let dev = crate::memory::gpu_device(device.id)?;
-                ProxyService::with_fifo(Fifo::new_on::<mscclpp_hal::Gpu>(&dev, DEFAULT_FIFO_SIZE)?)?
-            }
-        };
+        let mut proxy = new_proxy(device)?;
         let conns: Vec<_> = rails
             .iter()
             .map(|&p| {
@@ -153,19 +147,8 @@ impl NetState {
             handles.push((p, ch.device_handle()));
             channels.push(ch);
         }
-        let filler = handles
-            .first()
-            .map(|(_, h)| *h)
-            .ok_or_else(|| Error::invalid("collectives: a multi-node world without rail peers"))?;
-        let mut table_host = vec![filler; n];
-        for (p, h) in handles {
-            table_host[p] = h;
-        }
-        let table = GpuBuffer::new(device, n)?;
-        table.copy_from_host(0, &table_host)?;
-        proxy.start_proxy()?;
-        // Every rank's proxy runs before anyone pushes.
-        comm.bootstrap().barrier()?;
+        let empty = "collectives: a multi-node world without rail peers";
+        let (table_host, table) = finish_build(comm, &mut proxy, device, n, handles, empty)?;
         Ok(NetState {
             transport,
             handles: table_host,
@@ -176,6 +159,48 @@ impl NetState {
             _staging: staging,
         })
     }
+}
+
+/// The proxy service of a proxy-channel build on `device`: a host FIFO on the host backend,
+/// one in device memory otherwise.
+pub(crate) fn new_proxy(device: Device) -> Result<ProxyService> {
+    match device.kind {
+        DeviceType::Cpu => ProxyService::new_host(),
+        DeviceType::Gpu => {
+            let dev = crate::memory::gpu_device(device.id)?;
+            ProxyService::with_fifo(Fifo::new_on::<mscclpp_hal::Gpu>(&dev, DEFAULT_FIFO_SIZE)?)
+        }
+    }
+}
+
+/// The end of a proxy-channel build (collective): the table of `n` channel handles, `handles`
+/// at their ranks and every other entry a copy of the first (`empty`: the error when there is
+/// none), on the host and on `device`; then the proxy started and a barrier, so that every
+/// rank's proxy runs before anyone pushes.
+pub(crate) fn finish_build(
+    comm: &Communicator,
+    proxy: &mut ProxyService,
+    device: Device,
+    n: usize,
+    handles: Vec<(usize, PortChannelDeviceHandle)>,
+    empty: &str,
+) -> Result<(
+    Vec<PortChannelDeviceHandle>,
+    GpuBuffer<PortChannelDeviceHandle>,
+)> {
+    let filler = handles
+        .first()
+        .map(|(_, h)| *h)
+        .ok_or_else(|| Error::invalid(empty))?;
+    let mut table_host = vec![filler; n];
+    for (p, h) in handles {
+        table_host[p] = h;
+    }
+    let table = GpuBuffer::new(device, n)?;
+    table.copy_from_host(0, &table_host)?;
+    proxy.start_proxy()?;
+    comm.bootstrap().barrier()?;
+    Ok((table_host, table))
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use mscclpp_hal::MemoryKind;
 
 use super::algorithm::{Algorithm, Call};
 use super::allreduce::rsag_pipeline::RsagPipeline;
-use super::gpu::GpuCtx;
+use super::gpu::{GpuCtx, LazyState};
 use super::setup::Resources;
 use super::types::{DataType, RawStream, ReduceOp};
 use crate::error::{Error, Result};
@@ -156,17 +156,13 @@ fn bindable_kind(res: &Resources, granularity: usize) -> MemoryKind {
 /// buffers of `nvls_zero_copy`.
 #[derive(Default)]
 pub struct NvlsShared {
-    scratch: Mutex<Option<Arc<NvlsState>>>,
+    scratch: LazyState<NvlsState>,
     user: UserEntries,
 }
 
 impl std::fmt::Debug for NvlsShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let built = self
-            .scratch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
+        let built = self.scratch.is_built();
         f.debug_struct("NvlsShared")
             .field("scratch_built", &built)
             .finish_non_exhaustive()
@@ -181,18 +177,7 @@ impl NvlsShared {
         res: &Resources,
         gpu: Option<(&GpuCtx, RawStream)>,
     ) -> Result<Option<Arc<NvlsState>>> {
-        let mut slot = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = slot.as_ref() {
-            return Ok(Some(s.clone()));
-        }
-        if let Some((g, stream)) = gpu {
-            if g.is_capturing(stream)? {
-                return Ok(None);
-            }
-        }
-        let s = Arc::new(build(res)?);
-        *slot = Some(s.clone());
-        Ok(Some(s))
+        self.scratch.get_or_build(gpu, || build(res))
     }
 
     /// The channel of user buffer `(ptr, size)`, binding it on a miss outside capture

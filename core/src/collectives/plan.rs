@@ -88,6 +88,30 @@ impl PlanAlgorithm {
         self.plan.max_message_size() - self.plan.min_message_size()
     }
 
+    /// Runs the plan for `call` on `stream` (0 on the host backend) with this rank's buffer
+    /// sizes and the default packet type.
+    ///
+    /// # Safety
+    /// The call's buffers hold those sizes and live until the stream ran the call; `stream`
+    /// is 0 or a live stream of this device.
+    unsafe fn execute(&self, res: &Resources, call: &Call, stream: RawStream) -> Result<()> {
+        let (send, recv) = self.sizes(call, res.nranks());
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.executor.execute(
+                res.rank(),
+                call.send,
+                call.recv,
+                send,
+                recv,
+                call.dtype,
+                &self.plan,
+                stream,
+                PacketType::default(),
+            )
+        }
+    }
+
     /// Bytes of the send and receive buffers of `call` on a world of `n`.
     fn sizes(&self, call: &Call, n: usize) -> (usize, usize) {
         let b = call.bytes();
@@ -181,40 +205,14 @@ impl Algorithm for PlanAlgorithm {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let (send, recv) = self.sizes(call, res.nranks());
-        // SAFETY: the collective's contract: the caller's buffers hold these sizes and live
+        // SAFETY: the collective's contract: the caller's buffers hold the plan's sizes and live
         // until the stream ran the call; `stream` is 0 or a live stream of this device.
-        unsafe {
-            self.executor.execute(
-                res.rank(),
-                call.send,
-                call.recv,
-                send,
-                recv,
-                call.dtype,
-                &self.plan,
-                stream,
-                PacketType::default(),
-            )
-        }
+        unsafe { self.execute(res, call, stream) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let (send, recv) = self.sizes(call, res.nranks());
         // SAFETY: as in launch_gpu (host memory; complete on return).
-        unsafe {
-            self.executor.execute(
-                res.rank(),
-                call.send,
-                call.recv,
-                send,
-                recv,
-                call.dtype,
-                &self.plan,
-                0,
-                PacketType::default(),
-            )
-        }
+        unsafe { self.execute(res, call, 0) }
     }
 }
 

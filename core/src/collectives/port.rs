@@ -10,18 +10,18 @@
 //! copies on the connection (copy engine on GPUs, memcpy on the host backend) and signals the
 //! peer's semaphore; `flush` waits until it handled every earlier request.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::gpu::GpuCtx;
+use super::gpu::{GpuCtx, LazyState};
+use super::net::{finish_build, new_proxy};
 use super::setup::Resources;
 use super::types::RawStream;
 use crate::error::{Error, Result};
-use crate::fifo::{Fifo, DEFAULT_FIFO_SIZE};
 use crate::gpu_buffer::GpuBuffer;
 use crate::port_channel::{PortChannel, PortChannelDeviceHandle};
 use crate::proxy::ProxyService;
 use crate::semaphore::Host2DeviceSemaphore;
-use crate::transport::{DeviceType, Transport};
+use crate::transport::Transport;
 
 /// Communicator tags of the setup exchanges.
 const TAG_MEMORY: u64 = 0xC012_0000;
@@ -41,16 +41,12 @@ pub struct PortState {
 /// that one collection built (see the module doc).
 #[derive(Default)]
 pub struct PortChannels {
-    state: Mutex<Option<Arc<PortState>>>,
+    state: LazyState<PortState>,
 }
 
 impl std::fmt::Debug for PortChannels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let built = self
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some();
+        let built = self.state.is_built();
         f.debug_struct("PortChannels")
             .field("built", &built)
             .finish()
@@ -66,18 +62,7 @@ impl PortChannels {
         res: &Resources,
         gpu: Option<(&GpuCtx, RawStream)>,
     ) -> Result<Option<Arc<PortState>>> {
-        let mut slot = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = slot.as_ref() {
-            return Ok(Some(s.clone()));
-        }
-        if let Some((g, stream)) = gpu {
-            if g.is_capturing(stream)? {
-                return Ok(None);
-            }
-        }
-        let s = Arc::new(build(res)?);
-        *slot = Some(s.clone());
-        Ok(Some(s))
+        self.state.get_or_build(gpu, || build(res))
     }
 }
 
@@ -91,13 +76,7 @@ pub(crate) fn not_built(what: &str) -> Error {
 
 fn build(res: &Resources) -> Result<PortState> {
     let (me, n, comm) = (res.rank(), res.nranks(), res.comm());
-    let mut proxy = match res.device().kind {
-        DeviceType::Cpu => ProxyService::new_host()?,
-        DeviceType::Gpu => {
-            let dev = crate::memory::gpu_device(res.device().id)?;
-            ProxyService::with_fifo(Fifo::new_on::<mscclpp_hal::Gpu>(&dev, DEFAULT_FIFO_SIZE)?)?
-        }
-    };
+    let mut proxy = new_proxy(res.device())?;
     let local = comm.register_memory(
         res.shared().ptr(),
         res.layout().total,
@@ -132,19 +111,8 @@ fn build(res: &Resources) -> Result<PortState> {
         handles.push((p, ch.device_handle()));
         channels.push(ch);
     }
-    let filler = handles
-        .first()
-        .map(|(_, h)| *h)
-        .ok_or_else(|| Error::invalid("collectives: port channels need at least two ranks"))?;
-    let mut table_host = vec![filler; n];
-    for (p, h) in handles {
-        table_host[p] = h;
-    }
-    let table = GpuBuffer::new(res.device(), n)?;
-    table.copy_from_host(0, &table_host)?;
-    proxy.start_proxy()?;
-    // Every rank's proxy runs before anyone pushes.
-    comm.bootstrap().barrier()?;
+    let empty = "collectives: port channels need at least two ranks";
+    let (table_host, table) = finish_build(comm, &mut proxy, res.device(), n, handles, empty)?;
     Ok(PortState {
         handles: table_host,
         table,

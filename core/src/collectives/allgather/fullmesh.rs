@@ -12,17 +12,14 @@
 
 use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{self, host_copy, part, peers, scratch_at, Grid, VEC};
+use super::super::mesh::{self, host_copy, peers, scratch_at};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct Fullmesh;
-
-/// Bytes moved per block per chunk the grid is sized for.
-const BYTES_PER_BLOCK: usize = 64 << 10;
 
 impl Algorithm for Fullmesh {
     fn name(&self) -> &'static str {
@@ -32,14 +29,7 @@ impl Algorithm for Fullmesh {
         CollectiveKind::AllGather
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if mesh::slot_bytes(res, res.nranks()) < VEC {
-            return Err(Error::invalid(format!(
-                "allgather fullmesh: expected a plain scratch of at least {} bytes, got {}",
-                res.nranks() * VEC,
-                res.layout().plain_bytes
-            )));
-        }
-        Ok(())
+        mesh::check_slots(res, res.nranks(), "allgather fullmesh")
     }
 
     fn launch_gpu(
@@ -49,12 +39,10 @@ impl Algorithm for Fullmesh {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = mesh::slot_bytes(res, res.nranks());
-        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
         let k = kernels::collectives::allgather::FULLMESH;
-        let extra = [c as u64, call.bytes() as u64];
-        // SAFETY: the kernel takes one CollArgs; the caller keeps the buffers alive.
-        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
+        // SAFETY: the kernel takes one CollArgs with [slot bytes, call bytes] first in its
+        // extra words; the caller keeps the buffers alive.
+        unsafe { mesh::launch_slotted(res, gpu, call, stream, k, res.nranks()) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
@@ -62,33 +50,26 @@ impl Algorithm for Fullmesh {
         let (c_max, total) = (mesh::slot_bytes(res, n), call.bytes());
         let own = call.recv + (me * total) as u64;
         let in_place = call.send == own;
-        for b in 0..nb {
-            let mut start = 0;
-            while start < total {
-                let c = c_max.min(total - start);
-                let (x0, x1) = part(c, nb, b);
-                let len = x1 - x0;
-                let src = call.send + (start + x0) as u64;
-                host_barrier(res, b)?;
-                for p in peers(me, n) {
-                    // SAFETY: the part lies inside the input and inside slot `me` of the
-                    // peer's scratch, mapped here; the peer does not read it until the
-                    // handshake below.
-                    unsafe { host_copy(scratch_at(res, p, me, c_max, x0), src, len) };
-                }
-                if !in_place {
-                    // SAFETY: the output holds n * total bytes.
-                    unsafe { host_copy(own + (start + x0) as u64, src, len) };
-                }
-                host_barrier(res, b)?;
-                for p in peers(me, n) {
-                    let dst = call.recv + (p * total + start + x0) as u64;
-                    // SAFETY: slot p of the own scratch holds the peer's part (handshake).
-                    unsafe { host_copy(dst, scratch_at(res, me, p, c_max, x0), len) };
-                }
-                start += c;
+        mesh::for_each_part(nb, total, c_max, |b, start, (x0, x1)| {
+            let len = x1 - x0;
+            let src = call.send + (start + x0) as u64;
+            host_barrier(res, b)?;
+            for p in peers(me, n) {
+                // SAFETY: the part lies inside the input and inside slot `me` of the peer's
+                // scratch, mapped here; the peer does not read it until the handshake below.
+                unsafe { host_copy(scratch_at(res, p, me, c_max, x0), src, len) };
             }
-        }
-        Ok(())
+            if !in_place {
+                // SAFETY: the output holds n * total bytes.
+                unsafe { host_copy(own + (start + x0) as u64, src, len) };
+            }
+            host_barrier(res, b)?;
+            for p in peers(me, n) {
+                let dst = call.recv + (p * total + start + x0) as u64;
+                // SAFETY: slot p of the own scratch holds the peer's part (handshake).
+                unsafe { host_copy(dst, scratch_at(res, me, p, c_max, x0), len) };
+            }
+            Ok(())
+        })
     }
 }

@@ -26,10 +26,10 @@ use super::super::algorithm::{host_local_barrier, Algorithm, Call};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, Kernel, DEPTH};
-use super::super::mesh::{host_copy, VEC};
+use super::super::mesh::{self, host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
@@ -55,11 +55,11 @@ impl Algorithm for HierPort {
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
         if chunk_bytes(res, call) < VEC {
-            return Err(Error::invalid(format!(
-                "allgather hier_port: expected a plain scratch of at least {} bytes, got {}",
+            return Err(mesh::small_scratch(
+                res,
+                "allgather hier_port",
                 DEPTH * res.topo().nnodes * VEC,
-                res.layout().plain_bytes
-            )));
+            ));
         }
         Ok(())
     }

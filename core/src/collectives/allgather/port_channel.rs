@@ -25,7 +25,7 @@ use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::port;
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object: the proxy and port channels it shares with `rsag_port_channel`.
@@ -54,11 +54,11 @@ impl Algorithm for PortChannel {
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
         if chunk_bytes(res) < VEC {
-            return Err(Error::invalid(format!(
-                "allgather port_channel: expected a plain scratch of at least {} bytes, got {}",
+            return Err(mesh::small_scratch(
+                res,
+                "allgather port_channel",
                 (res.nranks() + 1) * VEC,
-                res.layout().plain_bytes
-            )));
+            ));
         }
         Ok(())
     }

@@ -36,11 +36,11 @@ use super::super::algorithm::{host_local_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
 use super::super::host_math::{reduce_from_acc, reduce_to_acc, with_elem, HostElem};
-use super::super::mesh::{host_copy, VEC};
+use super::super::mesh::{self, host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, DataType, RawStream};
 use super::rsag_port_channel::put_or_signal;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
@@ -78,11 +78,11 @@ impl Algorithm for HierRsagPort {
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
         if shard_bytes(res, call) < VEC {
-            return Err(Error::invalid(format!(
-                "allreduce hier_rsag_port: expected a plain scratch of at least {} bytes, got {}",
+            return Err(mesh::small_scratch(
+                res,
+                "allreduce hier_rsag_port",
                 slots(res, call.dtype) * VEC,
-                res.layout().plain_bytes
-            )));
+            ));
         }
         Ok(())
     }

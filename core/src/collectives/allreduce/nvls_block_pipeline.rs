@@ -10,15 +10,13 @@
 //! f32/f16/bf16 sum only (any count); other calls go to the copying fallback.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_block_pipeline.cu.
 
-use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{host_copy, THREADS};
-use super::super::nvls::{
-    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsState,
-};
+use super::super::mesh::host_copy;
+use super::super::nvls::{check_usable, fallback, split, with_vec16, NvlsState};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use super::nvls_warp_pipeline::{copy_in, gpu_blocks, region_bytes};
+use super::nvls_warp_pipeline::{copy_in, launch_pipeline, region_bytes, run_pipeline};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -49,36 +47,17 @@ impl Algorithm for NvlsBlockPipeline {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let st = if multimem_reduces(call) {
-            self.nvls.state(res, Some((gpu, stream)))?
-        } else {
-            None
-        };
-        let Some(st) = st else {
-            return fallback()?.launch_gpu(res, gpu, call, stream);
-        };
-        let blocks = gpu_blocks(res, gpu, stream, &st, 2, call.bytes())?;
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = st.table.ptr();
-        args.extra[1] = region_bytes(st.bytes, blocks as usize, 2) as u64;
-        let k =
-            kernels::collectives::allreduce::NVLS_BLOCK_PIPELINE.instance(call.dtype, call.op)?;
-        count_launch();
-        // SAFETY: as nvls_warp_pipeline: the scratch and its table live in `res.ext`.
-        unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
+        let family = &kernels::collectives::allreduce::NVLS_BLOCK_PIPELINE;
+        launch_pipeline(&self.nvls, res, gpu, call, stream, 2, family)
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let st = if multimem_reduces(call) {
-            self.nvls.state(res, None)?
-        } else {
-            None
-        };
-        let Some(st) = st else {
-            return fallback()?.run_host(res, call);
-        };
-        count_launch();
-        with_vec16!(call.dtype, V => host::<V>(res, call, &st))
+        run_pipeline(
+            &self.nvls,
+            res,
+            call,
+            |st| with_vec16!(call.dtype, V => host::<V>(res, call, st)),
+        )
     }
 }
 

@@ -19,13 +19,14 @@ use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, host_copy, THREADS};
 use super::super::nvls::{
-    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsState,
+    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsShared,
+    NvlsState,
 };
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
-use crate::kernels;
+use crate::kernels::{self, Family};
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -56,6 +57,57 @@ pub(crate) fn gpu_blocks(
     Ok(mesh::grid(&census, want, limit))
 }
 
+/// The GPU launch both pipelines share: `family`'s kernel over one scratch region of `stages`
+/// stages per block (`extra = [handle table, region bytes]`); the copying fallback when
+/// multimem does not reduce the call or the scratch cannot be built now (stream capture).
+pub(crate) fn launch_pipeline(
+    nvls: &NvlsShared,
+    res: &Resources,
+    gpu: &GpuCtx,
+    call: &Call,
+    stream: RawStream,
+    stages: usize,
+    family: &Family,
+) -> Result<()> {
+    let st = if multimem_reduces(call) {
+        nvls.state(res, Some((gpu, stream)))?
+    } else {
+        None
+    };
+    let Some(st) = st else {
+        return fallback()?.launch_gpu(res, gpu, call, stream);
+    };
+    let blocks = gpu_blocks(res, gpu, stream, &st, stages, call.bytes())?;
+    let mut args = CollArgs::new(res, call);
+    args.extra[0] = st.table.ptr();
+    args.extra[1] = region_bytes(st.bytes, blocks as usize, stages) as u64;
+    let k = family.instance(call.dtype, call.op)?;
+    count_launch();
+    // SAFETY: CollArgs mirrors the kernel's parameter; the scratch and its handle table live
+    // in `res.ext`; the caller keeps the buffers alive.
+    unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
+}
+
+/// The host run both pipelines share: `host` over the NVLS scratch state; the copying
+/// fallback when multimem does not reduce the call.
+pub(crate) fn run_pipeline(
+    nvls: &NvlsShared,
+    res: &Resources,
+    call: &Call,
+    host: impl FnOnce(&NvlsState) -> Result<()>,
+) -> Result<()> {
+    let st = if multimem_reduces(call) {
+        nvls.state(res, None)?
+    } else {
+        None
+    };
+    let Some(st) = st else {
+        return fallback()?.run_host(res, call);
+    };
+    count_launch();
+    host(&st)
+}
+
 impl Algorithm for NvlsWarpPipeline {
     fn name(&self) -> &'static str {
         "nvls_warp_pipeline"
@@ -75,37 +127,17 @@ impl Algorithm for NvlsWarpPipeline {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let st = if multimem_reduces(call) {
-            self.nvls.state(res, Some((gpu, stream)))?
-        } else {
-            None
-        };
-        let Some(st) = st else {
-            return fallback()?.launch_gpu(res, gpu, call, stream);
-        };
-        let blocks = gpu_blocks(res, gpu, stream, &st, 1, call.bytes())?;
-        let mut args = CollArgs::new(res, call);
-        args.extra[0] = st.table.ptr();
-        args.extra[1] = region_bytes(st.bytes, blocks as usize, 1) as u64;
-        let k =
-            kernels::collectives::allreduce::NVLS_WARP_PIPELINE.instance(call.dtype, call.op)?;
-        count_launch();
-        // SAFETY: CollArgs mirrors the kernel's parameter; the scratch and its handle table live
-        // in `res.ext`; the caller keeps the buffers alive.
-        unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
+        let family = &kernels::collectives::allreduce::NVLS_WARP_PIPELINE;
+        launch_pipeline(&self.nvls, res, gpu, call, stream, 1, family)
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let st = if multimem_reduces(call) {
-            self.nvls.state(res, None)?
-        } else {
-            None
-        };
-        let Some(st) = st else {
-            return fallback()?.run_host(res, call);
-        };
-        count_launch();
-        with_vec16!(call.dtype, V => host::<V>(res, call, &st))
+        run_pipeline(
+            &self.nvls,
+            res,
+            call,
+            |st| with_vec16!(call.dtype, V => host::<V>(res, call, st)),
+        )
     }
 }
 

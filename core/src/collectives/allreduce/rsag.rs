@@ -14,9 +14,10 @@
 use super::super::algorithm::{host_barrier, split, Algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
+use super::super::mesh;
 use super::super::setup::{Resources, MAX_SEM_BLOCKS};
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
@@ -43,14 +44,8 @@ impl Algorithm for Rsag {
         CollectiveKind::AllReduce
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if res.layout().plain_bytes < res.nranks() * VEC {
-            return Err(Error::invalid(format!(
-                "allreduce rsag: expected a plain scratch of at least {} bytes, got {}",
-                res.nranks() * VEC,
-                res.layout().plain_bytes
-            )));
-        }
-        Ok(())
+        // Each of n slots holds a vector: plain_bytes >= n * VEC.
+        mesh::check_slots(res, res.nranks(), "allreduce rsag")
     }
 
     fn launch_gpu(

@@ -29,7 +29,7 @@ use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
 use super::super::setup::{Resources, MAX_SEM_BLOCKS};
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
@@ -61,11 +61,11 @@ fn plan(res: &Resources, call: &Call) -> Result<Plan> {
     let whole = call.bytes().div_ceil(n).next_multiple_of(VEC);
     let w = whole.min(cap);
     if w < VEC {
-        return Err(Error::invalid(format!(
-            "allreduce rsag_pipeline: expected a plain scratch of at least {} bytes, got {}",
+        return Err(mesh::small_scratch(
+            res,
+            "allreduce rsag_pipeline",
             2 * n * STAGES * VEC,
-            res.layout().plain_bytes
-        )));
+        ));
     }
     Ok(Plan {
         w,

@@ -31,7 +31,7 @@ use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::port::{self, PortState};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object: the proxy and port channels it shares with all-gather
@@ -64,11 +64,11 @@ impl Algorithm for RsagPortChannel {
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
         if slice_bytes(res, call) < VEC {
-            return Err(Error::invalid(format!(
-                "allreduce rsag_port_channel: expected a plain scratch of at least {} bytes, got {}",
+            return Err(mesh::small_scratch(
+                res,
+                "allreduce rsag_port_channel",
                 (3 * res.nranks() + 1) * VEC,
-                res.layout().plain_bytes
-            )));
+            ));
         }
         Ok(())
     }

@@ -12,17 +12,14 @@
 
 use super::super::algorithm::{host_signal, host_wait, Algorithm, Call};
 use super::super::gpu::GpuCtx;
-use super::super::mesh::{self, host_copy, part, peers, scratch_at, Grid, VEC};
+use super::super::mesh::{self, host_copy, peers, scratch_at};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
 pub struct Fullmesh;
-
-/// Bytes per block per chunk the grid is sized for.
-const BYTES_PER_BLOCK: usize = 64 << 10;
 
 impl Algorithm for Fullmesh {
     fn name(&self) -> &'static str {
@@ -32,13 +29,7 @@ impl Algorithm for Fullmesh {
         CollectiveKind::Broadcast
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if mesh::slot_bytes(res, 1) < VEC {
-            return Err(Error::invalid(format!(
-                "broadcast fullmesh: expected a plain scratch of at least {VEC} bytes, got {}",
-                res.layout().plain_bytes
-            )));
-        }
-        Ok(())
+        mesh::check_slots(res, 1, "broadcast fullmesh")
     }
 
     fn launch_gpu(
@@ -48,12 +39,10 @@ impl Algorithm for Fullmesh {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = mesh::slot_bytes(res, 1);
-        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
         let k = kernels::collectives::broadcast::FULLMESH;
-        let extra = [c as u64, call.bytes() as u64];
-        // SAFETY: the kernel takes one CollArgs; the caller keeps the buffers alive.
-        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
+        // SAFETY: the kernel takes one CollArgs with [slot bytes, call bytes] first in its
+        // extra words; the caller keeps the buffers alive.
+        unsafe { mesh::launch_slotted(res, gpu, call, stream, k, 1) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
@@ -64,46 +53,40 @@ impl Algorithm for Fullmesh {
             call.root,
         );
         let (c_max, total) = (mesh::slot_bytes(res, 1), call.bytes());
-        for b in 0..nb {
-            let mut start = 0;
-            while start < total {
-                let c = c_max.min(total - start);
-                let (x0, x1) = part(c, nb, b);
-                let len = x1 - x0;
-                if me == root {
-                    for p in peers(me, n) {
-                        host_signal(res, b, p);
-                    }
-                    for p in peers(me, n) {
-                        host_wait(res, b, p)?;
-                    }
-                    let src = call.send + (start + x0) as u64;
-                    for p in peers(me, n) {
-                        // SAFETY: the part lies inside the input and inside the peer's scratch
-                        // (mapped here), which the peer reads only after the signal below.
-                        unsafe { host_copy(scratch_at(res, p, 0, c_max, x0), src, len) };
-                    }
-                    // SAFETY: the output holds `total` bytes (memmove when in place).
-                    unsafe { host_copy(call.recv + (start + x0) as u64, src, len) };
-                    for p in peers(me, n) {
-                        host_signal(res, b, p);
-                    }
-                } else {
-                    host_signal(res, b, root);
-                    host_wait(res, b, root)?;
-                    host_wait(res, b, root)?;
-                    // SAFETY: the root's part has landed in the own scratch (signal above).
-                    unsafe {
-                        host_copy(
-                            call.recv + (start + x0) as u64,
-                            scratch_at(res, me, 0, c_max, x0),
-                            len,
-                        )
-                    };
+        mesh::for_each_part(nb, total, c_max, |b, start, (x0, x1)| {
+            let len = x1 - x0;
+            if me == root {
+                for p in peers(me, n) {
+                    host_signal(res, b, p);
                 }
-                start += c;
+                for p in peers(me, n) {
+                    host_wait(res, b, p)?;
+                }
+                let src = call.send + (start + x0) as u64;
+                for p in peers(me, n) {
+                    // SAFETY: the part lies inside the input and inside the peer's scratch
+                    // (mapped here), which the peer reads only after the signal below.
+                    unsafe { host_copy(scratch_at(res, p, 0, c_max, x0), src, len) };
+                }
+                // SAFETY: the output holds `total` bytes (memmove when in place).
+                unsafe { host_copy(call.recv + (start + x0) as u64, src, len) };
+                for p in peers(me, n) {
+                    host_signal(res, b, p);
+                }
+            } else {
+                host_signal(res, b, root);
+                host_wait(res, b, root)?;
+                host_wait(res, b, root)?;
+                // SAFETY: the root's part has landed in the own scratch (signal above).
+                unsafe {
+                    host_copy(
+                        call.recv + (start + x0) as u64,
+                        scratch_at(res, me, 0, c_max, x0),
+                        len,
+                    )
+                };
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }

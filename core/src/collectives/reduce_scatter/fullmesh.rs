@@ -13,17 +13,14 @@
 use super::super::algorithm::{host_barrier, Algorithm, Call};
 use super::super::gpu::GpuCtx;
 use super::super::host_math::{reduce_into, with_elem, HostElem};
-use super::super::mesh::{self, host_copy, part, peers, scratch_at, Grid, VEC};
+use super::super::mesh::{self, host_copy, peers, scratch_at};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
 pub struct Fullmesh;
-
-/// Bytes per block per chunk the grid is sized for.
-const BYTES_PER_BLOCK: usize = 64 << 10;
 
 impl Algorithm for Fullmesh {
     fn name(&self) -> &'static str {
@@ -33,14 +30,7 @@ impl Algorithm for Fullmesh {
         CollectiveKind::ReduceScatter
     }
     fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if mesh::slot_bytes(res, res.nranks()) < VEC {
-            return Err(Error::invalid(format!(
-                "reducescatter fullmesh: expected a plain scratch of at least {} bytes, got {}",
-                res.nranks() * VEC,
-                res.layout().plain_bytes
-            )));
-        }
-        Ok(())
+        mesh::check_slots(res, res.nranks(), "reducescatter fullmesh")
     }
 
     fn launch_gpu(
@@ -50,12 +40,10 @@ impl Algorithm for Fullmesh {
         call: &Call,
         stream: RawStream,
     ) -> Result<()> {
-        let c = mesh::slot_bytes(res, res.nranks());
-        let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
         let k = kernels::collectives::reduce_scatter::FULLMESH.instance(call.dtype, call.op)?;
-        let extra = [c as u64, call.bytes() as u64];
-        // SAFETY: the kernel takes one CollArgs; the caller keeps the buffers alive.
-        unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 32 }, &extra) }
+        // SAFETY: the kernel takes one CollArgs with [slot bytes, call bytes] first in its
+        // extra words; the caller keeps the buffers alive.
+        unsafe { mesh::launch_slotted(res, gpu, call, stream, k, res.nranks()) }
     }
 
     fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
@@ -68,32 +56,26 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
     let size = std::mem::size_of::<T>();
     let (c_max, total) = (mesh::slot_bytes(res, n), call.bytes());
     let mut srcs: Vec<*const T> = vec![std::ptr::null(); n];
-    for b in 0..nb {
-        let mut start = 0;
-        while start < total {
-            let c = c_max.min(total - start);
-            let (x0, x1) = part(c, nb, b);
-            host_barrier(res, b)?;
-            for p in peers(me, n) {
-                let src = call.send + (p * total + start + x0) as u64;
-                // SAFETY: the part lies inside block p of the input and inside slot `me` of
-                // peer p's scratch (mapped here), which p reads only after the handshake.
-                unsafe { host_copy(scratch_at(res, p, me, c_max, x0), src, x1 - x0) };
-            }
-            host_barrier(res, b)?;
-            for (r, s) in srcs.iter_mut().enumerate() {
-                *s = if r == me {
-                    (call.send + (me * total + start + x0) as u64) as usize as *const T
-                } else {
-                    scratch_at(res, me, r, c_max, x0) as usize as *const T
-                };
-            }
-            let out = (call.recv + (start + x0) as u64) as usize as *mut T;
-            // SAFETY: every source holds the part (x0 and the chunk starts are whole elements);
-            // the output part lies inside recv; in place, each element is read before written.
-            unsafe { reduce_into::<T>(call.op, n, out, &srcs, (x1 - x0) / size) };
-            start += c;
+    mesh::for_each_part(nb, total, c_max, |b, start, (x0, x1)| {
+        host_barrier(res, b)?;
+        for p in peers(me, n) {
+            let src = call.send + (p * total + start + x0) as u64;
+            // SAFETY: the part lies inside block p of the input and inside slot `me` of peer
+            // p's scratch (mapped here), which p reads only after the handshake.
+            unsafe { host_copy(scratch_at(res, p, me, c_max, x0), src, x1 - x0) };
         }
-    }
-    Ok(())
+        host_barrier(res, b)?;
+        for (r, s) in srcs.iter_mut().enumerate() {
+            *s = if r == me {
+                (call.send + (me * total + start + x0) as u64) as usize as *const T
+            } else {
+                scratch_at(res, me, r, c_max, x0) as usize as *const T
+            };
+        }
+        let out = (call.recv + (start + x0) as u64) as usize as *mut T;
+        // SAFETY: every source holds the part (x0 and the chunk starts are whole elements);
+        // the output part lies inside recv; in place, each element is read before written.
+        unsafe { reduce_into::<T>(call.op, n, out, &srcs, (x1 - x0) / size) };
+        Ok(())
+    })
 }

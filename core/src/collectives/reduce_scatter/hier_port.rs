@@ -27,10 +27,10 @@ use super::super::allreduce::rsag_port_channel::put_or_signal;
 use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
 use super::super::host_math::{reduce_from_acc, reduce_to_acc, with_elem, HostElem};
-use super::super::mesh::{host_copy, VEC};
+use super::super::mesh::{self, host_copy, VEC};
 use super::super::setup::Resources;
 use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
@@ -60,11 +60,11 @@ impl Algorithm for HierPort {
     }
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
         if chunk_bytes(res, call) < VEC {
-            return Err(Error::invalid(format!(
-                "reducescatter hier_port: expected a plain scratch of at least {} bytes, got {}",
+            return Err(mesh::small_scratch(
+                res,
+                "reducescatter hier_port",
                 units(res, call) * VEC,
-                res.layout().plain_bytes
-            )));
+            ));
         }
         Ok(())
     }
