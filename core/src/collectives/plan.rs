@@ -14,7 +14,7 @@
 //! native choice; among several, the one with the narrowest size range (then the file name).
 //! Broadcast plans are left out (with a warning): the executor takes no root.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::algorithm::{Algorithm, Call};
@@ -24,6 +24,7 @@ use super::setup::Resources;
 use super::types::{CollectiveKind, RawStream, ReduceOp};
 use crate::communicator::Communicator;
 use crate::error::{Error, Result};
+use crate::executor::cache::plan_files;
 use crate::executor::{ExecutionPlan, Executor, PacketType};
 
 /// One execution plan as an algorithm (see the module doc).
@@ -214,23 +215,6 @@ impl Algorithm for PlanAlgorithm {
         // SAFETY: as in launch_gpu (host memory; complete on return).
         unsafe { self.execute(res, call, 0) }
     }
-}
-
-/// The `.json` files of `dir/default` then `dir` (each sorted by name).
-fn plan_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for d in [dir.join("default"), dir.to_path_buf()] {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        let mut v: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "json"))
-            .collect();
-        v.sort();
-        files.extend(v);
-    }
-    files
 }
 
 /// The plans of `dir` for this rank of `comm` as algorithms run by one executor on `comm`

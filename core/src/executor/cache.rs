@@ -58,8 +58,9 @@ pub fn find_plan(q: &PlanQuery) -> Result<Option<ExecutionPlan>> {
     Ok(find_plan_in(&dir, q))
 }
 
-/// [`find_plan`] in an explicit cache directory.
-pub fn find_plan_in(dir: &Path, q: &PlanQuery) -> Option<ExecutionPlan> {
+/// The `.json` files of a plan directory: those of `dir/default`, then those of `dir`, each
+/// sorted by name (a folder that cannot be read contributes none).
+pub fn plan_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for d in [dir.join("default"), dir.to_path_buf()] {
         let Ok(rd) = std::fs::read_dir(&d) else {
@@ -72,6 +73,12 @@ pub fn find_plan_in(dir: &Path, q: &PlanQuery) -> Option<ExecutionPlan> {
         v.sort();
         files.extend(v);
     }
+    files
+}
+
+/// [`find_plan`] in an explicit cache directory.
+pub fn find_plan_in(dir: &Path, q: &PlanQuery) -> Option<ExecutionPlan> {
+    let files = plan_files(dir);
     let mut best: Option<(u64, ExecutionPlan)> = None;
     for f in files {
         let Some(plan) = load(&f, q.rank) else {
