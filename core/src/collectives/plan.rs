@@ -45,6 +45,25 @@ impl std::fmt::Debug for PlanAlgorithm {
     }
 }
 
+/// Why a plan cannot run a call ([`PlanAlgorithm::mismatch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mismatch {
+    /// Another world size or ranks per node.
+    World,
+    /// In place where the plan is out of place, or the other way round.
+    Placement,
+    /// A reduction other than sum.
+    Op,
+    /// The message size (`size` bytes, what the plan's range is compared with) is outside
+    /// the plan's range, or the send size is not a multiple of its granularity.
+    Size {
+        /// The size compared with the plan's range.
+        size: u64,
+    },
+    /// A buffer the library did not allocate.
+    Foreign,
+}
+
 /// The collective of upstream's plan name (`allreduce`, `allgather`, ...).
 fn kind_of(collective: &str) -> Option<CollectiveKind> {
     collective.parse::<CollectiveKind>().ok()
@@ -113,6 +132,42 @@ impl PlanAlgorithm {
         }
     }
 
+    /// Why the plan cannot run `call`, or `None` when it can: the comparisons of
+    /// [`Algorithm::check`] without its message, so the default selector can test every plan
+    /// on every call without formatting an error for each plan that does not match.
+    pub(crate) fn mismatch(&self, res: &Resources, call: &Call) -> Option<Mismatch> {
+        let n = res.nranks();
+        if self.plan.world_size() != n || self.nranks_per_node != res.nranks_per_node() {
+            return Some(Mismatch::World);
+        }
+        if call.in_place(res.rank()) != self.plan.is_in_place() {
+            return Some(Mismatch::Placement);
+        }
+        let reduces = matches!(
+            call.kind,
+            CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
+        );
+        if reduces && call.op != ReduceOp::Sum {
+            return Some(Mismatch::Op);
+        }
+        let (send, recv) = self.sizes(call, n);
+        let size = if call.kind == CollectiveKind::AllGather {
+            recv
+        } else {
+            send
+        } as u64;
+        let (lo, hi) = (self.plan.min_message_size(), self.plan.max_message_size());
+        let g = self.plan.input_granularity().max(1);
+        if size < lo || size > hi || !(send as u64).is_multiple_of(g) {
+            return Some(Mismatch::Size { size });
+        }
+        let foreign = |ptr: u64, len: usize| crate::memory::find_allocation(ptr, len).is_none();
+        if foreign(call.send, send) || foreign(call.recv, recv) {
+            return Some(Mismatch::Foreign);
+        }
+        None
+    }
+
     /// Bytes of the send and receive buffers of `call` on a world of `n`.
     fn sizes(&self, call: &Call, n: usize) -> (usize, usize) {
         let b = call.bytes();
@@ -139,64 +194,42 @@ impl Algorithm for PlanAlgorithm {
     }
 
     fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        let what = || self.description();
+        let Some(why) = self.mismatch(res, call) else {
+            return Ok(());
+        };
         let (n, per_node) = (res.nranks(), res.nranks_per_node());
-        if self.plan.world_size() != n || self.nranks_per_node != per_node {
-            return Err(Error::invalid(format!(
-                "{}: written for {} ranks ({} per node), the communicator has {n} ({per_node} per node)",
-                what(),
+        let what = self.description();
+        Err(Error::invalid(match why {
+            Mismatch::World => format!(
+                "{what}: written for {} ranks ({} per node), the communicator has {n} ({per_node} per node)",
                 self.plan.world_size(),
                 self.nranks_per_node
-            )));
-        }
-        let in_place = call.in_place(res.rank());
-        if in_place != self.plan.is_in_place() {
-            return Err(Error::invalid(format!(
-                "{}: expected an {} call",
-                what(),
+            ),
+            Mismatch::Placement => format!(
+                "{what}: expected an {} call",
                 if self.plan.is_in_place() {
                     "in-place"
                 } else {
                     "out-of-place"
                 }
-            )));
-        }
-        let reduces = matches!(
-            call.kind,
-            CollectiveKind::AllReduce | CollectiveKind::ReduceScatter
-        );
-        if reduces && call.op != ReduceOp::Sum {
-            return Err(Error::invalid(format!(
-                "{}: expected op sum (the plan's own reduction), got {}",
-                what(),
+            ),
+            Mismatch::Op => format!(
+                "{what}: expected op sum (the plan's own reduction), got {}",
                 call.op
-            )));
-        }
-        let (send, recv) = self.sizes(call, n);
-        let size = if call.kind == CollectiveKind::AllGather {
-            recv
-        } else {
-            send
-        } as u64;
-        let (lo, hi) = (self.plan.min_message_size(), self.plan.max_message_size());
-        let g = self.plan.input_granularity().max(1);
-        if size < lo || size > hi || !(send as u64).is_multiple_of(g) {
-            return Err(Error::invalid(format!(
-                "{}: message of {size} bytes: expected {lo}..={hi} bytes with a send size that is a multiple of {g}",
-                what()
-            )));
-        }
-        let foreign = |ptr: u64, len: usize| crate::memory::find_allocation(ptr, len).is_none();
-        if foreign(call.send, send) || foreign(call.recv, recv) {
-            return Err(Error::invalid(format!(
-                "{}: expected buffers this library allocated (GpuBuffer, LocalMemory, \
+            ),
+            Mismatch::Size { size } => {
+                let (lo, hi) = (self.plan.min_message_size(), self.plan.max_message_size());
+                let g = self.plan.input_granularity().max(1);
+                format!(
+                    "{what}: message of {size} bytes: expected {lo}..={hi} bytes with a send size that is a multiple of {g}"
+                )
+            }
+            Mismatch::Foreign => format!(
+                "{what}: expected buffers this library allocated (GpuBuffer, LocalMemory, \
                  ncclMemAlloc), got send {:#x}, recv {:#x}",
-                what(),
-                call.send,
-                call.recv
-            )));
-        }
-        Ok(())
+                call.send, call.recv
+            ),
+        }))
     }
 
     fn launch_gpu(

@@ -125,7 +125,7 @@ impl SelectContext<'_> {
     pub fn plan(&self) -> Option<Arc<dyn Algorithm>> {
         let mut best: Option<&Arc<PlanAlgorithm>> = None;
         for p in self.plans {
-            if p.kind() != self.call.kind || p.check(self.res, self.call).is_err() {
+            if p.kind() != self.call.kind || p.mismatch(self.res, self.call).is_some() {
                 continue;
             }
             if best.is_none_or(|b| p.range_width() < b.range_width()) {
