@@ -326,13 +326,13 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("batch_isend_irecv"), "{m}");
-        let q = [
-            ("ncclSend", true),
-            ("ncclRecv", false),
-            ("ncclSend", true),
-            ("ncclRecv", false),
-            ("ncclSend", true),
-        ];
+        // Send, recv, send, recv, send: the sends on this communicator.
+        let q: Vec<_> = (0..5)
+            .map(|i| match i % 2 {
+                0 => ("ncclSend", true),
+                _ => ("ncclRecv", false),
+            })
+            .collect();
         let m = open_group_warning("ncclCommGetAsyncError", 1, 2, &q);
         assert!(
             m.contains(
