@@ -4,9 +4,10 @@
 //!
 //! At the end: queued inits run concurrently (so one thread can create the ranks of several
 //! communicators); fallback work goes to the real NCCL inside one of its own groups; then
-//! each communicator's native work runs ([`run_native`]). On the host backend, where native
-//! work blocks until done, several communicators of one group run on their own threads,
-//! since they are usually ranks of the same collective.
+//! each communicator's native work runs ([`run_native`]), the communicators in the same order
+//! on every rank ([`Comm::order_key`]). On the host backend, where native work blocks until
+//! done, several communicators of one group run on their own threads, since they are usually
+//! ranks of the same collective.
 //!
 //! The open-group trap: a group left open (an exception between `ncclGroupStart` and
 //! `ncclGroupEnd`, as when PyTorch's `batch_isend_irecv` raises on a failed `ncclSend`) makes
@@ -261,6 +262,10 @@ fn flush(work: Vec<Work>) -> NResult<NcclResult> {
             None => per_comm.push((w, vec![w])),
         }
     }
+    // Every rank takes the communicators in one order: a blocking part of one (a first-use
+    // buffer exchange of a collective on GPUs, run one communicator after the other) then
+    // never waits for a rank that is blocked in another communicator waiting for this one.
+    per_comm.sort_by_key(|(first, _)| first.comm().order_key());
     // SAFETY: (both) as above.
     let run = |(first, list): (&Work, Vec<&Work>)| unsafe {
         run_native(first.comm(), first.ready(), &list)
