@@ -78,7 +78,7 @@ if [ $built = 1 ]; then
       name=${t}_np$np
       t0=$SECONDS
       # shellcheck disable=SC2086 # ARGS is a list of flags
-      timeout "$LIM" mpirun --oversubscribe -np "$np" "${XS[@]}" -x NCCL_TESTS_DEVICE=0 -x LD_PRELOAD="$LIB" \
+      timeout "$LIM" mpirun --oversubscribe -np "$np" ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0 -x LD_PRELOAD="$LIB" \
         -x MSCCLPP_LOG_LEVEL=INFO -x MSCCLPP_LOG_SUBSYS=NCCL "$B/${t}_perf" $ARGS -g 1 >"$OUT/$name.log" 2>&1
       rc=$?
       w=$(wrong_of "$OUT/$name.log")
