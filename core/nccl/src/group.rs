@@ -104,19 +104,28 @@ pub fn warn_if_open(call: &'static str, comm: usize, check: OpenGroupCheck) -> O
             return None;
         }
         g.warned.push((comm, call));
-        Some(open_group_warning(call, g.depth, g.inits.len(), &queued))
+        let failed = g.error.as_ref().map(|e| e.msg.as_str());
+        Some(open_group_warning(
+            call,
+            g.depth,
+            g.inits.len(),
+            &queued,
+            failed,
+        ))
     })?;
     mscclpp::log_warn!("NCCL", "{msg}");
     Some(msg)
 }
 
 /// The text of [`warn_if_open`]: `call`, the group depth, queued inits and the queued calls
-/// (name, whether on the communicator `call` is about) in call order, repeated names counted.
+/// (name, whether on the communicator `call` is about) in call order, repeated names counted;
+/// `failed`: the error of an earlier call in the group.
 fn open_group_warning(
     call: &str,
     depth: usize,
     inits: usize,
     queued: &[(&'static str, bool)],
+    failed: Option<&str>,
 ) -> String {
     let mut names: Vec<(&str, usize)> = Vec::new();
     for (name, _) in queued {
@@ -156,9 +165,17 @@ fn open_group_warning(
         1 => "; 1 communicator init is queued too".to_string(),
         n => format!("; {n} communicator inits are queued too"),
     };
+    let failed = failed
+        .map(|m| {
+            format!(
+                "; an earlier call in this group failed ({m}), so ncclGroupEnd will return its \
+                 error and run none of them"
+            )
+        })
+        .unwrap_or_default();
     format!(
         "{call} while a group is open on this thread (ncclGroupStart without ncclGroupEnd{nesting}); \
-         {what}{on_this}{inits}. Queued calls run only at the outermost ncclGroupEnd: an error \
+         {what}{on_this}{inits}{failed}. Queued calls run only at the outermost ncclGroupEnd: an error \
          or exception between ncclGroupStart and ncclGroupEnd (e.g. a failed ncclSend inside \
          PyTorch's batch_isend_irecv) leaves the group open"
     )
@@ -320,7 +337,7 @@ mod tests {
             ("ncclRecv", true),
             ("ncclAllReduce", false),
         ];
-        let m = open_group_warning("ncclCommDestroy", 1, 0, &q);
+        let m = open_group_warning("ncclCommDestroy", 1, 0, &q, None);
         assert!(
             m.starts_with(
                 "ncclCommDestroy while a group is open on this thread (ncclGroupStart without \
@@ -338,7 +355,7 @@ mod tests {
                 _ => ("ncclRecv", false),
             })
             .collect();
-        let m = open_group_warning("ncclCommGetAsyncError", 1, 2, &q);
+        let m = open_group_warning("ncclCommGetAsyncError", 1, 2, &q, None);
         assert!(
             m.contains(
                 "5 calls are queued and have not run: ncclSend x3, ncclRecv x2 (3 of them on \
@@ -346,9 +363,20 @@ mod tests {
             ),
             "{m}"
         );
-        let m = open_group_warning("ncclCommFinalize", 1, 0, &[("ncclAlltoAll", false)]);
+        let m = open_group_warning(
+            "ncclCommFinalize",
+            1,
+            0,
+            &[("ncclAlltoAll", false)],
+            Some("ncclSend: peer 9: expected a rank in 0..2"),
+        );
         assert!(
-            m.contains("1 call is queued and has not run: ncclAlltoAll (0 of them"),
+            m.contains(
+                "1 call is queued and has not run: ncclAlltoAll (0 of them on this \
+                 communicator); an earlier call in this group failed (ncclSend: peer 9: expected \
+                 a rank in 0..2), so ncclGroupEnd will return its error and run none of them. \
+                 Queued calls"
+            ),
             "{m}"
         );
     }

@@ -235,6 +235,8 @@ static void check_open_group_warning(ncclComm_t c) {
     CHECK(strstr(prefix, " WARN ") != NULL, "the open-group message is not a WARN: \"%s\"", prefix);
   }
   CHECK(strstr(text, want_d) != NULL, "no open-group WARN for ncclCommDestroy; stderr was:\n%s", text);
+  CHECK(first && strstr(first, "an earlier call in this group failed (ncclSend: peer") != NULL,
+        "the open-group WARN does not name the failed ncclSend:\n%s", text);
   CHECK(n_warn == 2, "%d open-group warnings, expected 2 (once per communicator and call):\n%s", n_warn, text);
   /* The group is closed again: calls run at once. */
   NCCLOK(ncclAllReduce(x, y, 4, ncclFloat, ncclSum, c, NULL));
