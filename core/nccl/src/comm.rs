@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use mscclpp::{Communicator, TcpBootstrap};
+use mscclpp::{Communicator, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclResult};
 use crate::env::ForcedOps;
@@ -57,6 +57,11 @@ pub struct Comm {
     /// The first remote failure (a peer died, or a call failed because of one): later
     /// collectives and point-to-point calls fail fast with it ([`Comm::check_usable`]).
     remote_failure: OnceLock<String>,
+    /// The same on every rank of this communicator and (but for a hash collision) different
+    /// from any other's: a hash of its unique id ([`Comm::with_id`]). A group's end runs
+    /// communicators in this order on every rank, so blocking work of several communicators
+    /// in one group cannot wait in a circle.
+    order_key: u64,
 }
 
 /// What an initialized communicator owns.
@@ -150,7 +155,22 @@ impl Comm {
             finalized: AtomicBool::new(false),
             async_error: AtomicI32::new(abi::SUCCESS),
             remote_failure: OnceLock::new(),
+            order_key: 0,
         }
+    }
+
+    /// This communicator, its order key taken from `id`, the unique id its ranks were created
+    /// with (FNV-1a of its bytes).
+    pub fn with_id(mut self, id: &UniqueId) -> Comm {
+        self.order_key = id.as_bytes().iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        self
+    }
+
+    /// The order of this communicator's work at a group's end (see the field).
+    pub fn order_key(&self) -> u64 {
+        self.order_key
     }
 
     /// Records the outcome of init (only the first call has an effect).
@@ -397,5 +417,16 @@ mod tests {
         // The first failure is the one reported.
         c.set_async_error(&NcclError::remote("rank 0 failed"));
         assert!(c.check_usable().unwrap_err().msg.contains("rank 1"));
+    }
+
+    #[test]
+    fn the_group_order_key_is_the_same_for_one_id_and_differs_between_ids() {
+        let root: std::net::SocketAddr = "10.0.0.1:4000".parse().unwrap();
+        let a = UniqueId::new(root, 7).unwrap();
+        let a2 = UniqueId::from_bytes(&a.to_bytes()).unwrap();
+        let b = UniqueId::new(root, 8).unwrap();
+        let key = |id: &UniqueId, rank| Comm::new(rank, 2, 0, false).with_id(id).order_key();
+        assert_eq!(key(&a, 0), key(&a2, 1));
+        assert_ne!(key(&a, 0), key(&b, 0));
     }
 }

@@ -17,7 +17,15 @@ use crate::boundary::{guard, guard_value};
 use crate::checks::{elem_size, out};
 use crate::comm::{self, lookup, ready as ready_comm, Comm};
 use crate::error::{last_error_ptr, NResult, NcclError};
+use crate::group::OpenGroupCheck;
 use crate::{group, init, mem, split};
+
+/// Warns when `call` finalizes, destroys or aborts `comm` inside an open group.
+fn teardown_check(call: &'static str, comm: *const Comm) {
+    if !comm.is_null() {
+        group::warn_if_open(call, comm as usize, OpenGroupCheck::Teardown);
+    }
+}
 
 /// Registers `[buff, buff + size)` with `comm` and writes the handle to `handle`.
 fn register_into(
@@ -130,7 +138,10 @@ nccl_export! {
 nccl_export! {
     /// Tells the peers this rank is done with the communicator.
     fn ncclCommFinalize, pncclCommFinalize(comm: *mut Comm) -> NcclResult {
-        guard("ncclCommFinalize", || comm::finalize(comm))
+        guard("ncclCommFinalize", || {
+            teardown_check("ncclCommFinalize", comm);
+            comm::finalize(comm)
+        })
     }
 }
 
@@ -138,6 +149,7 @@ nccl_export! {
     /// Frees the communicator (NULL: nothing to do, as in NCCL).
     fn ncclCommDestroy, pncclCommDestroy(comm: *mut Comm) -> NcclResult {
         guard("ncclCommDestroy", || {
+            teardown_check("ncclCommDestroy", comm);
             if comm.is_null() {
                 return Ok(abi::SUCCESS);
             }
@@ -150,6 +162,7 @@ nccl_export! {
     /// Stops and frees the communicator within about a second (NULL: nothing to do).
     fn ncclCommAbort, pncclCommAbort(comm: *mut Comm) -> NcclResult {
         guard("ncclCommAbort", || {
+            teardown_check("ncclCommAbort", comm);
             if comm.is_null() {
                 return Ok(abi::SUCCESS);
             }
@@ -211,6 +224,7 @@ nccl_export! {
         guard("ncclCommGetAsyncError", || {
             let o = out("asyncError", async_error)?;
             let c = lookup(comm)?;
+            group::warn_if_open("ncclCommGetAsyncError", comm as usize, OpenGroupCheck::Query);
             let mut e = c.async_error();
             if e == abi::SUCCESS {
                 if let Ok(r) = c.ready() {

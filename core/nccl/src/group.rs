@@ -4,9 +4,17 @@
 //!
 //! At the end: queued inits run concurrently (so one thread can create the ranks of several
 //! communicators); fallback work goes to the real NCCL inside one of its own groups; then
-//! each communicator's native work runs ([`run_native`]). On the host backend, where native
-//! work blocks until done, several communicators of one group run on their own threads,
-//! since they are usually ranks of the same collective.
+//! each communicator's native work runs ([`run_native`]), the communicators in the same order
+//! on every rank ([`Comm::order_key`]). On the host backend, where native work blocks until
+//! done, several communicators of one group run on their own threads, since they are usually
+//! ranks of the same collective.
+//!
+//! The open-group trap: a group left open (an exception between `ncclGroupStart` and
+//! `ncclGroupEnd`, as when PyTorch's `batch_isend_irecv` raises on a failed `ncclSend`) makes
+//! every later call of the thread only queued. A communicator finalized, destroyed or aborted,
+//! or polled with `ncclCommGetAsyncError` while calls are queued, is the point where that goes
+//! unnoticed; [`warn_if_open`] logs a WARN there naming the queued calls (once per
+//! communicator and call within one open group).
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -22,6 +30,8 @@ struct State {
     inits: Vec<(Arc<Comm>, InitJob)>,
     work: Vec<Work>,
     error: Option<NcclError>,
+    /// (communicator address, call) pairs already warned about in this group.
+    warned: Vec<(usize, &'static str)>,
 }
 
 thread_local! {
@@ -64,6 +74,111 @@ pub fn submit(w: Work) -> NResult<NcclResult> {
         None => Ok(abi::SUCCESS),
         Some(w) => flush(vec![w]),
     }
+}
+
+/// What a call on an open group warns about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenGroupCheck {
+    /// Teardown (finalize, destroy, abort): always, queued calls or not.
+    Teardown,
+    /// A query whose answer depends on queued work having run (`ncclCommGetAsyncError`):
+    /// only when calls are queued.
+    Query,
+}
+
+/// Logs a WARN (and returns its text) when `call` on communicator `comm` (its handle's
+/// address) comes while a group is open on this thread: the open-group trap. Once per
+/// communicator and call within one open group; nothing outside a group.
+pub fn warn_if_open(call: &'static str, comm: usize, check: OpenGroupCheck) -> Option<String> {
+    let msg = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 || g.warned.contains(&(comm, call)) {
+            return None;
+        }
+        let queued: Vec<(&'static str, bool)> = g
+            .work
+            .iter()
+            .map(|w| (w.call(), Arc::as_ptr(w.comm()) as usize == comm))
+            .collect();
+        if check == OpenGroupCheck::Query && queued.is_empty() {
+            return None;
+        }
+        g.warned.push((comm, call));
+        let failed = g.error.as_ref().map(|e| e.msg.as_str());
+        Some(open_group_warning(
+            call,
+            g.depth,
+            g.inits.len(),
+            &queued,
+            failed,
+        ))
+    })?;
+    mscclpp::log_warn!("NCCL", "{msg}");
+    Some(msg)
+}
+
+/// The text of [`warn_if_open`]: `call`, the group depth, queued inits and the queued calls
+/// (name, whether on the communicator `call` is about) in call order, repeated names counted;
+/// `failed`: the error of an earlier call in the group.
+fn open_group_warning(
+    call: &str,
+    depth: usize,
+    inits: usize,
+    queued: &[(&'static str, bool)],
+    failed: Option<&str>,
+) -> String {
+    let mut names: Vec<(&str, usize)> = Vec::new();
+    for (name, _) in queued {
+        match names.iter_mut().find(|(n, _)| n == name) {
+            Some((_, k)) => *k += 1,
+            None => names.push((name, 1)),
+        }
+    }
+    let list: Vec<String> = names
+        .iter()
+        .map(|(n, k)| {
+            if *k > 1 {
+                format!("{n} x{k}")
+            } else {
+                n.to_string()
+            }
+        })
+        .collect();
+    let nesting = if depth > 1 {
+        format!(", {depth} levels deep")
+    } else {
+        String::new()
+    };
+    let what = match queued.len() {
+        0 => "no calls are queued".to_string(),
+        1 => format!("1 call is queued and has not run: {}", list.join(", ")),
+        n => format!("{n} calls are queued and have not run: {}", list.join(", ")),
+    };
+    let mine = queued.iter().filter(|(_, mine)| *mine).count();
+    let on_this = if queued.is_empty() {
+        String::new()
+    } else {
+        format!(" ({mine} of them on this communicator)")
+    };
+    let inits = match inits {
+        0 => String::new(),
+        1 => "; 1 communicator init is queued too".to_string(),
+        n => format!("; {n} communicator inits are queued too"),
+    };
+    let failed = failed
+        .map(|m| {
+            format!(
+                "; an earlier call in this group failed ({m}), so ncclGroupEnd will return its \
+                 error and run none of them"
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{call} while a group is open on this thread (ncclGroupStart without ncclGroupEnd{nesting}); \
+         {what}{on_this}{inits}{failed}. Queued calls run only at the outermost ncclGroupEnd: an error \
+         or exception between ncclGroupStart and ncclGroupEnd (e.g. a failed ncclSend inside \
+         PyTorch's batch_isend_irecv) leaves the group open"
+    )
 }
 
 /// Queues the init of `comm` (inside a group: the caller checked [`in_group`]).
@@ -164,6 +279,10 @@ fn flush(work: Vec<Work>) -> NResult<NcclResult> {
             None => per_comm.push((w, vec![w])),
         }
     }
+    // Every rank takes the communicators in one order: a blocking part of one (a first-use
+    // buffer exchange of a collective on GPUs, run one communicator after the other) then
+    // never waits for a rank that is blocked in another communicator waiting for this one.
+    per_comm.sort_by_key(|(first, _)| first.comm().order_key());
     // SAFETY: (both) as above.
     let run = |(first, list): (&Work, Vec<&Work>)| unsafe {
         run_native(first.comm(), first.ready(), &list)
@@ -174,4 +293,91 @@ fn flush(work: Vec<Work>) -> NResult<NcclResult> {
         per_comm.into_iter().try_for_each(run)?;
     }
     Ok(abi::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use OpenGroupCheck::{Query, Teardown};
+
+    #[test]
+    fn an_open_group_warns_once_per_communicator_and_call() {
+        assert_eq!(warn_if_open("ncclCommDestroy", 1, Teardown), None);
+        start().unwrap();
+        start().unwrap();
+        let m = warn_if_open("ncclCommDestroy", 1, Teardown).expect("a warning");
+        assert!(
+            m.starts_with(
+                "ncclCommDestroy while a group is open on this thread (ncclGroupStart without \
+                 ncclGroupEnd, 2 levels deep); no calls are queued."
+            ),
+            "{m}"
+        );
+        assert_eq!(warn_if_open("ncclCommDestroy", 1, Teardown), None);
+        assert!(warn_if_open("ncclCommFinalize", 1, Teardown).is_some());
+        assert!(warn_if_open("ncclCommDestroy", 2, Teardown).is_some());
+        // A query warns only when something is queued (nothing is).
+        assert_eq!(warn_if_open("ncclCommGetAsyncError", 1, Query), None);
+        end(false).unwrap();
+        // Still the same open group (the outer level).
+        assert_eq!(warn_if_open("ncclCommDestroy", 1, Teardown), None);
+        end(false).unwrap();
+        assert_eq!(warn_if_open("ncclCommAbort", 1, Teardown), None);
+        // A new open group warns again.
+        start().unwrap();
+        let m = warn_if_open("ncclCommDestroy", 1, Teardown).expect("a warning");
+        assert!(m.contains("without ncclGroupEnd);"), "{m}");
+        end(false).unwrap();
+    }
+
+    #[test]
+    fn the_warning_names_the_queued_calls_in_order() {
+        let q = [
+            ("ncclSend", true),
+            ("ncclRecv", true),
+            ("ncclAllReduce", false),
+        ];
+        let m = open_group_warning("ncclCommDestroy", 1, 0, &q, None);
+        assert!(
+            m.starts_with(
+                "ncclCommDestroy while a group is open on this thread (ncclGroupStart without \
+                 ncclGroupEnd); 3 calls are queued and have not run: ncclSend, ncclRecv, \
+                 ncclAllReduce (2 of them on this communicator). Queued calls run only at the \
+                 outermost ncclGroupEnd"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("batch_isend_irecv"), "{m}");
+        // Send, recv, send, recv, send: the sends on this communicator.
+        let q: Vec<_> = (0..5)
+            .map(|i| match i % 2 {
+                0 => ("ncclSend", true),
+                _ => ("ncclRecv", false),
+            })
+            .collect();
+        let m = open_group_warning("ncclCommGetAsyncError", 1, 2, &q, None);
+        assert!(
+            m.contains(
+                "5 calls are queued and have not run: ncclSend x3, ncclRecv x2 (3 of them on \
+                 this communicator); 2 communicator inits are queued too."
+            ),
+            "{m}"
+        );
+        let m = open_group_warning(
+            "ncclCommFinalize",
+            1,
+            0,
+            &[("ncclAlltoAll", false)],
+            Some("ncclSend: peer 9: expected a rank in 0..2"),
+        );
+        assert!(
+            m.contains(
+                "1 call is queued and has not run: ncclAlltoAll (0 of them on this \
+                 communicator); an earlier call in this group failed (ncclSend: peer 9: expected \
+                 a rank in 0..2), so ncclGroupEnd will return its error and run none of them. \
+                 Queued calls"
+            ),
+            "{m}"
+        );
+    }
 }

@@ -248,7 +248,7 @@ fn init_fallback(
 /// # Safety
 /// `out` must be valid for a write.
 pub unsafe fn start(out: *mut *mut Comm, p: InitParams) -> NResult<NcclResult> {
-    let comm = Arc::new(Comm::new(p.rank, p.nranks, p.device, p.nonblocking));
+    let comm = Arc::new(Comm::new(p.rank, p.nranks, p.device, p.nonblocking).with_id(&p.id));
     let handle = register(comm.clone());
     let job: InitJob = Box::new(move || build(&p));
     if group::in_group() {

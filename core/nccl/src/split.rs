@@ -266,7 +266,7 @@ pub unsafe fn init_all(
                         config: None,
                         nonblocking: false,
                     };
-                    let comm = Arc::new(Comm::new(rank, n, device, false));
+                    let comm = Arc::new(Comm::new(rank, n, device, false).with_id(&id));
                     init::build(&p).map(|r| (comm, r))
                 })
             })

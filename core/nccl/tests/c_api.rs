@@ -1,7 +1,12 @@
 //! The C test program (tests/c/nccl_api_test.c), compiled against the shipped nccl.h and
 //! linked to libmscclpp_nccl.so, run under `mpirun` on the host backend: -np 2 and 4 (every
-//! collective with checked results, group send/recv, bad arguments, split/shrink, destroy),
+//! collective with checked results, point-to-point and groups, bad arguments, split/shrink,
+//! destroy), the point-to-point and group checks alone at -np 8, 2 emulated nodes of 2 ranks,
 //! a dead peer (-np 3) and the fallback to a fake NCCL (-np 2).
+//!
+//! Emulated nodes as .ci/multinode-test makes them: every rank of node m runs with
+//! `MSCCLPP_HOSTID=multinode-m` (set by a `sh -c` wrapper before the program starts), so the
+//! host hashes split the world and ranks of different nodes talk over Ethernet.
 
 mod common;
 
@@ -31,6 +36,17 @@ fn programs() -> &'static (PathBuf, PathBuf) {
 /// Runs the program on `np` ranks with `env`; returns every rank's summary line after checking
 /// that mpirun succeeded and no rank failed.
 fn run(np: usize, tag: &str, env: &[(&str, String)]) -> String {
+    run_nodes(np, None, tag, env).0
+}
+
+/// [`run`] on emulated nodes of `per_node` ranks each (`None`: one node); returns stdout and
+/// stderr.
+fn run_nodes(
+    np: usize,
+    per_node: Option<usize>,
+    tag: &str,
+    env: &[(&str, String)],
+) -> (String, String) {
     // One mpirun at a time: the ranks spin while they wait and the machine has few cores.
     static SERIAL: Mutex<()> = Mutex::new(());
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -51,6 +67,11 @@ fn run(np: usize, tag: &str, env: &[(&str, String)]) -> String {
     }
     for n in names {
         cmd.args(["-x", n]);
+    }
+    if let Some(k) = per_node {
+        // Open MPI numbers the ranks in OMPI_COMM_WORLD_RANK; "$0" is the program.
+        let set = format!("MSCCLPP_HOSTID=multinode-$((OMPI_COMM_WORLD_RANK / {k})) exec \"$0\"");
+        cmd.args(["sh", "-c", &set]);
     }
     cmd.arg(exe);
     if let Err(e) = Command::new("mpirun").arg("--version").output() {
@@ -80,7 +101,7 @@ fn run(np: usize, tag: &str, env: &[(&str, String)]) -> String {
         assert!(s.contains(" 0 failed"), "a rank failed: {s}\n{report}");
     }
     println!("{report}");
-    stdout
+    (stdout, stderr)
 }
 
 fn passed_of(stdout: &str) -> usize {
@@ -110,25 +131,41 @@ fn c_program_np4() {
     assert!(passed_of(&out) > 200, "too few checks ran:\n{out}");
 }
 
+/// The point-to-point and group checks alone at -np 8 (oversubscribed): every pattern with 8
+/// peers, groups over two communicators, the open-group warning.
+#[test]
+fn c_program_p2p_np8() {
+    let out = run(8, "p2p8", &[("NCCL_TEST_MODE", "p2p".into())]);
+    assert!(passed_of(&out) > 100, "too few checks ran:\n{out}");
+}
+
 /// Two emulated nodes of 2 ranks (MSCCLPP_HOSTID per node, Ethernet between them): every
 /// collective natively through the hierarchical algorithms (broadcast included), p2p across
-/// nodes, and the split/shrunk communicators that span nodes with one rank per node. Repeated:
-/// the ends of calls raced with the peer's communicator teardown (a lost last ack).
+/// nodes (every pattern and group of p2p_checks.h), and the split/shrunk communicators that
+/// span nodes with one rank per node. Repeated: the ends of calls raced with the peer's
+/// communicator teardown (a lost last ack).
 #[test]
 fn c_program_two_emulated_nodes_np4() {
     for round in 0..3 {
-        let out = run(
+        let (out, err) = run_nodes(
             4,
+            Some(2),
             &format!("twonodes{round}"),
             &[
-                ("NCCL_TEST_RANKS_PER_NODE", "2".into()),
                 ("MSCCLPP_COLL_NET_TRANSPORT", "ethernet".into()),
                 ("NCCL_TEST_REQUIRE", "all".into()),
+                ("MSCCLPP_LOG_LEVEL", "INFO".into()),
+                ("MSCCLPP_LOG_SUBSYS", "COLL,NCCL".into()),
             ],
         );
         assert!(
             passed_of(&out) > 200,
             "round {round}: too few checks ran:\n{out}"
+        );
+        // The world spans the emulated nodes: the hierarchical collectives ran.
+        assert!(
+            err.contains(" runs hier_"),
+            "round {round}: no hierarchical collective ran (one node only?)"
         );
     }
 }
@@ -143,12 +180,12 @@ fn c_program_dead_peer_np3() {
 /// ncclRemoteError and abort fast.
 #[test]
 fn c_program_dead_peer_two_emulated_nodes_np4() {
-    run(
+    run_nodes(
         4,
+        Some(2),
         "deadpeer2n",
         &[
             ("NCCL_TEST_MODE", "deadpeer".into()),
-            ("NCCL_TEST_RANKS_PER_NODE", "2".into()),
             ("MSCCLPP_COLL_NET_TRANSPORT", "ethernet".into()),
         ],
     );

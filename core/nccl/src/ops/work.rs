@@ -198,6 +198,11 @@ impl Work {
         &self.ready
     }
 
+    /// The NCCL function it came from (`ncclSend`, ...).
+    pub fn call(&self) -> &'static str {
+        self.call
+    }
+
     /// Whether it goes to the fallback NCCL.
     pub fn is_fallback(&self) -> bool {
         matches!(self.path, Path::Fallback(_))
@@ -248,6 +253,9 @@ pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<
             _ => None,
         })
         .flatten()
+        // A zero-count send or receive is a no-op, as in NCCL: it matches nothing (a lone
+        // zero-count send to this rank itself included).
+        .filter(|c| c.op.bytes > 0)
         .collect();
     let result = (|| -> NResult<()> {
         if !parts.is_empty() {

@@ -175,35 +175,49 @@ static void check_reduce(ncclComm_t c, ncclDataType_t t, ncclRedOp_t op, size_t 
   free(send);
 }
 
-/* ncclAlltoAll, ncclGather (root), ncclScatter (root): float, `n` per block. */
-static void check_alltoall_gather_scatter(ncclComm_t c, size_t n, int root) {
-  size_t total = n * g_nranks;
-  float* send = fill_garbage(total * 4);
-  float* recv = fill_garbage(total * 4);
+/* Element j of rank r's buffer in the all-to-all, gather and scatter checks (exact in every
+ * type). */
+static double ags_val(int r, size_t j) { return (double)(((size_t)r * 13 + j) % 100); }
+
+/* Whether blocks of `n` elements of type t in `buf` hold ags_val(src(b), first(b) + i) for
+ * every block b < nblocks; reports the first wrong element under `what`. */
+static int check_blocks(const char* what, const char* buf, ncclDataType_t t, size_t n, int nblocks, int (*src)(int),
+                        size_t (*first)(int, size_t)) {
+  for (int b = 0; b < nblocks; b++)
+    for (size_t i = 0; i < n; i++) {
+      double got = get(buf, t, (size_t)b * n + i), want = ags_val(src(b), first(b, n) + i);
+      if (got != want) {
+        CHECK(0, "%s: block %d element %zu is %g, expected %g", what, b, i, got, want);
+        return 0;
+      }
+    }
+  return 1;
+}
+static int g_ags_root;
+static int block_rank(int b) { return b; }
+static int root_rank(int b) { (void)b; return g_ags_root; }
+static size_t my_block(int b, size_t n) { (void)b; return (size_t)g_rank * n; }
+static size_t block_zero(int b, size_t n) { (void)b; (void)n; return 0; }
+
+/* ncclAlltoAll, ncclGather (root), ncclScatter (root): type t, `n` per block. */
+static void check_alltoall_gather_scatter(ncclComm_t c, ncclDataType_t t, size_t n, int root) {
+  size_t total = n * g_nranks, sz = type_size(t);
+  char* send = fill_garbage(total * sz);
+  char* recv = fill_garbage(total * sz);
   char what[128];
-  for (size_t j = 0; j < total; j++) send[j] = (float)(g_rank * 1000 + j);
-  snprintf(what, sizeof what, "alltoall float n=%zu", n);
-  if (ran(ncclAlltoAll(send, recv, n, ncclFloat, c, NULL), "alltoall", what)) {
-    int ok = 1;
-    for (int s = 0; s < g_nranks && ok; s++)
-      for (size_t i = 0; i < n && ok; i++) ok = recv[s * n + i] == (float)(s * 1000 + g_rank * n + i);
-    CHECK(ok, "%s: wrong data", what);
-  }
-  memset(recv, 0x5a, total * 4);
-  snprintf(what, sizeof what, "gather float n=%zu root=%d", n, root);
-  if (ran(ncclGather(send, recv, n, ncclFloat, root, c, NULL), "gather", what) && g_rank == root) {
-    int ok = 1;
-    for (int s = 0; s < g_nranks && ok; s++)
-      for (size_t i = 0; i < n && ok; i++) ok = recv[s * n + i] == (float)(s * 1000 + i);
-    CHECK(ok, "%s: wrong data", what);
-  }
-  memset(recv, 0x5a, total * 4);
-  snprintf(what, sizeof what, "scatter float n=%zu root=%d", n, root);
-  if (ran(ncclScatter(send, recv, n, ncclFloat, root, c, NULL), "scatter", what)) {
-    int ok = 1;
-    for (size_t i = 0; i < n && ok; i++) ok = recv[i] == (float)(root * 1000 + g_rank * n + i);
-    CHECK(ok, "%s: wrong data", what);
-  }
+  g_ags_root = root;
+  for (size_t j = 0; j < total; j++) put(send, t, j, ags_val(g_rank, j));
+  snprintf(what, sizeof what, "alltoall %s n=%zu", type_str(t), n);
+  if (ran(ncclAlltoAll(send, recv, n, t, c, NULL), "alltoall", what))
+    CHECK(check_blocks(what, recv, t, n, g_nranks, block_rank, my_block), "%s", what);
+  memset(recv, 0x5a, total * sz);
+  snprintf(what, sizeof what, "gather %s n=%zu root=%d", type_str(t), n, root);
+  if (ran(ncclGather(send, recv, n, t, root, c, NULL), "gather", what) && g_rank == root)
+    CHECK(check_blocks(what, recv, t, n, g_nranks, block_rank, block_zero), "%s", what);
+  memset(recv, 0x5a, total * sz);
+  snprintf(what, sizeof what, "scatter %s n=%zu root=%d", type_str(t), n, root);
+  if (ran(ncclScatter(send, recv, n, t, root, c, NULL), "scatter", what))
+    CHECK(check_blocks(what, recv, t, n, 1, root_rank, my_block), "%s", what);
   free(send);
   free(recv);
 }

@@ -7,12 +7,14 @@
  *   deadpeer  the last rank exits without destroying its communicator; the others must see
  *             ncclRemoteError from ncclCommGetAsyncError, a recv from it and an all-reduce
  *             (fast, not at a timeout), and abort fast;
+ *   p2p       init and the point-to-point and group checks only (check_p2p, p2p_checks.h);
  *   fallback  with MSCCLPP_NCCL_LIB_PATH naming the fake NCCL (fake_nccl.c) and
  *             MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION=allreduce: all-reduce and custom operators
  *             reach it (inside its group, with the id rank 0 made), the rest stays native.
- * NCCL_TEST_RANKS_PER_NODE=k splits the world into emulated nodes of k ranks (MSCCLPP_HOSTID).
+ * Emulated nodes: the launcher gives the ranks of each node their own MSCCLPP_HOSTID (c_api.rs
+ * runs every rank through `sh -c 'MSCCLPP_HOSTID=multinode-$((rank / k)) exec prog'`).
  * Each rank prints "rank R: N passed, N failed, N skipped" and exits 1 on a failure. */
-#include "coll_checks.h"
+#include "p2p_checks.h"
 
 static ncclComm_t init_comm(const char* suffix) {
   ncclUniqueId id;
@@ -119,7 +121,9 @@ static void check_collectives(ncclComm_t c) {
     check_reduce(c, ncclInt32, ncclMax, 333, root, 1, 0);
     check_reduce(c, ncclFloat32, ncclSum, 77, root, 0, 1);
     check_broadcast(c, ncclFloat32, 1000, root, 1, 1);
-    check_alltoall_gather_scatter(c, 513, root);
+    check_alltoall_gather_scatter(c, ncclFloat32, 513, root);
+    check_alltoall_gather_scatter(c, ncclInt8, 1, root);
+    check_alltoall_gather_scatter(c, ncclUint8, MIB_PLUS_3, root);
   }
   check_allreduce(c, ncclFloat32, ncclSum, 0, 0);
   /* Collectives and point-to-point inside one group. */
@@ -148,6 +152,7 @@ static void check_p2p(ncclComm_t c) {
   float x = 1.0f, y = 0.0f;       /* zero-count operations are no-ops */
   NCCLOK(ncclSend(&x, 0, ncclFloat, (g_rank + 1) % g_nranks, c, NULL));
   NCCLOK(ncclRecv(&y, 0, ncclFloat, (g_rank + 1) % g_nranks, c, NULL));
+  check_p2p_patterns(c);
 }
 
 static void check_memory(ncclComm_t c) {
@@ -234,7 +239,7 @@ static void check_derived(ncclComm_t c) {
     check_broadcast(one, ncclFloat16, 100, 0, 0, 0);
     check_reduce(one, ncclFloat32, ncclMin, 100, 0, 0, 0);
     check_broadcast(one, ncclInt32, 10, 0, 1, 1);
-    check_alltoall_gather_scatter(one, 10, 0);
+    check_alltoall_gather_scatter(one, ncclFloat32, 10, 0);
     check_group_sendrecv(one, 100, 0);
     if (saved_req) {
       setenv("NCCL_TEST_REQUIRE", saved_req, 1);
@@ -264,19 +269,15 @@ int run_fallback(void);
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   discover_rank();
-  /* NCCL_TEST_RANKS_PER_NODE=k: ranks k*m .. k*m+k-1 form emulated node m (MSCCLPP_HOSTID, set
-   * before the library reads it), so the world spans nodes and runs the multi-node paths. */
-  int per_node = env_int("NCCL_TEST_RANKS_PER_NODE", NULL, NULL, 0);
-  if (per_node > 0) {
-    char host[64];
-    snprintf(host, sizeof host, "nccl-test-node-%d", g_rank / per_node);
-    setenv("MSCCLPP_HOSTID", host, 1);
-  }
   const char* mode = getenv("NCCL_TEST_MODE");
   if (mode && strcmp(mode, "deadpeer") == 0) return run_deadpeer();
   if (mode && strcmp(mode, "fallback") == 0) return run_fallback();
+  int p2p_only = mode && strcmp(mode, "p2p") == 0;
   ncclComm_t c = init_comm("");
-  if (c) {
+  if (c && p2p_only) {
+    check_p2p(c);
+    NCCLOK(ncclCommDestroy(c));
+  } else if (c) {
     check_queries(c);
     check_bad_arguments(c);
     check_collectives(c);

@@ -19,21 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../../../.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-/tmp/mscclpp_nccl_gpu}
-LIB=$(realpath "${MSCCLPP_NCCL_SO:-$ROOT/target/release/libmscclpp_nccl.so}")
-SRC=${NCCL_TESTS_SRC:-$ROOT/.nccl-tests}
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-SYS_H=${SYS_NCCL_H:-/usr/include/nccl.h}
-SYS_LIB=${SYS_NCCL_LIB:-/usr/lib/x86_64-linux-gnu/libnccl.so.2}
-W=$(mktemp -d /tmp/mscclpp_nccl_work.XXXX)
-mkdir -p "$OUT"
-export MSCCLPP_FORCE_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
-SUM=$OUT/summary.txt
-: >"$SUM"
-FAILS=0
-say() { echo "$*" | tee -a "$SUM"; }
-verdict() { # verdict NAME OK(0/1) DETAIL
-  if [ "$2" = 1 ]; then say "PASS  $1  $3"; else say "FAIL  $1  $3"; FAILS=$((FAILS + 1)); fi
-}
+. "$ROOT/core/nccl/tests/gpu/common.sh"
 
 nvidia-smi -L >"$OUT/gpu.txt" 2>&1
 say "GPU: $(head -1 "$OUT/gpu.txt")"
@@ -63,11 +49,7 @@ verdict "every declared function exported" $([ "$missing" = 0 ] && echo 1 || ech
 
 # ---- 2. nccl-tests against our header ------------------------------------------------------
 H=$W/ncclhome
-mkdir -p "$H/include" "$H/lib"
-cp "$ROOT/core/nccl/include/nccl.h" "$H/include/"
-ln -s "$(dirname "$SYS_H")/nccl_device.h" "$H/include/nccl_device.h"
-ln -s "$(dirname "$SYS_H")/nccl_device" "$H/include/nccl_device"
-ln -s "$SYS_LIB" "$H/lib/libnccl.so"
+nccl_home "$H"
 cp -r "$SRC" "$W/nccl-tests"
 if make -C "$W/nccl-tests" -j16 MPI=0 CUDA_HOME="$CUDA_HOME" NCCL_HOME="$H" \
   NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >"$OUT/nccl_tests_build.log" 2>&1; then
@@ -83,7 +65,6 @@ B=$W/nccl-tests/build
 # ---- 3. perf runs --------------------------------------------------------------------------
 ARGS="-b 1K -e 1G -f 4 -d half -G 10 -n 50 -w 10 -g 1"
 TESTS="all_reduce all_gather reduce_scatter broadcast"
-wrong_of() { awk '$1 ~ /^[0-9]+$/ && NF >= 13 { w += $9 + $13; n++ } END { print (n ? w : -1) }' "$1"; }
 for t in $TESTS; do
   timeout 120 "$B/${t}_perf" $ARGS >"$OUT/$t.nccl.log" 2>&1
   rc1=$?

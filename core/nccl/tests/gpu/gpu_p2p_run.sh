@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The multi-rank GPU check of libmscclpp_nccl's point-to-point on a one-GPU machine: every rank
+# on the one GPU (run it with the MPS daemon up: `.ci/gpu-check nccl` starts it), our library
+# LD_PRELOADed in front of the system NCCL, no fallback NCCL configured.
+#   1. nccl-tests (source in .nccl-tests) built with MPI=1 against OUR nccl.h: sendrecv_perf,
+#      alltoall_perf, alltoallv_perf, hypercube_perf, scatter_perf, gather_perf, each with
+#      -b 1K -e 64M -f 8 -d half -G 10 at -np 2 and -np 4 (NCCL_TESTS_DEVICE=0 puts every rank
+#      on device 0); each must exit 0 with 0 wrong elements and every rank must log our init.
+#   2. PyTorch (tests/gpu/torch_p2p.py) at 2 and 4 ranks: every check on every rank must pass.
+#   3. A table of the nccl-tests runs: time per call and bus bandwidth per size.
+# The last line is "N passed, N failed, 0 skipped" (one count per verdict); exit 1 on a failure.
+# Usage (repository root, the .so built by
+#   cargo build --release -p mscclpp-nccl --features cuda):
+#   bash core/nccl/tests/gpu/gpu_p2p_run.sh
+# Env: OUT (logs, default /tmp/mscclpp_nccl_gpu_p2p), MSCCLPP_NCCL_SO (default
+# target/release/libmscclpp_nccl.so), NCCL_TESTS_SRC (default .nccl-tests), CUDA_HOME, MPI_HOME
+# (default: from mpicc, else where mpi.h and libmpi.so lie), P2P_NPS (default "2 4"),
+# P2P_TESTS (default "sendrecv alltoall alltoallv hypercube scatter gather"), P2P_ARGS (default
+# "-b 1K -e 64M -f 8 -d half -G 10"), P2P_TIMEOUT (seconds per run, default 120), P2P_TORCH=0
+# skips PyTorch, P2P_PORT (first rendezvous port of PyTorch, default 29581).
+set -uo pipefail
+cd "$(dirname "$0")/../../../.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-/tmp/mscclpp_nccl_gpu_p2p}
+. "$ROOT/core/nccl/tests/gpu/common.sh"
+NPS=${P2P_NPS:-2 4}
+TESTS=${P2P_TESTS:-sendrecv alltoall alltoallv hypercube scatter gather}
+ARGS=${P2P_ARGS:--b 1K -e 64M -f 8 -d half -G 10}
+LIM=${P2P_TIMEOUT:-120}
+PORT=${P2P_PORT:-29581}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+say "library: $LIB ($(stat -c %s "$LIB" 2>/dev/null) bytes); ranks share: $(nvidia-smi -L 2>/dev/null | head -1)"
+[ -f "$LIB" ] || { verdict "libmscclpp_nccl.so exists" 0 "($LIB)"; say "$PASSES passed, $FAILS failed, 0 skipped"; exit 1; }
+
+# ---- 1. nccl-tests, MPI build -------------------------------------------------------------
+# An MPI_HOME with include/mpi.h and lib/libmpi.so (the directories mpicc names, else found).
+mpi_home() {
+  if [ -n "${MPI_HOME:-}" ]; then echo "$MPI_HOME"; return 0; fi
+  local d inc="" lib=""
+  for d in $(mpicc --showme:incdirs 2>/dev/null); do [ -f "$d/mpi.h" ] && inc=$d && break; done
+  for d in $(mpicc --showme:libdirs 2>/dev/null); do ls "$d"/libmpi.so* >/dev/null 2>&1 && lib=$d && break; done
+  [ -n "$inc" ] || inc=$(dirname "$(find /usr /opt -name mpi.h -path '*mpi*' 2>/dev/null | head -1)")
+  [ -n "$lib" ] || lib=$(dirname "$(find /usr /opt -name 'libmpi.so*' 2>/dev/null | head -1)")
+  [ -f "$inc/mpi.h" ] && ls "$lib"/libmpi.so* >/dev/null 2>&1 || return 1
+  mkdir -p "$W/mpi/lib"
+  ln -s "$inc" "$W/mpi/include"
+  ln -s "$(ls "$lib"/libmpi.so* | head -1)" "$W/mpi/lib/libmpi.so"
+  echo "$W/mpi"
+}
+B=$W/nccl-tests/build_mpi
+built=0
+if MPIH=$(mpi_home); then
+  # The ranks find libmpi where the build found it.
+  export LD_LIBRARY_PATH="$(dirname "$(readlink -f "$MPIH/lib/libmpi.so")")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  nccl_home "$W/ncclhome"
+  cp -r "$SRC" "$W/nccl-tests"
+  targets=()
+  for t in $TESTS; do targets+=("$B/${t}_perf"); done
+  if make -C "$W/nccl-tests/src" -j16 MPI=1 MPI_HOME="$MPIH" CUDA_HOME="$CUDA_HOME" NCCL_HOME="$W/ncclhome" \
+    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILDDIR="$B" "${targets[@]}" >"$OUT/nccl_tests_mpi_build.log" 2>&1; then
+    built=1
+  fi
+  verdict "nccl-tests (MPI=1, MPI_HOME $MPIH) built against our nccl.h: $TESTS" $built "(log: nccl_tests_mpi_build.log)"
+else
+  verdict "nccl-tests MPI build" 0 "(no mpi.h and libmpi.so found: install Open MPI's headers or set MPI_HOME)"
+fi
+
+# mpirun's -x list: the variables every rank needs, where set.
+XS=()
+for v in MSCCLPP_FORCE_DISABLE_NVLS NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS \
+  CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY LD_LIBRARY_PATH; do
+  [ -n "${!v:-}" ] && XS+=(-x "$v")
+done
+WRONG_ALL=0
+if [ $built = 1 ]; then
+  for np in $NPS; do
+    for t in $TESTS; do
+      name=${t}_np$np
+      t0=$SECONDS
+      # shellcheck disable=SC2086 # ARGS is a list of flags
+      timeout "$LIM" mpirun --oversubscribe -np "$np" ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0 -x LD_PRELOAD="$LIB" \
+        -x MSCCLPP_LOG_LEVEL=INFO -x MSCCLPP_LOG_SUBSYS=NCCL "$B/${t}_perf" $ARGS -g 1 >"$OUT/$name.log" 2>&1
+      rc=$?
+      w=$(wrong_of "$OUT/$name.log")
+      used=$(grep -cE "libmscclpp_nccl: rank [0-9]+ of $np " "$OUT/$name.log")
+      [ "$w" -gt 0 ] 2>/dev/null && WRONG_ALL=$((WRONG_ALL + w))
+      verdict "${t}_perf -np $np (LD_PRELOAD libmscclpp_nccl)" \
+        $([ $rc = 0 ] && [ "$w" = 0 ] && [ "$used" -ge "$np" ] && echo 1 || echo 0) \
+        "(exit $rc, wrong $w, our init logged by $used of $np ranks, $((SECONDS - t0)) s; log $name.log)"
+    done
+  done
+fi
+
+# ---- 2. PyTorch ----------------------------------------------------------------------------
+if [ "${P2P_TORCH:-1}" = 1 ]; then
+  for np in $NPS; do
+    pids=()
+    for r in $(seq 0 $((np - 1))); do
+      env RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$((PORT + np)) TORCH_P2P_EXPECT_MSCCLPP=1 \
+        PYTHONUNBUFFERED=1 MSCCLPP_LOG_LEVEL=INFO MSCCLPP_LOG_SUBSYS=NCCL LD_PRELOAD="$LIB" \
+        timeout $((LIM * 2)) python3 "$ROOT/core/nccl/tests/gpu/torch_p2p.py" >"$OUT/torch_p2p_np$np.$r.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    lines=$(cat "$OUT"/torch_p2p_np"$np".*.log | grep -E "^TORCH_P2P rank=[0-9]+ world=$np ")
+    ok_ranks=$(echo "$lines" | grep -c " failed=0$")
+    np_pass=$(echo "$lines" | sed -nE 's/.* passed=([0-9]+) .*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
+    np_fail=$(cat "$OUT"/torch_p2p_np"$np".*.log | grep -c "^FAIL ")
+    verdict "torch_p2p.py at $np ranks (batch_isend_irecv, send/recv, all_to_all_single, gather, scatter, new_group, CUDA graph)" \
+      $([ $rc = 0 ] && [ "$ok_ranks" = "$np" ] && echo 1 || echo 0) \
+      "(exit $rc; ranks all passing: $ok_ranks/$np; checks passed ${np_pass:-0}, failed $np_fail; logs torch_p2p_np$np.*.log)"
+    grep -h "^FAIL " "$OUT"/torch_p2p_np"$np".*.log | head -10 | sed 's/^/    /' | tee -a "$SUM"
+  done
+fi
+
+# ---- 3. table ------------------------------------------------------------------------------
+if [ $built = 1 ]; then
+  say ""
+  say "nccl-tests with our library, ranks on one GPU ($ARGS): out-of-place time (us), bus bandwidth (GB/s), wrong"
+  printf '%-10s %3s %12s %10s %8s %6s\n' test np bytes "time_us" busbw wrong | tee -a "$SUM"
+  for np in $NPS; do
+    for t in $TESTS; do
+      awk -v t="$t" -v np="$np" '$1 ~ /^[0-9]+$/ && NF >= 13 { printf "%-10s %3s %12s %10s %8s %6s\n", t, np, $1, $6, $8, $9 }' \
+        "$OUT/${t}_np$np.log" | tee -a "$SUM"
+    done
+  done
+  say "wrong elements over every nccl-tests run: $WRONG_ALL"
+fi
+say "$PASSES passed, $FAILS failed, 0 skipped"
+rm -rf "$W"
+[ $FAILS -eq 0 ]
