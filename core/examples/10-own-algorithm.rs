@@ -281,15 +281,20 @@ fn selector() -> impl Selector {
 // The C types of core/nccl/include/mscclpp_nccl_ext.h (version 1), as a C program gets them
 // from the header.
 
-/// `ncclFloat`, `ncclSum`, `ncclSuccess`, `ncclInvalidUsage`, `ncclInternalError`,
-/// `mscclppNcclAllReduce`, `MSCCLPP_NCCL_ALGORITHM_VERSION`.
+/// `ncclFloat`, `ncclSum`, `mscclppNcclAllReduce`, `MSCCLPP_NCCL_ALGORITHM_VERSION`.
 const NCCL_FLOAT: c_int = 7;
 const NCCL_SUM: c_int = 0;
-const NCCL_SUCCESS: c_int = 0;
-const NCCL_INVALID_USAGE: c_int = 5;
-const NCCL_INTERNAL_ERROR: c_int = 3;
 const EXT_ALL_REDUCE: c_int = 0;
 const EXT_VERSION: c_int = 1;
+
+/// The `ncclResult_t` values used here (`NcclResult::X as c_int`).
+#[repr(i32)]
+enum NcclResult {
+    Success = 0,
+    InternalError = 3,
+    InvalidUsage = 5,
+}
+const NCCL_SUCCESS: c_int = NcclResult::Success as c_int;
 
 /// `ncclUniqueId`.
 #[repr(C)]
@@ -396,11 +401,11 @@ unsafe extern "C" fn launch_c(
         let (send, recv) = (c.sendbuff as u64, c.recvbuff as u64);
         if (x.host_backend != 0) != own.host {
             eprintln!("launch_c: libmscclpp_nccl.so and this program run on different backends: build both with the same features");
-            return NCCL_INVALID_USAGE;
+            return NcclResult::InvalidUsage as c_int;
         }
         if x.host_backend != 0 {
             let Some(barrier) = x.host_barrier else {
-                return NCCL_INVALID_USAGE;
+                return NcclResult::InvalidUsage as c_int;
             };
             // SAFETY: the helper gets its own context; select capped the size far below the
             // plain scratch; the buffers hold `count` f32.
@@ -419,7 +424,7 @@ unsafe extern "C" fn launch_c(
             return r.err().unwrap_or(NCCL_SUCCESS);
         }
         let Some((dev, _, kernel)) = &own.kernel else {
-            return NCCL_INVALID_USAGE;
+            return NcclResult::InvalidUsage as c_int;
         };
         // SAFETY: the caller's stream of this communicator's GPU; its buffers stay valid until
         // the stream ran the call; the tables and the scratch are the communicator's.
@@ -427,11 +432,11 @@ unsafe extern "C" fn launch_c(
             Ok(()) => NCCL_SUCCESS,
             Err(e) => {
                 eprintln!("launch_c: {e}");
-                NCCL_INTERNAL_ERROR
+                NcclResult::InternalError as c_int
             }
         }
     };
-    std::panic::catch_unwind(run).unwrap_or(NCCL_INTERNAL_ERROR)
+    std::panic::catch_unwind(run).unwrap_or(NcclResult::InternalError as c_int)
 }
 
 /// The functions of `libmscclpp_nccl.so` this example calls, looked up once.

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use mscclpp_nccl::abi::{self, NcclUniqueId};
+use mscclpp_nccl::abi;
 use mscclpp_nccl::exports::*;
 use mscclpp_nccl::exports_ops::*;
 use mscclpp_nccl::ext_algorithm::{
@@ -246,25 +246,6 @@ fn registration_errors() {
     );
 }
 
-/// Two communicators of one clique, created by this thread in one group.
-fn two_comms() -> Vec<Comm> {
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    let mut comms: Vec<Comm> = vec![null_mut(); 2];
-    // SAFETY: valid pointers to locals.
-    unsafe {
-        ok(ncclGetUniqueId(&mut id), "ncclGetUniqueId");
-        ok(ncclGroupStart(), "ncclGroupStart");
-        for (r, c) in comms.iter_mut().enumerate() {
-            ok(
-                ncclCommInitRank(c as *mut Comm as *mut _, 2, id, r as c_int),
-                "ncclCommInitRank",
-            );
-        }
-        ok(ncclGroupEnd(), "ncclGroupEnd of the inits");
-    }
-    comms
-}
-
 fn value(r: usize, i: usize) -> f32 {
     ((r * 31 + i) % 1000) as f32
 }
@@ -318,7 +299,7 @@ fn registered_all_reduce_runs_through_nccl_all_reduce_on_later_communicators() {
     std::env::set_var("MSCCLPP_LOG_SUBSYS", "COLL");
     std::env::set_var("MSCCLPP_LOG_FILE", &log);
 
-    let before = two_comms();
+    let before = common::comms_in_group(2);
     registration_errors();
     let sum = CString::new("ext_test_sum").expect("a C string");
     ok(
@@ -342,7 +323,7 @@ fn registered_all_reduce_runs_through_nccl_all_reduce_on_later_communicators() {
     // Communicators created before the registration do not have it.
     ok(all_reduce(&before, 1024), "all-reduce before");
     assert_eq!(LAUNCHES.load(Ordering::Relaxed), 0);
-    let after = two_comms();
+    let after = common::comms_in_group(2);
     // 4 KiB and 64 KiB: ext_test_sum; 256 KiB: the native choice.
     let mut want = 0;
     for count in [1024, 16 * 1024, 64 * 1024] {
@@ -405,144 +386,47 @@ fn registered_all_reduce_runs_through_nccl_all_reduce_on_later_communicators() {
     }
 }
 
+/// `(C expression, Rust value)` for the size and the given fields' offsets of a struct:
+/// `layout!(c_name, RustType, c_field => rust_field, ...)`.
+macro_rules! layout {
+    ($c:literal, $t:ty, $($cf:ident => $rf:ident),*) => {
+        [(concat!("sizeof(", $c, ")"), size_of::<$t>())]
+            .into_iter()
+            .chain([$((concat!("offsetof(", $c, ", ", stringify!($cf), ")"), offset_of!($t, $rf))),*])
+    };
+}
+
 /// The header compiled as C: its layouts equal the Rust types', its initializer, and the
 /// library's exported function answering a NULL desc.
 #[test]
 fn header_compiles_as_c_with_the_rust_layouts_and_the_library_exports_the_function() {
-    let src = common::out_dir().join("ext_layout.c");
-    std::fs::write(
-        &src,
-        r#"#include <stdio.h>
-#include <string.h>
-#include "mscclpp_nccl_ext.h"
-#define P(x) printf(#x " %ld\n", (long)(x))
-int main(void) {
-  mscclppNcclAlgorithm a = MSCCLPP_NCCL_ALGORITHM_INITIALIZER;
-  P(sizeof(mscclppNcclAlgorithm)); P(offsetof(mscclppNcclAlgorithm, version));
-  P(offsetof(mscclppNcclAlgorithm, collective)); P(offsetof(mscclppNcclAlgorithm, name));
-  P(offsetof(mscclppNcclAlgorithm, user)); P(offsetof(mscclppNcclAlgorithm, select));
-  P(offsetof(mscclppNcclAlgorithm, launch));
-  P(sizeof(mscclppNcclCallInfo)); P(offsetof(mscclppNcclCallInfo, nranks));
-  P(offsetof(mscclppNcclCallInfo, count)); P(offsetof(mscclppNcclCallInfo, bytes));
-  P(offsetof(mscclppNcclCallInfo, sendbuff)); P(offsetof(mscclppNcclCallInfo, recvbuff));
-  P(sizeof(mscclppNcclContext)); P(offsetof(mscclppNcclContext, hostBackend));
-  P(offsetof(mscclppNcclContext, peerBases)); P(offsetof(mscclppNcclContext, semaphores));
-  P(offsetof(mscclppNcclContext, flags)); P(offsetof(mscclppNcclContext, nflags));
-  P(offsetof(mscclppNcclContext, maxWaitingBlocks)); P(offsetof(mscclppNcclContext, llOffset));
-  P(offsetof(mscclppNcclContext, plainBytes)); P(offsetof(mscclppNcclContext, hostBarrier));
-  P(offsetof(mscclppNcclContext, hostWait)); P(offsetof(mscclppNcclContext, internal));
-  P(sizeof(mscclppNcclCollective_t)); P(mscclppNcclBroadcast);
-  P(a.size); P(a.version); P(a.collective); P(a.name == NULL && a.select == NULL);
-  P(mscclppNcclRegisterAlgorithm(NULL));
-  P(strstr(ncclGetLastError(NULL), "desc is NULL") != NULL);
-  return 0;
-}
-"#,
+    let facts: Vec<(&str, usize)> = layout!("mscclppNcclAlgorithm", AlgorithmDesc,
+        version => version, collective => collective, name => name, user => user,
+        select => select, launch => launch)
+    .chain(
+        layout!("mscclppNcclCallInfo", CallInfo, datatype => datatype, op => op,
+        root => root, nranks => nranks, count => count, bytes => bytes, sendbuff => sendbuff,
+        recvbuff => recvbuff),
     )
-    .expect("writing the C program");
-    let exe = common::out_dir().join("ext_layout");
-    common::compile_c(&[src.to_str().expect("a UTF-8 path")], &exe, false);
-    let out = Command::new(&exe).output().expect("run ext_layout");
-    assert!(out.status.success(), "ext_layout failed: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let want: Vec<(&str, usize)> = vec![
-        ("sizeof(mscclppNcclAlgorithm)", size_of::<AlgorithmDesc>()),
-        (
-            "offsetof(mscclppNcclAlgorithm, version)",
-            offset_of!(AlgorithmDesc, version),
-        ),
-        (
-            "offsetof(mscclppNcclAlgorithm, collective)",
-            offset_of!(AlgorithmDesc, collective),
-        ),
-        (
-            "offsetof(mscclppNcclAlgorithm, name)",
-            offset_of!(AlgorithmDesc, name),
-        ),
-        (
-            "offsetof(mscclppNcclAlgorithm, user)",
-            offset_of!(AlgorithmDesc, user),
-        ),
-        (
-            "offsetof(mscclppNcclAlgorithm, select)",
-            offset_of!(AlgorithmDesc, select),
-        ),
-        (
-            "offsetof(mscclppNcclAlgorithm, launch)",
-            offset_of!(AlgorithmDesc, launch),
-        ),
-        ("sizeof(mscclppNcclCallInfo)", size_of::<CallInfo>()),
-        (
-            "offsetof(mscclppNcclCallInfo, nranks)",
-            offset_of!(CallInfo, nranks),
-        ),
-        (
-            "offsetof(mscclppNcclCallInfo, count)",
-            offset_of!(CallInfo, count),
-        ),
-        (
-            "offsetof(mscclppNcclCallInfo, bytes)",
-            offset_of!(CallInfo, bytes),
-        ),
-        (
-            "offsetof(mscclppNcclCallInfo, sendbuff)",
-            offset_of!(CallInfo, sendbuff),
-        ),
-        (
-            "offsetof(mscclppNcclCallInfo, recvbuff)",
-            offset_of!(CallInfo, recvbuff),
-        ),
-        ("sizeof(mscclppNcclContext)", size_of::<Context>()),
-        (
-            "offsetof(mscclppNcclContext, hostBackend)",
-            offset_of!(Context, host_backend),
-        ),
-        (
-            "offsetof(mscclppNcclContext, peerBases)",
-            offset_of!(Context, peer_bases),
-        ),
-        (
-            "offsetof(mscclppNcclContext, semaphores)",
-            offset_of!(Context, semaphores),
-        ),
-        (
-            "offsetof(mscclppNcclContext, flags)",
-            offset_of!(Context, flags),
-        ),
-        (
-            "offsetof(mscclppNcclContext, nflags)",
-            offset_of!(Context, nflags),
-        ),
-        (
-            "offsetof(mscclppNcclContext, maxWaitingBlocks)",
-            offset_of!(Context, max_waiting_blocks),
-        ),
-        (
-            "offsetof(mscclppNcclContext, llOffset)",
-            offset_of!(Context, ll_offset),
-        ),
-        (
-            "offsetof(mscclppNcclContext, plainBytes)",
-            offset_of!(Context, plain_bytes),
-        ),
-        (
-            "offsetof(mscclppNcclContext, hostBarrier)",
-            offset_of!(Context, host_barrier),
-        ),
-        (
-            "offsetof(mscclppNcclContext, hostWait)",
-            offset_of!(Context, host_wait),
-        ),
-        (
-            "offsetof(mscclppNcclContext, internal)",
-            offset_of!(Context, internal),
-        ),
+    .chain(
+        layout!("mscclppNcclContext", Context, nranks => nranks, device => device,
+        hostBackend => host_backend, peerBases => peer_bases, semaphores => semaphores,
+        flags => flags, nflags => nflags, maxSemBlocks => max_sem_blocks,
+        maxWaitingBlocks => max_waiting_blocks, llOffset => ll_offset,
+        llHalfBytes => ll_half_bytes, plainOffset => plain_offset, plainBytes => plain_bytes,
+        hostBarrier => host_barrier, hostSignal => host_signal, hostWait => host_wait,
+        internal => internal),
+    )
+    .chain([
         ("sizeof(mscclppNcclCollective_t)", 4),
         ("mscclppNcclBroadcast", 3),
         ("a.size", size_of::<AlgorithmDesc>()),
         ("a.version", ALGORITHM_VERSION as usize),
         ("a.collective", 0),
-        ("a.name == NULL && a.select == NULL", 1),
+        (
+            "a.name == NULL && a.user == NULL && a.select == NULL && a.launch == NULL",
+            1,
+        ),
         (
             "mscclppNcclRegisterAlgorithm(NULL)",
             abi::INVALID_ARGUMENT as usize,
@@ -551,17 +435,31 @@ int main(void) {
             "strstr(ncclGetLastError(NULL), \"desc is NULL\") != NULL",
             1,
         ),
-    ];
-    let got: Vec<(String, usize)> = text
+    ])
+    .collect();
+    let prints: String = facts.iter().map(|(e, _)| format!("  P({e});\n")).collect();
+    let src = common::out_dir().join("ext_layout.c");
+    let program = format!(
+        "#include <stdio.h>\n#include <string.h>\n#include \"mscclpp_nccl_ext.h\"\n\
+         #define P(x) printf(#x \" %ld\\n\", (long)(x))\n\
+         int main(void) {{\n  mscclppNcclAlgorithm a = MSCCLPP_NCCL_ALGORITHM_INITIALIZER;\n\
+         {prints}  return 0;\n}}\n"
+    );
+    std::fs::write(&src, program).expect("writing the C program");
+    let exe = common::out_dir().join("ext_layout");
+    common::compile_c(&[src.to_str().expect("a UTF-8 path")], &exe, false);
+    let out = Command::new(&exe).output().expect("run ext_layout");
+    assert!(out.status.success(), "ext_layout failed: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let got: Vec<(&str, usize)> = text
         .lines()
         .filter_map(|l| {
             let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
+            Some((k, v.parse().ok()?))
         })
         .collect();
-    let want: Vec<(String, usize)> = want.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     assert_eq!(
-        got, want,
+        got, facts,
         "the C header's facts vs the Rust types':\n{text}"
     );
 }
