@@ -3,14 +3,14 @@
 //!
 //! `libmscclpp_nccl.so` carries its own copy of mscclpp, so a program's
 //! `mscclpp::collectives::register_global` cannot reach its communicators; this C entry point
-//! can. A registration is kept in a process-wide list ([`registered`]); the first one installs
+//! can. A registration is kept in a process-wide list (`registered`); the first one installs
 //! two hooks in this library's copy of the collectives: a process-wide builder
-//! ([`ExtBuilder`]: every communicator built afterwards gets one [`ExtAlgorithm`] per
-//! registration made so far) and the process-wide selector ([`ExtSelector`]: the first
+//! (`ExtBuilder`: every communicator built afterwards gets one `ExtAlgorithm` per
+//! registration made so far) and the process-wide selector (`ExtSelector`: the first
 //! registered algorithm of the call's collective whose `select` callback takes the call, else
 //! the library's default choice). Nothing else in the library sets a process-wide selector.
 //!
-//! An [`ExtAlgorithm`] is an adapter implementing [`Algorithm`]: its `check` asks `select`
+//! An `ExtAlgorithm` is an adapter implementing [`Algorithm`]: its `check` asks `select`
 //! (so a forced `MSCCLPP_<KIND>_ALGO=<name>` is checked too), `launch_gpu` and `run_host` call
 //! `launch` with the call ([`CallInfo`]) and the communicator's shared resources
 //! ([`Context`]: what the native kernels get in `CollArgs`, plus the host backend's semaphore
