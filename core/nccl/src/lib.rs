@@ -7,9 +7,10 @@
 //! `MSCCLPP_NCCL_LIB_PATH`, which gets its own communicator beside ours at init. Without one,
 //! an unsupported call returns `ncclInvalidUsage` and `ncclGetLastError` says which call and why.
 //!
-//! The `extern "C"` functions in [`exports`] and [`exports_ops`] are the only C interface of
-//! mscclpp-rs's core: the NCCL ABI, nothing else (the operations hold the same ABI's function
-//! pointer types, to call a real NCCL).
+//! The `extern "C"` functions in [`exports`] and [`exports_ops`] are the C interface of
+//! mscclpp-rs's core: the NCCL ABI (the operations hold the same ABI's function pointer types,
+//! to call a real NCCL). One extension beside it, `include/mscclpp_nccl_ext.h`:
+//! [`ext_algorithm`]'s `mscclppNcclRegisterAlgorithm` (algorithms of one's own through C).
 
 // No unwrap() a peer, a file or the environment could make panic (tests may).
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
@@ -45,7 +46,7 @@ macro_rules! nccl_export {
 // operations:         ops (work, then collective and point_to_point)
 // group semantics:    group
 // creation:           init, split
-// the C boundary:     boundary, exports, exports_ops
+// the C boundary:     boundary, exports, exports_ops, ext_algorithm
 pub mod abi;
 mod backend;
 mod boundary;
@@ -55,6 +56,7 @@ pub mod env;
 pub mod error;
 pub mod exports;
 pub mod exports_ops;
+pub mod ext_algorithm;
 mod fallback;
 mod group;
 mod init;

@@ -7,10 +7,12 @@
 //! The environment is read once per process, so this file is its own test binary with one
 //! test that sets `MSCCLPP_CACHE_DIR` and the log variables before anything reads them.
 
+mod common;
+
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
-use mscclpp_nccl::abi::{self, NcclUniqueId};
+use mscclpp_nccl::abi;
 use mscclpp_nccl::exports::*;
 use mscclpp_nccl::exports_ops::*;
 
@@ -95,20 +97,7 @@ fn nccl_all_reduce_takes_a_plan_of_the_plan_directory_for_its_size_range() {
     std::env::set_var("MSCCLPP_LOG_SUBSYS", "COLL");
     std::env::set_var("MSCCLPP_LOG_FILE", &log);
 
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    let mut comms: Vec<Comm> = vec![null_mut(); 2];
-    // SAFETY: valid pointers to locals.
-    unsafe {
-        ok(ncclGetUniqueId(&mut id), "ncclGetUniqueId");
-        ok(ncclGroupStart(), "ncclGroupStart");
-        for (r, c) in comms.iter_mut().enumerate() {
-            ok(
-                ncclCommInitRank(c as *mut Comm as *mut _, 2, id, r as c_int),
-                "ncclCommInitRank",
-            );
-        }
-        ok(ncclGroupEnd(), "ncclGroupEnd of the inits");
-    }
+    let comms = common::comms_in_group(2);
     // 1 KiB: native; 16 KiB: the plan; 256 KiB: native again.
     for count in [256, 4096, 65536] {
         all_reduce(&comms, count);

@@ -120,8 +120,10 @@ fn global_builders() -> &'static Mutex<Vec<Arc<dyn AlgorithmBuilder>>> {
 
 /// Adds `builder` to every `Collectives` created afterwards in this process (after the native
 /// algorithms, before the ones a `Collectives::builder` adds), e.g. so that the communicators
-/// the NCCL library creates pick an application's algorithm up (upstream's
-/// `AlgorithmCollectionBuilder` singleton). Every rank must register the same builders.
+/// the NCCL crate creates pick an application's algorithm up when it is linked as a Rust
+/// library (upstream's `AlgorithmCollectionBuilder` singleton; `libmscclpp_nccl.so` has its
+/// own copy of this crate: register there with its `mscclppNcclRegisterAlgorithm`). Every
+/// rank must register the same builders.
 pub fn register_global(builder: impl AlgorithmBuilder + 'static) {
     global_builders()
         .lock()

@@ -55,7 +55,7 @@
 //! See README.md in this folder for the collection, builders and selectors, the Algorithm
 //! trait, the scratch layout and flags, and how to add an algorithm
 //! (core/examples/10-own-algorithm.rs adds one with its own kernel and selector, also to the
-//! NCCL library).
+//! NCCL library through its C extension `mscclppNcclRegisterAlgorithm`).
 
 pub mod algorithm;
 pub mod allgather;

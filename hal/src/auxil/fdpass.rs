@@ -1,8 +1,12 @@
 //! Passing exported file descriptors between processes (SCM_RIGHTS over Unix sockets).
 //!
-//! Each process serves the fds it exported from ONE abstract Unix-domain socket, named from
-//! its host id and pid (`\0mscclpp-hal-fd.<hostid>.<pid>`). The server is a background thread
-//! started on the first [`register`]. An importer connects to the exporter's socket, sends a
+//! Each copy of this crate in a process serves the fds it exported from ONE abstract
+//! Unix-domain socket, named from its host id and pid (`\0mscclpp-hal-fd.<hostid>.<pid>`). A
+//! process may hold several copies (a program and the `libmscclpp_nccl.so` it loads, each
+//! linking its own): the first to start a server takes that name (instance 0), the next ones
+//! `...<pid>.<instance>` (1 to 255, the first free one), and the top byte of every fd id names
+//! the instance that registered it. The server is a background thread started on the first
+//! [`register`]. An importer connects to the exporter's socket, sends a
 //! request naming the fd id, and receives the fd as SCM_RIGHTS ancillary data. A registered fd
 //! stays available until its [`FdRegistration`] is dropped (the exported allocation is freed).
 //!
@@ -13,7 +17,7 @@
 //! Access control: an fd is a capability to the exporter's memory, so the server answers only
 //! clients whose kernel-reported credentials (`SO_PEERCRED`) show the server's effective uid
 //! (or root), and ids are random 64-bit values (not a counter), so a process of the same user
-//! that was not given the id cannot guess one. Clients are answered by a pool of `WORKERS`
+//! that was not given the id cannot guess one (56 random bits below the instance byte). Clients are answered by a pool of `WORKERS`
 //! threads, so one client that connects and sends nothing delays nobody else.
 
 use super::os;
@@ -62,15 +66,51 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The abstract socket name of the fd server of process `pid` on host `host_id`.
-pub fn socket_name(host_id: u64, pid: u32) -> String {
-    format!("mscclpp-hal-fd.{host_id:016x}.{pid}")
+/// The abstract socket name of fd server `instance` of process `pid` on host `host_id`
+/// (instance 0: the first copy of this crate in the process to start one).
+pub fn socket_name(host_id: u64, pid: u32, instance: u8) -> String {
+    match instance {
+        0 => format!("mscclpp-hal-fd.{host_id:016x}.{pid}"),
+        i => format!("mscclpp-hal-fd.{host_id:016x}.{pid}.{i}"),
+    }
+}
+
+/// The server instance that registered fd `id` (its top byte).
+fn instance_of(id: u64) -> u8 {
+    (id >> 56) as u8
+}
+
+/// Binds the first free server name of process `pid` (instance 0, else the next one another
+/// copy of this crate in the process has not taken).
+fn bind_first_free(host_id: u64, pid: u32) -> Result<(UnixListener, u8)> {
+    let mut instance = 0u8;
+    loop {
+        let name = socket_name(host_id, pid, instance);
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|source| Error::Os {
+            op: "fd server address",
+            source,
+        })?;
+        match UnixListener::bind_addr(&addr) {
+            Ok(l) => return Ok((l, instance)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && instance < u8::MAX => {
+                instance += 1;
+            }
+            Err(source) => {
+                return Err(Error::Os {
+                    op: "fd server bind",
+                    source,
+                })
+            }
+        }
+    }
 }
 
 type Table = Mutex<HashMap<u64, Arc<OwnedFd>>>;
 
 struct Server {
     table: Arc<Table>,
+    /// Which of the process's servers this is (the top byte of its ids).
+    instance: u8,
 }
 
 static SERVER: OnceLock<std::result::Result<Server, String>> = OnceLock::new();
@@ -84,15 +124,7 @@ fn server() -> Result<&'static Server> {
 }
 
 fn start_server() -> Result<Server> {
-    let name = socket_name(host_id(), std::process::id());
-    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|source| Error::Os {
-        op: "fd server address",
-        source,
-    })?;
-    let listener = UnixListener::bind_addr(&addr).map_err(|source| Error::Os {
-        op: "fd server bind",
-        source,
-    })?;
+    let (listener, instance) = bind_first_free(host_id(), std::process::id())?;
     let table: Arc<Table> = Arc::new(Mutex::new(HashMap::new()));
     let served = Arc::clone(&table);
     std::thread::Builder::new()
@@ -102,7 +134,7 @@ fn start_server() -> Result<Server> {
             op: "fd server thread",
             source,
         })?;
-    Ok(Server { table })
+    Ok(Server { table, instance })
 }
 
 fn serve(listener: UnixListener, table: Arc<Table>) {
@@ -197,8 +229,9 @@ fn client_allowed(stream: &UnixStream) -> bool {
     }
 }
 
-/// A random, nonzero id not in `table` (the kernel's getrandom: ids must be unguessable).
-fn fresh_id(table: &HashMap<u64, Arc<OwnedFd>>) -> Result<u64> {
+/// A random id not in `table` (the kernel's getrandom: ids must be unguessable): `instance` in
+/// the top byte, 56 random bits (not all zero) below it.
+fn fresh_id(table: &HashMap<u64, Arc<OwnedFd>>, instance: u8) -> Result<u64> {
     loop {
         let mut b = [0u8; 8];
         let mut filled = 0;
@@ -210,8 +243,9 @@ fn fresh_id(table: &HashMap<u64, Arc<OwnedFd>>) -> Result<u64> {
                         source: e.into(),
                     })?;
         }
-        let id = u64::from_le_bytes(b);
-        if id != 0 && !table.contains_key(&id) {
+        let random = u64::from_le_bytes(b) & ((1 << 56) - 1);
+        let id = (u64::from(instance) << 56) | random;
+        if random != 0 && !table.contains_key(&id) {
             return Ok(id);
         }
     }
@@ -246,13 +280,13 @@ impl Drop for FdRegistration {
 pub fn register(fd: OwnedFd) -> Result<FdRegistration> {
     let server = server()?;
     let mut table = server.table.lock().unwrap_or_else(|p| p.into_inner());
-    let id = fresh_id(&table)?;
+    let id = fresh_id(&table, server.instance)?;
     table.insert(id, Arc::new(fd));
     Ok(FdRegistration { id })
 }
 
-/// Asks process `pid` on host `host_id` for its registered fd `id`, waiting at most `timeout`
-/// for the reply.
+/// Asks process `pid` on host `host_id` for its registered fd `id` (at the server instance
+/// the id names), waiting at most `timeout` for the reply.
 pub fn fetch(host_id: u64, pid: u32, id: u64, timeout: Duration) -> Result<OwnedFd> {
     const OP: &str = "fd fetch";
     let gone = |reason: String| Error::PeerGone {
@@ -260,7 +294,7 @@ pub fn fetch(host_id: u64, pid: u32, id: u64, timeout: Duration) -> Result<Owned
         pid,
         reason,
     };
-    let name = socket_name(host_id, pid);
+    let name = socket_name(host_id, pid, instance_of(id));
     let addr = SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|source| Error::Os { op: OP, source })?;
     let mut stream = UnixStream::connect_addr(&addr).map_err(|e| {
@@ -374,7 +408,7 @@ mod tests {
     #[test]
     fn a_silent_client_does_not_delay_others() {
         let reg = register(os::memfd(c"fdpass-silent", 8).unwrap()).unwrap();
-        let name = socket_name(host_id(), std::process::id());
+        let name = socket_name(host_id(), std::process::id(), instance_of(reg.id()));
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         // Connects and never sends its request: a serial server would wait IO_TIMEOUT (10 s)
         // on it before answering anyone else.
@@ -390,6 +424,25 @@ mod tests {
         assert!(got.is_ok(), "{got:?}");
         assert!(t.elapsed() < Duration::from_secs(3));
         drop(silent);
+    }
+
+    #[test]
+    fn another_copy_in_the_process_takes_the_next_free_name() {
+        // A pid no process has (above the kernel's pid_max limit of 2^22): only this test
+        // binds its names.
+        let pid = u32::MAX - 1;
+        let (_first, i0) = bind_first_free(host_id(), pid).unwrap();
+        let (_second, i1) = bind_first_free(host_id(), pid).unwrap();
+        assert_eq!((i0, i1), (0, 1));
+        assert_eq!(
+            socket_name(7, pid, 1),
+            format!("mscclpp-hal-fd.0000000000000007.{pid}.1")
+        );
+        assert_eq!(instance_of(3 << 56 | 12345), 3);
+        // This process's server: its ids carry its instance.
+        let reg = register(os::memfd(c"fdpass-instance", 8).unwrap()).unwrap();
+        let own = SERVER.get().unwrap().as_ref().unwrap().instance;
+        assert_eq!(instance_of(reg.id()), own);
     }
 
     /// Env of the child in [`another_user_is_refused`]: "pid:id" of the parent's registration.

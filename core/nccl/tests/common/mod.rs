@@ -103,3 +103,24 @@ pub fn run_with_limit(mut cmd: Command, limit: Duration) -> (Output, bool) {
         timed_out,
     )
 }
+
+/// `n` communicators of one clique, created by this thread inside one group (one unique id,
+/// `ncclCommInitRank` per rank, `ncclGroupEnd`); panics naming the call that failed.
+pub fn comms_in_group(n: usize) -> Vec<*mut std::ffi::c_void> {
+    use mscclpp_nccl::abi::{NcclUniqueId, SUCCESS};
+    use mscclpp_nccl::exports::{ncclCommInitRank, ncclGetUniqueId, ncclGroupEnd, ncclGroupStart};
+    let ok = |r: std::ffi::c_int, what: &str| assert_eq!(r, SUCCESS, "{what} -> {r}");
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    let mut comms = vec![std::ptr::null_mut::<std::ffi::c_void>(); n];
+    // SAFETY: valid pointers to locals.
+    unsafe {
+        ok(ncclGetUniqueId(&mut id), "ncclGetUniqueId");
+        ok(ncclGroupStart(), "ncclGroupStart");
+        for (r, c) in comms.iter_mut().enumerate() {
+            let rc = ncclCommInitRank(c as *mut _ as *mut _, n as _, id, r as _);
+            ok(rc, "ncclCommInitRank");
+        }
+        ok(ncclGroupEnd(), "ncclGroupEnd of the inits");
+    }
+    comms
+}
