@@ -129,6 +129,13 @@ pub(crate) fn check_usable(name: &str, res: &Resources) -> Result<()> {
     nvls_usable(res.device()).map_err(|e| Error::invalid(format!("allreduce {name}: {e}")))
 }
 
+/// The check of the NVLS all-reduces that fall back to [`fallback`] where they cannot run the
+/// call: NVLS usable ([`check_usable`]) and the call fits the fallback.
+pub(crate) fn check_with_fallback(name: &str, res: &Resources, call: &Call) -> Result<()> {
+    check_usable(name, res)?;
+    fallback()?.check(res, call)
+}
+
 fn handle_table(res: &Resources, h: SwitchChannelDeviceHandle) -> Result<LocalMemory> {
     let t = LocalMemory::alloc(
         res.device(),

@@ -15,15 +15,15 @@
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_warp_pipeline.cu (a warp-strided loop per
 //! phase).
 
-use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, native_algorithm, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, host_copy, THREADS};
 use super::super::nvls::{
-    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsShared,
+    check_with_fallback, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsShared,
     NvlsState,
 };
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
+use super::super::types::RawStream;
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Family};
@@ -108,30 +108,18 @@ pub(crate) fn run_pipeline(
     host(&st)
 }
 
-impl Algorithm for NvlsWarpPipeline {
-    fn name(&self) -> &'static str {
-        "nvls_warp_pipeline"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        check_usable(self.name(), res)?;
-        fallback()?.check(res, call)
+native_algorithm! {
+    NvlsWarpPipeline: "nvls_warp_pipeline", AllReduce;
+    check(self, res, call) {
+        check_with_fallback(self.name(), res, call)
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let family = &kernels::collectives::allreduce::NVLS_WARP_PIPELINE;
         launch_pipeline(&self.nvls, res, gpu, call, stream, 1, family)
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         run_pipeline(
             &self.nvls,
             res,
