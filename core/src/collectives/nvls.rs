@@ -280,23 +280,14 @@ pub(crate) fn block_vectors(nv: u64, n: usize, r: usize, blocks: usize, b: usize
 /// Runs `$body` with `$V` the 16-byte multimem vector of `$dtype` (f32, f16, bf16 only).
 macro_rules! with_vec16 {
     ($dtype:expr, $V:ident => $body:expr) => {
-        match $dtype {
-            $crate::collectives::DataType::F32 => {
-                type $V = $crate::device_emu::switch_channel::F32x4;
-                $body
-            }
-            $crate::collectives::DataType::F16 => {
-                type $V = $crate::device_emu::switch_channel::F16x8;
-                $body
-            }
-            $crate::collectives::DataType::Bf16 => {
-                type $V = $crate::device_emu::switch_channel::Bf16x8;
-                $body
-            }
+        $crate::collectives::host_math::bind_dtype!($dtype, $V => $body;
+            F32: $crate::device_emu::switch_channel::F32x4,
+            F16: $crate::device_emu::switch_channel::F16x8,
+            Bf16: $crate::device_emu::switch_channel::Bf16x8;
             other => Err($crate::error::Error::Internal(format!(
                 "NVLS vector of {other}: only f32, f16 and bf16 reach here"
             ))),
-        }
+        )
     };
 }
 pub(crate) use with_vec16;
