@@ -10,14 +10,13 @@
 //! f32/f16/bf16 sum only (any count); other calls go to the copying fallback.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_block_pipeline.cu.
 
-use super::super::algorithm::{host_barrier, native_algorithm, Call};
+use super::super::algorithm::{host_barrier, Call};
 use super::super::mesh::host_copy;
-use super::super::nvls::{check_with_fallback, split, with_vec16, NvlsState};
+use super::super::nvls::{split, NvlsState};
 use super::super::setup::Resources;
-use super::nvls_warp_pipeline::{copy_in, launch_pipeline, region_bytes, run_pipeline};
+use super::nvls_warp_pipeline::{copy_in, nvls_pipeline, region_bytes};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
-use crate::kernels;
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -26,26 +25,7 @@ pub struct NvlsBlockPipeline {
     pub(crate) nvls: std::sync::Arc<super::super::nvls::NvlsShared>,
 }
 
-native_algorithm! {
-    NvlsBlockPipeline: "nvls_block_pipeline", AllReduce;
-    check(self, res, call) {
-        check_with_fallback(self.name(), res, call)
-    }
-
-    launch_gpu(self, res, gpu, call, stream) {
-        let family = &kernels::collectives::allreduce::NVLS_BLOCK_PIPELINE;
-        launch_pipeline(&self.nvls, res, gpu, call, stream, 2, family)
-    }
-
-    run_host(self, res, call) {
-        run_pipeline(
-            &self.nvls,
-            res,
-            call,
-            |st| with_vec16!(call.dtype, V => host::<V>(res, call, st)),
-        )
-    }
-}
+nvls_pipeline!(NvlsBlockPipeline: "nvls_block_pipeline", 2, NVLS_BLOCK_PIPELINE, host);
 
 fn host<V: MultimemVector>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()> {
     let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
