@@ -10,6 +10,7 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mscclpp::p2p::PointToPoint;
 use mscclpp::{Bootstrap, Communicator, Context, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclConfig, NcclResult, NcclUniqueId};
@@ -22,7 +23,6 @@ use crate::fallback::{FallbackComm, FallbackLib};
 use crate::group;
 use crate::native::Native;
 use crate::ops;
-use crate::p2p::P2p;
 
 /// Bound on communicator init (bootstrap, connections, fallback init).
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -122,8 +122,21 @@ fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
     let dyn_bootstrap: Arc<dyn Bootstrap> = bootstrap.clone();
     let communicator = Arc::new(Communicator::new(dyn_bootstrap, context));
     let native = Native::new(&communicator, backend::device(p.device))?;
-    let p2p = if crate::HOST_BACKEND && p.nranks > 1 {
-        Some(P2p::setup(&communicator, &bootstrap)?)
+    let p2p = if crate::HOST_BACKEND {
+        Some(
+            PointToPoint::new(communicator.clone(), backend::device(p.device))
+                .map_err(|e| NcclError::from(e).context("point-to-point setup"))?,
+        )
+    } else if p.nranks > 1 {
+        // GPU builds: a failure (e.g. a build without device code) leaves send/recv between
+        // ranks to the fallback; every rank fails alike.
+        match PointToPoint::new(communicator.clone(), backend::device(p.device)) {
+            Ok(p2p) => Some(p2p),
+            Err(e) => {
+                mscclpp::log_warn!("NCCL", "point-to-point setup failed (send/recv between ranks go to the fallback NCCL): {e}");
+                None
+            }
+        }
     } else {
         None
     };

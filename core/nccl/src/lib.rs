@@ -40,7 +40,7 @@ macro_rules! nccl_export {
 // C types:            abi
 // errors:             error
 // checks, settings:   checks, env, backend
-// resources:          peers, fallback, native, mem, p2p
+// resources:          peers, fallback, native, mem (point-to-point: mscclpp::p2p)
 // communicators:      comm
 // operations:         ops (work, then collective and point_to_point)
 // group semantics:    group
@@ -61,7 +61,6 @@ mod init;
 mod mem;
 mod native;
 mod ops;
-mod p2p;
 mod peers;
 mod split;
 

@@ -1,0 +1,405 @@
+//! Point-to-point: sends and receives between ranks of a communicator, in batches (one batch =
+//! one NCCL group), beside [`crate::collectives::Collectives`].
+//!
+//! A batch's operations are progressed together, so matched sends and receives complete in any
+//! order without deadlock; per (peer, direction) messages match in call order, as NCCL
+//! specifies. Both ends of a message must agree on its size: a receive whose size differs from
+//! the matching send's is an error naming both sizes where the backend can tell (always on the
+//! host backend; on the GPU it is recorded on the device, see [`PointToPoint::device_error`]).
+//! Sends to and receives from this rank itself are matched in call order and copied.
+//!
+//! Two implementations of the same API:
+//!
+//! * host backend ([`Device::CPU`], host.rs): chunks staged through a per-peer slot ring in the
+//!   receiver's registered memory, written over a connection (CudaIpc within a host, Ethernet
+//!   across hosts), announced and acknowledged with host semaphores; [`PointToPoint::run`]
+//!   returns when the batch is done (liveness checks and an abort callback through
+//!   [`Hooks`], a stall timeout).
+//! * GPU (gpu.rs, kernels/cuda/src/p2p/batch.cu): one kernel launch per batch on the caller's
+//!   stream (at most [`MAX_OPS_PER_LAUNCH`] operations to other ranks per launch), through
+//!   receive rings in GPU memory every peer of the node maps (CudaIpc). Only peers on this
+//!   node: [`PointToPoint::reaches`] tells; a batch naming another node's rank fails with
+//!   "point-to-point between nodes on GPU builds is not supported yet".
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn f(comm: Arc<mscclpp::Communicator>, send: u64, recv: u64) -> mscclpp::Result<()> {
+//! use mscclpp::p2p::{Dir, P2pOp, PointToPoint};
+//! let p2p = PointToPoint::new(comm.clone(), mscclpp::Device::CPU)?; // every rank calls it
+//! let (me, n) = (p2p.rank(), p2p.nranks());
+//! let ops = [
+//!     P2pOp { dir: Dir::Send, peer: (me + 1) % n, buf: send, bytes: 1024 },
+//!     P2pOp { dir: Dir::Recv, peer: (me + n - 1) % n, buf: recv, bytes: 1024 },
+//! ];
+//! // SAFETY: both buffers hold 1024 bytes until the batch is done (host backend: on return).
+//! unsafe { p2p.run(&ops, 0) }?;
+//! # Ok(()) }
+//! ```
+
+mod gpu;
+mod host;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::collectives::RawStream;
+use crate::communicator::Communicator;
+use crate::error::{Error, Result};
+use crate::transport::{Device, DeviceType};
+
+pub use gpu::{GpuLayout, CHANNELS, CHUNK, MAX_OPS_PER_LAUNCH, SLOTS};
+
+/// Bound on a batch that makes no progress (host: the calling thread gives up; GPU: the
+/// kernel records an error and returns). Change it with [`PointToPoint::set_timeout`].
+pub const P2P_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Direction of a point-to-point operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// Send `bytes` from `buf` to `peer`.
+    Send,
+    /// Receive `bytes` from `peer` into `buf`.
+    Recv,
+}
+
+/// One point-to-point operation.
+#[derive(Clone, Copy, Debug)]
+pub struct P2pOp {
+    /// Send or receive.
+    pub dir: Dir,
+    /// The peer rank (may be this rank).
+    pub peer: usize,
+    /// The buffer's address: device memory on GPUs, host memory on the host backend.
+    pub buf: u64,
+    /// Bytes.
+    pub bytes: usize,
+}
+
+/// What a host-backend batch asks its caller while it waits (the NCCL library's abort flag
+/// and peer liveness); the GPU path never blocks and ignores them.
+pub struct Hooks<'a> {
+    /// Whether the caller gave up (checked while the batch stalls).
+    pub aborted: &'a dyn Fn() -> bool,
+    /// An error when rank `p` is known dead (checked every few ms while the batch stalls).
+    pub check_peer: &'a dyn Fn(usize) -> Result<()>,
+}
+
+impl Hooks<'_> {
+    /// No abort flag, no liveness checks (only the stall timeout).
+    pub fn none() -> Hooks<'static> {
+        Hooks {
+            aborted: &|| false,
+            check_peer: &|_| Ok(()),
+        }
+    }
+}
+
+enum Inner {
+    Host(Mutex<host::HostP2p>),
+    Gpu(gpu::GpuP2p),
+}
+
+/// The point-to-point state of one communicator (see the module doc).
+pub struct PointToPoint {
+    rank: usize,
+    nranks: usize,
+    device: Device,
+    timeout: Duration,
+    inner: Inner,
+}
+
+impl std::fmt::Debug for PointToPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PointToPoint")
+            .field("rank", &self.rank)
+            .field("nranks", &self.nranks)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PointToPoint {
+    /// Sets up the links of this rank (collective: every rank of `comm` calls it, with its own
+    /// device: [`Device::CPU`] on the host backend).
+    pub fn new(comm: Arc<Communicator>, device: Device) -> Result<PointToPoint> {
+        let b = comm.bootstrap();
+        let (rank, nranks) = (b.rank(), b.nranks());
+        let inner = match device.kind {
+            DeviceType::Cpu => Inner::Host(Mutex::new(host::HostP2p::setup(&comm)?)),
+            DeviceType::Gpu => Inner::Gpu(gpu::GpuP2p::setup(&comm, device)?),
+        };
+        Ok(PointToPoint {
+            rank,
+            nranks,
+            device,
+            timeout: P2P_STALL_TIMEOUT,
+            inner,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// World size.
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+    /// The device the batches run on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Sets the stall timeout (default [`P2P_STALL_TIMEOUT`]).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Whether batches may name `peer` (GPU: peers of this node and this rank; host: all).
+    pub fn reaches(&self, peer: usize) -> bool {
+        peer < self.nranks
+            && match &self.inner {
+                Inner::Host(_) => true,
+                Inner::Gpu(g) => g.reaches(peer),
+            }
+    }
+
+    /// Runs one batch (see the module doc): on a GPU enqueued on `stream` (returns without
+    /// waiting for it; graph capture works, nothing on the host per launch), on the host
+    /// backend done on return (`stream` ignored).
+    ///
+    /// # Safety
+    /// Every buffer is valid for its `bytes` (readable for sends, writable for receives) on
+    /// this rank's device until the batch is done (GPU: until `stream` has run it); `stream`
+    /// is 0 or a live stream of the device.
+    pub unsafe fn run(&self, ops: &[P2pOp], stream: RawStream) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.run_with(ops, stream, &Hooks::none()) }
+    }
+
+    /// [`PointToPoint::run`] with the caller's abort flag and liveness checks (host backend).
+    ///
+    /// # Safety
+    /// As [`PointToPoint::run`].
+    pub unsafe fn run_with(&self, ops: &[P2pOp], stream: RawStream, hooks: &Hooks) -> Result<()> {
+        for op in ops {
+            if op.peer >= self.nranks {
+                return Err(Error::invalid(format!(
+                    "point-to-point: peer {} of a {:?}: expected a rank below {}",
+                    op.peer, op.dir, self.nranks
+                )));
+            }
+        }
+        let pairs = self_pairs(ops, self.rank)?;
+        match &self.inner {
+            Inner::Host(h) => {
+                for (s, r) in pairs {
+                    if s.bytes > 0 && s.buf != r.buf {
+                        // SAFETY: the caller's contract; `copy` allows overlap.
+                        unsafe {
+                            std::ptr::copy(
+                                s.buf as usize as *const u8,
+                                r.buf as usize as *mut u8,
+                                s.bytes,
+                            )
+                        };
+                    }
+                }
+                let mut h = h.lock().unwrap_or_else(|p| p.into_inner());
+                // SAFETY: forwarded.
+                unsafe { h.run(ops, hooks, self.timeout) }
+            }
+            // SAFETY: forwarded.
+            Inner::Gpu(g) => unsafe { g.run(ops, &pairs, stream, self.timeout) },
+        }
+    }
+
+    /// GPU: the error a kernel recorded (a stall past the timeout naming the peer, a size
+    /// mismatch naming the sizes), read from device memory (synchronous, small); `Ok` when
+    /// none, and always on the host backend (whose errors are returned by `run`). After such
+    /// an error the counters of the links are out of step: create a new `PointToPoint`.
+    pub fn device_error(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Host(_) => Ok(()),
+            Inner::Gpu(g) => g.device_error(self.timeout),
+        }
+    }
+
+    /// Sends `bytes` at `buf` to `peer` (a batch of one).
+    ///
+    /// # Safety
+    /// As [`PointToPoint::run`].
+    pub unsafe fn send(
+        &self,
+        buf: u64,
+        bytes: usize,
+        peer: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let op = P2pOp {
+            dir: Dir::Send,
+            peer,
+            buf,
+            bytes,
+        };
+        // SAFETY: forwarded.
+        unsafe { self.run(&[op], stream) }
+    }
+
+    /// Receives `bytes` from `peer` into `buf` (a batch of one).
+    ///
+    /// # Safety
+    /// As [`PointToPoint::run`].
+    pub unsafe fn recv(
+        &self,
+        buf: u64,
+        bytes: usize,
+        peer: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let op = P2pOp {
+            dir: Dir::Recv,
+            peer,
+            buf,
+            bytes,
+        };
+        // SAFETY: forwarded.
+        unsafe { self.run(&[op], stream) }
+    }
+
+    /// All-to-all: block `p` (of `bytes_per_peer`) of `send` to rank `p`, block `p` of `recv`
+    /// from it (out of place: the buffers must not overlap).
+    ///
+    /// # Safety
+    /// As [`PointToPoint::run`], for `nranks * bytes_per_peer` bytes of each buffer.
+    pub unsafe fn all_to_all(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes_per_peer: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let ops = all_to_all_ops(self.rank, self.nranks, send, recv, bytes_per_peer);
+        // SAFETY: forwarded.
+        unsafe { self.run(&ops, stream) }
+    }
+
+    /// Gather: every rank's `bytes` at `send` into block `rank` of the root's `recv` (`recv`
+    /// is only used on the root).
+    ///
+    /// # Safety
+    /// As [`PointToPoint::run`] (`recv`: `nranks * bytes` on the root).
+    pub unsafe fn gather(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        root: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let mut ops = vec![P2pOp {
+            dir: Dir::Send,
+            peer: root,
+            buf: send,
+            bytes,
+        }];
+        if self.rank == root {
+            ops.extend((0..self.nranks).map(|p| P2pOp {
+                dir: Dir::Recv,
+                peer: p,
+                buf: recv + (p * bytes) as u64,
+                bytes,
+            }));
+        }
+        // SAFETY: forwarded.
+        unsafe { self.run(&ops, stream) }
+    }
+
+    /// Scatter: block `rank` of the root's `send` to every rank's `recv` (`bytes` each; `send`
+    /// is only used on the root).
+    ///
+    /// # Safety
+    /// As [`PointToPoint::run`] (`send`: `nranks * bytes` on the root).
+    pub unsafe fn scatter(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        root: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let mut ops = Vec::new();
+        if self.rank == root {
+            ops.extend((0..self.nranks).map(|p| P2pOp {
+                dir: Dir::Send,
+                peer: p,
+                buf: send + (p * bytes) as u64,
+                bytes,
+            }));
+        }
+        ops.push(P2pOp {
+            dir: Dir::Recv,
+            peer: root,
+            buf: recv,
+            bytes,
+        });
+        // SAFETY: forwarded.
+        unsafe { self.run(&ops, stream) }
+    }
+}
+
+/// The operations of an all-to-all on `rank` of `n`.
+pub fn all_to_all_ops(rank: usize, n: usize, send: u64, recv: u64, per: usize) -> Vec<P2pOp> {
+    let _ = rank;
+    (0..n)
+        .flat_map(|p| {
+            [
+                P2pOp {
+                    dir: Dir::Send,
+                    peer: p,
+                    buf: send + (p * per) as u64,
+                    bytes: per,
+                },
+                P2pOp {
+                    dir: Dir::Recv,
+                    peer: p,
+                    buf: recv + (p * per) as u64,
+                    bytes: per,
+                },
+            ]
+        })
+        .collect()
+}
+
+/// The sends to and receives from `rank` itself, matched in call order: (send, receive).
+fn self_pairs(ops: &[P2pOp], rank: usize) -> Result<Vec<(P2pOp, P2pOp)>> {
+    let sends: Vec<P2pOp> = ops
+        .iter()
+        .filter(|o| o.peer == rank && o.dir == Dir::Send)
+        .copied()
+        .collect();
+    let recvs: Vec<P2pOp> = ops
+        .iter()
+        .filter(|o| o.peer == rank && o.dir == Dir::Recv)
+        .copied()
+        .collect();
+    if sends.len() != recvs.len() {
+        return Err(Error::invalid(format!(
+            "point-to-point: {} sends to this rank itself but {} receives from it in one batch: \
+             expected them in matching pairs (ncclSend(peer=self) and ncclRecv(peer=self) \
+             between one ncclGroupStart/ncclGroupEnd)",
+            sends.len(),
+            recvs.len()
+        )));
+    }
+    for (s, r) in sends.iter().zip(&recvs) {
+        if s.bytes != r.bytes {
+            return Err(Error::invalid(format!(
+                "point-to-point: a send to this rank itself sends {} bytes but the matching \
+                 receive from itself expects {}: expected the same count and datatype",
+                s.bytes, r.bytes
+            )));
+        }
+    }
+    Ok(sends.into_iter().zip(recvs).collect())
+}
