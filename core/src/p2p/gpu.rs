@@ -92,6 +92,7 @@ struct OpDev {
 struct Args {
     base: u64,
     peer_bases: u64,
+    host_err: u64,
     timeout_ns: u64,
     nops: u32,
     rank: u32,
@@ -101,15 +102,17 @@ struct Args {
 }
 
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
-const _: () = assert!(std::mem::size_of::<Args>() == 40 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
 
 pub(super) struct GpuP2p {
     rank: usize,
     nranks: usize,
     local: Vec<bool>,
-    layout: GpuLayout,
     mem: LocalMemory,
     table: LocalMemory,
+    /// Host-mapped copy of the kernel's error words (kind/peer, detail).
+    host_err: LocalMemory,
+    host_err_ptr: *const u64,
     max_blocks: usize,
     dev: <Gpu as Api>::Device,
     kernel: <Gpu as Api>::Kernel,
@@ -200,15 +203,25 @@ impl GpuP2p {
             .collect();
         let table = LocalMemory::alloc(device, bases.len())?;
         table.write(0, &bases)?;
+        let host_err = LocalMemory::alloc_kind(device, 64, mscclpp_hal::MemoryKind::HostMapped)?;
+        host_err.write(0, &[0u8; 64])?;
+        let host_err_ptr = host_err
+            .host_ptr()
+            .ok_or_else(|| {
+                Error::Internal("point-to-point: host-mapped memory without a host address".into())
+            })?
+            .cast::<u64>()
+            .cast_const();
         // A peer's first launch writes into this rank's buffer: start when all are set up.
         b.barrier()?;
         Ok(GpuP2p {
             rank,
             nranks,
             local,
-            layout,
             mem,
             table,
+            host_err,
+            host_err_ptr,
             max_blocks,
             dev,
             kernel,
@@ -231,6 +244,7 @@ impl GpuP2p {
         stream: RawStream,
         timeout: Duration,
     ) -> Result<()> {
+        self.device_error(timeout)?;
         if let Some(op) = ops.iter().find(|o| !self.reaches(o.peer)) {
             return Err(Error::invalid(format!(
                 "point-to-point between nodes on GPU builds is not supported yet (a {:?} of \
@@ -255,6 +269,7 @@ impl GpuP2p {
             let mut args = Args {
                 base: self.mem.ptr(),
                 peer_bases: self.table.ptr(),
+                host_err: self.host_err.ptr(),
                 timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
                 nops: part.len() as u32,
                 rank: self.rank as u32,
@@ -310,12 +325,16 @@ impl GpuP2p {
     }
 
     pub(super) fn device_error(&self, timeout: Duration) -> Result<()> {
-        let off = self.layout.error();
-        let word = self.mem.read_u64(off)?;
-        if word == 0 {
-            return Ok(());
-        }
-        let detail = self.mem.read_u64(off + 8)?;
+        // SAFETY: the two words of `host_err`, host-mapped and alive with `self`; the kernel
+        // stores the detail before the word (release).
+        let (word, detail) = unsafe {
+            let word = std::ptr::read_volatile(self.host_err_ptr);
+            if word == 0 {
+                return Ok(());
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            (word, std::ptr::read_volatile(self.host_err_ptr.add(1)))
+        };
         let kind = (word >> 48) & 0x7fff;
         let recv = (word >> 40) & 0xff != 0;
         let peer = (word & 0xffff_ffff) as usize;

@@ -215,9 +215,10 @@ impl PointToPoint {
     }
 
     /// GPU: the error a kernel recorded (a stall past the timeout naming the peer, a size
-    /// mismatch naming the sizes), read from device memory (synchronous, small); `Ok` when
-    /// none, and always on the host backend (whose errors are returned by `run`). After such
-    /// an error the counters of the links are out of step: create a new `PointToPoint`.
+    /// mismatch naming the sizes), read from host-mapped memory without waiting for the GPU
+    /// (every `run` checks it first and fails with it); `Ok` when none, and always on the host
+    /// backend (whose errors are returned by `run`). After such an error the counters of the
+    /// links are out of step: create a new `PointToPoint`.
     pub fn device_error(&self) -> Result<()> {
         match &self.inner {
             Inner::Host(_) => Ok(()),

@@ -22,8 +22,8 @@
 // direction) order as NCCL specifies. A block polls all of its tasks round-robin without
 // blocking on any of them, so matched sends and receives complete in any order.
 // A block that makes no progress for `timeoutNs` records an error in the buffer's error words
-// (kind, peer, detail), prints it and returns; a launch finding the error word set returns at
-// once (the host reads it with PointToPoint::device_error).
+// (kind, peer, detail) and their host-mapped copy, prints it and returns; a launch finding the
+// error word set returns at once (the host reads the copy at its next call, without waiting).
 #include <mscclpp/atomic_device.hpp>
 #include <mscclpp/device.hpp>
 
@@ -51,6 +51,7 @@ struct P2pOpDev {
 struct P2pArgs {
   uint64_t base;              // this rank's buffer
   const uint64_t* peerBases;  // [nranks] every rank's buffer mapped here (own at rank)
+  uint64_t* hostErr;          // [2] host-mapped copy of the error words (read by the host)
   uint64_t timeoutNs;
   uint32_t nops;
   uint32_t rank;
@@ -130,7 +131,9 @@ MSCCLPP_DEVICE_INLINE void recordError(const P2pArgs& a, uint64_t kind, uint64_t
   const uint64_t word = (1ull << 63) | (kind << 48) | (recv << 40) | peer;
   if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)word) == 0ull) {
     err[1] = detail;
+    a.hostErr[1] = detail;
     __threadfence_system();
+    mscclpp::storeReleaseSys(a.hostErr, word);
   }
   printf("mscclpp p2p: rank %u: %s rank %llu failed (kind %llu, detail %llu): %s\n", a.rank,
          recv ? "receive from" : "send to", (unsigned long long)peer, (unsigned long long)kind,
