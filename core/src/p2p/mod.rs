@@ -28,8 +28,8 @@
 //! let p2p = PointToPoint::new(comm.clone(), mscclpp::Device::CPU)?; // every rank calls it
 //! let (me, n) = (p2p.rank(), p2p.nranks());
 //! let ops = [
-//!     P2pOp { dir: Dir::Send, peer: (me + 1) % n, buf: send, bytes: 1024 },
-//!     P2pOp { dir: Dir::Recv, peer: (me + n - 1) % n, buf: recv, bytes: 1024 },
+//!     P2pOp::new(Dir::Send, (me + 1) % n, send, 1024),
+//!     P2pOp::new(Dir::Recv, (me + n - 1) % n, recv, 1024),
 //! ];
 //! // SAFETY: both buffers hold 1024 bytes until the batch is done (host backend: on return).
 //! unsafe { p2p.run(&ops, 0) }?;
@@ -94,6 +94,27 @@ impl Hooks<'_> {
     }
 }
 
+impl P2pOp {
+    /// A send (`Dir::Send`) or receive of `bytes` at `buf` with `peer`: `p2p.run(&[P2pOp::new(Dir::Send, peer, buf, bytes)], stream)` sends one message.
+    pub fn new(dir: Dir, peer: usize, buf: u64, bytes: usize) -> P2pOp {
+        P2pOp {
+            dir,
+            peer,
+            buf,
+            bytes,
+        }
+    }
+}
+
+/// The rooted helpers of [`PointToPoint::rooted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rooted {
+    /// Every rank's buffer into block `rank` of the root's.
+    Gather,
+    /// Block `rank` of the root's buffer to every rank.
+    Scatter,
+}
+
 enum Inner {
     Host(Mutex<host::HostP2p>),
     Gpu(gpu::GpuP2p),
@@ -106,16 +127,6 @@ pub struct PointToPoint {
     device: Device,
     timeout: Duration,
     inner: Inner,
-}
-
-impl std::fmt::Debug for PointToPoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PointToPoint")
-            .field("rank", &self.rank)
-            .field("nranks", &self.nranks)
-            .field("device", &self.device)
-            .finish_non_exhaustive()
-    }
 }
 
 impl PointToPoint {
@@ -226,148 +237,53 @@ impl PointToPoint {
         }
     }
 
-    /// Sends `bytes` at `buf` to `peer` (a batch of one).
+    /// All-to-all: block `p` (of `per` bytes) of `send` to rank `p`, block `p` of `recv` from
+    /// it (out of place: the buffers must not overlap), on stream `s`.
     ///
     /// # Safety
-    /// As [`PointToPoint::run`].
-    pub unsafe fn send(
-        &self,
-        buf: u64,
-        bytes: usize,
-        peer: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let op = P2pOp {
-            dir: Dir::Send,
-            peer,
-            buf,
-            bytes,
-        };
+    /// As [`PointToPoint::run`], for `nranks * per` bytes of each buffer.
+    pub unsafe fn all_to_all(&self, send: u64, recv: u64, per: usize, s: RawStream) -> Result<()> {
+        let n = self.nranks;
+        let mut ops = blocks(Dir::Send, send, per, n);
+        ops.extend(blocks(Dir::Recv, recv, per, n));
         // SAFETY: forwarded.
-        unsafe { self.run(&[op], stream) }
+        unsafe { self.run(&ops, s) }
     }
 
-    /// Receives `bytes` from `peer` into `buf` (a batch of one).
+    /// Gather ([`Rooted::Gather`]: every rank's `bytes` at `send` into block `rank` of the
+    /// root's `recv`, used only on the root) or scatter ([`Rooted::Scatter`]: block `rank` of
+    /// the root's `send`, used only on the root, into every rank's `recv`).
     ///
     /// # Safety
-    /// As [`PointToPoint::run`].
-    pub unsafe fn recv(
+    /// As [`PointToPoint::run`] (the root's block buffer: `nranks * bytes`).
+    pub unsafe fn rooted(
         &self,
-        buf: u64,
-        bytes: usize,
-        peer: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let op = P2pOp {
-            dir: Dir::Recv,
-            peer,
-            buf,
-            bytes,
-        };
-        // SAFETY: forwarded.
-        unsafe { self.run(&[op], stream) }
-    }
-
-    /// All-to-all: block `p` (of `bytes_per_peer`) of `send` to rank `p`, block `p` of `recv`
-    /// from it (out of place: the buffers must not overlap).
-    ///
-    /// # Safety
-    /// As [`PointToPoint::run`], for `nranks * bytes_per_peer` bytes of each buffer.
-    pub unsafe fn all_to_all(
-        &self,
-        send: u64,
-        recv: u64,
-        bytes_per_peer: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let ops = all_to_all_ops(self.rank, self.nranks, send, recv, bytes_per_peer);
-        // SAFETY: forwarded.
-        unsafe { self.run(&ops, stream) }
-    }
-
-    /// Gather: every rank's `bytes` at `send` into block `rank` of the root's `recv` (`recv`
-    /// is only used on the root).
-    ///
-    /// # Safety
-    /// As [`PointToPoint::run`] (`recv`: `nranks * bytes` on the root).
-    pub unsafe fn gather(
-        &self,
-        send: u64,
-        recv: u64,
+        kind: Rooted,
+        (send, recv): (u64, u64),
         bytes: usize,
         root: usize,
         stream: RawStream,
     ) -> Result<()> {
-        let mut ops = vec![P2pOp {
-            dir: Dir::Send,
-            peer: root,
-            buf: send,
-            bytes,
-        }];
+        let (dir, own, root_dir, blocks_at) = match kind {
+            Rooted::Gather => (Dir::Send, send, Dir::Recv, recv),
+            Rooted::Scatter => (Dir::Recv, recv, Dir::Send, send),
+        };
+        let mut ops = vec![P2pOp::new(dir, root, own, bytes)];
         if self.rank == root {
-            ops.extend((0..self.nranks).map(|p| P2pOp {
-                dir: Dir::Recv,
-                peer: p,
-                buf: recv + (p * bytes) as u64,
-                bytes,
-            }));
+            ops.extend(blocks(root_dir, blocks_at, bytes, self.nranks));
         }
-        // SAFETY: forwarded.
-        unsafe { self.run(&ops, stream) }
-    }
-
-    /// Scatter: block `rank` of the root's `send` to every rank's `recv` (`bytes` each; `send`
-    /// is only used on the root).
-    ///
-    /// # Safety
-    /// As [`PointToPoint::run`] (`send`: `nranks * bytes` on the root).
-    pub unsafe fn scatter(
-        &self,
-        send: u64,
-        recv: u64,
-        bytes: usize,
-        root: usize,
-        stream: RawStream,
-    ) -> Result<()> {
-        let mut ops = Vec::new();
-        if self.rank == root {
-            ops.extend((0..self.nranks).map(|p| P2pOp {
-                dir: Dir::Send,
-                peer: p,
-                buf: send + (p * bytes) as u64,
-                bytes,
-            }));
-        }
-        ops.push(P2pOp {
-            dir: Dir::Recv,
-            peer: root,
-            buf: recv,
-            bytes,
-        });
         // SAFETY: forwarded.
         unsafe { self.run(&ops, stream) }
     }
 }
-
-/// The operations of an all-to-all on `rank` of `n`.
-pub fn all_to_all_ops(rank: usize, n: usize, send: u64, recv: u64, per: usize) -> Vec<P2pOp> {
-    let _ = rank;
+/// One op of direction `dir` with every rank `p` of `n` on block `p` (of `per` bytes) at `base`.
+pub fn blocks(dir: Dir, base: u64, per: usize, n: usize) -> Vec<P2pOp> {
     (0..n)
-        .flat_map(|p| {
-            [
-                P2pOp {
-                    dir: Dir::Send,
-                    peer: p,
-                    buf: send + (p * per) as u64,
-                    bytes: per,
-                },
-                P2pOp {
-                    dir: Dir::Recv,
-                    peer: p,
-                    buf: recv + (p * per) as u64,
-                    bytes: per,
-                },
-            ]
+        .map(|p| P2pOp {
+            dir,
+            peer: p,
+            buf: base + (p * per) as u64,
+            bytes: per,
         })
         .collect()
 }

@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use mscclpp::p2p::{Dir, P2pOp, PointToPoint};
+use mscclpp::p2p::{Dir, P2pOp, PointToPoint, Rooted};
 use mscclpp::{Device, GpuBuffer};
 use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Gpu};
@@ -255,8 +255,20 @@ fn helper_case(what: &str, per: usize) {
         match what {
             "alltoall" => e.p2p.all_to_all(send.data(), recv.data(), per, stream),
             // Gather sends block 0.. of the send buffer: rank r's first `per` bytes.
-            "gather" => e.p2p.gather(send.data(), recv.data(), per, root, stream),
-            _ => e.p2p.scatter(send.data(), recv.data(), per, root, stream),
+            "gather" => e.p2p.rooted(
+                Rooted::Gather,
+                (send.data(), recv.data()),
+                per,
+                root,
+                stream,
+            ),
+            _ => e.p2p.rooted(
+                Rooted::Scatter,
+                (send.data(), recv.data()),
+                per,
+                root,
+                stream,
+            ),
         }
     };
     ok!(r, "{what}");
