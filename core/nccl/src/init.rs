@@ -1,8 +1,9 @@
 //! Communicator creation: `ncclCommInitRank[Config|Scalable]`, `ncclCommInitAll`,
 //! `ncclCommSplit`, `ncclCommShrink`, and bringing up the fallback NCCL beside ours.
 //!
-//! Init builds a [`TcpBootstrap`] from the unique id, a communicator, the native state and,
-//! on the host backend, the point-to-point links. Blocking init does it in the call; inside a
+//! Init builds a [`TcpBootstrap`] from the unique id, a communicator, the native state and
+//! core's point-to-point ([`PointToPoint`]: the host links, or on GPU builds with peers the
+//! rings of the node's ranks). Blocking init does it in the call; inside a
 //! group it runs at the group's end; with `config.blocking = 0` on a background thread (the
 //! call returns `ncclInProgress` and `ncclCommGetAsyncError` reports when it is done).
 
