@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use mscclpp::p2p::{Dir, P2pOp, PointToPoint, Rooted};
 use mscclpp::{Device, GpuBuffer};
 use mscclpp_framework::*;
-use mscclpp_hal::{prelude::*, Gpu};
+use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
 
 use super::coll_common::{
     guard_intact, new_stream, rank_device_and_comm, raw_stream_of, sync_stream,
@@ -317,4 +317,42 @@ TEST!(P2pTest, Gather, |_ctx| {
 TEST!(P2pTest, Scatter, |_ctx| {
     helper_case("scatter", 1);
     helper_case("scatter", 70_001);
+});
+
+TEST!(P2pTest, GraphReplay, |_ctx| {
+    let e = env();
+    let Some(stream) = e.stream.as_ref() else {
+        SKIP!("graph capture needs a GPU stream (the host backend has none)")
+    };
+    let (me, n) = (e.p2p.rank(), e.p2p.nranks());
+    let (next, prev, bytes) = ((me + 1) % n, (me + n - 1) % n, (300 << 10) + 9);
+    let send = filled(e.device, bytes, |_| 0);
+    let recv = filled(e.device, bytes, |_| POISON);
+    let ops = [
+        P2pOp::new(Dir::Send, next, send.data(), bytes),
+        P2pOp::new(Dir::Recv, prev, recv.data(), bytes),
+    ];
+    ok!(Gpu::begin_capture(stream), "beginning the capture");
+    // SAFETY: the buffers outlive every replay (synchronised below).
+    let r = unsafe { e.p2p.run(&ops, raw_stream_of(&e.stream)) };
+    let graph = ok!(Gpu::end_capture(stream), "ending the capture");
+    ok!(r, "capturing the batch");
+    for replay in 0..5 {
+        let data: Vec<u8> = (0..bytes).map(|i| pattern(me, next, replay, i)).collect();
+        ok!(send.copy_from_host(0, &data), "writing");
+        // Every rank's input is written before any replay reads it.
+        ok!(mp_env().bootstrap.barrier(), "barrier");
+        ok!(Gpu::launch_graph(&graph, stream), "replaying");
+        ok!(sync_stream(&e.stream), "waiting for replay {replay}");
+        ok!(e.p2p.device_error(), "replay {replay} on the device");
+        let mut got = vec![0u8; bytes];
+        ok!(recv.copy_to_host(0, &mut got), "reading");
+        let bad = (0..bytes).find(|&i| got[i] != pattern(prev, me, replay, i));
+        EXPECT_TRUE!(
+            bad.is_none(),
+            "replay {replay}: first wrong byte at {bad:?}"
+        );
+        // Nobody rewrites its input while a peer's replay may still read it.
+        ok!(mp_env().bootstrap.barrier(), "barrier");
+    }
 });
