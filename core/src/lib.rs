@@ -129,6 +129,7 @@ pub mod logger;
 pub mod memory;
 pub mod memory_channel;
 pub mod nvls;
+pub mod p2p;
 pub mod packet;
 pub mod port_channel;
 pub mod proxy;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use mscclpp::p2p::PointToPoint;
 use mscclpp::{Communicator, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclResult};
@@ -19,7 +20,6 @@ use crate::env::ForcedOps;
 use crate::error::{set_last_error, NResult, NcclError};
 use crate::fallback::FallbackComm;
 use crate::native::Native;
-use crate::p2p::P2p;
 use crate::peers::Peers;
 
 /// The first 8 bytes of every [`Comm`]: `MSCLNCCL`.
@@ -73,8 +73,10 @@ pub struct Ready {
     pub communicator: Arc<Communicator>,
     /// The native collectives and copies.
     pub native: Native,
-    /// Point-to-point over connections (host backend), when there are peers.
-    pub p2p: Option<Mutex<P2p>>,
+    /// Point-to-point (core's [`PointToPoint`]): the host backend's links, or on GPU builds the
+    /// rings of the node's peers; `None` on GPU builds at world size 1 or when its setup
+    /// failed (sends to self are then driver copies).
+    pub p2p: Option<PointToPoint>,
     /// The real NCCL's communicator, when a fallback library was loaded.
     pub fallback: Option<FallbackComm>,
     /// Operations `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` sends to the fallback.
@@ -97,7 +99,7 @@ impl Ready {
         bootstrap: Arc<TcpBootstrap>,
         communicator: Arc<Communicator>,
         native: Native,
-        p2p: Option<P2p>,
+        p2p: Option<PointToPoint>,
         fallback: Option<FallbackComm>,
         forced: ForcedOps,
     ) -> Ready {
@@ -106,7 +108,7 @@ impl Ready {
             bootstrap,
             communicator,
             native,
-            p2p: p2p.map(Mutex::new),
+            p2p,
             fallback,
             forced,
             split_seq: AtomicU64::new(0),

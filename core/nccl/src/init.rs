@@ -1,8 +1,9 @@
 //! Communicator creation: `ncclCommInitRank[Config|Scalable]`, `ncclCommInitAll`,
 //! `ncclCommSplit`, `ncclCommShrink`, and bringing up the fallback NCCL beside ours.
 //!
-//! Init builds a [`TcpBootstrap`] from the unique id, a communicator, the native state and,
-//! on the host backend, the point-to-point links. Blocking init does it in the call; inside a
+//! Init builds a [`TcpBootstrap`] from the unique id, a communicator, the native state and
+//! core's point-to-point ([`PointToPoint`]: the host links, or on GPU builds with peers the
+//! rings of the node's ranks). Blocking init does it in the call; inside a
 //! group it runs at the group's end; with `config.blocking = 0` on a background thread (the
 //! call returns `ncclInProgress` and `ncclCommGetAsyncError` reports when it is done).
 
@@ -10,6 +11,7 @@ use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mscclpp::p2p::PointToPoint;
 use mscclpp::{Bootstrap, Communicator, Context, TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclConfig, NcclResult, NcclUniqueId};
@@ -22,7 +24,6 @@ use crate::fallback::{FallbackComm, FallbackLib};
 use crate::group;
 use crate::native::Native;
 use crate::ops;
-use crate::p2p::P2p;
 
 /// Bound on communicator init (bootstrap, connections, fallback init).
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -122,8 +123,21 @@ fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
     let dyn_bootstrap: Arc<dyn Bootstrap> = bootstrap.clone();
     let communicator = Arc::new(Communicator::new(dyn_bootstrap, context));
     let native = Native::new(&communicator, backend::device(p.device))?;
-    let p2p = if crate::HOST_BACKEND && p.nranks > 1 {
-        Some(P2p::setup(&communicator, &bootstrap)?)
+    let p2p = if crate::HOST_BACKEND {
+        Some(
+            PointToPoint::new(communicator.clone(), backend::device(p.device))
+                .map_err(|e| NcclError::from(e).context("point-to-point setup"))?,
+        )
+    } else if p.nranks > 1 {
+        // GPU builds: a failure (e.g. a build without device code) leaves send/recv between
+        // ranks to the fallback; every rank fails alike.
+        match PointToPoint::new(communicator.clone(), backend::device(p.device)) {
+            Ok(p2p) => Some(p2p),
+            Err(e) => {
+                mscclpp::log_warn!("NCCL", "point-to-point setup failed (send/recv between ranks go to the fallback NCCL): {e}");
+                None
+            }
+        }
     } else {
         None
     };

@@ -41,7 +41,7 @@ macro_rules! nccl_export {
 // C types:            abi
 // errors:             error
 // checks, settings:   checks, env, backend
-// resources:          peers, fallback, native, mem, p2p
+// resources:          peers, fallback, native, mem (point-to-point: mscclpp::p2p)
 // communicators:      comm
 // operations:         ops (work, then collective and point_to_point)
 // group semantics:    group
@@ -63,7 +63,6 @@ mod init;
 mod mem;
 mod native;
 mod ops;
-mod p2p;
 mod peers;
 mod split;
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use mscclpp::bootstrap::{Bootstrap, TcpBootstrap};
 use mscclpp::collectives::{CollectiveKind, Collectives, CollectivesConfig, DataType, ReduceOp};
+use mscclpp::p2p::{Dir, P2pOp, PointToPoint};
 use mscclpp::{Communicator, Context, Device, GpuBuffer};
 use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
 
@@ -32,7 +33,12 @@ const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
   -w, --warmup_iters N    warm-up iterations (default 5)
   -c, --check 0|1         check results (default 1)
   -G, --cudagraph N       capture the iterations in a CUDA graph and launch it N times (GPU only)
-      --op-kind / --coll  allreduce | allgather | reducescatter | broadcast (default allreduce)
+      --op-kind / --coll  allreduce | allgather | reducescatter | broadcast | sendrecv | alltoall
+                          (default allreduce; sendrecv: each rank sends SIZE bytes to rank+1 and
+                          receives from rank-1, busbw = algbw; alltoall: SIZE = the whole send
+                          buffer, busbw = algbw * (n-1)/n; both run core's point-to-point and
+                          have no in-place form: the in-place columns repeat the out-of-place
+                          measurement)
       --algo NAME         force the algorithm
       --json FILE         also write the rows as JSON
       --plan FILE         run an execution plan (its collective and in/out-of-place) through the
@@ -55,10 +61,28 @@ struct Opts {
     check: bool,
     graph: usize,
     kind: CollectiveKind,
+    /// `--coll sendrecv | alltoall`: point-to-point instead of `kind`.
+    p2p: Option<P2pKind>,
     algo: Option<String>,
     json: Option<String>,
     plan: Option<String>,
     plan_check_only: bool,
+}
+
+/// The point-to-point benchmarks (nccl-tests' sendrecv_perf and alltoall_perf).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum P2pKind {
+    SendRecv,
+    AllToAll,
+}
+
+impl P2pKind {
+    fn name(self) -> &'static str {
+        match self {
+            P2pKind::SendRecv => "sendrecv",
+            P2pKind::AllToAll => "alltoall",
+        }
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -88,6 +112,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         check: true,
         graph: 0,
         kind: CollectiveKind::AllReduce,
+        p2p: None,
         algo: None,
         json: None,
         plan: None,
@@ -145,11 +170,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--check" if inline.is_none() && !next_is_flag_value => o.plan_check_only = true,
             "-c" | "--check" => o.check = num(value()?, "-c")? != 0,
             "-G" | "--cudagraph" => o.graph = num(value()?, "-G")?,
-            "--op-kind" | "--coll" | "--collective" => {
-                o.kind = value()?
-                    .parse()
-                    .map_err(|e: mscclpp::Error| e.to_string())?
-            }
+            "--op-kind" | "--coll" | "--collective" => match value()?.as_str() {
+                "sendrecv" => o.p2p = Some(P2pKind::SendRecv),
+                "alltoall" => o.p2p = Some(P2pKind::AllToAll),
+                v => {
+                    o.p2p = None;
+                    o.kind = v.parse().map_err(|e: mscclpp::Error| e.to_string())?
+                }
+            },
             "--algo" => o.algo = Some(value()?),
             "--json" => o.json = Some(value()?),
             "--plan" => o.plan = Some(value()?),
@@ -160,6 +188,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     }
     if o.minb > o.maxb {
         return Err(format!("-b {} is above -e {}", o.minb, o.maxb));
+    }
+    if o.p2p.is_some() && (o.plan.is_some() || o.algo.is_some()) {
+        return Err("--coll sendrecv/alltoall take no --plan or --algo".into());
     }
     Ok(o)
 }
@@ -175,6 +206,21 @@ fn bus_factor(kind: CollectiveKind, n: usize) -> f64 {
 }
 
 impl Opts {
+    /// The benchmark's name.
+    fn kind_name(&self) -> String {
+        self.p2p
+            .map_or_else(|| self.kind.to_string(), |p| p.name().into())
+    }
+
+    /// nccl-tests' bus-bandwidth factor of this benchmark on `n` ranks.
+    fn bus_factor(&self, n: usize) -> f64 {
+        match self.p2p {
+            Some(P2pKind::SendRecv) => 1.0,
+            Some(P2pKind::AllToAll) => (n as f64 - 1.0) / n as f64,
+            None => bus_factor(self.kind, n),
+        }
+    }
+
     /// The report's `#wrong` cell of `m`: its count, or N/A when results are not checked.
     fn wrong_cell(&self, m: &Measure) -> String {
         if self.check {
@@ -224,6 +270,8 @@ struct Bench {
     /// `--plan`: the executor and plan, used while `use_plan` is set.
     plan: Option<plan_bench::PlanRun>,
     use_plan: std::cell::Cell<bool>,
+    /// `--coll sendrecv | alltoall`.
+    p2p: Option<PointToPoint>,
 }
 
 #[derive(serde::Serialize, Clone, Copy, Default)]
@@ -264,6 +312,11 @@ impl Bench {
         let (rank, n) = (self.coll.rank(), self.coll.nranks());
         let size = o.dtype.size_in_bytes() as u64;
         let (a, b) = (self.a.data(), self.b.data());
+        match o.p2p {
+            Some(P2pKind::SendRecv) => return (a, b, elems),
+            Some(P2pKind::AllToAll) => return (a, b, elems / n),
+            None => {}
+        }
         match o.kind {
             CollectiveKind::AllReduce | CollectiveKind::Broadcast => {
                 (a, if in_place { a } else { b }, elems)
@@ -291,6 +344,34 @@ impl Bench {
         let s = self.raw();
         if let (Some(p), true) = (&self.plan, self.use_plan.get()) {
             return p.call(o, self.coll.nranks(), send, recv, count, s);
+        }
+        if let (Some(p2p), Some(kind)) = (&self.p2p, o.p2p) {
+            let (rank, n) = (p2p.rank(), p2p.nranks());
+            let bytes = count * o.dtype.size_in_bytes();
+            // SAFETY: as below.
+            return unsafe {
+                match kind {
+                    P2pKind::SendRecv => p2p.run(
+                        &[
+                            P2pOp {
+                                dir: Dir::Send,
+                                peer: (rank + 1) % n,
+                                buf: send,
+                                bytes,
+                            },
+                            P2pOp {
+                                dir: Dir::Recv,
+                                peer: (rank + n - 1) % n,
+                                buf: recv,
+                                bytes,
+                            },
+                        ],
+                        s,
+                    ),
+                    P2pKind::AllToAll => p2p.all_to_all(send, recv, bytes, s),
+                }
+            }
+            .map_err(|e| e.to_string());
         }
         // SAFETY: the addresses lie inside `a` and `b` (sized for the largest call), alive for
         // the benchmark; every launch is synchronised before the buffers are reused.
@@ -368,8 +449,8 @@ impl Bench {
         let (rank, n) = (self.coll.rank(), self.coll.nranks());
         let (send, recv, count) = self.addrs(o, elems, in_place);
         let size = o.dtype.size_in_bytes();
-        let ins = match o.kind {
-            CollectiveKind::ReduceScatter => count * n,
+        let ins = match (o.p2p, o.kind) {
+            (Some(P2pKind::AllToAll), _) | (None, CollectiveKind::ReduceScatter) => count * n,
             _ => count,
         };
         let vals = all_values(o.dtype, o.op, 0x5eed, call, n, ins);
@@ -393,8 +474,8 @@ impl Bench {
         write(send, &vals[rank])?;
         self.call(o, send, recv, count)?;
         self.sync()?;
-        let outs = match o.kind {
-            CollectiveKind::AllGather => count * n,
+        let outs = match (o.p2p, o.kind) {
+            (Some(P2pKind::AllToAll), _) | (None, CollectiveKind::AllGather) => count * n,
             _ => count,
         };
         let (buf, off) = if recv >= self.b.data() && recv < self.b.data() + self.b.len() as u64 {
@@ -407,20 +488,29 @@ impl Bench {
         let mut column = vec![0.0; n];
         let mut wrong = 0;
         for (i, e) in got.chunks_exact(size).enumerate() {
-            let want = match o.kind {
-                CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
-                    let at = if o.kind == CollectiveKind::ReduceScatter {
-                        rank * count + i
-                    } else {
-                        i
-                    };
-                    for (r, c) in column.iter_mut().enumerate() {
-                        *c = vals[r][at];
+            let want = match o.p2p {
+                Some(P2pKind::SendRecv) => Some(vals[(rank + n - 1) % n][i]),
+                // Block p of the result: block `rank` of rank p's send buffer.
+                Some(P2pKind::AllToAll) => Some(vals[i / count][rank * count + i % count]),
+                None => None,
+            };
+            let want = match want {
+                Some(w) => w,
+                None => match o.kind {
+                    CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => {
+                        let at = if o.kind == CollectiveKind::ReduceScatter {
+                            rank * count + i
+                        } else {
+                            i
+                        };
+                        for (r, c) in column.iter_mut().enumerate() {
+                            *c = vals[r][at];
+                        }
+                        reference(o.dtype, o.op, &column)
                     }
-                    reference(o.dtype, o.op, &column)
-                }
-                CollectiveKind::AllGather => vals[i / count][i % count],
-                CollectiveKind::Broadcast => vals[o.root][i],
+                    CollectiveKind::AllGather => vals[i / count][i % count],
+                    CollectiveKind::Broadcast => vals[o.root][i],
+                },
             };
             if !close(o.dtype, decode(o.dtype, e), want) {
                 wrong += 1;
@@ -462,7 +552,7 @@ impl Bench {
         Ok(Measure {
             time_us: secs * 1e6,
             algbw,
-            busbw: algbw * bus_factor(o.kind, self.coll.nranks()),
+            busbw: algbw * o.bus_factor(self.coll.nranks()),
             wrong: w,
         })
     }
@@ -502,6 +592,7 @@ fn run(
         )?),
         None => None,
     };
+    let comm_p2p = comm.clone();
     let coll = Collectives::with_config(comm, cfg).map_err(|e| e.to_string())?;
     if let Some(a) = &o.algo {
         coll.force_algorithm(o.kind, Some(a))
@@ -511,6 +602,10 @@ fn run(
     if o.root >= n {
         return Err(format!("-r {}: expected a root below {n}", o.root));
     }
+    let p2p = match o.p2p {
+        Some(_) => Some(PointToPoint::new(comm_p2p, device).map_err(|e| e.to_string())?),
+        None => None,
+    };
     let (stream, events) = if gpu {
         let dev = Gpu::open_device(device.id as usize).map_err(|e| e.to_string())?;
         let s = Gpu::create_stream(&dev).map_err(|e| e.to_string())?;
@@ -538,22 +633,23 @@ fn run(
         timeout,
         plan,
         use_plan: std::cell::Cell::new(false),
+        p2p,
     };
     let _ = bench.device;
     if bench.plan.is_some() {
         return plan_bench::report(o, &bench);
     }
     let redop = match o.kind {
-        CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => o.op.name(),
+        CollectiveKind::AllReduce | CollectiveKind::ReduceScatter if o.p2p.is_none() => o.op.name(),
         _ => "none",
     };
-    let root: i64 = if o.kind == CollectiveKind::Broadcast {
+    let root: i64 = if o.kind == CollectiveKind::Broadcast && o.p2p.is_none() {
         o.root as i64
     } else {
         -1
     };
     if rank == 0 {
-        println!("# coll_perf: {} nranks {n} ({} backend) dtype {} op {redop} iters {} warmup {} graph {} check {}", o.kind, Gpu::NAME, o.dtype, o.iters, o.warmup, o.graph, o.check as u8);
+        println!("# coll_perf: {} nranks {n} ({} backend) dtype {} op {redop} iters {} warmup {} graph {} check {}", o.kind_name(), Gpu::NAME, o.dtype, o.iters, o.warmup, o.graph, o.check as u8);
         println!("#{:>75}{:>34}", "out-of-place", "in-place");
         println!(
             "#{:>11} {:>12} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}  algorithm",
@@ -591,8 +687,11 @@ fn run(
     let mut rows = Vec::new();
     let mut size = o.minb;
     let mut call = 0u32;
-    let unit = match o.kind {
-        CollectiveKind::AllGather | CollectiveKind::ReduceScatter => o.dtype.size_in_bytes() * n,
+    let unit = match (o.p2p, o.kind) {
+        (Some(P2pKind::AllToAll), _)
+        | (None, CollectiveKind::AllGather | CollectiveKind::ReduceScatter) => {
+            o.dtype.size_in_bytes() * n
+        }
         _ => o.dtype.size_in_bytes(),
     };
     let (mut wrong_total, mut bus_sum) = (0u64, 0.0);
@@ -602,7 +701,8 @@ fn run(
             let elems = bytes / o.dtype.size_in_bytes();
             call += 1;
             let oop = bench.measure(o, elems, false, call)?;
-            let ip = bench.measure(o, elems, true, call)?;
+            // Point-to-point has no in-place form: the in-place columns measure it again.
+            let ip = bench.measure(o, elems, o.p2p.is_none(), call)?;
             let per = if matches!(
                 o.kind,
                 CollectiveKind::AllGather | CollectiveKind::ReduceScatter
@@ -611,10 +711,13 @@ fn run(
             } else {
                 bytes
             };
-            let algo = bench
-                .coll
-                .algorithm_for(o.kind, per)
-                .map_err(|e| e.to_string())?;
+            let algo = match o.p2p {
+                Some(_) => "p2p",
+                None => bench
+                    .coll
+                    .algorithm_for(o.kind, per)
+                    .map_err(|e| e.to_string())?,
+            };
             wrong_total += oop.wrong + ip.wrong;
             bus_sum += (oop.busbw + ip.busbw) / 2.0;
             if rank == 0 {
@@ -625,7 +728,7 @@ fn run(
                 );
             }
             rows.push(Row {
-                collective: o.kind.name().into(),
+                collective: o.kind_name(),
                 size: bytes,
                 count: elems,
                 dtype: o.dtype.nccl_name().into(),

@@ -20,6 +20,7 @@ mod local_communicator;
 mod memory_channel;
 mod multi_process;
 mod multinode;
+mod p2p;
 mod port_channel;
 mod port_channel_ib;
 mod reduce_scatter;

@@ -1,7 +1,7 @@
 //! `ncclSend`/`ncclRecv` and the calls made of them (`ncclAlltoAll`, `ncclGather`,
 //! `ncclScatter`), each described once: its C arguments checked into sends and receives, and
-//! its name in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`. Natively they run on the host
-//! backend's point-to-point links (on GPU builds only with this rank itself); on the fallback
+//! its name in `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION`. Natively they run on core's
+//! `mscclpp::p2p::PointToPoint` (GPU builds: peers on this node); on the fallback
 //! NCCL as its `ncclSend`/`ncclRecv` inside one of its groups. Adding such a call adds a value
 //! here (and to [`ALL`] when it has a name of its own), its declaration in `nccl.h` and its
 //! line in `exports_ops.rs`.
@@ -14,7 +14,7 @@ use crate::env::FallbackName;
 use crate::error::NResult;
 use crate::fallback::{FallbackComm, Handle, Stream};
 use crate::ops::work::{CArgs, FallbackCall, NativeWork, P2pCall, Request, Work};
-use crate::p2p::{Dir, P2pOp};
+use mscclpp::p2p::{Dir, P2pOp};
 
 /// A call's sends and receives on one rank: (direction, peer, buffer address), each of the
 /// call's per-rank byte size; and why it has no native path, if it has none.
@@ -175,17 +175,23 @@ impl PointToPoint {
             .collect();
         let fallback_calls = calls.clone();
         request.route(
-            |_| {
+            |ready| {
                 Ok(match parts.not_native {
                     Some(why) => Err(why.to_string()),
                     None if crate::HOST_BACKEND || calls.iter().all(|c| c.op.peer == me) => {
                         Ok(NativeWork::Parts(calls))
                     }
-                    None => Err(
-                        "point-to-point between different ranks has no native path on \
-                                 GPU builds"
-                            .to_string(),
-                    ),
+                    None => match &ready.p2p {
+                        Some(p2p) if calls.iter().all(|c| p2p.reaches(c.op.peer)) => {
+                            Ok(NativeWork::Parts(calls))
+                        }
+                        Some(_) => Err("point-to-point between nodes on GPU builds is not \
+                                        supported yet"
+                            .to_string()),
+                        None => Err("point-to-point between different ranks has no native \
+                                     path here (its setup failed at init, see the log)"
+                            .to_string()),
+                    },
                 })
             },
             || Box::new(PartsFallback(fallback_calls)),

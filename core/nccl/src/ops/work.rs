@@ -14,7 +14,7 @@ use crate::env::FallbackName;
 use crate::error::{NResult, NcclError};
 use crate::fallback::FallbackComm;
 use crate::native::{Choice, Scratch};
-use crate::p2p::{Dir, P2pOp};
+use mscclpp::p2p::{Dir, Hooks, P2pOp};
 
 /// The C arguments of a collective or point-to-point call (arguments a call lacks are 0).
 #[derive(Clone, Copy, Debug, Default)]
@@ -280,24 +280,59 @@ pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<
 
 /// # Safety
 /// As [`run_native`].
+///
+/// The batch runs on the first call's stream (GPU: one launch of core's point-to-point
+/// kernel). When the calls use several streams, this thread waits for the others before and
+/// for the batch's stream after (outside graph capture: correct, not asynchronous).
 unsafe fn run_parts(comm: &Comm, ready: &Ready, calls: &[P2pCall]) -> NResult<()> {
     let ops: Vec<P2pOp> = calls.iter().map(|c| c.op).collect();
-    if !crate::HOST_BACKEND {
-        // GPU builds route only sends to self here (see point_to_point's native path):
-        // copies in the receiving call's stream order.
+    let Some(p2p) = &ready.p2p else {
+        // GPU builds at world size 1 (or without a point-to-point setup): only sends to self
+        // are routed here, copied in the receiving call's stream order.
         // SAFETY: the caller's contract.
         return unsafe { device_self_copies(ready, calls, comm.rank) };
+    };
+    let stream = calls.first().map_or(0, |c| c.stream);
+    let others: Vec<u64> = calls
+        .iter()
+        .map(|c| c.stream)
+        .filter(|&s| s != stream)
+        .collect();
+    for &s in &others {
+        sync_stream(comm.device, s)?;
     }
-    match &ready.p2p {
-        // SAFETY: host buffers the caller vouched for, valid until the group ends.
-        Some(p2p) => unsafe {
-            p2p.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .run(&ops, &ready.peers, &|| comm.is_aborted())
-        },
-        // SAFETY: as above.
-        None => unsafe { crate::p2p::run_self(&ops, comm.rank) },
+    let check_peer = |p: usize| {
+        ready
+            .peers
+            .check_peer(p)
+            .map_err(|e| mscclpp::Error::remote(p, e.msg))
+    };
+    let hooks = Hooks {
+        aborted: &|| comm.is_aborted(),
+        check_peer: &check_peer,
+    };
+    // SAFETY: buffers the caller vouched for, valid until the group ends (host) or until the
+    // stream ran the batch (GPU).
+    unsafe { p2p.run_with(&ops, stream, &hooks) }.map_err(NcclError::from)?;
+    if !others.is_empty() {
+        sync_stream(comm.device, stream)?;
     }
+    Ok(())
+}
+
+/// Waits for `stream` of GPU `device` (a no-op on the host backend).
+fn sync_stream(device: i32, stream: u64) -> NResult<()> {
+    use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
+    if crate::HOST_BACKEND {
+        return Ok(());
+    }
+    let hal = |e: mscclpp_hal::Error| {
+        NcclError::from(mscclpp::Error::from(e)).context("joining the streams of a send/recv group")
+    };
+    let dev = Gpu::open_device(usize::try_from(device).unwrap_or(0)).map_err(hal)?;
+    // SAFETY: a stream the caller passed to one of the group's calls (live until it returns).
+    let s = unsafe { <Gpu as StreamInterop>::borrow_stream(&dev, stream) };
+    Gpu::stream_synchronize(&s, mscclpp::p2p::P2P_STALL_TIMEOUT).map_err(hal)
 }
 
 /// # Safety

@@ -1,29 +1,30 @@
-//! Native `ncclSend`/`ncclRecv` on the host backend: chunks staged through a per-peer slot
-//! ring in the receiver's registered memory, written over a connection (CudaIpc within a host,
-//! Ethernet across hosts) and announced/acknowledged with two `Host2HostSemaphore`s per peer.
+//! The host backend's point-to-point (moved here from the NCCL crate): chunks staged through a
+//! per-peer slot ring in the receiver's registered memory, written over a connection (CudaIpc
+//! within a host, Ethernet across hosts) and announced/acknowledged with two
+//! `Host2HostSemaphore`s per peer.
 //!
-//! A batch of operations (one call, or every call of a group) is progressed together by one
-//! non-blocking loop, so matched sends and receives complete in any order without deadlock.
-//! A send completes when the receiver has acknowledged its last chunk, so no acknowledgement
-//! ever targets a rank that has returned (and may have destroyed the communicator).
-//! Per peer and direction, messages match in call order, as NCCL specifies. Each chunk carries
-//! a header with the message size, so a receive whose count differs from the matching send's
-//! is an error naming both sizes, not silent corruption. A stalled loop checks the peers'
-//! liveness and gives up after [`P2P_STALL_TIMEOUT`] without progress.
+//! A batch of operations is progressed together by one non-blocking loop, so matched sends and
+//! receives complete in any order without deadlock. A send completes when the receiver has
+//! acknowledged its last chunk, so no acknowledgement ever targets a rank that has returned
+//! (and may have destroyed the communicator). Per peer and direction, messages match in call
+//! order, as NCCL specifies. Each chunk carries a header with the message size, so a receive
+//! whose size differs from the matching send's is an error naming both sizes, not silent
+//! corruption. A stalled loop checks the peers' liveness ([`Hooks`]) and gives up after the
+//! timeout without progress.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use mscclpp::{
-    Bootstrap, Communicator, Connection, Device, EndpointConfig, Host2HostSemaphore, LocalMemory,
-    RegisteredMemory, TcpBootstrap, Transport,
-};
-
-use crate::error::{NResult, NcclError};
-use crate::peers::Peers;
-
-/// Bound on a blocking point-to-point exchange that makes no progress.
-pub const P2P_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+use super::{Dir, Hooks, P2pOp};
+use crate::communicator::Communicator;
+use crate::connection::Connection;
+use crate::error::{Error, Result};
+use crate::future::Future;
+use crate::identity::host_hash;
+use crate::memory::LocalMemory;
+use crate::registered_memory::RegisteredMemory;
+use crate::semaphore::{Host2HostSemaphore, Semaphore};
+use crate::transport::{Device, EndpointConfig, Transport};
 
 /// Payload bytes per chunk.
 const CHUNK: usize = 512 * 1024;
@@ -42,28 +43,6 @@ const TAG_DATA: u64 = 0x4e43_0003;
 const TAG_ACK: u64 = 0x4e43_0004;
 /// How often a stalled loop checks its peers.
 const LIVENESS_EVERY: Duration = Duration::from_millis(20);
-
-/// Direction of a point-to-point operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dir {
-    /// `ncclSend`.
-    Send,
-    /// `ncclRecv`.
-    Recv,
-}
-
-/// One point-to-point operation on host memory.
-#[derive(Clone, Copy, Debug)]
-pub struct P2pOp {
-    /// Send or receive.
-    pub dir: Dir,
-    /// The peer rank (may be this rank).
-    pub peer: usize,
-    /// The host address of the buffer.
-    pub buf: u64,
-    /// Bytes.
-    pub bytes: usize,
-}
 
 struct Link {
     conn: Connection,
@@ -86,23 +65,40 @@ struct Link {
 }
 
 /// The point-to-point state of one communicator.
-pub struct P2p {
+pub(super) struct HostP2p {
     rank: usize,
     links: Vec<Option<Link>>,
 }
 
-fn core_err(what: &str) -> impl FnOnce(mscclpp::Error) -> NcclError + '_ {
-    move |e| NcclError::from(e).context(what)
+fn core_err(what: &str) -> impl FnOnce(Error) -> Error + '_ {
+    move |e| context(e, what)
 }
 
-impl P2p {
+/// `e` with `what: ` in front of its message, same kind.
+fn context(e: Error, what: &str) -> Error {
+    match e {
+        Error::InvalidUsage(m) => Error::InvalidUsage(format!("{what}: {m}")),
+        Error::Remote { peer, what: w } => Error::Remote {
+            peer,
+            what: format!("{what}: {w}"),
+        },
+        Error::Timeout { what: w, after } => Error::Timeout {
+            what: format!("{what}: {w}"),
+            after,
+        },
+        Error::Internal(m) => Error::Internal(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+impl HostP2p {
     /// Connects to every peer (collective over the communicator).
-    pub fn setup(comm: &Communicator, bootstrap: &TcpBootstrap) -> NResult<P2p> {
-        let (rank, n) = (bootstrap.rank(), bootstrap.nranks());
-        let hashes = bootstrap
-            .host_hashes()
-            .map_err(core_err("p2p setup"))?
-            .to_vec();
+    pub(super) fn setup(comm: &Communicator) -> Result<HostP2p> {
+        let b = comm.bootstrap();
+        let (rank, n) = (b.rank(), b.nranks());
+        let hashes: Vec<Vec<u8>> = b
+            .all_gather(&host_hash().to_le_bytes())
+            .map_err(core_err("p2p setup"))?;
         let mut pending = Vec::new();
         for p in (0..n).filter(|&p| p != rank) {
             let transport = if hashes[p] == hashes[rank] {
@@ -149,7 +145,7 @@ impl P2p {
         let mut links: Vec<Option<Link>> = (0..n).map(|_| None).collect();
         for (p, inbox, inbox_reg, staging, staging_reg, conn, outbox, data, ack) in joined {
             let what = format!("p2p semaphores with rank {p}");
-            let h2h = |f: mscclpp::Future<mscclpp::Semaphore>| {
+            let h2h = |f: Future<Semaphore>| {
                 f.get()
                     .and_then(Host2HostSemaphore::new)
                     .map_err(core_err(&what))
@@ -169,7 +165,7 @@ impl P2p {
                 _inbox_reg: inbox_reg,
             });
         }
-        Ok(P2p { rank, links })
+        Ok(HostP2p { rank, links })
     }
 }
 
@@ -204,7 +200,7 @@ impl Link {
     ///
     /// # Safety
     /// `s.op.buf` must be readable for `s.op.bytes` bytes.
-    unsafe fn send_chunk(&mut self, s: &mut Progress) -> mscclpp::Result<()> {
+    unsafe fn send_chunk(&mut self, s: &mut Progress) -> Result<()> {
         let slot = (self.sent % SLOTS) as usize * STRIDE;
         let len = CHUNK.min(s.op.bytes - s.done);
         self.staging.write(slot, &header(s.op.bytes, s.chunks))?;
@@ -231,23 +227,26 @@ impl Link {
     ///
     /// # Safety
     /// `r.op.buf` must be writable for `r.op.bytes` bytes.
-    unsafe fn recv_chunk(&mut self, r: &mut Progress, peer: usize) -> NResult<()> {
+    unsafe fn recv_chunk(&mut self, r: &mut Progress, peer: usize) -> Result<()> {
         let slot = (self.received % SLOTS) as usize * STRIDE;
         let mut h = [0u8; HEADER];
-        self.inbox.read(slot, &mut h).map_err(NcclError::from)?;
+        self.inbox.read(slot, &mut h)?;
         let total = u64::from_le_bytes(h[0..8].try_into().unwrap_or_default());
         let chunk = u32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
         let magic = u32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
         if magic != CHUNK_MAGIC || chunk != r.chunks {
-            return Err(NcclError::internal(format!(
-                "ncclRecv from rank {peer}: chunk header {h:02x?} is not chunk {} of a message",
-                r.chunks
-            )));
+            return Err(Error::remote(
+                peer,
+                format!(
+                    "point-to-point receive: chunk header {h:02x?} is not chunk {} of a message",
+                    r.chunks
+                ),
+            ));
         }
         if total != r.op.bytes as u64 {
-            return Err(NcclError::usage(format!(
-                "ncclRecv from rank {peer}: the matching ncclSend sends {total} bytes, this \
-                 receive expects {} bytes: expected the same count and datatype on both sides",
+            return Err(Error::invalid(format!(
+                "point-to-point receive from rank {peer}: the matching send sends {total} bytes, \
+                 this receive expects {} bytes: expected the same count and datatype on both sides",
                 r.op.bytes
             )));
         }
@@ -255,10 +254,8 @@ impl Link {
         // SAFETY: inside the caller's writable buffer (done + len <= bytes).
         let dst =
             unsafe { std::slice::from_raw_parts_mut((r.op.buf as usize + r.done) as *mut u8, len) };
-        self.inbox
-            .read(slot + HEADER, dst)
-            .map_err(NcclError::from)?;
-        self.ack.signal().map_err(NcclError::from)?;
+        self.inbox.read(slot + HEADER, dst)?;
+        self.ack.signal()?;
         self.received += 1;
         r.done += len;
         r.chunks += 1;
@@ -266,21 +263,21 @@ impl Link {
     }
 }
 
-impl P2p {
-    /// Runs every operation of `ops` to completion, progressing all of them together; a
-    /// stalled loop stops when `aborted()` says so and checks the liveness of `peers`.
+impl HostP2p {
+    /// Runs every operation of `ops` with other ranks to completion (the caller copied those
+    /// with this rank), progressing all of them together; a stalled loop stops when
+    /// `hooks.aborted()` says so, checks the liveness of its peers and gives up after
+    /// `timeout` without progress.
     ///
     /// # Safety
     /// Each buffer must be host memory valid for its `bytes` (readable for sends, writable
     /// for receives) until this returns.
-    pub unsafe fn run(
+    pub(super) unsafe fn run(
         &mut self,
         ops: &[P2pOp],
-        peers: &Peers,
-        aborted: &dyn Fn() -> bool,
-    ) -> NResult<()> {
-        // SAFETY: forwarded.
-        unsafe { run_self(ops, self.rank)? };
+        hooks: &Hooks,
+        timeout: Duration,
+    ) -> Result<()> {
         let n = self.links.len();
         let mut sends: Vec<VecDeque<Progress>> = (0..n).map(|_| VecDeque::new()).collect();
         let mut recvs: Vec<VecDeque<Progress>> = (0..n).map(|_| VecDeque::new()).collect();
@@ -303,7 +300,7 @@ impl P2p {
                     continue;
                 }
                 let link = self.links[p].as_mut().ok_or_else(|| {
-                    NcclError::internal(format!("no point-to-point link to rank {p}"))
+                    Error::Internal(format!("no point-to-point link to rank {p}"))
                 })?;
                 if let Some(s) = sends[p].front_mut() {
                     loop {
@@ -315,9 +312,8 @@ impl P2p {
                             break;
                         }
                         // SAFETY: the caller's contract on the buffers.
-                        unsafe { link.send_chunk(s) }.map_err(|e| {
-                            NcclError::from(e).context(format!("ncclSend to rank {p}"))
-                        })?;
+                        unsafe { link.send_chunk(s) }
+                            .map_err(|e| context(e, &format!("point-to-point send to rank {p}")))?;
                         progressed = true;
                     }
                     // A send completes once the receiver has read every chunk (all acks in):
@@ -347,71 +343,34 @@ impl P2p {
                 spins = 0;
                 continue;
             }
-            if aborted() {
-                return Err(NcclError::usage(
-                    "the communicator was aborted while send/recv were in progress",
+            if (hooks.aborted)() {
+                return Err(Error::Aborted(
+                    "the communicator was aborted while send/recv were in progress".into(),
                 ));
             }
             if last_check.elapsed() >= LIVENESS_EVERY {
                 for p in (0..n).filter(|&p| !sends[p].is_empty() || !recvs[p].is_empty()) {
-                    peers.check_peer(p)?;
+                    (hooks.check_peer)(p)?;
                 }
                 last_check = Instant::now();
             }
-            if last_progress.elapsed() >= P2P_STALL_TIMEOUT {
+            if last_progress.elapsed() >= timeout {
                 let stuck: Vec<String> = (0..n)
                     .filter_map(|p| match (sends[p].len(), recvs[p].len()) {
                         (0, 0) => None,
                         (s, r) => Some(format!("rank {p}: {s} sends, {r} receives")),
                     })
                     .collect();
-                return Err(NcclError::remote(format!(
-                    "send/recv made no progress for {P2P_STALL_TIMEOUT:?} (pending: {}): \
-                     expected each peer to post the matching calls",
-                    stuck.join("; ")
-                )));
+                return Err(Error::timeout(
+                    format!(
+                        "point-to-point send/recv made no progress (pending: {}): expected each \
+                         peer to post the matching calls",
+                        stuck.join("; ")
+                    ),
+                    timeout,
+                ));
             }
             backoff(&mut spins);
-        }
-    }
-}
-
-/// Sends and receives with this rank itself: matched in order and copied.
-///
-/// # Safety
-/// As [`P2p::run`].
-pub unsafe fn run_self(ops: &[P2pOp], rank: usize) -> NResult<()> {
-    let mut sends = ops.iter().filter(|o| o.peer == rank && o.dir == Dir::Send);
-    let mut recvs = ops.iter().filter(|o| o.peer == rank && o.dir == Dir::Recv);
-    loop {
-        match (sends.next(), recvs.next()) {
-            (None, None) => return Ok(()),
-            (Some(s), Some(r)) => {
-                if s.bytes != r.bytes {
-                    return Err(NcclError::usage(format!(
-                        "ncclSend to self sends {} bytes but the matching ncclRecv from self \
-                         expects {}: expected the same count and datatype",
-                        s.bytes, r.bytes
-                    )));
-                }
-                if s.bytes > 0 && s.buf != r.buf {
-                    // SAFETY: the caller's contract; `copy` allows overlap.
-                    unsafe {
-                        std::ptr::copy(
-                            s.buf as usize as *const u8,
-                            r.buf as usize as *mut u8,
-                            s.bytes,
-                        )
-                    };
-                }
-            }
-            (Some(_), None) | (None, Some(_)) => {
-                return Err(NcclError::usage(
-                    "a send to or receive from this rank itself has no matching receive/send in \
-                     the same group: expected ncclSend(peer=self) and ncclRecv(peer=self) \
-                     between one ncclGroupStart/ncclGroupEnd",
-                ))
-            }
         }
     }
 }
