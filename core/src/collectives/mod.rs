@@ -445,6 +445,12 @@ impl Collectives {
     /// world spanning nodes, the check that it is a multi-node algorithm.
     pub fn checked_algorithm(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
         let algo = self.select(call)?;
+        self.check_algorithm(algo, call)
+    }
+
+    /// `algo` for `call` after its own check and, in a world spanning nodes, the check that it
+    /// is a multi-node algorithm.
+    fn check_algorithm(&self, algo: Arc<dyn Algorithm>, call: &Call) -> Result<Arc<dyn Algorithm>> {
         if self.res.topo().nnodes > 1 && !algo.multi_node() {
             let multi: Vec<&str> = self
                 .algos
@@ -477,6 +483,21 @@ impl Collectives {
         }
         Ok(Choice {
             algorithm: self.checked_algorithm(call)?,
+            call: *call,
+        })
+    }
+
+    /// [`Collectives::choose`] with the algorithm named `name` (of this communicator's
+    /// collection, plans included) for this one call, whatever is forced or selected: the
+    /// same argument and algorithm checks. An unknown name is an error listing the valid ones.
+    /// Every rank must name the same algorithm.
+    pub fn choose_named(&self, call: &Call, name: &str) -> Result<Choice> {
+        let algo = self.algos.get(call.kind, name)?.clone();
+        if call.count != 0 {
+            self.check_args(call)?;
+        }
+        Ok(Choice {
+            algorithm: self.check_algorithm(algo, call)?,
             call: *call,
         })
     }
