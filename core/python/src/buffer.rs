@@ -88,6 +88,24 @@ pub fn parse_dtype(name: &str) -> PyResult<DataType> {
     name.parse::<DataType>().map_err(crate::error::from_lib)
 }
 
+/// The Python (NumPy/torch) name of a data type: `float32`, `float16`, `bfloat16`, ...
+pub fn dtype_name(t: DataType) -> &'static str {
+    match t {
+        DataType::I8 => "int8",
+        DataType::U8 => "uint8",
+        DataType::I32 => "int32",
+        DataType::U32 => "uint32",
+        DataType::I64 => "int64",
+        DataType::U64 => "uint64",
+        DataType::F16 => "float16",
+        DataType::F32 => "float32",
+        DataType::F64 => "float64",
+        DataType::Bf16 => "bfloat16",
+        DataType::Fp8E4M3 => "float8_e4m3",
+        DataType::Fp8E5M2 => "float8_e5m2",
+    }
+}
+
 /// One buffer of a call, checked for what the call needs of it.
 pub struct Buf {
     /// Its address.
@@ -112,8 +130,10 @@ impl Buf {
         let sz = dtype.size_in_bytes();
         if !self.nbytes.is_multiple_of(sz) {
             return Err(invalid(format!(
-                "{role} ({}): {} bytes is not a whole number of {dtype} elements ({sz} bytes each)",
-                self.kind, self.nbytes
+                "{role} ({}): {} bytes is not a whole number of {} elements ({sz} bytes each)",
+                self.kind,
+                self.nbytes,
+                dtype_name(dtype)
             )));
         }
         Ok(self.nbytes / sz)

@@ -11,7 +11,7 @@ use mscclpp::collectives::{
 use mscclpp::{Device, DeviceType};
 use pyo3::prelude::*;
 
-use crate::buffer::{extract, parse_dtype, Buf};
+use crate::buffer::{dtype_name, extract, parse_dtype, Buf};
 use crate::comm::Communicator;
 use crate::error::{invalid, ResultExt};
 
@@ -61,7 +61,9 @@ fn call_dtype(
         match r.dtype {
             Some(t) if t != s => {
                 return Err(invalid(format!(
-                    "{what}: send is {s} but recv is {t}: expected the same element type"
+                    "{what}: send is {} but recv is {}: expected the same element type",
+                    dtype_name(s),
+                    dtype_name(t)
                 )))
             }
             _ => {}
@@ -109,11 +111,17 @@ impl Collectives {
         stream: Option<u64>,
         bufs: &[&Buf],
     ) -> PyResult<()> {
+        let what = match call.kind {
+            CollectiveKind::AllReduce => "all_reduce",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::Broadcast => "broadcast",
+        };
         let choice = match algorithm {
             Some(name) => self.inner.choose_named(&call, name),
             None => self.inner.choose(&call),
         }
-        .py()?;
+        .py_ctx(what)?;
         let stream = stream
             .or_else(|| bufs.iter().find_map(|b| b.stream))
             .unwrap_or(0);
@@ -123,7 +131,7 @@ impl Collectives {
         // call is complete when it returns, on GPUs keeping them alive until the stream ran
         // the call is the caller's contract (as with NCCL).
         py.detach(move || unsafe { coll.run_choice(&choice, stream) })
-            .py()
+            .py_ctx(what)
     }
 
     fn buffers<'py>(
@@ -267,8 +275,9 @@ impl Collectives {
         let have = out.count("recv", dt)?;
         if have < count {
             return Err(invalid(format!(
-                "{W}: recv ({}) holds {have} {dt} elements: expected at least send's {count}",
-                out.kind
+                "{W}: recv ({}) holds {have} {} elements: expected at least send's {count}",
+                out.kind,
+                dtype_name(dt)
             )));
         }
         let call = Call {
@@ -308,9 +317,10 @@ impl Collectives {
                 let have = r.count("recv", dt)?;
                 if have < count * n {
                     return Err(invalid(format!(
-                        "{W}: recv ({}) holds {have} {dt} elements: expected at least nranks ({n}) \
+                        "{W}: recv ({}) holds {have} {} elements: expected at least nranks ({n}) \
                          x send's {count} = {}",
                         r.kind,
+                        dtype_name(dt),
                         count * n
                     )));
                 }
@@ -320,9 +330,10 @@ impl Collectives {
                 let total = s.count("send", dt)?;
                 if !total.is_multiple_of(n) {
                     return Err(invalid(format!(
-                        "{W} in place: the buffer ({}) holds {total} {dt} elements: expected a \
+                        "{W} in place: the buffer ({}) holds {total} {} elements: expected a \
                          multiple of nranks ({n})",
-                        s.kind
+                        s.kind,
+                        dtype_name(dt)
                     )));
                 }
                 let count = total / n;
@@ -365,8 +376,9 @@ impl Collectives {
         let total = s.count("send", dt)?;
         if !total.is_multiple_of(n) {
             return Err(invalid(format!(
-                "{W}: send ({}) holds {total} {dt} elements: expected a multiple of nranks ({n})",
-                s.kind
+                "{W}: send ({}) holds {total} {} elements: expected a multiple of nranks ({n})",
+                s.kind,
+                dtype_name(dt)
             )));
         }
         let count = total / n;
@@ -375,9 +387,10 @@ impl Collectives {
                 let have = r.count("recv", dt)?;
                 if have < count {
                     return Err(invalid(format!(
-                        "{W}: recv ({}) holds {have} {dt} elements: expected at least send's \
+                        "{W}: recv ({}) holds {have} {} elements: expected at least send's \
                          {total} / nranks ({n}) = {count}",
-                        r.kind
+                        r.kind,
+                        dtype_name(dt)
                     )));
                 }
                 r.ptr
@@ -426,8 +439,9 @@ impl Collectives {
         let have = out.count("recv", dt)?;
         if have < count {
             return Err(invalid(format!(
-                "{W}: recv ({}) holds {have} {dt} elements: expected at least send's {count}",
-                out.kind
+                "{W}: recv ({}) holds {have} {} elements: expected at least send's {count}",
+                out.kind,
+                dtype_name(dt)
             )));
         }
         let call = Call {

@@ -20,9 +20,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(case: str, nranks: int, *args: str, timeout: float = 240.0, env: dict[str, str] | None = None) -> list[str]:
-    """Runs ``worker.py CASE RANK NRANKS ADDRESS ARGS...`` as ``nranks`` processes; fails with
-    every rank's output unless all exit 0. Returns the outputs in rank order."""
+def run_ranks(
+    case: str,
+    nranks: int,
+    *args: str,
+    timeout: float = 240.0,
+    env: dict[str, str] | None = None,
+    worker: Path = WORKER,
+) -> list[str]:
+    """Runs ``WORKER CASE RANK NRANKS ADDRESS ARGS...`` (default worker.py) as ``nranks``
+    processes; fails with every rank's output unless all exit 0. Returns the outputs in rank
+    order."""
     addr = f"127.0.0.1:{free_port()}"
     full_env = dict(os.environ)
     # Every rank of one job gets the same bootstrap job key ("ip:port" mode).
@@ -32,7 +40,7 @@ def run_ranks(case: str, nranks: int, *args: str, timeout: float = 240.0, env: d
         full_env.update(env)
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), case, str(r), str(nranks), addr, *args],
+            [sys.executable, str(worker), case, str(r), str(nranks), addr, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

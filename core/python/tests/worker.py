@@ -19,7 +19,7 @@ import mscclpp
 
 DTYPES = [np.float32, np.float16, np.int32, np.float64, np.int8, np.int64]
 OPS = ["sum", "max", "min"]
-COUNTS = [1, 37, 1024, 65543]
+COUNTS = [0, 1, 37, 1024, 65543]
 # The default scratch sizes: the default selector picks algorithms by them (a 256 KiB all-reduce
 # takes `packet`, which needs 1 MiB of LL scratch).
 SMALL: dict[str, Any] = dict(host_timeout=60.0)
@@ -216,6 +216,14 @@ def case_executor(g: mscclpp.CommGroup, plan_path: str) -> None:
             recv[:] = 0
         g.execute(plan, send_buf, recv_buf, dtype="float32")
         check(f"plan {plan.name} run {it}", recv.copy(), want)
+    # Memory the library did not allocate is refused, alike on every rank, before any traffic.
+    try:
+        g.execute(plan, np.zeros(count, np.float32), np.zeros(count, np.float32))
+    except mscclpp.MscclppError as e:
+        print("foreign memory refused:", e)
+        assert e.code == "ExecutorError", e.code
+    else:
+        raise AssertionError("the executor ran on NumPy-allocated memory")
     # NumPy views of the library's memory work as well.
     send[:] = data(r, count, np.float32)
     g.execute(plan, send, recv)
