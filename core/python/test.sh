@@ -10,7 +10,7 @@ venv=${MSCCLPP_PY_VENV:-target/pyenv}
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check maturin numpy pytest || exit 1
+"$venv/bin/pip" install -q --disable-pip-version-check maturin numpy pytest mypy || exit 1
 PATH="$PWD/$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile ${MSCCLPP_PY_PROFILE:-dev}" \
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./core/python ||
   exit 1

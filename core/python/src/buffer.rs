@@ -15,7 +15,8 @@ use crate::exec::RawGpuBuffer;
 /// A description of memory this package does not own: its address, size in bytes, element
 /// type, device and the object that owns it (kept alive as long as this description).
 /// `mscclpp._buffers.describe` makes them of torch tensors and `__cuda_array_interface__`
-/// objects; make one yourself for memory from elsewhere.
+/// objects; make one yourself for memory from elsewhere (the address and size are taken on
+/// trust: the collectives read and write that range).
 #[pyclass(module = "mscclpp._mscclpp", frozen, get_all)]
 pub struct BufferRef {
     /// The address (a device address for GPU memory).
@@ -43,6 +44,9 @@ impl BufferRef {
     /// A description of `nbytes` bytes at `ptr` (see the class doc).
     #[new]
     #[pyo3(signature = (ptr, nbytes, dtype=None, device=-1, *, readonly=false, contiguous=true, stream=None, owner=None, kind="buffer".to_string()))]
+    #[pyo3(
+        text_signature = "(ptr, nbytes, dtype=None, device=-1, *, readonly=False, contiguous=True, stream=None, owner=None, kind='buffer')"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
         ptr: u64,

@@ -315,7 +315,7 @@ impl Collectives {
             Some(r) => {
                 let count = s.count("send", dt)?;
                 let have = r.count("recv", dt)?;
-                if have < count * n {
+                if have < count.saturating_mul(n) {
                     return Err(invalid(format!(
                         "{W}: recv ({}) holds {have} {} elements: expected at least nranks ({n}) \
                          x send's {count} = {}",

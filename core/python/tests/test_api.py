@@ -159,3 +159,13 @@ def test_plan_file_errors() -> None:
     p = plan1()
     assert (p.world_size, p.rank, p.collective) == (2, 0, "allreduce")
     assert p.protocol in ("LL", "Simple") and p.max_message_size >= p.min_message_size
+
+
+def test_stub_matches_the_module() -> None:
+    """mypy's stubtest: _mscclpp.pyi names every class, function and argument as built."""
+    pytest.importorskip("mypy", reason="mypy is not installed")
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "mypy.stubtest", "mscclpp._mscclpp"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import builtins
 import os
-from typing import Any, final
+from typing import Any, Self, final
 
 __version__: str
+__all__ = [
+    "BufferRef",
+    "Collectives",
+    "Communicator",
+    "ExecutionPlan",
+    "Executor",
+    "MscclppError",
+    "RawGpuBuffer",
+    "TcpBootstrap",
+    "UniqueId",
+    "__version__",
+    "backend",
+    "device_count",
+]
 
-Buffer = Any
-"""What a collective takes as a buffer: a NumPy array (or any object with the buffer
-protocol: host memory), a torch tensor, an object with ``__cuda_array_interface__`` (CuPy),
-a :class:`RawGpuBuffer` or a :class:`BufferRef`."""
+# A buffer (typed Any): a NumPy array (or any object with the buffer protocol: host memory), a
+# torch tensor, an object with ``__cuda_array_interface__`` (CuPy), a RawGpuBuffer or a
+# BufferRef.
 
 class MscclppError(RuntimeError):
     """An error of the mscclpp library: the message says what came and what was expected."""
@@ -41,14 +55,14 @@ class UniqueId:
     @property
     def root_address(self) -> str:
         """The root's ``"ip:port"``."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
 @final
 class TcpBootstrap:
     """The TCP bootstrap of one rank: construct, then ``initialize`` on every rank."""
 
-    def __init__(self, rank: int, nranks: int) -> None: ...
+    def __new__(cls, rank: int, nranks: int) -> Self: ...
     @classmethod
     def create(cls, rank: int, nranks: int) -> TcpBootstrap:
         """``TcpBootstrap(rank, nranks)`` (upstream's spelling)."""
@@ -78,7 +92,7 @@ class TcpBootstrap:
 class Communicator:
     """A communicator over an initialized :class:`TcpBootstrap`."""
 
-    def __init__(self, bootstrap: TcpBootstrap) -> None: ...
+    def __new__(cls, bootstrap: TcpBootstrap) -> Self: ...
     @property
     def bootstrap(self) -> TcpBootstrap: ...
     @property
@@ -99,8 +113,8 @@ class BufferRef:
     stream: int | None
     owner: Any
     kind: str
-    def __init__(
-        self,
+    def __new__(
+        cls,
         ptr: int,
         nbytes: int,
         dtype: str | None = None,
@@ -111,14 +125,14 @@ class BufferRef:
         stream: int | None = None,
         owner: Any = None,
         kind: str = "buffer",
-    ) -> None: ...
+    ) -> Self: ...
 
 @final
 class Collectives:
     """The collectives of one communicator; every rank makes the same calls in order."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         comm: Communicator,
         *,
         device: int | None = None,
@@ -128,7 +142,7 @@ class Collectives:
         host_blocks: int | None = None,
         plan_dir: str | os.PathLike[str] | None = None,
         plans: bool = True,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def rank(self) -> int: ...
     @property
@@ -144,8 +158,8 @@ class Collectives:
         """Forces ``name`` for later calls (None un-forces)."""
     def all_reduce(
         self,
-        send: Buffer,
-        recv: Buffer | None = None,
+        send: Any,
+        recv: Any = None,
         *,
         op: str = "sum",
         dtype: str | None = None,
@@ -155,8 +169,8 @@ class Collectives:
         """All-reduce (in place when ``recv`` is None); op: sum, prod, min, max, avg."""
     def all_gather(
         self,
-        send: Buffer,
-        recv: Buffer | None = None,
+        send: Any,
+        recv: Any = None,
         *,
         dtype: str | None = None,
         algorithm: str | None = None,
@@ -165,8 +179,8 @@ class Collectives:
         """All-gather into ``recv`` (nranks x send); in place: ``send`` is the whole buffer."""
     def reduce_scatter(
         self,
-        send: Buffer,
-        recv: Buffer | None = None,
+        send: Any,
+        recv: Any = None,
         *,
         op: str = "sum",
         dtype: str | None = None,
@@ -176,8 +190,8 @@ class Collectives:
         """Reduce-scatter of ``send`` (nranks x n) into ``recv`` (n); in place: into this rank's block."""
     def broadcast(
         self,
-        send: Buffer,
-        recv: Buffer | None = None,
+        send: Any,
+        recv: Any = None,
         *,
         root: int = 0,
         dtype: str | None = None,
@@ -190,7 +204,7 @@ class Collectives:
 class RawGpuBuffer:
     """Communication memory allocated by this library (zeroed)."""
 
-    def __init__(self, nbytes: int, device: int | None = None) -> None: ...
+    def __new__(cls, nbytes: int, device: int | None = None) -> Self: ...
     @property
     def ptr(self) -> int: ...
     @property
@@ -201,12 +215,11 @@ class RawGpuBuffer:
         """Its address."""
     def bytes(self) -> int:
         """Its size in bytes."""
-    def write(self, data: bytes, offset: int = 0) -> None:
+    def write(self, data: builtins.bytes, offset: int = 0) -> None:
         """Copies ``data`` in at byte ``offset``."""
-    def read(self, offset: int = 0, nbytes: int | None = None) -> bytes:
+    def read(self, offset: int = 0, nbytes: int | None = None) -> builtins.bytes:
         """Copies bytes out."""
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int) -> memoryview: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
 
@@ -214,7 +227,7 @@ class RawGpuBuffer:
 class ExecutionPlan:
     """A JSON execution plan loaded for one rank."""
 
-    def __init__(self, path: str | os.PathLike[str], rank: int) -> None: ...
+    def __new__(cls, path: str | os.PathLike[str], rank: int) -> Self: ...
     @property
     def name(self) -> str: ...
     @property
@@ -236,18 +249,18 @@ class ExecutionPlan:
 class Executor:
     """Runs execution plans on a communicator."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         comm: Communicator,
         *,
         timeout: float | None = None,
         host_threads_per_block: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     def execute(
         self,
         plan: ExecutionPlan,
-        send: Buffer,
-        recv: Buffer,
+        send: Any,
+        recv: Any,
         *,
         dtype: str | None = None,
         stream: int | None = None,
