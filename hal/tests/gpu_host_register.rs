@@ -5,20 +5,13 @@
 #[path = "common/gpu_ipc.rs"]
 mod common;
 
+use common::FillArgs;
 use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 use std::time::Duration;
 
 /// Not a multiple of the page size or of the launch width, on purpose.
 const WORDS: usize = (16 << 20) / 4 + 123;
 const POISON: u32 = 0xabab_abab;
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct FillArgs {
-    dst: u64,
-    n: u64,
-    seed: u32,
-}
 
 /// Registers `words`, has `hal_fill_u32` write them through the registration's device pointer,
 /// waits for the kernel, and unregisters (the registration is dropped on return).

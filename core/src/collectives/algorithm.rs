@@ -81,6 +81,78 @@ pub trait Algorithm: Send + Sync + 'static {
     }
 }
 
+/// Implements [`Algorithm`] for a native algorithm: the trait's signatures stand here once,
+/// each algorithm file gives its name, kind (and `multi_node` for the hierarchical ones) and
+/// the bodies, naming the receiver and parameters:
+///
+/// ```ignore
+/// native_algorithm! {
+///     Fullmesh: "fullmesh", AllGather;
+///     check(self, res, call) { ... }
+///     launch_gpu(self, res, gpu, call, stream) { ... }
+///     run_host(self, res, call) { ... }
+/// }
+/// ```
+macro_rules! native_algorithm {
+    // One kind for every call (`CollectiveKind::$kind`).
+    (
+        $ty:ty: $name:literal, $kind:ident $(, multi_node = $multi:literal)?;
+        $($rest:tt)*
+    ) => {
+        $crate::collectives::algorithm::native_algorithm! {
+            @impl $ty: $name, [(&self) { $crate::collectives::types::CollectiveKind::$kind }]
+            [$($multi)?];
+            $($rest)*
+        }
+    };
+    // The kind a field holds (`kind = self.<field>`).
+    (
+        $ty:ty: $name:literal, kind = $ks:ident.$field:tt $(, multi_node = $multi:literal)?;
+        $($rest:tt)*
+    ) => {
+        $crate::collectives::algorithm::native_algorithm! {
+            @impl $ty: $name, [(&$ks) { $ks.$field }] [$($multi)?];
+            $($rest)*
+        }
+    };
+    (
+        @impl $ty:ty: $name:literal, [$kargs:tt $kind:block] [$($multi:literal)?];
+        check($cs:ident, $cres:ident, $ccall:ident) $check:block
+        launch_gpu($ls:ident, $lres:ident, $lgpu:ident, $lcall:ident, $lstream:ident) $launch:block
+        run_host($hs:ident, $hres:ident, $hcall:ident) $host:block
+    ) => {
+        impl $crate::collectives::algorithm::Algorithm for $ty {
+            fn name(&self) -> &'static str {
+                $name
+            }
+            fn kind $kargs -> $crate::collectives::types::CollectiveKind $kind
+            $(
+                fn multi_node(&self) -> bool {
+                    $multi
+                }
+            )?
+            fn check(
+                &$cs,
+                $cres: &$crate::collectives::setup::Resources,
+                $ccall: &$crate::collectives::algorithm::Call,
+            ) -> $crate::error::Result<()> $check
+            fn launch_gpu(
+                &$ls,
+                $lres: &$crate::collectives::setup::Resources,
+                $lgpu: &$crate::collectives::gpu::GpuCtx,
+                $lcall: &$crate::collectives::algorithm::Call,
+                $lstream: $crate::collectives::types::RawStream,
+            ) -> $crate::error::Result<()> $launch
+            fn run_host(
+                &$hs,
+                $hres: &$crate::collectives::setup::Resources,
+                $hcall: &$crate::collectives::algorithm::Call,
+            ) -> $crate::error::Result<()> $host
+        }
+    };
+}
+pub(crate) use native_algorithm;
+
 /// The kernel argument block (`struct CollArgs` of kernels/cuda/src/collectives/common.hpp).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

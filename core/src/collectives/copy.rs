@@ -6,9 +6,8 @@
 //! at 1 KiB / 16 KiB / 1 MiB / 256 MiB where the kernel took 1.13 / 1.66 / 2.63 / 139.52, but
 //! 790 us at 1 GiB where the kernel took 544.
 
-use super::algorithm::{Algorithm, Call};
+use super::algorithm::native_algorithm;
 use super::gpu::GpuCtx;
-use super::setup::Resources;
 use super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -27,13 +26,16 @@ pub(crate) fn driver_copy_max() -> Result<usize> {
 /// The copy "algorithm" of one collective at world size 1.
 pub struct Copy(pub CollectiveKind);
 
-/// Arguments of `coll_copy`.
+/// Arguments of `coll_copy` (kernels/cuda/src/collectives/copy.cu).
 #[repr(C)]
-#[derive(Clone, Copy)]
-struct CopyArgs {
-    dst: u64,
-    src: u64,
-    bytes: u64,
+#[derive(Clone, Copy, Debug)]
+pub struct CopyArgs {
+    /// Destination device address.
+    pub dst: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Bytes to copy.
+    pub bytes: u64,
 }
 
 /// Blocks and threads of a copy of `bytes` on a GPU with `sms` multiprocessors.
@@ -74,14 +76,9 @@ pub(crate) unsafe fn gpu_copy(
     }
 }
 
-impl Algorithm for Copy {
-    fn name(&self) -> &'static str {
-        "copy"
-    }
-    fn kind(&self) -> CollectiveKind {
-        self.0
-    }
-    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+native_algorithm! {
+    Copy: "copy", kind = self.0;
+    check(self, res, _call) {
         if res.nranks() != 1 {
             return Err(Error::invalid(format!(
                 "{} copy: expected a world of 1 rank, got {}",
@@ -93,13 +90,7 @@ impl Algorithm for Copy {
         // (and `launch_gpu` reports it should it ever be read without).
         Ok(())
     }
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         if call.send == call.recv {
             return Ok(());
         }
@@ -124,7 +115,7 @@ impl Algorithm for Copy {
             )
         }
     }
-    fn run_host(&self, _res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, _res, call) {
         if call.send != call.recv {
             // SAFETY: the caller passes live host buffers of `bytes` bytes (memmove semantics).
             unsafe {

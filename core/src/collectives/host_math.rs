@@ -94,59 +94,30 @@ float_elem!(
     float8::F8E5M2::from_f32
 );
 
+/// `match $dtype` with one arm per listed data type, which runs `$body` with `$T` bound to the
+/// type listed with it, then the `$rest` arms (where the list is not every type).
+macro_rules! bind_dtype {
+    ($dtype:expr, $T:ident => $body:expr; $($v:ident: $ty:ty),+ $(; $($rest:tt)+)?) => {
+        match $dtype {
+            $(
+                $crate::collectives::DataType::$v => {
+                    type $T = $ty;
+                    $body
+                }
+            )+
+            $($($rest)+)?
+        }
+    };
+}
+pub(crate) use bind_dtype;
+
 /// Runs `$body` with `$T` bound to the Rust type of `$dtype`.
 macro_rules! with_elem {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            $crate::collectives::DataType::I8 => {
-                type $T = i8;
-                $body
-            }
-            $crate::collectives::DataType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::collectives::DataType::I32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::collectives::DataType::U32 => {
-                type $T = u32;
-                $body
-            }
-            $crate::collectives::DataType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::collectives::DataType::U64 => {
-                type $T = u64;
-                $body
-            }
-            $crate::collectives::DataType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::collectives::DataType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::collectives::DataType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::collectives::DataType::Bf16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::collectives::DataType::Fp8E4M3 => {
-                type $T = float8::F8E4M3;
-                $body
-            }
-            $crate::collectives::DataType::Fp8E5M2 => {
-                type $T = float8::F8E5M2;
-                $body
-            }
-        }
+        $crate::collectives::host_math::bind_dtype!($dtype, $T => $body;
+            I8: i8, U8: u8, I32: i32, U32: u32, I64: i64, U64: u64,
+            F16: half::f16, F32: f32, F64: f64, Bf16: half::bf16,
+            Fp8E4M3: float8::F8E4M3, Fp8E5M2: float8::F8E5M2)
     };
 }
 pub(crate) use with_elem;

@@ -136,8 +136,33 @@ pub(crate) fn small_scratch(res: &Resources, what: &str, need: usize) -> Error {
 /// The check of an algorithm that cuts the plain scratch into `nslots` slots: each slot holds
 /// at least one vector; the error names `what` (e.g. "allgather fullmesh").
 pub(crate) fn check_slots(res: &Resources, nslots: usize, what: &str) -> Result<()> {
-    if slot_bytes(res, nslots) < VEC {
-        return Err(small_scratch(res, what, nslots * VEC));
+    check_piece(res, slot_bytes(res, nslots), what, nslots * VEC)
+}
+
+/// The check of an algorithm that moves pieces of `piece` bytes cut from the plain scratch:
+/// a piece holds at least one vector, else the error [`small_scratch`] with `need` bytes.
+pub(crate) fn check_piece(res: &Resources, piece: usize, what: &str, need: usize) -> Result<()> {
+    if piece < VEC {
+        return Err(small_scratch(res, what, need));
+    }
+    Ok(())
+}
+
+/// The check of a packet (LL) algorithm whose call needs `need` bytes of each LL scratch
+/// half; `hint` is what to do instead.
+pub(crate) fn check_ll_half(
+    res: &Resources,
+    call: &Call,
+    what: &str,
+    need: usize,
+    hint: &str,
+) -> Result<()> {
+    let have = res.layout().ll_half_bytes;
+    if need > have {
+        return Err(Error::invalid(format!(
+            "{what}: {} bytes need {need} bytes of LL scratch per half, expected at most {have} (ll_half_bytes); {hint}",
+            call.bytes()
+        )));
     }
     Ok(())
 }

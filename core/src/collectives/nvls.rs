@@ -129,6 +129,13 @@ pub(crate) fn check_usable(name: &str, res: &Resources) -> Result<()> {
     nvls_usable(res.device()).map_err(|e| Error::invalid(format!("allreduce {name}: {e}")))
 }
 
+/// The check of the NVLS all-reduces that fall back to [`fallback`] where they cannot run the
+/// call: NVLS usable ([`check_usable`]) and the call fits the fallback.
+pub(crate) fn check_with_fallback(name: &str, res: &Resources, call: &Call) -> Result<()> {
+    check_usable(name, res)?;
+    fallback()?.check(res, call)
+}
+
 fn handle_table(res: &Resources, h: SwitchChannelDeviceHandle) -> Result<LocalMemory> {
     let t = LocalMemory::alloc(
         res.device(),
@@ -273,23 +280,14 @@ pub(crate) fn block_vectors(nv: u64, n: usize, r: usize, blocks: usize, b: usize
 /// Runs `$body` with `$V` the 16-byte multimem vector of `$dtype` (f32, f16, bf16 only).
 macro_rules! with_vec16 {
     ($dtype:expr, $V:ident => $body:expr) => {
-        match $dtype {
-            $crate::collectives::DataType::F32 => {
-                type $V = $crate::device_emu::switch_channel::F32x4;
-                $body
-            }
-            $crate::collectives::DataType::F16 => {
-                type $V = $crate::device_emu::switch_channel::F16x8;
-                $body
-            }
-            $crate::collectives::DataType::Bf16 => {
-                type $V = $crate::device_emu::switch_channel::Bf16x8;
-                $body
-            }
+        $crate::collectives::host_math::bind_dtype!($dtype, $V => $body;
+            F32: $crate::device_emu::switch_channel::F32x4,
+            F16: $crate::device_emu::switch_channel::F16x8,
+            Bf16: $crate::device_emu::switch_channel::Bf16x8;
             other => Err($crate::error::Error::Internal(format!(
                 "NVLS vector of {other}: only f32, f16 and bf16 reach here"
             ))),
-        }
+        )
     };
 }
 pub(crate) use with_vec16;

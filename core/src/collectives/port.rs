@@ -64,6 +64,16 @@ impl PortChannels {
     ) -> Result<Option<Arc<PortState>>> {
         self.state.get_or_build(gpu, || build(res))
     }
+
+    /// [`PortChannels::state`], an error naming `what` ([`not_built`]) when it is not built.
+    pub(crate) fn built(
+        &self,
+        res: &Resources,
+        gpu: Option<(&GpuCtx, RawStream)>,
+        what: &str,
+    ) -> Result<Arc<PortState>> {
+        self.state(res, gpu)?.ok_or_else(|| not_built(what))
+    }
 }
 
 /// The error of a port-channel call captured before the channels exist.

@@ -2,12 +2,14 @@
 //! (`os`, through rustix), fd passing between processes ([`fdpass`]), NUMA placement
 //! ([`numa`]), drop-time failures surfaced later (`deferred`), the polling back-off
 //! ([`Backoff`], [`poll_until`]), the driver-call count ([`driver_calls_on_this_thread`]) and
-//! argument range checks.
+//! argument range checks and the host-memory
+//! registration of every backend ([`registration`]).
 
 pub(crate) mod deferred;
 pub mod fdpass;
 pub mod numa;
 pub(crate) mod os;
+pub mod registration;
 
 mod backoff;
 mod calls;

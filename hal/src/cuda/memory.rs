@@ -12,6 +12,7 @@ use super::device::CudaDevice;
 use super::result::{device, mem, peer, stream, vmm};
 use super::Cuda;
 use crate::auxil::fdpass::FdRegistration;
+use crate::auxil::registration::{HostRegistration, Unregister};
 use crate::auxil::{check_host_range, check_range, deferred, register_then_map};
 use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use cudarc::driver::sys;
@@ -367,45 +368,12 @@ impl MemoryApi for Cuda {
 
 /// Caller-owned host memory pinned with `cuMemHostRegister(PORTABLE | DEVICEMAP)`; dropping it
 /// calls `cuMemHostUnregister` (the memory itself stays the caller's).
-#[derive(Debug)]
-pub struct CudaHostRegistration {
-    dev: CudaDevice,
-    host: *mut u8,
-    device_ptr: u64,
-    len: usize,
-}
+pub type CudaHostRegistration = HostRegistration<CudaDevice>;
 
-// SAFETY: the host pointer is only handed to the driver (thread-safe) and back to the caller;
-// the memory is owned and synchronised by the caller per the `register_host` contract.
-unsafe impl Send for CudaHostRegistration {}
-// SAFETY: as above; the struct is immutable after creation.
-unsafe impl Sync for CudaHostRegistration {}
-
-impl CudaHostRegistration {
-    /// The registered host address.
-    pub fn host_ptr(&self) -> *mut u8 {
-        self.host
-    }
-    /// Registered bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Always false: registrations are never empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The address kernels use (`cuMemHostGetDevicePointer`).
-    pub fn device_ptr(&self) -> u64 {
-        self.device_ptr
-    }
-}
-
-impl Drop for CudaHostRegistration {
-    fn drop(&mut self) {
+impl Unregister for CudaDevice {
+    unsafe fn unregister(&self, host: *mut u8) {
         // SAFETY: `host` was registered by `register_host` and is unregistered once.
-        deferred::release(self.dev.bind(), || unsafe {
-            mem::host_unregister(self.host.cast())
-        });
+        deferred::release(self.bind(), || unsafe { mem::host_unregister(host.cast()) });
     }
 }
 
@@ -429,12 +397,7 @@ impl HostRegisterApi for Cuda {
             // SAFETY: undoes the registration made by the first step, once.
             || unsafe { mem::host_unregister(host) },
         )?;
-        Ok(CudaHostRegistration {
-            dev: dev.clone(),
-            host: ptr,
-            device_ptr,
-            len,
-        })
+        Ok(HostRegistration::new(dev.clone(), ptr, device_ptr, len))
     }
 
     fn host_registration_device_ptr(r: &CudaHostRegistration) -> u64 {

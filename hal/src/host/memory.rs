@@ -66,36 +66,7 @@ fn host_addr(op: &'static str, buf: &impl Buffer) -> Result<*mut u8> {
 
 /// Caller-owned host memory "registered" with the host backend: the device pointer is the
 /// host address and there is nothing to pin or undo, so dropping it does nothing.
-#[derive(Debug)]
-pub struct HostRegistration {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: only the address is kept; the memory is owned (and its accesses synchronised) by the
-// caller, as the `register_host` safety contract says.
-unsafe impl Send for HostRegistration {}
-// SAFETY: as above; the struct itself is immutable.
-unsafe impl Sync for HostRegistration {}
-
-impl HostRegistration {
-    /// The registered host address.
-    pub fn host_ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-    /// Registered bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Always false: registrations are never empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The address kernels use: the host address itself.
-    pub fn device_ptr(&self) -> u64 {
-        self.ptr as usize as u64
-    }
-}
+pub type HostRegistration = crate::auxil::registration::HostRegistration<()>;
 
 impl MemoryApi for Host {
     fn alloc(_dev: &HostDevice, size: usize, kind: MemoryKind) -> Result<HostMemory> {
@@ -187,7 +158,7 @@ impl HostRegisterApi for Host {
     ) -> Result<HostRegistration> {
         HostDevice::enter()?;
         check_host_range("register_host(host)", ptr, len)?;
-        Ok(HostRegistration { ptr, len })
+        Ok(HostRegistration::new((), ptr, ptr as usize as u64, len))
     }
     fn host_registration_device_ptr(r: &HostRegistration) -> u64 {
         r.device_ptr()

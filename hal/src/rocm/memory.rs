@@ -12,6 +12,7 @@ use super::device::RocmDevice;
 use super::result::{mem, stream};
 use super::sys::HipStream;
 use super::Rocm;
+use crate::auxil::registration::{HostRegistration, Unregister};
 use crate::auxil::{check_host_range, check_range, deferred, register_then_map};
 use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use std::ffi::c_void;
@@ -212,45 +213,12 @@ fn on_sync_stream(
 
 /// Caller-owned host memory pinned with `hipHostRegister(Mapped | Portable)`; dropping it calls
 /// `hipHostUnregister` (the memory itself stays the caller's).
-#[derive(Debug)]
-pub struct RocmHostRegistration {
-    dev: RocmDevice,
-    host: *mut u8,
-    device_ptr: u64,
-    len: usize,
-}
+pub type RocmHostRegistration = HostRegistration<RocmDevice>;
 
-// SAFETY: the host pointer is only handed to the runtime (thread-safe) and back to the caller;
-// the memory is owned and synchronised by the caller per the `register_host` contract.
-unsafe impl Send for RocmHostRegistration {}
-// SAFETY: as above; the struct is immutable after creation.
-unsafe impl Sync for RocmHostRegistration {}
-
-impl RocmHostRegistration {
-    /// The registered host address.
-    pub fn host_ptr(&self) -> *mut u8 {
-        self.host
-    }
-    /// Registered bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Always false: registrations are never empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The address kernels use (`hipHostGetDevicePointer`).
-    pub fn device_ptr(&self) -> u64 {
-        self.device_ptr
-    }
-}
-
-impl Drop for RocmHostRegistration {
-    fn drop(&mut self) {
+impl Unregister for RocmDevice {
+    unsafe fn unregister(&self, host: *mut u8) {
         // SAFETY: `host` was registered by `register_host` and is unregistered once.
-        deferred::release(self.dev.bind(), || unsafe {
-            mem::host_unregister(self.host.cast())
-        });
+        deferred::release(self.bind(), || unsafe { mem::host_unregister(host.cast()) });
     }
 }
 
@@ -273,12 +241,7 @@ impl HostRegisterApi for Rocm {
             // SAFETY: undoes the registration made by the first step, once.
             || unsafe { mem::host_unregister(host) },
         )?;
-        Ok(RocmHostRegistration {
-            dev: *dev,
-            host: ptr,
-            device_ptr,
-            len,
-        })
+        Ok(HostRegistration::new(*dev, ptr, device_ptr, len))
     }
 
     fn host_registration_device_ptr(r: &RocmHostRegistration) -> u64 {

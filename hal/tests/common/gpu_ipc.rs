@@ -19,12 +19,13 @@ const DEV: &str = "MSCCLPP_HAL_IPC_DEV";
 const WORDS: usize = (64 << 20) / 4 + 123;
 const POISON: u8 = 0xab;
 
+/// The argument block of the embedded `hal_fill_u32` kernel.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct FillArgs {
-    dst: u64,
-    n: u64,
-    seed: u32,
+pub struct FillArgs {
+    pub dst: u64,
+    pub n: u64,
+    pub seed: u32,
 }
 
 pub struct Row {

@@ -52,46 +52,45 @@ using mscclpp::MemoryChannelDeviceHandle;
 
 __device__ __forceinline__ bool isSender(int round, int initiator) { return ((round & 1) == 0) == (initiator != 0); }
 
-extern "C" __global__ void __launch_bounds__(1024) memory_channel_put_ping_pong(MemoryChannelDeviceHandle ch, uint64_t offset, uint64_t nElem,
-                                                        int iters, int initiator, uint64_t seed, int check,
-                                                        int* errorCount) {
+/// The put / get ping-pong: the sender fills its buffer and signals, after putting it into the
+/// receiver's (`Get` false); or the receiver gets the sender's buffer after the signal (`Get`).
+template <bool Get>
+__device__ __forceinline__ void copyPingPong(MemoryChannelDeviceHandle& ch, uint64_t offset, uint64_t nElem,
+                                             int iters, int initiator, uint64_t seed, int check, int* errorCount) {
   uint32_t* buff = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(ch.src) + offset);
   const uint64_t bytes = nElem * sizeof(uint32_t);
   for (int r = 0; r < iters; ++r) {
     if (isSender(r, initiator)) {
       if (check) fillPattern(buff, nElem, seed, (uint32_t)r);
       __syncthreads();
-      ch.put(offset, offset, bytes, threadIdx.x, blockDim.x);
-      __syncthreads();
+      if (!Get) {
+        ch.put(offset, offset, bytes, threadIdx.x, blockDim.x);
+        __syncthreads();
+      }
       if (threadIdx.x == 0) ch.signal();
     } else {
       if (threadIdx.x == 0) ch.wait();
       __syncthreads();
+      if (Get) {
+        ch.get(offset, offset, bytes, threadIdx.x, blockDim.x);
+        __syncthreads();
+      }
       if (check) checkPattern(buff, nElem, seed, (uint32_t)r, errorCount);
       __syncthreads();
     }
   }
 }
 
+extern "C" __global__ void __launch_bounds__(1024) memory_channel_put_ping_pong(MemoryChannelDeviceHandle ch, uint64_t offset, uint64_t nElem,
+                                                        int iters, int initiator, uint64_t seed, int check,
+                                                        int* errorCount) {
+  copyPingPong<false>(ch, offset, nElem, iters, initiator, seed, check, errorCount);
+}
+
 extern "C" __global__ void __launch_bounds__(1024) memory_channel_get_ping_pong(MemoryChannelDeviceHandle ch, uint64_t offset, uint64_t nElem,
                                                         int iters, int initiator, uint64_t seed, int check,
                                                         int* errorCount) {
-  uint32_t* buff = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(ch.src) + offset);
-  const uint64_t bytes = nElem * sizeof(uint32_t);
-  for (int r = 0; r < iters; ++r) {
-    if (isSender(r, initiator)) {
-      if (check) fillPattern(buff, nElem, seed, (uint32_t)r);
-      __syncthreads();
-      if (threadIdx.x == 0) ch.signal();
-    } else {
-      if (threadIdx.x == 0) ch.wait();
-      __syncthreads();
-      ch.get(offset, offset, bytes, threadIdx.x, blockDim.x);
-      __syncthreads();
-      if (check) checkPattern(buff, nElem, seed, (uint32_t)r, errorCount);
-      __syncthreads();
-    }
-  }
+  copyPingPong<true>(ch, offset, nElem, iters, initiator, seed, check, errorCount);
 }
 
 template <typename PacketType>

@@ -20,20 +20,7 @@
 #include <mscclpp/atomic_device.hpp>
 #include <mscclpp/semaphore_device.hpp>
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-__device__ __forceinline__ uint64_t globalTimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+#include "breakdown_util.hpp"
 
 __device__ __forceinline__ void waitVariant(mscclpp::MemoryDevice2DeviceSemaphoreDeviceHandle& h, int mode,
                                             uint64_t& reg) {

@@ -7,15 +7,6 @@
 use mscclpp::collectives::CollectiveKind;
 use mscclpp_framework::*;
 
-use super::coll_matrix::{every_registered, matrix, repeated_calls_test};
+use super::coll_matrix::kind_suite;
 
-const KIND: CollectiveKind = CollectiveKind::AllGather;
-
-TEST!(AllGatherTest, Copy, |_ctx| matrix(KIND, "copy"));
-TEST!(AllGatherTest, EveryRegisteredAlgorithm, |_ctx| {
-    every_registered(KIND)
-});
-
-TEST!(AllGatherTest, RepeatedCalls, |_ctx| repeated_calls_test(
-    KIND
-));
+kind_suite!(AllGatherTest, CollectiveKind::AllGather);

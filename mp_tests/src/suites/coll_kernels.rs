@@ -3,6 +3,7 @@
 //! same run (the vectorised `coll_copy` kernel and cuMemcpy), as bytes read + written per
 //! second. Target: the reduction reaches >= 95 % of the copy. Rank 0 measures; the others wait.
 
+use mscclpp::collectives::copy::CopyArgs;
 use mscclpp::collectives::{DataType, ReduceOp};
 use mscclpp::kernels::collectives::copy as copy_kernels;
 use mscclpp::{Device, GpuBuffer};
@@ -19,14 +20,6 @@ struct Reduce2Args {
     a: u64,
     b: u64,
     n: u64,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CopyArgs {
-    dst: u64,
-    src: u64,
-    bytes: u64,
 }
 
 PERF_TEST!(CollectivesKernelPerfTest, LocalReduceBandwidth, |ctx| {

@@ -171,6 +171,21 @@ pub(crate) fn one_call_on(
     bad
 }
 
+/// The suite of a collective kind without its own tests (all-gather, reduce-scatter,
+/// broadcast): the world-size-1 copy ([`matrix`]), [`every_registered`] algorithm and
+/// [`repeated_calls_test`].
+macro_rules! kind_suite {
+    ($suite:ident, $kind:expr) => {
+        use super::coll_matrix::{every_registered, matrix, repeated_calls_test};
+        TEST!($suite, Copy, |_ctx| matrix($kind, "copy"));
+        TEST!($suite, EveryRegisteredAlgorithm, |_ctx| every_registered(
+            $kind
+        ));
+        TEST!($suite, RepeatedCalls, |_ctx| repeated_calls_test($kind));
+    };
+}
+pub(crate) use kind_suite;
+
 /// Every data type x op (reductions only) x in/out of place x size of `algo` for `kind`;
 /// sizes beyond the algorithm's scratch (its `check` refuses them) are left out, and the
 /// 1 MiB + 3 size runs for f32 and i32 sum only unless `MSCCLPP_COLL_TEST_EXHAUSTIVE=1`.

@@ -7,17 +7,6 @@
 use mscclpp::collectives::CollectiveKind;
 use mscclpp_framework::*;
 
-use super::coll_matrix::{every_registered, matrix, repeated_calls_test};
+use super::coll_matrix::kind_suite;
 
-const KIND: CollectiveKind = CollectiveKind::ReduceScatter;
-
-TEST!(ReduceScatterTest, Copy, |_ctx| matrix(KIND, "copy"));
-TEST!(ReduceScatterTest, EveryRegisteredAlgorithm, |_ctx| {
-    every_registered(KIND)
-});
-
-TEST!(
-    ReduceScatterTest,
-    RepeatedCalls,
-    |_ctx| repeated_calls_test(KIND)
-);
+kind_suite!(ReduceScatterTest, CollectiveKind::ReduceScatter);

@@ -10,42 +10,27 @@
 //! slot into the output. In place: `send == recv + me * bytes`, step 2 skips the own slot.
 //! Kernel: kernels/cuda/src/collectives/allgather/fullmesh.cu (one kernel for every type).
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm};
 use super::super::mesh::{self, host_copy, peers, scratch_at};
-use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
-use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct Fullmesh;
 
-impl Algorithm for Fullmesh {
-    fn name(&self) -> &'static str {
-        "fullmesh"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllGather
-    }
-    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+native_algorithm! {
+    Fullmesh: "fullmesh", AllGather;
+    check(self, res, _call) {
         mesh::check_slots(res, res.nranks(), "allgather fullmesh")
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let k = kernels::collectives::allgather::FULLMESH;
         // SAFETY: the kernel takes one CollArgs with [slot bytes, call bytes] first in its
         // extra words; the caller keeps the buffers alive.
         unsafe { mesh::launch_slotted(res, gpu, call, stream, k, res.nranks()) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
         let (c_max, total) = (mesh::slot_bytes(res, n), call.bytes());
         let own = call.recv + (me * total) as u64;

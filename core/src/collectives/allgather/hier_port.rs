@@ -22,13 +22,11 @@
 //! net.rs): the own chunk is written to both buffers and the received slots are copied into
 //! the shared buffer before the local barrier that lets the local peers read them.
 
-use super::super::algorithm::{host_local_barrier, Algorithm, Call};
+use super::super::algorithm::{host_local_barrier, native_algorithm, Call};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
-use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, Kernel, DEPTH};
 use super::super::mesh::{self, host_copy, VEC};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::Result;
 use crate::kernels;
 
@@ -43,33 +41,12 @@ fn chunk_bytes(res: &Resources, call: &Call) -> usize {
     call.bytes().next_multiple_of(VEC).min(cap).min(MAX_CHUNK)
 }
 
-impl Algorithm for HierPort {
-    fn name(&self) -> &'static str {
-        "hier_port"
+native_algorithm! {
+    HierPort: "hier_port", AllGather, multi_node = true;
+    check(self, res, call) {
+        mesh::check_piece(res, chunk_bytes(res, call), "allgather hier_port", DEPTH * res.topo().nnodes * VEC)
     }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllGather
-    }
-    fn multi_node(&self) -> bool {
-        true
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        if chunk_bytes(res, call) < VEC {
-            return Err(mesh::small_scratch(
-                res,
-                "allgather hier_port",
-                DEPTH * res.topo().nnodes * VEC,
-            ));
-        }
-        Ok(())
-    }
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         // The kernel moves bytes: its count is the bytes per rank.
         let k = Kernel {
             kernel: kernels::collectives::allgather::HIER_PORT,
@@ -78,7 +55,7 @@ impl Algorithm for HierPort {
         };
         hier::launch(res, gpu, call, stream, chunk_bytes(res, call), &k)
     }
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         let topo = &res.topo();
         let (nn, me_node) = (topo.nnodes, topo.node);
         let (c, total, t) = (

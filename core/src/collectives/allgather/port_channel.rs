@@ -18,14 +18,11 @@
 //! (`super::super::port`); a call captured before that fails with the reason.
 //! Kernel: kernels/cuda/src/collectives/allgather/port_channel.cu (one kernel for every type).
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
+use super::super::algorithm::{host_barrier, native_algorithm};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
-use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::port;
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
-use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object: the proxy and port channels it shares with `rsag_port_channel`.
@@ -45,35 +42,14 @@ fn chunk_bytes(res: &Resources) -> usize {
     (res.layout().plain_bytes / (res.nranks() + 1)) / VEC * VEC
 }
 
-impl Algorithm for PortChannel {
-    fn name(&self) -> &'static str {
-        "port_channel"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllGather
-    }
-    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
-        if chunk_bytes(res) < VEC {
-            return Err(mesh::small_scratch(
-                res,
-                "allgather port_channel",
-                (res.nranks() + 1) * VEC,
-            ));
-        }
-        Ok(())
+native_algorithm! {
+    PortChannel: "port_channel", AllGather;
+    check(self, res, _call) {
+        mesh::check_piece(res, chunk_bytes(res), "allgather port_channel", (res.nranks() + 1) * VEC)
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
-        let st = self
-            .port
-            .state(res, Some((gpu, stream)))?
-            .ok_or_else(|| port::not_built("allgather port_channel"))?;
+    launch_gpu(self, res, gpu, call, stream) {
+        let st = self.port.built(res, Some((gpu, stream)), "allgather port_channel")?;
         let c = chunk_bytes(res);
         let want = call.bytes().min(c).div_ceil(BYTES_PER_BLOCK);
         let k = kernels::collectives::allgather::PORT_CHANNEL;
@@ -87,11 +63,8 @@ impl Algorithm for PortChannel {
         unsafe { mesh::launch(res, gpu, call, stream, k, g, &extra) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let st = self
-            .port
-            .state(res, None)?
-            .ok_or_else(|| port::not_built("allgather port_channel"))?;
+    run_host(self, res, call) {
+        let st = self.port.built(res, None, "allgather port_channel")?;
         let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
         let (c_max, total, t) = (chunk_bytes(res), call.bytes(), res.config().host_timeout);
         let plain = res.layout().plain_offset;

@@ -8,15 +8,14 @@
 //! block only waits for the same block of its peers and in-place calls are safe.
 //! Kernel: kernels/cuda/src/collectives/allreduce/allpair_packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, Algorithm, Call, CollArgs};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_bump_flags, host_flag, native_algorithm, Call, CollArgs};
 use super::super::host_ll::{
     get_packet, load_unit, packet_bytes, put_packet, reduce_units, store_unit, Unit,
 };
 use super::super::host_math::with_elem;
+use super::super::mesh;
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
@@ -37,32 +36,14 @@ fn units(call: &Call) -> usize {
     call.bytes().div_ceil(unit_bytes(call))
 }
 
-impl Algorithm for AllpairPacket {
-    fn name(&self) -> &'static str {
-        "allpair_packet"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+native_algorithm! {
+    AllpairPacket: "allpair_packet", AllReduce;
+    check(self, res, call) {
         let need = res.nranks() * units(call) * packet_bytes(unit_bytes(call));
-        if need > res.layout().ll_half_bytes {
-            return Err(Error::invalid(format!(
-                "allreduce allpair_packet: {} bytes need {need} bytes of LL scratch per half, expected at most {} (ll_half_bytes); use a larger scratch or another algorithm",
-                call.bytes(),
-                res.layout().ll_half_bytes
-            )));
-        }
-        Ok(())
+        mesh::check_ll_half(res, call, "allreduce allpair_packet", need, "use a larger scratch or another algorithm")
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let w = units(call);
         let peers = res.nranks() - 1;
         // One warp per peer for the sends, at least 8 warps for the reduction.
@@ -78,7 +59,7 @@ impl Algorithm for AllpairPacket {
         unsafe { gpu.launch(k, blocks, threads, &args, stream) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

@@ -32,13 +32,12 @@
 //! collectives/net.rs; the shared buffer otherwise), A and F (read by local peers) in the
 //! shared one.
 
-use super::super::algorithm::{host_local_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_local_barrier, native_algorithm, Call};
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
 use super::super::host_math::{reduce_from_acc, reduce_to_acc, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, VEC};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, DataType, RawStream};
+use super::super::types::DataType;
 use super::rsag_port_channel::put_or_signal;
 use crate::error::Result;
 use crate::kernels;
@@ -66,33 +65,12 @@ fn shard_bytes(res: &Resources, call: &Call) -> usize {
         .min(MAX_SHARD)
 }
 
-impl Algorithm for HierRsagPort {
-    fn name(&self) -> &'static str {
-        "hier_rsag_port"
+native_algorithm! {
+    HierRsagPort: "hier_rsag_port", AllReduce, multi_node = true;
+    check(self, res, call) {
+        mesh::check_piece(res, shard_bytes(res, call), "allreduce hier_rsag_port", slots(res, call.dtype) * VEC)
     }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn multi_node(&self) -> bool {
-        true
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        if shard_bytes(res, call) < VEC {
-            return Err(mesh::small_scratch(
-                res,
-                "allreduce hier_rsag_port",
-                slots(res, call.dtype) * VEC,
-            ));
-        }
-        Ok(())
-    }
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let k = Kernel {
             kernel: kernels::collectives::allreduce::HIER_RSAG_PORT
                 .instance(call.dtype, call.op)?,
@@ -101,7 +79,7 @@ impl Algorithm for HierRsagPort {
         };
         hier::launch(res, gpu, call, stream, shard_bytes(res, call), &k)
     }
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

@@ -10,16 +10,13 @@
 //! f32/f16/bf16 sum only (any count); other calls go to the copying fallback.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_block_pipeline.cu.
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, Call};
 use super::super::mesh::host_copy;
-use super::super::nvls::{check_usable, fallback, split, with_vec16, NvlsState};
+use super::super::nvls::{split, NvlsState};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
-use super::nvls_warp_pipeline::{copy_in, launch_pipeline, region_bytes, run_pipeline};
+use super::nvls_warp_pipeline::{copy_in, nvls_pipeline, region_bytes};
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
-use crate::kernels;
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -28,38 +25,7 @@ pub struct NvlsBlockPipeline {
     pub(crate) nvls: std::sync::Arc<super::super::nvls::NvlsShared>,
 }
 
-impl Algorithm for NvlsBlockPipeline {
-    fn name(&self) -> &'static str {
-        "nvls_block_pipeline"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        check_usable(self.name(), res)?;
-        fallback()?.check(res, call)
-    }
-
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
-        let family = &kernels::collectives::allreduce::NVLS_BLOCK_PIPELINE;
-        launch_pipeline(&self.nvls, res, gpu, call, stream, 2, family)
-    }
-
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        run_pipeline(
-            &self.nvls,
-            res,
-            call,
-            |st| with_vec16!(call.dtype, V => host::<V>(res, call, st)),
-        )
-    }
-}
+nvls_pipeline!(NvlsBlockPipeline: "nvls_block_pipeline", 2, NVLS_BLOCK_PIPELINE, host);
 
 fn host<V: MultimemVector>(res: &Resources, call: &Call, st: &NvlsState) -> Result<()> {
     let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);

@@ -12,13 +12,11 @@
 //! `split(W, blocks, b)` of every slot, so it waits only for the same block of its peers.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, Algorithm, Call, CollArgs};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_bump_flags, host_flag, native_algorithm, Call, CollArgs};
 use super::super::host_ll::{get_packet, load_unit, reduce_units, store_unit, Unit};
 use super::super::host_math::{with_elem, HostElem};
 use super::super::nvls::{check_usable, count_launch, split, NvlsState, SCRATCH_BYTES};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::{Error, Result};
 use crate::kernels;
 
@@ -43,14 +41,9 @@ fn half_bytes(call: &Call, n: usize) -> usize {
     n * words(call) * PKT
 }
 
-impl Algorithm for NvlsPacket {
-    fn name(&self) -> &'static str {
-        "nvls_packet"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+native_algorithm! {
+    NvlsPacket: "nvls_packet", AllReduce;
+    check(self, res, call) {
         check_usable(self.name(), res)?;
         let need = 2 * half_bytes(call, res.nranks());
         if need > SCRATCH_BYTES {
@@ -64,13 +57,7 @@ impl Algorithm for NvlsPacket {
         Ok(())
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let Some(st) = self.nvls.state(res, Some((gpu, stream)))? else {
             return Err(Error::invalid(
                 "allreduce nvls_packet: the NVLS scratch is bound by the first NVLS call outside \
@@ -92,7 +79,7 @@ impl Algorithm for NvlsPacket {
         unsafe { gpu.launch(k, blocks, THREADS, &args, stream) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         let Some(st) = self.nvls.state(res, None)? else {
             return Err(Error::Internal("NVLS state missing outside capture".into()));
         };

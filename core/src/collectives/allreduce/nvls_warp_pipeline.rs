@@ -15,18 +15,15 @@
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_warp_pipeline.cu (a warp-strided loop per
 //! phase).
 
-use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
+use super::super::algorithm::{host_barrier, Call, CollArgs};
 use super::super::gpu::GpuCtx;
 use super::super::mesh::{self, host_copy, THREADS};
-use super::super::nvls::{
-    check_usable, count_launch, fallback, multimem_reduces, split, with_vec16, NvlsShared,
-    NvlsState,
-};
+use super::super::nvls::{count_launch, fallback, multimem_reduces, split, NvlsShared, NvlsState};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
+use super::super::types::RawStream;
 use crate::device_emu::switch_channel::MultimemVector;
 use crate::error::{Error, Result};
-use crate::kernels::{self, Family};
+use crate::kernels::Family;
 
 /// The algorithm object: the NVLS state it shares with the other NVLS variants.
 #[derive(Debug, Default)]
@@ -108,38 +105,38 @@ pub(crate) fn run_pipeline(
     host(&st)
 }
 
-impl Algorithm for NvlsWarpPipeline {
-    fn name(&self) -> &'static str {
-        "nvls_warp_pipeline"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        check_usable(self.name(), res)?;
-        fallback()?.check(res, call)
-    }
+/// The [`Algorithm`](super::super::Algorithm) of an NVLS pipeline (this one, 1 stage per
+/// block region, and `nvls_block_pipeline`, 2): the NVLS check, [`launch_pipeline`] of kernel
+/// `$family` and [`run_pipeline`] of the host function `$host`.
+macro_rules! nvls_pipeline {
+    ($ty:ty: $name:literal, $stages:literal, $family:ident, $host:ident) => {
+        $crate::collectives::algorithm::native_algorithm! {
+            $ty: $name, AllReduce;
+            check(self, res, call) {
+                $crate::collectives::nvls::check_with_fallback(self.name(), res, call)
+            }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
-        let family = &kernels::collectives::allreduce::NVLS_WARP_PIPELINE;
-        launch_pipeline(&self.nvls, res, gpu, call, stream, 1, family)
-    }
+            launch_gpu(self, res, gpu, call, stream) {
+                let family = &$crate::kernels::collectives::allreduce::$family;
+                $crate::collectives::allreduce::nvls_warp_pipeline::launch_pipeline(
+                    &self.nvls, res, gpu, call, stream, $stages, family,
+                )
+            }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        run_pipeline(
-            &self.nvls,
-            res,
-            call,
-            |st| with_vec16!(call.dtype, V => host::<V>(res, call, st)),
-        )
-    }
+            run_host(self, res, call) {
+                $crate::collectives::allreduce::nvls_warp_pipeline::run_pipeline(
+                    &self.nvls,
+                    res,
+                    call,
+                    |st| $crate::collectives::nvls::with_vec16!(call.dtype, V => $host::<V>(res, call, st)),
+                )
+            }
+        }
+    };
 }
+pub(crate) use nvls_pipeline;
+
+nvls_pipeline!(NvlsWarpPipeline: "nvls_warp_pipeline", 1, NVLS_WARP_PIPELINE, host);
 
 /// Copies chunk bytes `[o, o + l)` of `src` into `dst` and zeroes `dst[l..pad)`.
 ///

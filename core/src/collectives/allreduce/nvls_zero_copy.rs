@@ -14,15 +14,14 @@
 //! (not allocated by this library) and buffers first seen under graph capture.
 //! Kernel: kernels/cuda/src/collectives/allreduce/nvls_zero_copy.cu.
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm, Call};
 use super::super::mesh::{self, Grid};
 use super::super::nvls::{
-    block_vectors, check_usable, count_launch, fallback, multimem_reduces, with_vec16, NvlsShared,
-    UserChannel,
+    block_vectors, check_with_fallback, count_launch, fallback, multimem_reduces, with_vec16,
+    NvlsShared, UserChannel,
 };
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, DataType, RawStream};
+use super::super::types::DataType;
 use crate::device_emu::switch_channel::{Bf16x2, F16x2, F32x1, MultimemVector};
 use crate::error::Result;
 use crate::kernels;
@@ -63,25 +62,13 @@ fn bound(
         .map(|o| (i, o)))
 }
 
-impl Algorithm for NvlsZeroCopy {
-    fn name(&self) -> &'static str {
-        "nvls_zero_copy"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        check_usable(self.name(), res)?;
-        fallback()?.check(res, call)
+native_algorithm! {
+    NvlsZeroCopy: "nvls_zero_copy", AllReduce;
+    check(self, res, call) {
+        check_with_fallback(self.name(), res, call)
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let chans = if supported(call) {
             bound(&self.nvls, res, call, gpu.is_capturing(stream)?)?
         } else {
@@ -100,7 +87,7 @@ impl Algorithm for NvlsZeroCopy {
         unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 64 }, &extra) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         let chans = if supported(call) {
             bound(&self.nvls, res, call, false)?
         } else {

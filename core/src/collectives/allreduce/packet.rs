@@ -11,13 +11,12 @@
 //! so a block depends only on the same block of its peers.
 //! Kernel: kernels/cuda/src/collectives/allreduce/packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, Algorithm, Call, CollArgs};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_bump_flags, host_flag, native_algorithm, Call, CollArgs};
 use super::super::host_ll::{get_packet, load_unit, put_packet, reduce_units, store_unit, Unit};
 use super::super::host_math::{with_elem, HostElem};
+use super::super::mesh;
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
@@ -33,32 +32,14 @@ fn slice_words(call: &Call, n: usize) -> usize {
     call.count.div_ceil(n).div_ceil(epw)
 }
 
-impl Algorithm for Packet {
-    fn name(&self) -> &'static str {
-        "packet"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+native_algorithm! {
+    Packet: "packet", AllReduce;
+    check(self, res, call) {
         let need = 2 * res.nranks() * slice_words(call, res.nranks()) * PKT;
-        if need > res.layout().ll_half_bytes {
-            return Err(Error::invalid(format!(
-                "allreduce packet: {} bytes need {need} bytes of LL scratch per half, expected at most {} (ll_half_bytes); use rsag for this size",
-                call.bytes(),
-                res.layout().ll_half_bytes
-            )));
-        }
-        Ok(())
+        mesh::check_ll_half(res, call, "allreduce packet", need, "use rsag for this size")
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let sw = slice_words(call, res.nranks());
         let threads = 512u32;
         let blocks = (sw * (res.nranks() - 1))
@@ -71,7 +52,7 @@ impl Algorithm for Packet {
         unsafe { gpu.launch(k, blocks, threads, &args, stream) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

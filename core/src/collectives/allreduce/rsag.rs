@@ -11,12 +11,10 @@
 //! offset in the chunk. Block b owns vectors `split(SV, blocks, b)` of every slice.
 //! Kernel: kernels/cuda/src/collectives/allreduce/rsag.cu.
 
-use super::super::algorithm::{host_barrier, split, Algorithm, Call, CollArgs};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm, split, Call, CollArgs};
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh;
 use super::super::setup::{Resources, MAX_SEM_BLOCKS};
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::Result;
 use crate::kernels;
 
@@ -36,25 +34,14 @@ fn slice_elems(cnt: usize, n: usize, size: usize) -> usize {
     cnt.div_ceil(n).next_multiple_of(VEC / size)
 }
 
-impl Algorithm for Rsag {
-    fn name(&self) -> &'static str {
-        "rsag"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+native_algorithm! {
+    Rsag: "rsag", AllReduce;
+    check(self, res, _call) {
         // Each of n slots holds a vector: plain_bytes >= n * VEC.
         mesh::check_slots(res, res.nranks(), "allreduce rsag")
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let size = call.dtype.size_in_bytes();
         let chunk =
             chunk_elems(res, size).min(call.count.next_multiple_of(res.nranks() * VEC / size));
@@ -69,7 +56,7 @@ impl Algorithm for Rsag {
         unsafe { gpu.launch(k, blocks, 1024, &args, stream) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

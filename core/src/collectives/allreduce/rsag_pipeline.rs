@@ -23,12 +23,10 @@
 //! REDUCE blocks), so the local waits hold by construction and every rank meets its peers'
 //! handshakes in the same order. Kernel: kernels/cuda/src/collectives/allreduce/rsag_pipeline.cu.
 
-use super::super::algorithm::{host_barrier, Algorithm, Call, CollArgs};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm, Call, CollArgs};
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, THREADS, VEC};
 use super::super::setup::{Resources, MAX_SEM_BLOCKS};
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::Result;
 use crate::kernels;
 
@@ -79,24 +77,13 @@ fn slice_len(total: usize, at: usize, w: usize) -> usize {
     total.saturating_sub(at).min(w)
 }
 
-impl Algorithm for RsagPipeline {
-    fn name(&self) -> &'static str {
-        "rsag_pipeline"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+native_algorithm! {
+    RsagPipeline: "rsag_pipeline", AllReduce;
+    check(self, res, call) {
         plan(res, call).map(|_| ())
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let pl = plan(res, call)?;
         let census = mesh::census(res, gpu, stream)?;
         // P PUT + K P REDUCE blocks within the grid cap; REDUCE rows stay below row 63.
@@ -110,7 +97,7 @@ impl Algorithm for RsagPipeline {
         unsafe { gpu.launch(k, (p * (K + 1)) as u32, THREADS, &args, stream) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

@@ -24,13 +24,11 @@
 //! (`super::super::port`); a call captured before that fails with the reason.
 //! Kernel: kernels/cuda/src/collectives/allreduce/rsag_port_channel.cu.
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm, Call};
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::port::{self, PortState};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::Result;
 use crate::kernels;
 
@@ -55,35 +53,14 @@ fn slice_bytes(res: &Resources, call: &Call) -> usize {
     call.bytes().div_ceil(n).next_multiple_of(VEC).min(cap)
 }
 
-impl Algorithm for RsagPortChannel {
-    fn name(&self) -> &'static str {
-        "rsag_port_channel"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        if slice_bytes(res, call) < VEC {
-            return Err(mesh::small_scratch(
-                res,
-                "allreduce rsag_port_channel",
-                (3 * res.nranks() + 1) * VEC,
-            ));
-        }
-        Ok(())
+native_algorithm! {
+    RsagPortChannel: "rsag_port_channel", AllReduce;
+    check(self, res, call) {
+        mesh::check_piece(res, slice_bytes(res, call), "allreduce rsag_port_channel", (3 * res.nranks() + 1) * VEC)
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
-        let st = self
-            .port
-            .state(res, Some((gpu, stream)))?
-            .ok_or_else(|| port::not_built("allreduce rsag_port_channel"))?;
+    launch_gpu(self, res, gpu, call, stream) {
+        let st = self.port.built(res, Some((gpu, stream)), "allreduce rsag_port_channel")?;
         let s = slice_bytes(res, call);
         let k = kernels::collectives::allreduce::RSAG_PORT_CHANNEL.instance(call.dtype, call.op)?;
         let g = Grid {
@@ -95,11 +72,8 @@ impl Algorithm for RsagPortChannel {
         unsafe { mesh::launch(res, gpu, call, stream, k, g, &[st.table.data(), s as u64]) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
-        let st = self
-            .port
-            .state(res, None)?
-            .ok_or_else(|| port::not_built("allreduce rsag_port_channel"))?;
+    run_host(self, res, call) {
+        let st = self.port.built(res, None, "allreduce rsag_port_channel")?;
         with_elem!(call.dtype, T => host::<T>(res, call, &st))
     }
 }

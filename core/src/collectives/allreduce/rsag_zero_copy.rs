@@ -18,12 +18,10 @@
 
 use std::sync::Arc;
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm, Algorithm, Call};
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
 use super::super::user_buffers::UserBuffer;
 use super::rsag_pipeline::RsagPipeline;
 use crate::error::Result;
@@ -65,25 +63,14 @@ fn registered(
     Ok(o.map(|o| (i, o)))
 }
 
-impl Algorithm for RsagZeroCopy {
-    fn name(&self) -> &'static str {
-        "rsag_zero_copy"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::AllReduce
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+native_algorithm! {
+    RsagZeroCopy: "rsag_zero_copy", AllReduce;
+    check(self, res, call) {
         // The fallback must be able to run it too.
         fallback()?.check(res, call)
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let Some((ins, outs)) = registered(res, call, gpu.is_capturing(stream)?)? else {
             return fallback()?.launch_gpu(res, gpu, call, stream);
         };
@@ -96,7 +83,7 @@ impl Algorithm for RsagZeroCopy {
         unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 64 }, &extra) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         let Some((ins, outs)) = registered(res, call, false)? else {
             return fallback()?.run_host(res, call);
         };

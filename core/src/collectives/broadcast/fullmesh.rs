@@ -10,42 +10,27 @@
 //! waits equally often (root->peer twice per chunk, peer->root once).
 //! Kernel: kernels/cuda/src/collectives/broadcast/fullmesh.cu (one kernel for every type).
 
-use super::super::algorithm::{host_signal, host_wait, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_signal, host_wait, native_algorithm};
 use super::super::mesh::{self, host_copy, peers, scratch_at};
-use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
-use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
 pub struct Fullmesh;
 
-impl Algorithm for Fullmesh {
-    fn name(&self) -> &'static str {
-        "fullmesh"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::Broadcast
-    }
-    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+native_algorithm! {
+    Fullmesh: "fullmesh", Broadcast;
+    check(self, res, _call) {
         mesh::check_slots(res, 1, "broadcast fullmesh")
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let k = kernels::collectives::broadcast::FULLMESH;
         // SAFETY: the kernel takes one CollArgs with [slot bytes, call bytes] first in its
         // extra words; the caller keeps the buffers alive.
         unsafe { mesh::launch_slotted(res, gpu, call, stream, k, 1) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         let (me, n, nb, root) = (
             res.rank(),
             res.nranks(),

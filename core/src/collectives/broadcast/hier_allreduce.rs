@@ -11,12 +11,10 @@
 //! parameters at start-up and in DDP) instead of needing a fallback NCCL. A dedicated
 //! pipelined tree is the follow-up.
 
-use super::super::algorithm::{Algorithm, Call};
+use super::super::algorithm::{native_algorithm, Call};
 use super::super::allreduce::hier_rsag_port::HierRsagPort;
-use super::super::gpu::GpuCtx;
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
-use crate::error::Result;
+use super::super::types::{CollectiveKind, DataType, ReduceOp};
 use crate::memory::hal_err;
 use mscclpp_hal::{prelude::*, Gpu, StreamInterop};
 
@@ -41,27 +39,13 @@ fn as_allreduce(res: &Resources, call: &Call) -> Call {
     }
 }
 
-impl Algorithm for HierAllreduce {
-    fn name(&self) -> &'static str {
-        "hier_allreduce"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::Broadcast
-    }
-    fn multi_node(&self) -> bool {
-        true
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
+native_algorithm! {
+    HierAllreduce: "hier_allreduce", Broadcast, multi_node = true;
+    check(self, res, call) {
         HierRsagPort.check(res, &as_allreduce(res, call))
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         if res.rank() != call.root {
             // SAFETY: the caller's live stream (or 0) of this device.
             let s = unsafe { Gpu::borrow_stream(gpu.device(), stream) };
@@ -72,7 +56,7 @@ impl Algorithm for HierAllreduce {
         HierRsagPort.launch_gpu(res, gpu, &as_allreduce(res, call), stream)
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         if res.rank() != call.root {
             // SAFETY: the output is a live host buffer of `bytes` (the collective's contract).
             unsafe { std::ptr::write_bytes(call.recv as usize as *mut u8, 0, call.bytes()) };

@@ -10,43 +10,30 @@
 //! bytes`) each element is read before it is written by the same thread.
 //! Kernel: kernels/cuda/src/collectives/reduce_scatter/fullmesh.cu.
 
-use super::super::algorithm::{host_barrier, Algorithm, Call};
-use super::super::gpu::GpuCtx;
+use super::super::algorithm::{host_barrier, native_algorithm, Call};
 use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, peers, scratch_at};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::Result;
 use crate::kernels;
 
 /// The algorithm object.
 pub struct Fullmesh;
 
-impl Algorithm for Fullmesh {
-    fn name(&self) -> &'static str {
-        "fullmesh"
-    }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::ReduceScatter
-    }
-    fn check(&self, res: &Resources, _call: &Call) -> Result<()> {
+native_algorithm! {
+    Fullmesh: "fullmesh", ReduceScatter;
+    check(self, res, _call) {
         mesh::check_slots(res, res.nranks(), "reducescatter fullmesh")
     }
 
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let k = kernels::collectives::reduce_scatter::FULLMESH.instance(call.dtype, call.op)?;
         // SAFETY: the kernel takes one CollArgs with [slot bytes, call bytes] first in its
         // extra words; the caller keeps the buffers alive.
         unsafe { mesh::launch_slotted(res, gpu, call, stream, k, res.nranks()) }
     }
 
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

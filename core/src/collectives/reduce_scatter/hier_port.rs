@@ -22,14 +22,12 @@
 //! `allreduce/hier_rsag_port.rs`). R and NET live in the network buffer (host-mapped over
 //! Ethernet, collectives/net.rs), A in the shared one.
 
-use super::super::algorithm::{host_local_barrier, Algorithm, Call};
+use super::super::algorithm::{host_local_barrier, native_algorithm, Call};
 use super::super::allreduce::rsag_port_channel::put_or_signal;
-use super::super::gpu::GpuCtx;
 use super::super::hier::{self, net_handles, rail_handshake, rail_wait, widen, Kernel, DEPTH};
 use super::super::host_math::{reduce_from_acc, reduce_to_acc, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, VEC};
 use super::super::setup::Resources;
-use super::super::types::{CollectiveKind, RawStream};
 use crate::error::Result;
 use crate::kernels;
 
@@ -48,33 +46,12 @@ fn chunk_bytes(res: &Resources, call: &Call) -> usize {
     call.bytes().next_multiple_of(VEC).min(cap).min(MAX_CHUNK)
 }
 
-impl Algorithm for HierPort {
-    fn name(&self) -> &'static str {
-        "hier_port"
+native_algorithm! {
+    HierPort: "hier_port", ReduceScatter, multi_node = true;
+    check(self, res, call) {
+        mesh::check_piece(res, chunk_bytes(res, call), "reducescatter hier_port", units(res, call) * VEC)
     }
-    fn kind(&self) -> CollectiveKind {
-        CollectiveKind::ReduceScatter
-    }
-    fn multi_node(&self) -> bool {
-        true
-    }
-    fn check(&self, res: &Resources, call: &Call) -> Result<()> {
-        if chunk_bytes(res, call) < VEC {
-            return Err(mesh::small_scratch(
-                res,
-                "reducescatter hier_port",
-                units(res, call) * VEC,
-            ));
-        }
-        Ok(())
-    }
-    fn launch_gpu(
-        &self,
-        res: &Resources,
-        gpu: &GpuCtx,
-        call: &Call,
-        stream: RawStream,
-    ) -> Result<()> {
+    launch_gpu(self, res, gpu, call, stream) {
         let k = Kernel {
             kernel: kernels::collectives::reduce_scatter::HIER_PORT
                 .instance(call.dtype, call.op)?,
@@ -83,7 +60,7 @@ impl Algorithm for HierPort {
         };
         hier::launch(res, gpu, call, stream, chunk_bytes(res, call), &k)
     }
-    fn run_host(&self, res: &Resources, call: &Call) -> Result<()> {
+    run_host(self, res, call) {
         with_elem!(call.dtype, T => host::<T>(res, call))
     }
 }

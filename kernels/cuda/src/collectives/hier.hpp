@@ -87,6 +87,29 @@ MSCCLPP_DEVICE_INLINE PortChannelDeviceHandle* railChannel(const CollArgs& a, co
   return reinterpret_cast<PortChannelDeviceHandle*>(a.extra[0]) + peer;
 }
 
+/// The opening of every call: a node barrier, then a handshake with the rail peer (the rail
+/// threads: `rail` is null elsewhere), as `collectives::hier::rail_handshake`.
+MSCCLPP_DEVICE_INLINE void hierOpen(const CollArgs& a, const HierTopo& h, PortChannelDeviceHandle* rail) {
+  localBarrier(a, h);
+  if (rail != nullptr) {
+    rail->signal();
+    rail->wait();
+  }
+}
+
+/// The pipeline over `chunks` chunks (`collectives::hier::host_pipeline`): stage A of chunk k + 1
+/// runs before stage B of chunk k; then the rail channel is flushed.
+template <typename StageA, typename StageB>
+MSCCLPP_DEVICE_INLINE void hierPipeline(uint64_t chunks, StageA& stageA, StageB& stageB,
+                                        PortChannelDeviceHandle* rail) {
+  if (chunks > 0) stageA(0);
+  for (uint64_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) stageA(k + 1);
+    stageB(k);
+  }
+  if (rail != nullptr) rail->flush();
+}
+
 /// putWithSignal of `len` bytes, or only a signal when there is nothing to put (`put_or_signal`).
 MSCCLPP_DEVICE_INLINE void putOrSignal(PortChannelDeviceHandle* c, uint64_t dst, uint64_t src, uint64_t len) {
   if (len > 0) {

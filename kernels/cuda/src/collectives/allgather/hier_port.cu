@@ -40,11 +40,7 @@ extern "C" __global__ void __launch_bounds__(1024) allgather_hier_port(CollArgs 
   auto slot = [&](uint64_t k, uint64_t j) -> uint64_t { return ((k % kHierDepth) * N + j) * C; };
   auto len = [&](uint64_t k) -> uint64_t { return clipLen(total, k * C, C); };
 
-  localBarrier(a, h);
-  if (rail != nullptr) {
-    rail->signal();
-    rail->wait();
-  }
+  hierOpen(a, h, rail);
 
   auto stageA = [&](uint64_t k) {
     uint64_t x0, x1;
@@ -80,12 +76,6 @@ extern "C" __global__ void __launch_bounds__(1024) allgather_hier_port(CollArgs 
     localBarrier(a, h);
   };
 
-  const uint64_t chunks = (total + C - 1) / C;
-  if (chunks > 0) stageA(0);
-  for (uint64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) stageA(k + 1);
-    stageB(k);
-  }
-  if (rail != nullptr) rail->flush();
+  hierPipeline((total + C - 1) / C, stageA, stageB, rail);
   bumpFlags(a, flag);
 }

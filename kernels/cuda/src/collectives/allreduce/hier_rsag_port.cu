@@ -41,11 +41,7 @@ MSCCLPP_DEVICE_INLINE void hierRsagPortAllreduce(const CollArgs& a) {
   auto at = [&](uint64_t k, uint64_t l) -> uint64_t { return (k * L + l) * S; };
   auto len = [&](uint64_t k, uint64_t l) -> uint64_t { return clipLen(total, at(k, l), S); };
 
-  localBarrier(a, h);
-  if (rail != nullptr) {
-    rail->signal();
-    rail->wait();
-  }
+  hierOpen(a, h, rail);
 
   auto stageA = [&](uint64_t k) {
     uint64_t x0, x1;
@@ -86,13 +82,7 @@ MSCCLPP_DEVICE_INLINE void hierRsagPortAllreduce(const CollArgs& a) {
     localBarrier(a, h);
   };
 
-  const uint64_t chunks = (total + L * S - 1) / (L * S);
-  if (chunks > 0) stageA(0);
-  for (uint64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) stageA(k + 1);
-    stageB(k);
-  }
-  if (rail != nullptr) rail->flush();
+  hierPipeline((total + L * S - 1) / (L * S), stageA, stageB, rail);
   bumpFlags(a, flag);
 }
 

@@ -42,11 +42,7 @@ MSCCLPP_DEVICE_INLINE void hierPortReduceScatter(const CollArgs& a) {
   auto netSlot = [&](uint64_t k, uint64_t j) -> uint64_t { return offNet + ((k % kHierDepth) * N + j) * W; };
   auto len = [&](uint64_t k) -> uint64_t { return clipLen(total, k * C, C); };
 
-  localBarrier(a, h);
-  if (rail != nullptr) {
-    rail->signal();
-    rail->wait();
-  }
+  hierOpen(a, h, rail);
 
   auto stageA = [&](uint64_t k) {
     const uint64_t m = len(k);
@@ -81,13 +77,7 @@ MSCCLPP_DEVICE_INLINE void hierPortReduceScatter(const CollArgs& a) {
     reduceFromAcc<T, OP>(recv + k * C, nullptr, src, h.N, m, x0, x1, a.nranks);
   };
 
-  const uint64_t chunks = (total + C - 1) / C;
-  if (chunks > 0) stageA(0);
-  for (uint64_t k = 0; k < chunks; ++k) {
-    if (k + 1 < chunks) stageA(k + 1);
-    stageB(k);
-  }
-  if (rail != nullptr) rail->flush();
+  hierPipeline((total + C - 1) / C, stageA, stageB, rail);
   bumpFlags(a, flag);
 }
 
