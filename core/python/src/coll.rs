@@ -19,7 +19,7 @@ use crate::error::{invalid, ResultExt};
 /// and then makes the same calls in the same order. Buffers are NumPy arrays (host backend),
 /// torch tensors, CuPy arrays, `RawGpuBuffer`s or `BufferRef`s; on GPU builds the calls are
 /// asynchronous on `stream` (default: the tensor's current torch/CuPy stream, else 0).
-#[pyclass(module = "mscclpp._mscclpp", frozen)]
+#[pyclass(module = "mscclpp._mscclpp", frozen, subclass)]
 pub struct Collectives {
     inner: Arc<Coll>,
     device: Device,
@@ -72,6 +72,35 @@ fn call_dtype(
     Ok(s)
 }
 
+/// The Python name of a collective's method, for messages.
+fn call_name(kind: CollectiveKind) -> &'static str {
+    match kind {
+        CollectiveKind::AllReduce => "all_reduce",
+        CollectiveKind::AllGather => "all_gather",
+        CollectiveKind::ReduceScatter => "reduce_scatter",
+        CollectiveKind::Broadcast => "broadcast",
+    }
+}
+
+/// `total / n`, refusing a `total` that is not a multiple of `n` (the ranks' blocks).
+fn whole_blocks(
+    what: &str,
+    role: &str,
+    b: &Buf,
+    total: usize,
+    n: usize,
+    dt: DataType,
+) -> PyResult<usize> {
+    if !total.is_multiple_of(n) {
+        return Err(invalid(format!(
+            "{what}: {role} ({}) holds {total} {} elements: expected a multiple of nranks ({n})",
+            b.kind,
+            dtype_name(dt)
+        )));
+    }
+    Ok(total / n)
+}
+
 impl Collectives {
     /// Checks that `b` lives where this communicator's collectives run.
     fn check_device(&self, what: &str, role: &str, b: &Buf) -> PyResult<()> {
@@ -111,12 +140,7 @@ impl Collectives {
         stream: Option<u64>,
         bufs: &[&Buf],
     ) -> PyResult<()> {
-        let what = match call.kind {
-            CollectiveKind::AllReduce => "all_reduce",
-            CollectiveKind::AllGather => "all_gather",
-            CollectiveKind::ReduceScatter => "reduce_scatter",
-            CollectiveKind::Broadcast => "broadcast",
-        };
+        let what = call_name(call.kind);
         let choice = match algorithm {
             Some(name) => self.inner.choose_named(&call, name),
             None => self.inner.choose(&call),
@@ -173,6 +197,7 @@ impl Collectives {
         plan_dir: Option<PathBuf>,
         plans: bool,
     ) -> PyResult<Self> {
+        crate::require_gpu("Collectives")?;
         let mut cfg = CollectivesConfig::default();
         if let Some(d) = device {
             if d < 0 {
@@ -250,207 +275,82 @@ impl Collectives {
         self.inner.force_algorithm(kind_of(collective)?, name).py()
     }
 
-    /// All-reduce of `send` into `recv` (in place when `recv` is None): every element becomes
-    /// the reduction (`op`: sum, prod, min, max, avg) over the ranks. `recv` holds at least as
-    /// many elements as `send`. `dtype` overrides the buffers' element type; `algorithm`
-    /// names the algorithm for this call; `stream` the GPU stream (an int handle).
-    #[pyo3(signature = (send, recv=None, *, op="sum", dtype=None, algorithm=None, stream=None))]
+    /// Runs one collective (`"allreduce"`, `"allgather"`, `"reducescatter"`,
+    /// `"broadcast"`); `mscclpp.Collectives.all_reduce` and its siblings call it. `recv`
+    /// None is in place. Sizes, by `n` elements of `send`:
+    /// all-reduce and broadcast: `recv` holds at least n; all-gather: `recv` at least
+    /// nranks x n (in place: `send` is the whole buffer, this rank's block at rank x n / nranks);
+    /// reduce-scatter: n is a multiple of nranks, `recv` holds at least n / nranks (in place:
+    /// the result lands in this rank's block of `send`). `op`: sum, prod, min, max, avg;
+    /// `root`: broadcast's; `dtype` overrides the buffers' element type; `algorithm` names the
+    /// algorithm for this call; `stream`: the GPU stream (default: the tensor's current one,
+    /// else 0).
+    #[pyo3(signature = (collective, send, recv=None, *, op="sum", root=0, dtype=None, algorithm=None, stream=None))]
     #[allow(clippy::too_many_arguments)]
-    fn all_reduce(
+    fn collective(
         &self,
         py: Python<'_>,
+        collective: &str,
         send: &Bound<'_, PyAny>,
         recv: Option<&Bound<'_, PyAny>>,
         op: &str,
-        dtype: Option<&str>,
-        algorithm: Option<&str>,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        const W: &str = "all_reduce";
-        let op = op_of(op)?;
-        let (s, r) = self.buffers(W, send, recv)?;
-        let dt = call_dtype(W, dtype, &s, r.as_ref())?;
-        let count = s.count("send", dt)?;
-        let out = r.as_ref().unwrap_or(&s);
-        let have = out.count("recv", dt)?;
-        if have < count {
-            return Err(invalid(format!(
-                "{W}: recv ({}) holds {have} {} elements: expected at least send's {count}",
-                out.kind,
-                dtype_name(dt)
-            )));
-        }
-        let call = Call {
-            kind: CollectiveKind::AllReduce,
-            send: s.ptr,
-            recv: out.ptr,
-            count,
-            dtype: dt,
-            op,
-            root: 0,
-        };
-        self.run(py, call, algorithm, stream, &[&s, out])
-    }
-
-    /// All-gather: every rank's `send` (n elements) into `recv` (nranks * n, rank r's block
-    /// at r * n). In place when `recv` is None: `send` is then the whole nranks * n buffer,
-    /// this rank's block already at its place.
-    #[pyo3(signature = (send, recv=None, *, dtype=None, algorithm=None, stream=None))]
-    fn all_gather(
-        &self,
-        py: Python<'_>,
-        send: &Bound<'_, PyAny>,
-        recv: Option<&Bound<'_, PyAny>>,
-        dtype: Option<&str>,
-        algorithm: Option<&str>,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        const W: &str = "all_gather";
-        let n = self.inner.nranks();
-        let rank = self.inner.rank();
-        let (s, r) = self.buffers(W, send, recv)?;
-        let dt = call_dtype(W, dtype, &s, r.as_ref())?;
-        let esz = dt.size_in_bytes() as u64;
-        let (send_ptr, out, count) = match &r {
-            Some(r) => {
-                let count = s.count("send", dt)?;
-                let have = r.count("recv", dt)?;
-                if have < count.saturating_mul(n) {
-                    return Err(invalid(format!(
-                        "{W}: recv ({}) holds {have} {} elements: expected at least nranks ({n}) \
-                         x send's {count} = {}",
-                        r.kind,
-                        dtype_name(dt),
-                        count * n
-                    )));
-                }
-                (s.ptr, r, count)
-            }
-            None => {
-                let total = s.count("send", dt)?;
-                if !total.is_multiple_of(n) {
-                    return Err(invalid(format!(
-                        "{W} in place: the buffer ({}) holds {total} {} elements: expected a \
-                         multiple of nranks ({n})",
-                        s.kind,
-                        dtype_name(dt)
-                    )));
-                }
-                let count = total / n;
-                (s.ptr + rank as u64 * count as u64 * esz, &s, count)
-            }
-        };
-        let call = Call {
-            kind: CollectiveKind::AllGather,
-            send: send_ptr,
-            recv: out.ptr,
-            count,
-            dtype: dt,
-            op: ReduceOp::Sum,
-            root: 0,
-        };
-        self.run(py, call, algorithm, stream, &[&s, out])
-    }
-
-    /// Reduce-scatter: `send` holds nranks * n elements; rank r's `recv` (n elements) gets
-    /// the reduction (`op`) over the ranks of block r. In place when `recv` is None: the
-    /// result is written into this rank's block of `send`.
-    #[pyo3(signature = (send, recv=None, *, op="sum", dtype=None, algorithm=None, stream=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_scatter(
-        &self,
-        py: Python<'_>,
-        send: &Bound<'_, PyAny>,
-        recv: Option<&Bound<'_, PyAny>>,
-        op: &str,
-        dtype: Option<&str>,
-        algorithm: Option<&str>,
-        stream: Option<u64>,
-    ) -> PyResult<()> {
-        const W: &str = "reduce_scatter";
-        let op = op_of(op)?;
-        let n = self.inner.nranks();
-        let rank = self.inner.rank();
-        let (s, r) = self.buffers(W, send, recv)?;
-        let dt = call_dtype(W, dtype, &s, r.as_ref())?;
-        let total = s.count("send", dt)?;
-        if !total.is_multiple_of(n) {
-            return Err(invalid(format!(
-                "{W}: send ({}) holds {total} {} elements: expected a multiple of nranks ({n})",
-                s.kind,
-                dtype_name(dt)
-            )));
-        }
-        let count = total / n;
-        let recv_ptr = match &r {
-            Some(r) => {
-                let have = r.count("recv", dt)?;
-                if have < count {
-                    return Err(invalid(format!(
-                        "{W}: recv ({}) holds {have} {} elements: expected at least send's \
-                         {total} / nranks ({n}) = {count}",
-                        r.kind,
-                        dtype_name(dt)
-                    )));
-                }
-                r.ptr
-            }
-            None => s.ptr + rank as u64 * count as u64 * dt.size_in_bytes() as u64,
-        };
-        let call = Call {
-            kind: CollectiveKind::ReduceScatter,
-            send: s.ptr,
-            recv: recv_ptr,
-            count,
-            dtype: dt,
-            op,
-            root: 0,
-        };
-        let out = r.as_ref().unwrap_or(&s);
-        self.run(py, call, algorithm, stream, &[&s, out])
-    }
-
-    /// Broadcast of `root`'s `send` into every rank's `recv` (in place when `recv` is None:
-    /// `send` is overwritten on the other ranks). `recv` holds at least as many elements as
-    /// `send`.
-    #[pyo3(signature = (send, recv=None, *, root=0, dtype=None, algorithm=None, stream=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn broadcast(
-        &self,
-        py: Python<'_>,
-        send: &Bound<'_, PyAny>,
-        recv: Option<&Bound<'_, PyAny>>,
         root: usize,
         dtype: Option<&str>,
         algorithm: Option<&str>,
         stream: Option<u64>,
     ) -> PyResult<()> {
-        const W: &str = "broadcast";
-        let n = self.inner.nranks();
-        if root >= n {
+        let kind = kind_of(collective)?;
+        let w = call_name(kind);
+        let op = op_of(op)?;
+        let (n, rank) = (self.inner.nranks(), self.inner.rank());
+        if kind == CollectiveKind::Broadcast && root >= n {
             return Err(invalid(format!(
-                "{W}: root {root}: expected a rank below nranks ({n})"
+                "{w}: root {root}: expected a rank below nranks ({n})"
             )));
         }
-        let (s, r) = self.buffers(W, send, recv)?;
-        let dt = call_dtype(W, dtype, &s, r.as_ref())?;
-        let count = s.count("send", dt)?;
+        let (s, r) = self.buffers(w, send, recv)?;
+        let dt = call_dtype(w, dtype, &s, r.as_ref())?;
         let out = r.as_ref().unwrap_or(&s);
+        let total = s.count("send", dt)?;
+        let block = |count: usize| rank as u64 * count as u64 * dt.size_in_bytes() as u64;
+        // (count of the call, send address, recv address, elements recv must hold)
+        let (count, send_ptr, recv_ptr, need) = match (kind, r.is_some()) {
+            (CollectiveKind::AllGather, true) => (total, s.ptr, out.ptr, total.saturating_mul(n)),
+            (CollectiveKind::AllGather, false) => {
+                let count = whole_blocks(w, "send", &s, total, n, dt)?;
+                (count, s.ptr + block(count), s.ptr, total)
+            }
+            (CollectiveKind::ReduceScatter, has_recv) => {
+                let count = whole_blocks(w, "send", &s, total, n, dt)?;
+                let recv_ptr = if has_recv {
+                    out.ptr
+                } else {
+                    s.ptr + block(count)
+                };
+                (count, s.ptr, recv_ptr, if has_recv { count } else { total })
+            }
+            _ => (total, s.ptr, out.ptr, total),
+        };
         let have = out.count("recv", dt)?;
-        if have < count {
+        if have < need {
             return Err(invalid(format!(
-                "{W}: recv ({}) holds {have} {} elements: expected at least send's {count}",
+                "{w}: recv ({}) holds {have} {} elements: expected at least {need} ({})",
                 out.kind,
-                dtype_name(dt)
+                dtype_name(dt),
+                match kind {
+                    CollectiveKind::AllGather => "nranks x send's elements",
+                    CollectiveKind::ReduceScatter => "send's elements / nranks",
+                    _ => "send's elements",
+                }
             )));
         }
         let call = Call {
-            kind: CollectiveKind::Broadcast,
-            send: s.ptr,
-            recv: out.ptr,
+            kind,
+            send: send_ptr,
+            recv: recv_ptr,
             count,
             dtype: dt,
-            op: ReduceOp::Sum,
+            op,
             root,
         };
         self.run(py, call, algorithm, stream, &[&s, out])

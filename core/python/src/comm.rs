@@ -253,6 +253,7 @@ impl Communicator {
     #[new]
     fn new(bootstrap: Bound<'_, TcpBootstrap>) -> PyResult<Self> {
         let b = bootstrap.get().ready()?;
+        crate::require_gpu("Communicator")?;
         let ctx = mscclpp::Context::new().py_ctx("creating the context")?;
         Ok(Communicator {
             inner: Arc::new(mscclpp::Communicator::new(b, ctx)),

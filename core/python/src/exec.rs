@@ -66,6 +66,7 @@ impl RawGpuBuffer {
     #[new]
     #[pyo3(signature = (nbytes, device=None))]
     fn new(nbytes: usize, device: Option<i32>) -> PyResult<Self> {
+        crate::require_gpu("RawGpuBuffer")?;
         let dev = match device {
             Some(d) if d < 0 => {
                 return Err(invalid(format!("device {d}: expected a GPU ordinal >= 0")))
@@ -282,6 +283,7 @@ impl Executor {
         timeout: Option<f64>,
         host_threads_per_block: Option<u32>,
     ) -> PyResult<Self> {
+        crate::require_gpu("Executor")?;
         let mut cfg = ExecutorConfig::default();
         if let Some(t) = timeout {
             cfg.timeout = Duration::try_from_secs_f64(t)

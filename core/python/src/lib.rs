@@ -46,6 +46,33 @@ fn device_count() -> usize {
     mscclpp_hal::Gpu::device_count().unwrap_or(0)
 }
 
+/// GPU builds: an error (`MscclppError`, code `SystemError`) unless the driver loads and shows
+/// a GPU, asked before anything touches the driver (whose absence some HAL calls do not
+/// report as an error). Nothing to check on the host backend.
+pub fn require_gpu(what: &str) -> PyResult<()> {
+    if backend() == "host" {
+        return Ok(());
+    }
+    use mscclpp_hal::prelude::*;
+    match mscclpp_hal::Gpu::device_count() {
+        Ok(0) => Err(error::new_error(
+            "SystemError",
+            format!(
+                "{what}: this mscclpp is a {} build and this machine shows no GPU",
+                backend()
+            ),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(error::new_error(
+            "SystemError",
+            format!(
+                "{what}: this mscclpp is a {} build and the GPU driver is not usable: {e}",
+                backend()
+            ),
+        )),
+    }
+}
+
 /// The native module `mscclpp._mscclpp`.
 #[pymodule]
 fn _mscclpp(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -162,10 +162,26 @@ def test_plan_file_errors() -> None:
 
 
 def test_stub_matches_the_module() -> None:
-    """mypy's stubtest: _mscclpp.pyi names every class, function and argument as built."""
+    """mypy's stubtest: _mscclpp.pyi names every class, function and argument as built;
+    mypy --strict on the package."""
     pytest.importorskip("mypy", reason="mypy is not installed")
     import subprocess
     import sys
 
     p = subprocess.run([sys.executable, "-m", "mypy.stubtest", "mscclpp._mscclpp"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
+    # The package's own Python type-checks strictly against the stub (torch may be absent).
+    p = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports", "-p", "mscclpp"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.skipif(HOST or mscclpp.device_count() > 0, reason="needs a GPU build on a machine without a usable GPU")
+def test_gpu_build_without_gpu_raises() -> None:
+    """A CUDA build where the driver or the GPU is missing: MscclppError, no panic."""
+    with pytest.raises(mscclpp.MscclppError, match="no GPU|driver is not usable"):
+        mscclpp.RawGpuBuffer(16)
+    with pytest.raises(mscclpp.MscclppError, match="no GPU|driver is not usable"):
+        mscclpp.CommGroup(0, 1, f"127.0.0.1:{free_port()}")

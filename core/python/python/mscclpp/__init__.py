@@ -19,41 +19,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._mscclpp import (
-    BufferRef,
-    Collectives,
-    Communicator,
-    ExecutionPlan,
-    Executor,
-    MscclppError,
-    RawGpuBuffer,
-    TcpBootstrap,
-    UniqueId,
-    __version__,
-    backend,
-    device_count,
-)
+from . import _mscclpp  # noqa: F401 (the native module, for mscclpp._mscclpp users)
+from ._mscclpp import BufferRef, Communicator, ExecutionPlan, Executor, MscclppError, RawGpuBuffer
+from ._mscclpp import TcpBootstrap, UniqueId, __version__, backend, device_count
 
 #: The package's version (the same as ``__version__``).
 version: str = __version__
 
-__all__ = [
-    "BufferRef",
-    "CommGroup",
-    "Collectives",
-    "Communicator",
-    "ExecutionPlan",
-    "Executor",
-    "MscclppError",
-    "RawGpuBuffer",
-    "TcpBootstrap",
-    "UniqueId",
-    "__version__",
-    "backend",
-    "device_count",
-    "get_include",
-    "version",
-]
+__all__ = ["BufferRef", "CommGroup", "Collectives", "Communicator", "ExecutionPlan", "Executor", "MscclppError"]
+__all__ += ["RawGpuBuffer", "TcpBootstrap", "UniqueId", "__version__", "backend", "device_count", "get_include", "version"]
 
 
 def get_include() -> str:
@@ -63,9 +37,42 @@ def get_include() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
-class CommGroup:
-    """One rank of a group: owns its :class:`TcpBootstrap`, :class:`Communicator` and
-    :class:`Collectives` (like upstream MSCCL++'s ``mscclpp.CommGroup``).
+class Collectives(_mscclpp.Collectives):
+    """The collectives of one communicator: ``Collectives(comm, *, device=None, ...)`` (every
+    rank creates it, then makes the same calls in the same order).
+
+    Buffers: NumPy arrays (anything with the buffer protocol) on the host backend; torch
+    tensors, CuPy arrays, :class:`RawGpuBuffer` and :class:`BufferRef` on GPU builds, where
+    the calls are asynchronous on ``stream`` (default: the tensor's current torch/CuPy
+    stream, else 0). Every call takes ``dtype=`` (overrides the buffers' element type),
+    ``algorithm=`` (one of :meth:`algorithm_names`, for this call) and ``stream=``;
+    :meth:`collective` says the size rules.
+    """
+
+    def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", **kw: Any) -> None:
+        """Every element becomes the reduction (sum, prod, min, max, avg) over the ranks;
+        in place when ``recv`` is None."""
+        self.collective("allreduce", send, recv, op=op, **kw)
+
+    def all_gather(self, send: Any, recv: Any = None, **kw: Any) -> None:
+        """Every rank's ``send`` into ``recv`` (rank r's block at r x send's size); in place when
+        ``recv`` is None: ``send`` is then the whole buffer, this rank's block in its place."""
+        self.collective("allgather", send, recv, **kw)
+
+    def reduce_scatter(self, send: Any, recv: Any = None, *, op: str = "sum", **kw: Any) -> None:
+        """Rank r's ``recv`` gets block r of the reduction over the ranks of ``send`` (nranks
+        blocks); in place when ``recv`` is None: into this rank's block of ``send``."""
+        self.collective("reducescatter", send, recv, op=op, **kw)
+
+    def broadcast(self, send: Any, recv: Any = None, *, root: int = 0, **kw: Any) -> None:
+        """``root``'s ``send`` into every rank's ``recv`` (in place when None: ``send`` is
+        overwritten on the other ranks)."""
+        self.collective("broadcast", send, recv, root=root, **kw)
+
+
+class CommGroup(Collectives):
+    """One rank of a group: its :class:`TcpBootstrap`, :class:`Communicator` and the
+    :class:`Collectives` it is (like upstream MSCCL++'s ``mscclpp.CommGroup``).
 
     ``address`` is a :class:`UniqueId` (or its bytes) that rank 0 created and passed to the
     others, or ``"ip:port"`` / ``"ifname:ip:port"`` where rank 0 listens. Creating it is
@@ -75,36 +82,34 @@ class CommGroup:
     ``plain_bytes``, ``host_timeout``, ``host_blocks``, ``plan_dir``, ``plans``).
     """
 
-    def __init__(
-        self,
+    bootstrap: TcpBootstrap
+    communicator: Communicator
+    _executor: Executor | None
+
+    def __new__(
+        cls,
         rank: int,
         nranks: int,
         address: UniqueId | bytes | str,
         *,
         device: int | None = None,
         timeout: float = 60.0,
-        **collectives_config: Any,
-    ) -> None:
-        self.bootstrap = TcpBootstrap(rank, nranks)
-        self.bootstrap.initialize(address, timeout)
-        self.communicator = Communicator(self.bootstrap)
-        self.collectives = Collectives(self.communicator, device=device, **collectives_config)
-        self._executor: Executor | None = None
+        **config: Any,
+    ) -> CommGroup:
+        bootstrap = TcpBootstrap(rank, nranks)
+        bootstrap.initialize(address, timeout)
+        communicator = Communicator(bootstrap)
+        self = super().__new__(cls, communicator, device=device, **config)
+        self.bootstrap, self.communicator, self._executor = bootstrap, communicator, None
+        return self
 
-    @property
-    def rank(self) -> int:
-        """This rank."""
-        return self.bootstrap.rank
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        """Everything is done by ``__new__`` (the native base takes its arguments there)."""
 
     @property
     def my_rank(self) -> int:
         """This rank (upstream's name)."""
-        return self.bootstrap.rank
-
-    @property
-    def nranks(self) -> int:
-        """The number of ranks."""
-        return self.bootstrap.nranks
+        return self.rank
 
     @property
     def nranks_per_node(self) -> int:
@@ -112,29 +117,13 @@ class CommGroup:
         return self.bootstrap.nranks_per_node
 
     @property
-    def device(self) -> int:
-        """The GPU the collectives run on, -1 on the host backend."""
-        return self.collectives.device
+    def collectives(self) -> Collectives:
+        """The group itself (it is its :class:`Collectives`)."""
+        return self
 
     def barrier(self) -> None:
         """Waits until every rank called it."""
         self.bootstrap.barrier()
-
-    def all_reduce(self, send: Any, recv: Any = None, **kw: Any) -> None:
-        """:meth:`Collectives.all_reduce` (in place when ``recv`` is None)."""
-        self.collectives.all_reduce(send, recv, **kw)
-
-    def all_gather(self, send: Any, recv: Any = None, **kw: Any) -> None:
-        """:meth:`Collectives.all_gather` (in place when ``recv`` is None)."""
-        self.collectives.all_gather(send, recv, **kw)
-
-    def reduce_scatter(self, send: Any, recv: Any = None, **kw: Any) -> None:
-        """:meth:`Collectives.reduce_scatter` (in place when ``recv`` is None)."""
-        self.collectives.reduce_scatter(send, recv, **kw)
-
-    def broadcast(self, send: Any, recv: Any = None, **kw: Any) -> None:
-        """:meth:`Collectives.broadcast` (in place when ``recv`` is None; ``root=`` keyword)."""
-        self.collectives.broadcast(send, recv, **kw)
 
     @property
     def executor(self) -> Executor:

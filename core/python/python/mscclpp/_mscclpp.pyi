@@ -6,6 +6,8 @@ import builtins
 import os
 from typing import Any, Self, final
 
+from typing_extensions import disjoint_base
+
 __version__: str
 __all__ = [
     "BufferRef",
@@ -127,9 +129,9 @@ class BufferRef:
         kind: str = "buffer",
     ) -> Self: ...
 
-@final
+@disjoint_base
 class Collectives:
-    """The collectives of one communicator; every rank makes the same calls in order."""
+    """The collectives of one communicator (the native base of mscclpp.Collectives)."""
 
     def __new__(
         cls,
@@ -156,49 +158,20 @@ class Collectives:
         """The algorithm the default (or forced) choice takes for ``nbytes``."""
     def force_algorithm(self, collective: str, name: str | None) -> None:
         """Forces ``name`` for later calls (None un-forces)."""
-    def all_reduce(
+    def collective(
         self,
+        collective: str,
         send: Any,
         recv: Any = None,
         *,
         op: str = "sum",
-        dtype: str | None = None,
-        algorithm: str | None = None,
-        stream: int | None = None,
-    ) -> None:
-        """All-reduce (in place when ``recv`` is None); op: sum, prod, min, max, avg."""
-    def all_gather(
-        self,
-        send: Any,
-        recv: Any = None,
-        *,
-        dtype: str | None = None,
-        algorithm: str | None = None,
-        stream: int | None = None,
-    ) -> None:
-        """All-gather into ``recv`` (nranks x send); in place: ``send`` is the whole buffer."""
-    def reduce_scatter(
-        self,
-        send: Any,
-        recv: Any = None,
-        *,
-        op: str = "sum",
-        dtype: str | None = None,
-        algorithm: str | None = None,
-        stream: int | None = None,
-    ) -> None:
-        """Reduce-scatter of ``send`` (nranks x n) into ``recv`` (n); in place: into this rank's block."""
-    def broadcast(
-        self,
-        send: Any,
-        recv: Any = None,
-        *,
         root: int = 0,
         dtype: str | None = None,
         algorithm: str | None = None,
         stream: int | None = None,
     ) -> None:
-        """Broadcast of ``root``'s ``send`` into every ``recv`` (in place when None)."""
+        """Runs ``"allreduce"``, ``"allgather"``, ``"reducescatter"`` or ``"broadcast"``
+        (in place when ``recv`` is None)."""
 
 @final
 class RawGpuBuffer:
