@@ -92,22 +92,22 @@ pub fn parse_dtype(name: &str) -> PyResult<DataType> {
     name.parse::<DataType>().map_err(crate::error::from_lib)
 }
 
-/// The Python (NumPy/torch) name of a data type: `float32`, `float16`, `bfloat16`, ...
-pub fn dtype_name(t: DataType) -> &'static str {
-    match t {
-        DataType::I8 => "int8",
-        DataType::U8 => "uint8",
-        DataType::I32 => "int32",
-        DataType::U32 => "uint32",
-        DataType::I64 => "int64",
-        DataType::U64 => "uint64",
-        DataType::F16 => "float16",
-        DataType::F32 => "float32",
-        DataType::F64 => "float64",
-        DataType::Bf16 => "bfloat16",
-        DataType::Fp8E4M3 => "float8_e4m3",
-        DataType::Fp8E5M2 => "float8_e5m2",
+/// The Python (NumPy/torch) name of a data type (`float32`, `float16`, `bfloat16`, `int8`,
+/// `uint64`, `float8_e4m3`, ...), made of its kernel name (`f32`, `bf16`, `i8`, `fp8e4m3`).
+pub fn dtype_name(t: DataType) -> String {
+    let k = t.kernel_name();
+    if let Some(fp8) = k.strip_prefix("fp8") {
+        return format!("float8_{fp8}");
     }
+    let (prefix, bits) = k.split_at(k.find(|c: char| c.is_ascii_digit()).unwrap_or(0));
+    let name = match prefix {
+        "i" => "int",
+        "u" => "uint",
+        "f" => "float",
+        "bf" => "bfloat",
+        other => other,
+    };
+    format!("{name}{bits}")
 }
 
 /// One buffer of a call, checked for what the call needs of it.

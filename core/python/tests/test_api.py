@@ -90,6 +90,8 @@ def test_raw_gpu_buffer_host() -> None:
 
 @pytest.fixture(scope="module")
 def g1() -> Iterator[mscclpp.CommGroup]:
+    if not HOST:
+        pytest.skip("NumPy buffers are the host backend's (GPU builds: test_gpu.py)")
     g = mscclpp.CommGroup(0, 1, f"127.0.0.1:{free_port()}")
     yield g
     g.barrier()
@@ -185,3 +187,15 @@ def test_gpu_build_without_gpu_raises() -> None:
         mscclpp.RawGpuBuffer(16)
     with pytest.raises(mscclpp.MscclppError, match="no GPU|driver is not usable"):
         mscclpp.CommGroup(0, 1, f"127.0.0.1:{free_port()}")
+
+
+@pytest.mark.parametrize(
+    "dtype,name",
+    [("bfloat16", "bfloat16"), ("f8e4m3", "float8_e4m3"), ("uint64", "uint64"), ("int8", "int8"), ("half", "float16")],
+)
+def test_messages_name_numpy_dtypes(g1: mscclpp.CommGroup, dtype: str, name: str) -> None:
+    """A BufferRef of another element type than the NumPy output: both named as NumPy does."""
+    x = np.zeros(64, np.float32)
+    ref = mscclpp.BufferRef(x.ctypes.data, x.nbytes, dtype, owner=x, kind="test")
+    with pytest.raises(mscclpp.MscclppError, match=f"send is {name} but recv is float32"):
+        g1.all_reduce(ref, np.zeros(64, np.float32))

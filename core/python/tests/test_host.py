@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import mscclpp
 from ranks import run_ranks
+
+pytestmark = pytest.mark.skipif(mscclpp.backend() != "host", reason="NumPy buffers are the host backend's (GPU builds: test_gpu.py)")
 
 PLANS = Path(__file__).resolve().parents[2] / "plans"
 
