@@ -107,6 +107,33 @@ def case_algorithms(g: mscclpp.CommGroup, dev: torch.device) -> None:
     assert ran, "no all-reduce algorithm ran"
 
 
+def case_library_memory(g: mscclpp.CommGroup, dev: torch.device) -> None:
+    """Tensors of mscclpp.torch.empty (peer-mappable memory): every all-reduce algorithm,
+    zero-copy ones included, and every collective, out of place."""
+    import mscclpp.torch as mt
+
+    r, n = g.rank, g.nranks
+    count = 1 << 16
+    want = reduce([data(p, count, torch.bfloat16, dev) for p in range(n)], "sum")
+    x, y = mt.empty(count, dtype=torch.bfloat16), mt.empty(count, dtype=torch.bfloat16)
+    assert x.device == dev, (x.device, dev)
+    ran = []
+    for name in g.collectives.algorithm_names("allreduce"):
+        x.copy_(data(r, count, torch.bfloat16, dev))
+        try:
+            g.all_reduce(x, y, algorithm=name)
+        except mscclpp.MscclppError as e:
+            print(f"allreduce {name}: refused: {e}", flush=True)
+            continue
+        check(f"all_reduce by {name} on library memory", y, want)
+        ran.append(name)
+    print(f"rank {r}: all_reduce on mscclpp.torch.empty tensors by {ran}", flush=True)
+    gathered = mt.empty(n, count, dtype=torch.bfloat16)
+    x.copy_(data(r, count, torch.bfloat16, dev))
+    g.all_gather(x, gathered)
+    check("all_gather on library memory", gathered.flatten(), torch.cat([data(p, count, torch.bfloat16, dev) for p in range(n)]))
+
+
 def case_graph(g: mscclpp.CommGroup, dev: torch.device) -> None:
     """all_reduce, all_gather captured in a CUDA graph on a side stream, replayed."""
     if not CUDA:

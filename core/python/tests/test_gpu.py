@@ -45,6 +45,12 @@ def test_torch_every_allreduce_algorithm() -> None:
     run("algorithms")
 
 
+@usable
+def test_library_allocated_tensors() -> None:
+    """mscclpp.torch.empty tensors (peer-mappable): every all-reduce algorithm, all-gather."""
+    run("library_memory")
+
+
 @gpu_only
 def test_cuda_graph_capture_and_replay() -> None:
     run("graph")

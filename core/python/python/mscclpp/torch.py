@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import mscclpp
 
-__all__ = ["TorchComm", "op_name"]
+__all__ = ["TorchComm", "empty", "op_name"]
 
 _OPS = {"SUM": "sum", "PRODUCT": "prod", "PROD": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
 
@@ -37,6 +37,25 @@ def op_name(op: Any) -> str:
         return _OPS[str(name).upper()]
     except KeyError:
         raise mscclpp.MscclppError(f"reduce op {op!r}: expected one of SUM, PRODUCT, MIN, MAX, AVG") from None
+
+
+def empty(*shape: int, dtype: torch.dtype = torch.float32, device: int | None = None) -> torch.Tensor:
+    """An uninitialized tensor in memory this library allocated (a :class:`mscclpp.RawGpuBuffer`,
+    which the tensor keeps alive): peers can map it, so the zero-copy algorithms and the
+    execution plans take it. A CUDA tensor on GPU ``device`` (default: the current one) on
+    GPU builds, a CPU tensor on the host backend."""
+    count = 1
+    for n in shape:
+        count *= n
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if device is None and mscclpp.backend() != "host":
+        device = torch.cuda.current_device()
+    buf = mscclpp.RawGpuBuffer(max(count * itemsize, 1), device)
+    if buf.device >= 0:
+        raw = torch.as_tensor(buf, device=torch.device("cuda", buf.device))
+    else:
+        raw = torch.frombuffer(buf, dtype=torch.uint8)
+    return raw[: count * itemsize].view(dtype).view(shape)
 
 
 class TorchComm:
