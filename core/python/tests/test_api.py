@@ -199,3 +199,29 @@ def test_messages_name_numpy_dtypes(g1: mscclpp.CommGroup, dtype: str, name: str
     ref = mscclpp.BufferRef(x.ctypes.data, x.nbytes, dtype, owner=x, kind="test")
     with pytest.raises(mscclpp.MscclppError, match=f"send is {name} but recv is float32"):
         g1.all_reduce(ref, np.zeros(64, np.float32))
+
+
+@pytest.mark.skipif(not HOST, reason="NumPy buffers are the host backend's (GPU builds: test_gpu.py)")
+def test_explicit_objects_one_rank() -> None:
+    """TcpBootstrap -> Communicator -> Collectives and Executor by hand (what CommGroup does)."""
+    uid = mscclpp.TcpBootstrap.create_unique_id()
+    b = mscclpp.TcpBootstrap(0, 1)
+    b.initialize(uid, timeout=10)
+    assert (b.rank, b.nranks, b.nranks_per_node) == (0, 1, 1)
+    with pytest.raises(mscclpp.MscclppError, match="initialize called twice"):
+        b.initialize(uid)
+    comm = mscclpp.Communicator(b)
+    assert comm.bootstrap is b and (comm.rank, comm.nranks) == (0, 1)
+    coll = mscclpp.Collectives(comm, ll_half_bytes=1 << 20, plain_bytes=1 << 20, plans=False)
+    assert (coll.rank, coll.nranks, coll.device) == (0, 1, -1)
+    assert "copy" in coll.algorithm_names("allgather")
+    x = np.arange(8, dtype=np.int64)
+    y = np.zeros(8, np.int64)
+    coll.broadcast(x, y, root=0)
+    assert np.array_equal(x, y)
+    coll.reduce_scatter(x, y, op="max")
+    assert np.array_equal(x, y)
+    assert mscclpp.Executor(comm, timeout=5, host_threads_per_block=2) is not None
+    with pytest.raises(mscclpp.MscclppError, match="host_threads_per_block"):
+        mscclpp.Executor(comm, host_threads_per_block=0)
+    b.barrier()
