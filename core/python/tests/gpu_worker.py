@@ -51,6 +51,20 @@ def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
         raise AssertionError(f"{what}: {bad.numel()} of {want.numel()} differ; first at {i}: got {got[i]}, expected {want[i]}")
 
 
+def every_allreduce(g: mscclpp.CommGroup, run: Any) -> list[str]:
+    """``run(name)`` for every all-reduce algorithm; those the build refuses for this world
+    (alike on every rank, before any traffic) are skipped. Returns the names that ran."""
+    ran = []
+    for name in g.collectives.algorithm_names("allreduce"):
+        try:
+            run(name)
+        except mscclpp.MscclppError as e:
+            print(f"allreduce {name}: refused: {e}", flush=True)
+            continue
+        ran.append(name)
+    return ran
+
+
 def case_collectives(g: mscclpp.CommGroup, dev: torch.device) -> None:
     r, n = g.rank, g.nranks
     for dt in DTYPES:
@@ -93,16 +107,13 @@ def case_algorithms(g: mscclpp.CommGroup, dev: torch.device) -> None:
     r, n = g.rank, g.nranks
     count = 1 << 18
     want = reduce([data(p, count, torch.float16, dev) for p in range(n)], "sum")
-    ran = []
-    for name in g.collectives.algorithm_names("allreduce"):
+
+    def run(name: str) -> None:
         x = data(r, count, torch.float16, dev)
-        try:
-            g.all_reduce(x, algorithm=name)
-        except mscclpp.MscclppError as e:
-            print(f"allreduce {name}: refused: {e}", flush=True)
-            continue
+        g.all_reduce(x, algorithm=name)
         check(f"all_reduce by {name}", x, want)
-        ran.append(name)
+
+    ran = every_allreduce(g, run)
     print(f"rank {r}: all_reduce algorithms run and correct: {ran}", flush=True)
     assert ran, "no all-reduce algorithm ran"
 
@@ -117,16 +128,13 @@ def case_library_memory(g: mscclpp.CommGroup, dev: torch.device) -> None:
     want = reduce([data(p, count, torch.bfloat16, dev) for p in range(n)], "sum")
     x, y = mt.empty(count, dtype=torch.bfloat16), mt.empty(count, dtype=torch.bfloat16)
     assert x.device == dev, (x.device, dev)
-    ran = []
-    for name in g.collectives.algorithm_names("allreduce"):
+
+    def run(name: str) -> None:
         x.copy_(data(r, count, torch.bfloat16, dev))
-        try:
-            g.all_reduce(x, y, algorithm=name)
-        except mscclpp.MscclppError as e:
-            print(f"allreduce {name}: refused: {e}", flush=True)
-            continue
+        g.all_reduce(x, y, algorithm=name)
         check(f"all_reduce by {name} on library memory", y, want)
-        ran.append(name)
+
+    ran = every_allreduce(g, run)
     print(f"rank {r}: all_reduce on mscclpp.torch.empty tensors by {ran}", flush=True)
     gathered = mt.empty(n, count, dtype=torch.bfloat16)
     x.copy_(data(r, count, torch.bfloat16, dev))
