@@ -712,6 +712,48 @@ mod tests {
     }
 
     #[test]
+    fn choose_named_checks_like_choose() {
+        use std::time::Duration;
+        let id = crate::TcpBootstrap::create_unique_id().unwrap();
+        let mut b = crate::TcpBootstrap::new(0, 1).unwrap();
+        b.initialize_with_id(&id, Duration::from_secs(10)).unwrap();
+        let comm = Arc::new(Communicator::new(
+            Arc::new(b),
+            crate::Context::new().unwrap(),
+        ));
+        let cfg = CollectivesConfig {
+            ll_half_bytes: 4096,
+            plain_bytes: 4096,
+            ..CollectivesConfig::default()
+        };
+        let coll = Collectives::builder(comm)
+            .config(cfg)
+            .without_plans()
+            .build()
+            .unwrap();
+        let send: Vec<u32> = (0..16).collect();
+        let mut recv = vec![0u32; 16];
+        let call = Call {
+            kind: CollectiveKind::AllReduce,
+            send: send.as_ptr() as u64,
+            recv: recv.as_mut_ptr() as u64,
+            count: 16,
+            dtype: DataType::U32,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let e = coll.choose_named(&call, "bogus").unwrap_err().to_string();
+        assert!(e.contains("bogus") && e.contains("copy"), "{e}");
+        let null = Call { send: 0, ..call };
+        assert!(coll.choose_named(&null, "copy").is_err());
+        let c = coll.choose_named(&call, "copy").unwrap();
+        assert_eq!(c.name(), "copy");
+        // SAFETY: both vectors hold 16 u32 and outlive the (synchronous, host) call.
+        unsafe { coll.run_choice(&c, 0) }.unwrap();
+        assert_eq!(recv, send);
+    }
+
+    #[test]
     fn env_forcing() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             crate::env::Env::from_lookup(move |k: &str| {
