@@ -15,8 +15,10 @@ use crate::buffer::{dtype_name, extract, parse_dtype, Buf};
 use crate::comm::Communicator;
 use crate::error::{invalid, ResultExt};
 
-/// The collectives of one communicator (the library's `Collectives`): every rank creates it
-/// and then makes the same calls in the same order. Buffers are NumPy arrays (host backend),
+/// The collectives of one communicator (the library's `Collectives`), the native base of
+/// `mscclpp.Collectives` (whose `all_reduce`, `all_gather`, `reduce_scatter` and `broadcast`
+/// call `collective`): every rank creates it and then makes the same calls in the same
+/// order. Buffers are NumPy arrays (host backend),
 /// torch tensors, CuPy arrays, `RawGpuBuffer`s or `BufferRef`s; on GPU builds the calls are
 /// asynchronous on `stream` (default: the tensor's current torch/CuPy stream, else 0).
 #[pyclass(module = "mscclpp._mscclpp", frozen, subclass)]
