@@ -6,16 +6,16 @@
 # builds as pip does by default.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-venv=${MSCCLPP_PY_VENV:-target/pyenv}
+venv=$(realpath -m "${MSCCLPP_PY_VENV:-target/pyenv}")
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" || { echo "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check maturin numpy pytest mypy || exit 1
-PATH="$PWD/$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile ${MSCCLPP_PY_PROFILE:-dev}" \
+PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile ${MSCCLPP_PY_PROFILE:-dev}" \
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./core/python ||
   exit 1
 out=$(mktemp)
-(cd core/python && "../../$venv/bin/python" -m pytest -q -rs tests "$@") 2>&1 | tee "$out"
+(cd core/python && "$venv/bin/python" -m pytest -q -rs tests "$@") 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 # pytest's last line ("3 failed, 36 passed, 2 skipped in 7.6s") as the plain count line.
 tail -1 "$out" | python3 -c '
