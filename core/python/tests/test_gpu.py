@@ -34,21 +34,12 @@ def run(case: str, *args: str, nranks: int = NRANKS) -> None:
     run_ranks(case, nranks, *args, worker=HERE / "gpu_worker.py", timeout=480.0)
 
 
+# Cases of gpu_worker.py: every collective (f32/f16/bf16, sum/max, in and out of place, 4
+# sizes); every all-reduce algorithm forced; mscclpp.torch.empty (peer-mappable) tensors.
 @usable
-def test_torch_collectives() -> None:
-    """Every collective, float32/float16/bfloat16, sum/max, in and out of place, 4 sizes."""
-    run("collectives")
-
-
-@usable
-def test_torch_every_allreduce_algorithm() -> None:
-    run("algorithms")
-
-
-@usable
-def test_library_allocated_tensors() -> None:
-    """mscclpp.torch.empty tensors (peer-mappable): every all-reduce algorithm, all-gather."""
-    run("library_memory")
+@pytest.mark.parametrize("case", ["collectives", "algorithms", "library_memory"])
+def test_torch_tensors(case: str) -> None:
+    run(case)
 
 
 @gpu_only
