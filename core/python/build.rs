@@ -2,7 +2,7 @@
 //! (`python/mscclpp/include`, ignored by git), so maturin ships them in the wheel and
 //! `mscclpp.get_include()` finds them.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(to)?;
@@ -19,7 +19,10 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 fn main() {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // At run time (cargo sets it for the build script), not env!: a build-script binary
+    // compiled for one checkout may be reused for another sharing the target directory.
+    let here =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let headers = here.join("../../kernels/cuda/include");
     println!("cargo:rerun-if-changed={}", headers.display());
     if let Err(e) = copy_dir(&headers, &here.join("python/mscclpp/include")) {
