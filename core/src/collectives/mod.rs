@@ -445,6 +445,12 @@ impl Collectives {
     /// world spanning nodes, the check that it is a multi-node algorithm.
     pub fn checked_algorithm(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
         let algo = self.select(call)?;
+        self.check_algorithm(algo, call)
+    }
+
+    /// `algo` for `call` after its own check and, in a world spanning nodes, the check that it
+    /// is a multi-node algorithm.
+    fn check_algorithm(&self, algo: Arc<dyn Algorithm>, call: &Call) -> Result<Arc<dyn Algorithm>> {
         if self.res.topo().nnodes > 1 && !algo.multi_node() {
             let multi: Vec<&str> = self
                 .algos
@@ -477,6 +483,21 @@ impl Collectives {
         }
         Ok(Choice {
             algorithm: self.checked_algorithm(call)?,
+            call: *call,
+        })
+    }
+
+    /// [`Collectives::choose`] with the algorithm named `name` (of this communicator's
+    /// collection, plans included) for this one call, whatever is forced or selected: the
+    /// same argument and algorithm checks. An unknown name is an error listing the valid ones.
+    /// Every rank must name the same algorithm.
+    pub fn choose_named(&self, call: &Call, name: &str) -> Result<Choice> {
+        let algo = self.algos.get(call.kind, name)?.clone();
+        if call.count != 0 {
+            self.check_args(call)?;
+        }
+        Ok(Choice {
+            algorithm: self.check_algorithm(algo, call)?,
             call: *call,
         })
     }
@@ -688,6 +709,48 @@ mod tests {
     fn collectives_is_send_sync() {
         fn check<T: Send + Sync>() {}
         check::<Collectives>();
+    }
+
+    #[test]
+    fn choose_named_checks_like_choose() {
+        use std::time::Duration;
+        let id = crate::TcpBootstrap::create_unique_id().unwrap();
+        let mut b = crate::TcpBootstrap::new(0, 1).unwrap();
+        b.initialize_with_id(&id, Duration::from_secs(10)).unwrap();
+        let comm = Arc::new(Communicator::new(
+            Arc::new(b),
+            crate::Context::new().unwrap(),
+        ));
+        let cfg = CollectivesConfig {
+            ll_half_bytes: 4096,
+            plain_bytes: 4096,
+            ..CollectivesConfig::default()
+        };
+        let coll = Collectives::builder(comm)
+            .config(cfg)
+            .without_plans()
+            .build()
+            .unwrap();
+        let send: Vec<u32> = (0..16).collect();
+        let mut recv = vec![0u32; 16];
+        let call = Call {
+            kind: CollectiveKind::AllReduce,
+            send: send.as_ptr() as u64,
+            recv: recv.as_mut_ptr() as u64,
+            count: 16,
+            dtype: DataType::U32,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let e = coll.choose_named(&call, "bogus").unwrap_err().to_string();
+        assert!(e.contains("bogus") && e.contains("copy"), "{e}");
+        let null = Call { send: 0, ..call };
+        assert!(coll.choose_named(&null, "copy").is_err());
+        let c = coll.choose_named(&call, "copy").unwrap();
+        assert_eq!(c.name(), "copy");
+        // SAFETY: both vectors hold 16 u32 and outlive the (synchronous, host) call.
+        unsafe { coll.run_choice(&c, 0) }.unwrap();
+        assert_eq!(recv, send);
     }
 
     #[test]

@@ -1,0 +1,244 @@
+"""Type stubs of the native module ``mscclpp._mscclpp`` (core/python/src, PyO3)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from typing import Any, Self, final
+
+from typing_extensions import disjoint_base
+
+__version__: str
+__all__ = [
+    "BufferRef",
+    "Collectives",
+    "Communicator",
+    "ExecutionPlan",
+    "Executor",
+    "MscclppError",
+    "RawGpuBuffer",
+    "TcpBootstrap",
+    "UniqueId",
+    "__version__",
+    "backend",
+    "device_count",
+]
+
+# A buffer (typed Any): a NumPy array (or any object with the buffer protocol: host memory), a
+# torch tensor, an object with ``__cuda_array_interface__`` (CuPy), a RawGpuBuffer or a
+# BufferRef.
+
+class MscclppError(RuntimeError):
+    """An error of the mscclpp library: the message says what came and what was expected."""
+
+    code: str
+    """Its kind: InvalidUsage, Timeout, RemoteError, SystemError, InternalError, Aborted,
+    ExecutorError."""
+
+def backend() -> str:
+    """``"host"``, ``"cuda"`` or ``"rocm"``: the backend this module was built for."""
+
+def device_count() -> int:
+    """GPUs this process sees (0 on the host backend or without a driver)."""
+
+@final
+class UniqueId:
+    """128 opaque bytes naming one bootstrap group (root address and nonce)."""
+
+    @classmethod
+    def create(cls) -> UniqueId:
+        """A new group id; this process keeps its listening port for rank 0."""
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UniqueId:
+        """The id of ``bytes(uid)``; raises MscclppError for malformed bytes."""
+    def to_bytes(self) -> bytes:
+        """Its 128 bytes."""
+    def __bytes__(self) -> bytes: ...
+    @property
+    def root_address(self) -> str:
+        """The root's ``"ip:port"``."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class TcpBootstrap:
+    """The TCP bootstrap of one rank: construct, then ``initialize`` on every rank."""
+
+    def __new__(cls, rank: int, nranks: int) -> Self: ...
+    @classmethod
+    def create(cls, rank: int, nranks: int) -> TcpBootstrap:
+        """``TcpBootstrap(rank, nranks)`` (upstream's spelling)."""
+    @staticmethod
+    def create_unique_id() -> UniqueId:
+        """A new :class:`UniqueId`."""
+    def set_job_key(self, key: str) -> None:
+        """The job key of ``"ip:port"`` mode (every rank the same), before ``initialize``."""
+    def initialize(self, address: UniqueId | bytes | str, timeout: float = 60.0) -> None:
+        """Joins the group at a UniqueId (or its bytes) or ``"[ifname:]ip:port"``."""
+    @property
+    def rank(self) -> int: ...
+    @property
+    def nranks(self) -> int: ...
+    @property
+    def nranks_per_node(self) -> int: ...
+    def barrier(self) -> None:
+        """Waits until every rank called it."""
+    def all_gather(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` in rank order."""
+    def send(self, data: bytes, peer: int, tag: int = 0) -> None:
+        """Sends ``data`` to ``peer`` under ``tag``."""
+    def recv(self, peer: int, tag: int = 0) -> bytes:
+        """The next message from ``peer`` under ``tag``."""
+
+@final
+class Communicator:
+    """A communicator over an initialized :class:`TcpBootstrap`."""
+
+    def __new__(cls, bootstrap: TcpBootstrap) -> Self: ...
+    @property
+    def bootstrap(self) -> TcpBootstrap: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def nranks(self) -> int: ...
+
+@final
+class BufferRef:
+    """A description of memory this package does not own (see mscclpp._buffers.describe)."""
+
+    ptr: int
+    nbytes: int
+    dtype: str | None
+    device: int
+    readonly: bool
+    contiguous: bool
+    stream: int | None
+    owner: Any
+    kind: str
+    def __new__(
+        cls,
+        ptr: int,
+        nbytes: int,
+        dtype: str | None = None,
+        device: int = -1,
+        *,
+        readonly: bool = False,
+        contiguous: bool = True,
+        stream: int | None = None,
+        owner: Any = None,
+        kind: str = "buffer",
+    ) -> Self: ...
+
+@disjoint_base
+class Collectives:
+    """The collectives of one communicator (the native base of mscclpp.Collectives)."""
+
+    def __new__(
+        cls,
+        comm: Communicator,
+        *,
+        device: int | None = None,
+        ll_half_bytes: int | None = None,
+        plain_bytes: int | None = None,
+        host_timeout: float | None = None,
+        host_blocks: int | None = None,
+        plan_dir: str | os.PathLike[str] | None = None,
+        plans: bool = True,
+    ) -> Self: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def nranks(self) -> int: ...
+    @property
+    def device(self) -> int:
+        """The GPU the collectives run on, -1 on the host backend."""
+    def algorithm_names(self, collective: str) -> list[str]:
+        """Algorithm names of ``"allreduce"``, ``"allgather"``, ``"reducescatter"``, ``"broadcast"``."""
+    def algorithm_for(self, collective: str, nbytes: int) -> str:
+        """The algorithm the default (or forced) choice takes for ``nbytes``."""
+    def force_algorithm(self, collective: str, name: str | None) -> None:
+        """Forces ``name`` for later calls (None un-forces)."""
+    def collective(
+        self,
+        collective: str,
+        send: Any,
+        recv: Any = None,
+        *,
+        op: str = "sum",
+        root: int = 0,
+        dtype: str | None = None,
+        algorithm: str | None = None,
+        stream: int | None = None,
+    ) -> None:
+        """Runs ``"allreduce"``, ``"allgather"``, ``"reducescatter"`` or ``"broadcast"``
+        (in place when ``recv`` is None)."""
+
+@final
+class RawGpuBuffer:
+    """Communication memory allocated by this library (zeroed)."""
+
+    def __new__(cls, nbytes: int, device: int | None = None) -> Self: ...
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+    def data(self) -> int:
+        """Its address."""
+    def bytes(self) -> int:
+        """Its size in bytes."""
+    def write(self, data: builtins.bytes, offset: int = 0) -> None:
+        """Copies ``data`` in at byte ``offset``."""
+    def read(self, offset: int = 0, nbytes: int | None = None) -> builtins.bytes:
+        """Copies bytes out."""
+    def __len__(self) -> int: ...
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+
+@final
+class ExecutionPlan:
+    """A JSON execution plan loaded for one rank."""
+
+    def __new__(cls, path: str | os.PathLike[str], rank: int) -> Self: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def collective(self) -> str: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def is_in_place(self) -> bool: ...
+    @property
+    def protocol(self) -> str: ...
+    @property
+    def min_message_size(self) -> int: ...
+    @property
+    def max_message_size(self) -> int: ...
+
+@final
+class Executor:
+    """Runs execution plans on a communicator."""
+
+    def __new__(
+        cls,
+        comm: Communicator,
+        *,
+        timeout: float | None = None,
+        host_threads_per_block: int | None = None,
+    ) -> Self: ...
+    def execute(
+        self,
+        plan: ExecutionPlan,
+        send: Any,
+        recv: Any,
+        *,
+        dtype: str | None = None,
+        stream: int | None = None,
+        packet_type: str = "LL16",
+    ) -> None:
+        """Runs ``plan`` on library-allocated buffers (collective)."""
+    def reset(self) -> None:
+        """Drops the cached contexts (collective)."""

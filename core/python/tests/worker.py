@@ -1,0 +1,248 @@
+"""One rank of a multi-process test: ``python worker.py CASE RANK NRANKS ADDRESS [ARGS...]``.
+
+Every case builds a :class:`mscclpp.CommGroup` over 127.0.0.1 (small scratch, so a rank
+allocates little), checks its results exactly against NumPy and exits non-zero on the first
+mismatch (the traceback says which call). ``ranks.run_ranks`` starts the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+import mscclpp
+
+DTYPES = [np.float32, np.float16, np.int32, np.float64, np.int8, np.int64]
+OPS = ["sum", "max", "min"]
+COUNTS = [0, 1, 37, 1024, 65543]
+# The default scratch sizes: the default selector picks algorithms by them (a 256 KiB all-reduce
+# takes `packet`, which needs 1 MiB of LL scratch).
+SMALL: dict[str, Any] = dict(host_timeout=60.0)
+
+
+def data(rank: int, count: int, dtype: Any) -> np.ndarray:
+    """Rank ``rank``'s small integral values, exact in every type and reduction here."""
+    return ((np.arange(count, dtype=np.int64) * 7 + rank * 3) % 11).astype(dtype)
+
+
+def reduce(arrays: list[np.ndarray], op: str) -> np.ndarray:
+    stack = np.stack([a.astype(np.float64) for a in arrays])
+    out = {"sum": stack.sum(0), "max": stack.max(0), "min": stack.min(0)}[op]
+    return out.astype(arrays[0].dtype)
+
+
+def check(what: str, got: np.ndarray, want: np.ndarray) -> None:
+    if got.shape != want.shape or not np.array_equal(got, want):
+        bad = np.flatnonzero(got != want) if got.shape == want.shape else []
+        i = int(bad[0]) if len(bad) else -1
+        raise AssertionError(
+            f"{what}: {len(bad)} of {want.size} elements differ; first at {i}: "
+            f"got {got[i] if i >= 0 else got.shape}, expected {want[i] if i >= 0 else want.shape}"
+        )
+
+
+def group(rank: int, nranks: int, addr: str, **kw: Any) -> mscclpp.CommGroup:
+    return mscclpp.CommGroup(rank, nranks, addr, **{**SMALL, **kw})
+
+
+def case_allreduce(g: mscclpp.CommGroup, *args: str) -> None:
+    r, n = g.rank, g.nranks
+    for dt in DTYPES:
+        for op in OPS:
+            for count in COUNTS:
+                want = reduce([data(p, count, dt) for p in range(n)], op)
+                x = data(r, count, dt)
+                g.all_reduce(x, op=op)
+                check(f"all_reduce in place {np.dtype(dt)} {op} {count}", x, want)
+                x = data(r, count, dt)
+                y = np.full(count, 99, dtype=dt)
+                g.all_reduce(x, y, op=op)
+                check(f"all_reduce out of place {np.dtype(dt)} {op} {count}", y, want)
+                check(f"all_reduce out of place leaves send {np.dtype(dt)} {op} {count}", x, data(r, count, dt))
+
+
+def case_allgather(g: mscclpp.CommGroup, *args: str) -> None:
+    r, n = g.rank, g.nranks
+    for dt in DTYPES:
+        for count in COUNTS:
+            want = np.concatenate([data(p, count, dt) for p in range(n)])
+            y = np.full(n * count, 99, dtype=dt)
+            g.all_gather(data(r, count, dt), y)
+            check(f"all_gather out of place {np.dtype(dt)} {count}", y, want)
+            buf = np.full(n * count, 99, dtype=dt)
+            buf[r * count : (r + 1) * count] = data(r, count, dt)
+            g.all_gather(buf)
+            check(f"all_gather in place {np.dtype(dt)} {count}", buf, want)
+
+
+def case_reducescatter(g: mscclpp.CommGroup, *args: str) -> None:
+    r, n = g.rank, g.nranks
+    for dt in DTYPES:
+        for op in OPS:
+            for count in COUNTS:
+                full = reduce([data(p, n * count, dt) for p in range(n)], op)
+                want = full[r * count : (r + 1) * count]
+                y = np.full(count, 99, dtype=dt)
+                g.reduce_scatter(data(r, n * count, dt), y, op=op)
+                check(f"reduce_scatter out of place {np.dtype(dt)} {op} {count}", y, want)
+                buf = data(r, n * count, dt)
+                g.reduce_scatter(buf, op=op)
+                check(f"reduce_scatter in place {np.dtype(dt)} {op} {count}", buf[r * count : (r + 1) * count], want)
+
+
+def case_broadcast(g: mscclpp.CommGroup, *args: str) -> None:
+    r, n = g.rank, g.nranks
+    for dt in DTYPES:
+        for root in sorted({0, n - 1}):
+            for count in COUNTS:
+                want = data(root, count, dt)
+                y = np.full(count, 99, dtype=dt)
+                g.broadcast(data(r, count, dt), y, root=root)
+                check(f"broadcast out of place {np.dtype(dt)} root {root} {count}", y, want)
+                buf = data(r, count, dt) if r == root else np.full(count, 99, dtype=dt)
+                g.broadcast(buf, root=root)
+                check(f"broadcast in place {np.dtype(dt)} root {root} {count}", buf, want)
+
+
+def case_algorithms(g: mscclpp.CommGroup, *args: str) -> None:
+    """Every algorithm of every collective that the host backend can run, forced per call
+    (the ones it refuses are refused alike on every rank before any traffic)."""
+    r, n = g.rank, g.nranks
+    count = 4096
+    ran: dict[str, list[str]] = {}
+    runs: dict[str, Callable[[str], None]] = {}
+
+    def ar(name: str) -> None:
+        x, want = data(r, count, np.float32), reduce([data(p, count, np.float32) for p in range(n)], "sum")
+        g.all_reduce(x, algorithm=name)
+        check(f"all_reduce by {name}", x, want)
+
+    def ag(name: str) -> None:
+        y, want = np.zeros(n * count, np.float32), np.concatenate([data(p, count, np.float32) for p in range(n)])
+        g.all_gather(data(r, count, np.float32), y, algorithm=name)
+        check(f"all_gather by {name}", y, want)
+
+    def rs(name: str) -> None:
+        full = reduce([data(p, n * count, np.float32) for p in range(n)], "sum")
+        y = np.zeros(count, np.float32)
+        g.reduce_scatter(data(r, n * count, np.float32), y, algorithm=name)
+        check(f"reduce_scatter by {name}", y, full[r * count : (r + 1) * count])
+
+    def bc(name: str) -> None:
+        y = np.zeros(count, np.float32)
+        g.broadcast(data(r, count, np.float32), y, root=n - 1, algorithm=name)
+        check(f"broadcast by {name}", y, data(n - 1, count, np.float32))
+
+    runs = {"allreduce": ar, "allgather": ag, "reducescatter": rs, "broadcast": bc}
+    for kind, run in runs.items():
+        for name in g.collectives.algorithm_names(kind):
+            try:
+                run(name)
+            except mscclpp.MscclppError as e:
+                print(f"{kind} {name}: refused: {e}")
+                continue
+            ran.setdefault(kind, []).append(name)
+    print("ran:", ran)
+    for kind in runs:
+        assert len(ran.get(kind, [])) >= 1, f"no {kind} algorithm ran: {ran}"
+    assert len(ran["allreduce"]) >= 3, ran
+    # A forced algorithm stays until un-forced.
+    g.collectives.force_algorithm("allreduce", ran["allreduce"][-1])
+    assert g.collectives.algorithm_for("allreduce", 1 << 20) == ran["allreduce"][-1]
+    ar(ran["allreduce"][-1])
+    g.collectives.force_algorithm("allreduce", None)
+
+
+def case_bootstrap(g: mscclpp.CommGroup, *args: str) -> None:
+    r, n = g.rank, g.nranks
+    b = g.bootstrap
+    got = b.all_gather(f"rank {r}".encode())
+    assert got == [f"rank {p}".encode() for p in range(n)], got
+    b.send(b"hello %d" % r, (r + 1) % n, 7)
+    msg = b.recv((r - 1) % n, 7)
+    assert msg == b"hello %d" % ((r - 1) % n), msg
+    assert g.nranks_per_node == n
+    assert g.communicator.rank == r and g.communicator.nranks == n
+    g.barrier()
+
+
+def case_uniqueid(rank: int, nranks: int, addr: str, path: str) -> None:
+    """Rank 0 creates a UniqueId and hands its bytes to the others through a file."""
+    if rank == 0:
+        uid = mscclpp.UniqueId.create()
+        assert mscclpp.UniqueId.from_bytes(bytes(uid)) == uid
+        assert pickle.loads(pickle.dumps(uid)) == uid
+        with open(path + ".tmp", "wb") as f:
+            f.write(bytes(uid))
+        os.rename(path + ".tmp", path)
+        address: Any = uid
+    else:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path):
+            assert time.monotonic() < deadline, "no UniqueId from rank 0"
+            time.sleep(0.05)
+        with open(path, "rb") as f:
+            address = f.read()  # its bytes work as well as the object
+    g = group(rank, nranks, address)
+    x = data(rank, 100, np.float32)
+    g.all_reduce(x)
+    check("all_reduce over a UniqueId group", x, reduce([data(p, 100, np.float32) for p in range(nranks)], "sum"))
+    g.barrier()
+
+
+def case_executor(g: mscclpp.CommGroup, plan_path: str) -> None:
+    """An all-reduce execution plan on RawGpuBuffers viewed through NumPy."""
+    r, n = g.rank, g.nranks
+    plan = g.load_plan(plan_path)
+    assert plan.world_size == n and plan.collective == "allreduce", plan
+    nbytes = 1 << 16
+    count = nbytes // 4
+    send_buf = mscclpp.RawGpuBuffer(nbytes)
+    send = np.frombuffer(send_buf, dtype=np.float32)
+    want = reduce([data(p, count, np.float32) for p in range(n)], "sum")
+    if plan.is_in_place:
+        recv_buf, recv = send_buf, send
+    else:
+        recv_buf = mscclpp.RawGpuBuffer(nbytes)
+        recv = np.frombuffer(recv_buf, dtype=np.float32)
+    for it in range(3):
+        send[:] = data(r, count, np.float32)
+        if recv is not send:
+            recv[:] = 0
+        g.execute(plan, send_buf, recv_buf, dtype="float32")
+        check(f"plan {plan.name} run {it}", recv.copy(), want)
+    # Memory the library did not allocate is refused, alike on every rank, before any traffic.
+    try:
+        g.execute(plan, np.zeros(count, np.float32), np.zeros(count, np.float32))
+    except mscclpp.MscclppError as e:
+        print("foreign memory refused:", e)
+        assert e.code == "ExecutorError", e.code
+    else:
+        raise AssertionError("the executor ran on NumPy-allocated memory")
+    # NumPy views of the library's memory work as well.
+    send[:] = data(r, count, np.float32)
+    g.execute(plan, send, recv)
+    check(f"plan {plan.name} on NumPy views", recv.copy(), want)
+    g.barrier()
+
+
+def main() -> None:
+    case, rank, nranks, addr, *rest = sys.argv[1:]
+    r, n = int(rank), int(nranks)
+    fn = globals()[f"case_{case}"]
+    if case == "uniqueid":
+        fn(r, n, addr, *rest)
+    else:
+        g = group(r, n, addr)
+        fn(g, *rest)
+        g.barrier()
+    print(f"rank {r}: {case} passed")
+
+
+if __name__ == "__main__":
+    main()
