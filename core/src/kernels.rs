@@ -135,8 +135,9 @@ mod tests {
         };
         assert!(in_folder(collectives::OBJECTS, "collectives"));
         assert!(in_folder(executor::OBJECTS, "executor"));
+        assert!(in_folder(p2p::OBJECTS, "p2p"));
         assert_eq!(
-            collectives::OBJECTS.len() + executor::OBJECTS.len(),
+            collectives::OBJECTS.len() + executor::OBJECTS.len() + p2p::OBJECTS.len(),
             OBJECTS.len()
         );
         let fullmesh = collectives::allgather::FULLMESH;
