@@ -122,6 +122,7 @@ def _blocks(tb: int | None, tb_group: ThreadBlockGroup | None) -> list[tuple[int
     if (tb is None) == (tb_group is None):
         raise fail("expected exactly one of tb= (a thread block id) and tb_group= (a ThreadBlockGroup)")
     if tb_group is None:
+        assert tb is not None
         return [(tb, None)]
     if not isinstance(tb_group, ThreadBlockGroup):
         raise fail(f"tb_group {tb_group!r}: expected a ThreadBlockGroup")

@@ -297,7 +297,7 @@ class CollectiveProgram:
     def buffer_chunks(self, rank: int, buffer: str) -> int:
         if buffer == "s":
             return self.gpus[rank].scratch_chunks
-        return self.collective.chunks(buffer)
+        return int(self.collective.chunks(buffer))
 
     def add_op(self, rank: int, tb: int, op: Op) -> None:
         op.loop = self.loop
@@ -451,7 +451,7 @@ class CollectiveProgram:
             for t in range(ntb):
                 tb = g.tbs.get(t, _Tb())
                 for inst in range(k):
-                    chans = [
+                    tb_chans = [
                         {"channel_type": ty, "channel_ids": [g_idx * k + inst for g_idx in self._gpu_ids(g, ty, cs)]}
                         for ty, cs in tb.channels.items()
                         if cs
@@ -469,7 +469,7 @@ class CollectiveProgram:
                     tbs.append(
                         {
                             "id": t * k + inst,
-                            "channels": chans,
+                            "channels": tb_chans,
                             "remote_buffer_refs": refs,
                             "ops": self._tb_ops(tb.ops, g, tb, inst),
                         }

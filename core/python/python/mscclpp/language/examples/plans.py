@@ -34,6 +34,7 @@ from typing import Callable
 from mscclpp.language import (
     AllGather,
     AllReduce,
+    BaseBuffer,
     Buffer,
     BufferType,
     CollectiveProgram,
@@ -77,11 +78,11 @@ def program(name: str, coll: object, n: int, ll: bool = False, **kw: object) -> 
     )
 
 
-def inputs(n: int) -> list:
+def inputs(n: int) -> list[BaseBuffer]:
     return [Rank(r).get_input_buffer() for r in range(n)]
 
 
-def outputs(n: int) -> list:
+def outputs(n: int) -> list[BaseBuffer]:
     return [Rank(r).get_output_buffer() for r in range(n)]
 
 
