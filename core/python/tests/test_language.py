@@ -144,7 +144,7 @@ BAD = {
         with CollectiveProgram("bad", AllReduce(2, 1, True), 2):
             MemoryChannel(0, 1).wait(tb=3)  # <- error
         """,
-        "rank 0 signals rank 1 0 time(s)",
+        "rank 0 signals rank 1 0 time(s) (it uses 0 memory channel(s) to rank 1, no #0)",
     ),
     "no thread block": (
         """

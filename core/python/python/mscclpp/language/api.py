@@ -267,8 +267,10 @@ class _Channel:
 
 
 class MemoryChannel(_Channel):
-    """A channel from ``src_rank`` to ``dst_rank`` through mapped peer memory (the k-th
-    MemoryChannel(b, a) pairs with the k-th MemoryChannel(a, b) for signals and waits)."""
+    """A channel from ``src_rank`` to ``dst_rank`` through mapped peer memory. For signals and
+    waits, the k-th channel rank a uses to rank b (in the order of first use by a signal, wait,
+    get or port operation) pairs with the k-th channel b uses to a. Data operations (put,
+    reduce, packets) reach the peer's buffers directly and name no channel in the plan."""
 
     channel_type = "memory"
 

@@ -255,18 +255,11 @@ class CollectiveProgram:
             raise fail(f"instances {instances}: expected at least 1", site)
         if not 0 <= min_message_size <= max_message_size:
             raise fail(f"message sizes {min_message_size}..{max_message_size}: expected min <= max", site)
-        self.name = name
-        self.collective = collective
-        self.num_ranks = gpu_size
-        self.instances = instances
-        self.protocol = protocol
-        self.instr_fusion = instr_fusion
-        self.num_threads_per_block = num_threads_per_block
+        self.name, self.collective, self.num_ranks, self.instances = name, collective, gpu_size, instances
+        self.protocol, self.instr_fusion, self.reuse_resources = protocol, instr_fusion, reuse_resources
+        self.num_threads_per_block, self.buffer_alignment = num_threads_per_block, buffer_alignment
         self.use_double_scratch_buffer = use_double_scratch_buffer
-        self.buffer_alignment = buffer_alignment
-        self.min_message_size = min_message_size
-        self.max_message_size = max_message_size
-        self.reuse_resources = reuse_resources
+        self.min_message_size, self.max_message_size = min_message_size, max_message_size
         self.nranks_per_node = nranks_per_node if nranks_per_node is not None else gpu_size
         self.gpus = [_Gpu(r) for r in range(gpu_size)]
         self.loop: Any = None
@@ -367,10 +360,19 @@ class CollectiveProgram:
                 w = [o for o in waits if o.loop is loop]
                 if len(s) != len(w):
                     site = (s[len(w)] if len(s) > len(w) else w[len(s)]).site
+                    sent = (
+                        f"through the #{k} {ctype} channel it uses to rank {b}"
+                        if k < len(mine)
+                        else f"(it uses {len(mine)} {ctype} channel(s) to rank {b}, no #{k})"
+                    )
+                    got = (
+                        f"on its #{k} {ctype} channel to rank {a}"
+                        if k < len(back)
+                        else f"(it uses {len(back)} {ctype} channel(s) to rank {a}, no #{k})"
+                    )
                     raise fail(
-                        f"unmatched signal/wait: rank {a} signals rank {b} {len(s)} time(s) through the "
-                        f"#{k} {ctype} channel it uses to rank {b}; rank {b} waits {len(w)} time(s) on its #{k} "
-                        f"{ctype} channel to rank {a} (channels pair in the order each rank first uses them)"
+                        f"unmatched signal/wait: rank {a} signals rank {b} {len(s)} time(s) {sent}; rank {b} "
+                        f"waits {len(w)} time(s) {got} (channels pair in the order each rank first uses them)"
                         + ("" if loop is None else ", inside one LoopIterationContext"),
                         site,
                     )

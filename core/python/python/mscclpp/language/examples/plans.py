@@ -66,6 +66,29 @@ def sync(ch: MemoryChannel | PortChannel, tb: int, relaxed: bool = False) -> Non
     ch.wait(tb, SyncType.after, relaxed=relaxed)
 
 
+def blocks(r: int, n: int) -> tuple[Rank, list[int], list[int], ThreadBlockGroup, dict[int, MemoryChannel]]:
+    """Rank r, its peers, its thread blocks (block j serves peer j), their group and a memory
+    channel to every peer."""
+    ps, tbs = peers(r, n), list(range(n - 1))
+    return Rank(r), ps, tbs, ThreadBlockGroup(tbs), {p: MemoryChannel(p, r) for p in ps}
+
+
+def sync_peers(ch: dict[int, MemoryChannel], ps: list[int]) -> None:
+    """Block j syncs with peer j."""
+    for j, p in enumerate(ps):
+        sync(ch[p], j)
+
+
+def send_result(r: int, bufs: list[BaseBuffer], ch: dict[int, MemoryChannel], tbs: list[int]) -> None:
+    """Chunk r of rank r's ``bufs`` into every peer's (split over the blocks; fused with a
+    reduce just before it), then the end: barrier, every block syncs with its peer."""
+    ps = list(ch)
+    for q in ps:
+        ch[q].put(bufs[q][r], bufs[r][r], tb_group=ThreadBlockGroup(tbs))
+    Rank(r).barrier(tbs)
+    sync_peers(ch, ps)
+
+
 def program(name: str, coll: object, n: int, ll: bool = False, **kw: object) -> CollectiveProgram:
     return CollectiveProgram(
         name,
@@ -90,14 +113,11 @@ def allreduce_simple(n: int) -> CollectiveProgram:
     with program(f"allreduce_simple_n{n}", AllReduce(n, 1, True), n) as prog:
         inp = inputs(n)
         for r in range(n):
-            rank, ps = Rank(r), peers(r, n)
-            tbs = list(range(n - 1))
-            ch = {p: MemoryChannel(p, r) for p in ps}
-            for j, p in enumerate(ps):
-                sync(ch[p], j)
+            rank, ps, tbs, group, ch = blocks(r, n)
+            sync_peers(ch, ps)
             rank.barrier(tbs)
             for q in ps:
-                ch[q].reduce(inp[r][r], [inp[q][r]], tb_group=ThreadBlockGroup(tbs))
+                ch[q].reduce(inp[r][r], [inp[q][r]], tb_group=group)
             rank.barrier(tbs)
             for j, p in enumerate(ps):
                 sync(ch[p], j)
@@ -113,20 +133,12 @@ def allreduce_oop(n: int) -> CollectiveProgram:
     with program(f"allreduce_oop_n{n}", AllReduce(n, 1, False), n) as prog:
         inp, out = inputs(n), outputs(n)
         for r in range(n):
-            rank, ps = Rank(r), peers(r, n)
-            tbs = list(range(n - 1))
-            group = ThreadBlockGroup(tbs)
-            ch = {p: MemoryChannel(p, r) for p in ps}
-            for j, p in enumerate(ps):
-                sync(ch[p], j)
+            rank, ps, tbs, group, ch = blocks(r, n)
+            sync_peers(ch, ps)
             rank.barrier(tbs)
             for q in ps:  # fused: one rres per block
                 ch[q].reduce(inp[r][r], [inp[q][r]], tb_group=group, local_dst_chunk=out[r][r])
-            for q in ps:
-                ch[q].put(out[q][r], out[r][r], tb_group=group)
-            rank.barrier(tbs)
-            for j, p in enumerate(ps):
-                sync(ch[p], j)
+            send_result(r, out, ch, tbs)
     return prog
 
 
@@ -135,10 +147,7 @@ def allreduce_put(n: int) -> CollectiveProgram:
         inp = inputs(n)
         scratch = [Buffer(r, n - 1) for r in range(n)]
         for r in range(n):
-            rank, ps = Rank(r), peers(r, n)
-            tbs = list(range(n - 1))
-            group = ThreadBlockGroup(tbs)
-            ch = {p: MemoryChannel(p, r) for p in ps}
+            rank, ps, tbs, group, ch = blocks(r, n)
             for j, p in enumerate(ps):
                 sync(ch[p], j)
                 ch[p].put(scratch[p][pos(r, p)], inp[r][p], tb=j)
@@ -149,11 +158,7 @@ def allreduce_put(n: int) -> CollectiveProgram:
             if r % 2:  # reduce, then put the result (unfused); even ranks: res
                 for j in tbs:
                     rank.nop(j)
-            for q in ps:
-                ch[q].put(inp[q][r], inp[r][r], tb_group=group)
-            rank.barrier(tbs)
-            for j, p in enumerate(ps):
-                sync(ch[p], j)
+            send_result(r, inp, ch, tbs)
     return prog
 
 
@@ -162,9 +167,7 @@ def allreduce_ll(n: int) -> CollectiveProgram:
         inp = inputs(n)
         scratch = [Buffer(r, 2 * (n - 1)) for r in range(n)]
         for r in range(n):
-            rank, ps = Rank(r), peers(r, n)
-            group = ThreadBlockGroup(range(n - 1))
-            ch = {p: MemoryChannel(p, r) for p in ps}
+            rank, ps, tbs, group, ch = blocks(r, n)
             for j, p in enumerate(ps):
                 ch[p].put_packets(scratch[p][pos(r, p)], inp[r][p], tb=j)
             rank.reduce(inp[r][r], [scratch[r][k] for k in range(n - 1)], tb_group=group, packet=True)
@@ -184,10 +187,7 @@ def allreduce_ll_fwd(n: int) -> CollectiveProgram:
         inp = inputs(n)
         scratch = [Buffer(r, c + 1) for r in range(n)]
         for r in range(n):
-            rank, ps = Rank(r), peers(r, n)
-            tbs = list(range(n - 1))
-            group = ThreadBlockGroup(tbs)
-            ch = {p: MemoryChannel(p, r) for p in ps}
+            rank, ps, tbs, group, ch = blocks(r, n)
             for j, p in enumerate(ps):
                 ch[p].put_packets(scratch[p][pos(r, p)], inp[r][p], tb=j)
             rank.reduce(inp[r][r], [scratch[r][k] for k in range(n - 1)], tb_group=group, packet=True)
