@@ -2,7 +2,9 @@
 """Writes the execution plans shipped with mscclpp-rs (core/plans/*.json) from their DSL
 programs (core/python/python/mscclpp/language/examples/plans.py, which documents the
 families). `python3 core/plans/plans.py` rewrites the files; `--check` tells whether they are
-what the programs produce (CI runs it).
+what the programs produce (CI runs it). `python3 core/plans/plans.py example ARGS...` runs
+`python -m mscclpp.language.examples.collectives ARGS...` the same way (tests and GPU scripts
+write the example plans with it, e.g. `example allreduce 2 > plan.json`).
 
 Runs from a plain checkout: `mscclpp.language` is standard-library Python, loaded here from the
 source tree without the package's native extension.
@@ -25,5 +27,7 @@ if "mscclpp" not in sys.modules:
 plans = importlib.import_module("mscclpp.language.examples.plans")
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["example"]:
+        sys.exit(importlib.import_module("mscclpp.language.examples.collectives").main(sys.argv[2:]))
     check = ["--check"] if "--check" in sys.argv[1:] else []
     sys.exit(plans.main(check + [HERE]))

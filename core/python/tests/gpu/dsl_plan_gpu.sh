@@ -37,16 +37,9 @@ if [ "${DSL_MPS:-1}" = 1 ] && nvidia-cuda-mps-control -d 2>/dev/null; then MPS_S
 # ---- 0. the plan -----------------------------------------------------------------------------
 PD=$W/plans EMPTY=$W/empty
 mkdir -p "$PD" "$EMPTY"
-# The DSL is standard-library Python: loaded from the sources without the native module.
-"$PY" - "$ROOT/core/python/python" "$PD/$PLAN.json" >"$OUT/plan.log" 2>&1 <<'EOF'
-import os, sys, types
-pkg = types.ModuleType("mscclpp")
-pkg.__path__ = [os.path.join(sys.argv[1], "mscclpp")]
-sys.modules["mscclpp"] = pkg
-from mscclpp.language.examples.collectives import allreduce
-open(sys.argv[2], "w").write(allreduce(2).json())
-print("wrote", sys.argv[2])
-EOF
+# The DSL is standard-library Python: core/plans/plans.py loads it from the sources without
+# the native module.
+"$PY" "$ROOT/core/plans/plans.py" example allreduce 2 >"$PD/$PLAN.json" 2>"$OUT/plan.log"
 verdict "DSL all-reduce plan for 2 ranks written" $([ -s "$PD/$PLAN.json" ] && echo 1 || echo 0) "(log plan.log)"
 cp "$PD/$PLAN.json" "$OUT/" 2>/dev/null
 
