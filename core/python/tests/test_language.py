@@ -27,6 +27,19 @@ def test_shipped_plans_are_what_the_dsl_programs_produce() -> None:
     assert sorted(p.name for p in PLANS.glob("*.json")) == sorted(shipped.all_plans())
 
 
+def test_the_dsl_runs_without_the_native_module() -> None:
+    """core/plans/plans.py loads mscclpp.language from the sources without the package's
+    native module (as CI's plain python3 does): the check and an example plan."""
+    script = str(PLANS / "plans.py")
+    r = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, script, "example", "alltoall", "4", "--instances", "2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "mscclpp._mscclpp" not in r.stderr
+    assert examples.alltoall(4, instances=2).json() == r.stdout
+
+
 @pytest.mark.parametrize("nranks", [2, 4, 8])
 @pytest.mark.parametrize("program", sorted(examples.PROGRAMS))
 def test_example_plans_load_and_validate(program: str, nranks: int, tmp_path: Path) -> None:
