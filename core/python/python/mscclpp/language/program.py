@@ -388,7 +388,7 @@ class CollectiveProgram:
                 out.append(op)
         return out
 
-    def _chunk(self, ref: Ref, inst: int, tb: _Tb, ctype: str | None) -> dict[str, Any]:
+    def _chunk(self, ref: Ref, inst: int, tb: _Tb) -> dict[str, Any]:
         k = self.instances
         index, size = ref.index * k + inst * ref.size, ref.size
         if ref.kind == "local":
@@ -397,14 +397,14 @@ class CollectiveProgram:
             return {"buffer_id": tb.refs[ref.access].index((ref.rank, ref.buffer)), "index": index, "size": size}
         return {"switch_channel_id": tb.channels["switch"].index(ref.switch), "index": index, "size": size}
 
-    def _op_json(self, op: Op, g: _Gpu, tb: _Tb, inst: int) -> dict[str, Any]:
+    def _op_json(self, op: Op, tb: _Tb, inst: int) -> dict[str, Any]:
         k = self.instances
         o: dict[str, Any] = {"name": op.name}
         for f in _FIELDS[op.name]:
             if f == "src":
-                o["src_buff"] = [self._chunk(r, inst, tb, op.channel_type) for r in op.src]
+                o["src_buff"] = [self._chunk(r, inst, tb) for r in op.src]
             elif f == "dst":
-                o["dst_buff"] = [self._chunk(r, inst, tb, op.channel_type) for r in op.dst]
+                o["dst_buff"] = [self._chunk(r, inst, tb) for r in op.dst]
             elif f == "ids" or (f == "ids?" and op.channel_type == "port"):
                 o["channel_ids"] = [tb.channels[c.channel_type].index(c) for c in op.channels]
             elif f == "ctype":
@@ -421,7 +421,7 @@ class CollectiveProgram:
                 o["semaphore_ids"] = [s * k + inst for s in op.semaphores]
         return o
 
-    def _tb_ops(self, ops: list[Op], g: _Gpu, tb: _Tb, inst: int) -> list[dict[str, Any]]:
+    def _tb_ops(self, ops: list[Op], tb: _Tb, inst: int) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         loop_json: dict[str, Any] | None = None
         loop = None
@@ -436,7 +436,7 @@ class CollectiveProgram:
             dest = out if loop_json is None else loop_json["ops"]
             if op.before and dest and dest[-1]["name"] != "nop":
                 dest.append({"name": "nop"})
-            dest.append(self._op_json(op, g, tb, inst))
+            dest.append(self._op_json(op, tb, inst))
             if op.after:
                 dest.append({"name": "nop"})
         return out
@@ -473,7 +473,7 @@ class CollectiveProgram:
                             "id": t * k + inst,
                             "channels": tb_chans,
                             "remote_buffer_refs": refs,
-                            "ops": self._tb_ops(tb.ops, g, tb, inst),
+                            "ops": self._tb_ops(tb.ops, tb, inst),
                         }
                     )
             chans: list[dict[str, Any]] = [
