@@ -152,17 +152,13 @@ fn reduce_scatter(comms: &[Comm], count: usize) {
 /// The plan `python3 core/plans/plans.py example ARGS...` writes (a DSL program).
 fn dsl_plan(args: &[&str]) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../plans/plans.py");
-    let out = std::process::Command::new("python3")
-        .arg(script)
-        .arg("example")
-        .args(args)
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args([script, "example"]).args(args);
+    let out = cmd
         .output()
         .expect("running python3 core/plans/plans.py (the DSL)");
-    assert!(
-        out.status.success(),
-        "python3 core/plans/plans.py example {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{cmd:?}: {err}");
     String::from_utf8(out.stdout).expect("the plan is UTF-8")
 }
 
