@@ -58,7 +58,7 @@ def test_fusion_builds_the_combined_operations() -> None:
     from mscclpp.language import AllReduce, CollectiveProgram, MemoryChannel, PortChannel, Rank, SyncType
 
     def build(fusion: bool) -> dict[str, Any]:
-        with CollectiveProgram("f", AllReduce(2, 1, True), 2, instr_fusion=fusion) as prog:
+        with CollectiveProgram("f", AllReduce(2, 1, True), 2, instr_fusion=fusion, auto_sync=False) as prog:
             for r in (0, 1):
                 p = 1 - r
                 mine, theirs = Rank(r).get_input_buffer(), Rank(p).get_input_buffer()

@@ -444,12 +444,12 @@ class Semaphore:
 
 
 class LoopIterationContext:
-    """``with LoopIterationContext(unit_size, num_chunks):`` the operations recorded inside run
-    as a ``pipeline``: each thread block steps through its chunks ``unit_size`` bytes at a time
+    """``with LoopIterationContext(unit, num_chunks):`` the operations recorded inside run as a
+    ``pipeline``: each thread block steps through its chunks ``unit`` bytes at a time
     (``num_chunks``: the chunks the pipeline covers)."""
 
-    def __init__(self, unit_size: int, num_chunks: int = 1) -> None:
-        self.unit_size, self.num_chunks = unit_size, num_chunks
+    def __init__(self, unit: int, num_chunks: int = 1) -> None:
+        self.unit_size, self.num_chunks = unit, num_chunks
         self.site = caller_site()
 
     def __enter__(self) -> LoopIterationContext:

@@ -192,6 +192,11 @@ def fuse(prev: Op, cur: Op) -> Op | None:
     return merged
 
 
+def _loop_key(op: Op) -> tuple[int, int] | None:
+    """Signals and waits pair up per iteration context (the executor counts them alike)."""
+    return None if op.loop is None else (op.loop.unit_size, op.loop.num_chunks)
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-rank state.
 
@@ -225,9 +230,14 @@ class CollectiveProgram:
 
     Parameters (upstream's names): ``protocol`` ``"Simple"`` or ``"LL"``; ``instr_fusion``
     fuses adjacent operations into the format's combined ones (put+signal = pws, reduce+put =
-    res/rres/respkt, ...); ``instances`` replicates the program that many times, each instance
-    on its own thread blocks, channels and slice of every chunk; ``nranks_per_node`` (ours,
-    default ``gpu_size``) lets the plan cache match multi-node plans.
+    res/rres/respkt, ...); ``auto_sync`` (upstream's default, True) puts a ``__syncthreads()``
+    (``nop``) between every two operations of a thread block (after fusion): always safe, where
+    upstream inserts one only between dependent operations; programs that place their own
+    (``data_sync=``, ``Rank.nop``) pass False. ``instances`` replicates the program that many
+    times, each instance on its own thread blocks, channels and slice of every chunk
+    (``replication_policy`` is accepted for upstream's programs; interleaved is the only one);
+    ``nranks_per_node`` (ours, default ``gpu_size``) lets the plan cache match multi-node
+    plans.
     """
 
     def __init__(
@@ -238,6 +248,8 @@ class CollectiveProgram:
         instances: int = 1,
         protocol: str = "Simple",
         instr_fusion: bool = True,
+        auto_sync: bool = True,
+        replication_policy: Any = None,
         num_threads_per_block: int = 1024,
         use_double_scratch_buffer: bool = False,
         buffer_alignment: int = 16,
@@ -257,6 +269,7 @@ class CollectiveProgram:
             raise fail(f"message sizes {min_message_size}..{max_message_size}: expected min <= max", site)
         self.name, self.collective, self.num_ranks, self.instances = name, collective, gpu_size, instances
         self.protocol, self.instr_fusion, self.reuse_resources = protocol, instr_fusion, reuse_resources
+        self.auto_sync = auto_sync
         self.num_threads_per_block, self.buffer_alignment = num_threads_per_block, buffer_alignment
         self.use_double_scratch_buffer = use_double_scratch_buffer
         self.min_message_size, self.max_message_size = min_message_size, max_message_size
@@ -355,9 +368,9 @@ class CollectiveProgram:
         for k in range(max(len(mine), len(back))):
             sig = [o for _, o in self._all_ops(a) if k < len(mine) and o.name in SIGNALS and mine[k] in o.channels]
             waits = [o for _, o in self._all_ops(b) if k < len(back) and o.name in WAITS and back[k] in o.channels]
-            for loop in {id(o.loop): o.loop for o in sig + waits}.values():
-                s = [o for o in sig if o.loop is loop]
-                w = [o for o in waits if o.loop is loop]
+            for key in {_loop_key(o) for o in sig + waits}:
+                s = [o for o in sig if _loop_key(o) == key]
+                w = [o for o in waits if _loop_key(o) == key]
                 if len(s) != len(w):
                     site = (s[len(w)] if len(s) > len(w) else w[len(s)]).site
                     sent = (
@@ -373,7 +386,7 @@ class CollectiveProgram:
                     raise fail(
                         f"unmatched signal/wait: rank {a} signals rank {b} {len(s)} time(s) {sent}; rank {b} "
                         f"waits {len(w)} time(s) {got} (channels pair in the order each rank first uses them)"
-                        + ("" if loop is None else ", inside one LoopIterationContext"),
+                        + ("" if key is None else f", inside LoopIterationContext{key}"),
                         site,
                     )
 
@@ -434,7 +447,7 @@ class CollectiveProgram:
                 out.append(loop_json)
             loop = op.loop
             dest = out if loop_json is None else loop_json["ops"]
-            if op.before and dest and dest[-1]["name"] != "nop":
+            if (op.before or self.auto_sync) and dest and dest[-1]["name"] != "nop":
                 dest.append({"name": "nop"})
             dest.append(self._op_json(op, tb, inst))
             if op.after:

@@ -31,6 +31,12 @@ def _peers(r: int, n: int) -> list[int]:
     return [q for q in range(n) if q != r]
 
 
+def _explicit(kw: dict[str, Any]) -> dict[str, Any]:
+    """These programs write their synchronisation out (``data_sync``, barriers): no
+    ``auto_sync`` unless asked."""
+    return {"auto_sync": False, **kw}
+
+
 def _start_sync(n: int) -> dict[tuple[int, int], MemoryChannel]:
     """A memory channel from every rank to every peer, thread block j of rank r serving its
     j-th peer; every block signals its peer and waits for it (the peer entered the call)."""
@@ -55,7 +61,7 @@ def _end_sync(n: int, ch: dict[tuple[int, int], MemoryChannel]) -> None:
 def allreduce(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """In place, Simple: rank r read-reduces chunk r over every peer (its blocks split the
     chunk), then writes the sum into every peer's chunk r."""
-    with CollectiveProgram(f"dsl_allreduce_n{n}", AllReduce(n, 1, True), n, instances=instances, **kw) as prog:
+    with CollectiveProgram(f"dsl_allreduce_n{n}", AllReduce(n, 1, True), n, instances=instances, **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, data = Rank(r), Rank(r).get_input_buffer()
@@ -76,7 +82,7 @@ def allreduce_ll(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     reduces the packets of chunk r and sends the sum as packets to every peer, which unpacks it."""
     kw.setdefault("num_threads_per_block", 512)
     with CollectiveProgram(f"dsl_allreduce_ll_n{n}", AllReduce(n, 1, True), n, protocol="LL",
-                           use_double_scratch_buffer=True, instances=instances, **kw) as prog:
+                           use_double_scratch_buffer=True, instances=instances, **_explicit(kw)) as prog:
         scratch = [Buffer(r, 2 * (n - 1)) for r in range(n)]
         for r in range(n):
             rank, data, peers = Rank(r), Rank(r).get_input_buffer(), _peers(r, n)
@@ -96,7 +102,7 @@ def allreduce_ll(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
 def allgather(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """Out of place: rank r copies its input to output chunk r and puts it into every peer's
     output chunk r."""
-    with CollectiveProgram(f"dsl_allgather_n{n}", AllGather(n, 1, False), n, instances=instances, **kw) as prog:
+    with CollectiveProgram(f"dsl_allgather_n{n}", AllGather(n, 1, False), n, instances=instances, **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, inp, out = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer()
@@ -110,7 +116,7 @@ def allgather(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
 def reduce_scatter(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """Out of place: rank r's output is its input chunk r read-reduced with every peer's."""
     with CollectiveProgram(f"dsl_reducescatter_n{n}", ReduceScatter(n, 1, False), n, instances=instances,
-                           **kw) as prog:
+                           **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, inp, out = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer()
@@ -126,7 +132,7 @@ def reduce_scatter(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
 
 def alltoall(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """Out of place: rank r's input chunk p goes to rank p's output chunk r."""
-    with CollectiveProgram(f"dsl_alltoall_n{n}", AllToAll(n, 1, False), n, instances=instances, **kw) as prog:
+    with CollectiveProgram(f"dsl_alltoall_n{n}", AllToAll(n, 1, False), n, instances=instances, **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, inp, out = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer()

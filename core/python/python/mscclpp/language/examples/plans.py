@@ -97,6 +97,7 @@ def program(name: str, coll: object, n: int, ll: bool = False, **kw: object) -> 
         protocol="LL" if ll else "Simple",
         num_threads_per_block=512 if ll else 1024,
         use_double_scratch_buffer=ll,
+        auto_sync=False,
         **kw,  # type: ignore[arg-type]
     )
 
@@ -324,7 +325,7 @@ def allgather_pipeline(n: int) -> CollectiveProgram:
                 sync(chans[p], j)
             rank.barrier(tbs)
             for j, p in enumerate(peers(r, n)):
-                with LoopIterationContext(unit_size=1024, num_chunks=1):
+                with LoopIterationContext(unit=1024, num_chunks=1):
                     chans[p].put(out[p][r], out[r][r], tb=j)
                 rank.nop(j)
                 sync(chans[p], j)
