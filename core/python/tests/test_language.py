@@ -4,6 +4,7 @@ shape the plan as documented; malformed programs fail with a DslError naming the
 
 from __future__ import annotations
 
+import json
 import runpy
 import subprocess
 import sys
@@ -107,6 +108,50 @@ def test_json_inside_the_program_block() -> None:
             ch.wait(0, SyncType.after)
         text = JSON()
     assert '"collective": "allgather"' in text and '{"name":"put"' in text
+
+
+UPSTREAM_STYLE = """
+from mscclpp.language.channel import *
+from mscclpp.language.rank import *
+from mscclpp.language.general import *
+from mscclpp.language.program import *
+from mscclpp.language.collectives import *
+from mscclpp.language.loop import *
+
+n = 4
+with CollectiveProgram("upstream_style", AllGather(n, 1, True), n, 1, "Simple", True, True,
+                       num_threads_per_block=512, min_message_size=0, max_message_size=2**64 - 1):
+    chans = {(p, r): MemoryChannel(p, r) for r in range(n) for p in range(n) if p != r}
+    for r in range(n):
+        out = Rank(r).get_output_buffer()
+        for p in range(n):
+            if p != r:
+                tb = p if p < r else p - 1
+                chans[p, r].signal(tb, relaxed=True)
+                chans[p, r].wait(tb, data_sync=SyncType.after, relaxed=True)
+                with LoopIterationContext(1 << 16, 1):
+                    chans[p, r].put(Rank(p).get_output_buffer()[r : r + 1], out[r : r + 1], tb)
+                chans[p, r].signal(tb, data_sync=SyncType.before)
+                chans[p, r].wait(tb)
+    PLAN = JSON()
+"""
+
+
+def test_upstream_module_layout_and_arguments(tmp_path: Path) -> None:
+    """A program written against upstream's modules and positional arguments compiles (with
+    auto_sync's nops between operations) and validates for every rank."""
+    ns = runpy.run_path(str(_write(tmp_path / "up.py", UPSTREAM_STYLE)))
+    plan = json.loads(ns["PLAN"])
+    want = ["rlxsignal", "nop", "rlxwait", "nop", "pipeline", "nop", "signal", "nop", "wait", "nop"]
+    assert ops(plan, 0, 0) == want
+    path = _write(tmp_path / "up.json", ns["PLAN"])
+    for rank in range(4):
+        assert mscclpp.ExecutionPlan(str(path), rank).name == "upstream_style"
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
 BAD = {

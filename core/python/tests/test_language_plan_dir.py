@@ -45,4 +45,5 @@ def test_coll_perf_takes_a_dsl_plan_of_the_plan_directory_for_its_sizes(tmp_path
             else:
                 # The log names the algorithm when it changes: it does at 1 KiB (first call)
                 # and at 256 KiB (after the plan's range).
-                assert lines and plan not in lines, f"rank {rank}, {size} bytes: expected a native algorithm; log:\n{out}"
+                why = f"rank {rank}, {size} bytes: expected a native algorithm; log:\n{out}"
+                assert lines and plan not in lines, why

@@ -25,7 +25,9 @@ COLLECTIVE = {"allreduce": "allreduce", "allreduce_ll": "allreduce", "allgather"
               "reducescatter": "reducescatter", "alltoall": "alltoall"}
 
 
-@pytest.mark.skipif(not HOST, reason="NumPy views of the buffers are the host backend's (GPU: core/python/tests/gpu/dsl_plan_gpu.sh)")
+@pytest.mark.skipif(
+    not HOST, reason="NumPy views of the buffers are the host backend's (GPU: core/python/tests/gpu/dsl_plan_gpu.sh)"
+)
 @pytest.mark.parametrize("nranks", [2, 4, 8])
 @pytest.mark.parametrize("program", sorted(COLLECTIVE))
 def test_dsl_program_runs_exactly(program: str, nranks: int, tmp_path: Path) -> None:

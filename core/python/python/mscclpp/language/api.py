@@ -230,7 +230,8 @@ class _Channel:
         self.src_rank = self.prog.check_rank(src_rank, "src_rank")
         self.dst_rank = self.prog.check_rank(dst_rank, "dst_rank")
         if dst_rank == src_rank:
-            raise fail(f"{type(self).__name__}({dst_rank}, {src_rank}): a channel to itself: expected two different ranks")
+            name = type(self).__name__
+            raise fail(f"{name}({dst_rank}, {src_rank}): a channel to itself: expected two different ranks")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dst_rank}, {self.src_rank})"
@@ -376,7 +377,8 @@ class SwitchChannel:
         if rank not in self.ranks:
             raise fail(f"rank {rank} is not in this switch channel's ranks {self.ranks}")
         n = self.prog.buffer_chunks(rank, self.buffer_type)
-        if not (isinstance(offset, int) and isinstance(size, int)) or not (0 <= offset and size >= 1 and offset + size <= n):
+        ints = isinstance(offset, int) and isinstance(size, int)
+        if not ints or not (0 <= offset and size >= 1 and offset + size <= n):
             raise fail(f"switch chunk [{offset}:{offset + size}] out of bounds of the bound "
                        f"{BUFFER_NAMES[self.buffer_type]} buffer of {n} chunks")
         return Ref("switch", self.buffer_type, offset, size, switch=self)

@@ -61,7 +61,8 @@ def _end_sync(n: int, ch: dict[tuple[int, int], MemoryChannel]) -> None:
 def allreduce(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """In place, Simple: rank r read-reduces chunk r over every peer (its blocks split the
     chunk), then writes the sum into every peer's chunk r."""
-    with CollectiveProgram(f"dsl_allreduce_n{n}", AllReduce(n, 1, True), n, instances=instances, **_explicit(kw)) as prog:
+    coll = AllReduce(n, 1, True)
+    with CollectiveProgram(f"dsl_allreduce_n{n}", coll, n, instances=instances, **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, data = Rank(r), Rank(r).get_input_buffer()
@@ -102,7 +103,8 @@ def allreduce_ll(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
 def allgather(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """Out of place: rank r copies its input to output chunk r and puts it into every peer's
     output chunk r."""
-    with CollectiveProgram(f"dsl_allgather_n{n}", AllGather(n, 1, False), n, instances=instances, **_explicit(kw)) as prog:
+    coll = AllGather(n, 1, False)
+    with CollectiveProgram(f"dsl_allgather_n{n}", coll, n, instances=instances, **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, inp, out = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer()
@@ -132,7 +134,8 @@ def reduce_scatter(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
 
 def alltoall(n: int, instances: int = 1, **kw: Any) -> CollectiveProgram:
     """Out of place: rank r's input chunk p goes to rank p's output chunk r."""
-    with CollectiveProgram(f"dsl_alltoall_n{n}", AllToAll(n, 1, False), n, instances=instances, **_explicit(kw)) as prog:
+    coll = AllToAll(n, 1, False)
+    with CollectiveProgram(f"dsl_alltoall_n{n}", coll, n, instances=instances, **_explicit(kw)) as prog:
         ch = _start_sync(n)
         for r in range(n):
             rank, inp, out = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer()
