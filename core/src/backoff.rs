@@ -79,6 +79,20 @@ fn watched_out(what: &str, e: Error, cond: &mut impl FnMut() -> bool) -> Result<
     })
 }
 
+/// A wait's error as its caller reports it: a timeout becomes `Timeout` with the caller's
+/// description (`what` of the original error); an abort or a dead peer (a watch's error)
+/// keeps its kind and gets the description appended, so it is not reported as a timeout.
+pub fn describe_wait_error(
+    e: Error,
+    what: impl FnOnce(&Error) -> String,
+    after: Duration,
+) -> Error {
+    match e {
+        Error::Timeout { .. } => Error::timeout(what(&e), after),
+        other => other,
+    }
+}
+
 /// Polls `cond` until it holds or `timeout` passes: 256 spins, then yields for 50 ms, then
 /// 50 us sleeps; the clock is read every 64 polls, and then (at most every
 /// [`WATCH_INTERVAL`]) the thread's watches run: a failing one ends the wait with its error.

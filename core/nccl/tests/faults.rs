@@ -41,7 +41,11 @@ fn abort_from_another_thread_ends_a_blocked_all_reduce_within_a_second() {
     assert_eq!(r, abi::SUCCESS, "ncclCommAbort");
     let (r, returned_at) = waiter.join().expect("the all-reducing thread");
     let after = returned_at.saturating_duration_since(aborted_at);
-    assert_ne!(r, abi::SUCCESS, "the blocked all-reduce must fail after the abort");
+    assert_ne!(
+        r,
+        abi::SUCCESS,
+        "the blocked all-reduce must fail after the abort"
+    );
     assert!(
         after < Duration::from_secs(1),
         "the all-reduce returned {after:?} after the abort"
@@ -61,7 +65,10 @@ fn a_destroyed_handle_never_names_a_later_communicator() {
         stale.push(c);
     }
     let live = common::comms_in_group(1)[0];
-    assert!(!stale.contains(&live), "a new communicator got a destroyed one's handle");
+    assert!(
+        !stale.contains(&live),
+        "a new communicator got a destroyed one's handle"
+    );
     for &old in &stale {
         // SAFETY: stale handles are refused by lookup, never dereferenced as a communicator.
         let r = unsafe { ncclCommDestroy(old as *mut _) };
@@ -72,7 +79,10 @@ fn a_destroyed_handle_never_names_a_later_communicator() {
     // The live one is untouched by the stale destroys.
     let mut count: c_int = 0;
     // SAFETY: a live handle and a local.
-    assert_eq!(unsafe { ncclCommCount(live as *mut _, &mut count) }, abi::SUCCESS);
+    assert_eq!(
+        unsafe { ncclCommCount(live as *mut _, &mut count) },
+        abi::SUCCESS
+    );
     assert_eq!(count, 1);
     // SAFETY: a live handle.
     assert_eq!(unsafe { ncclCommDestroy(live as *mut _) }, abi::SUCCESS);
@@ -89,7 +99,11 @@ fn nranks_int_max_is_refused_at_once_without_a_huge_allocation() {
         ncclCommInitRank(&mut comm as *mut _ as *mut _, c_int::MAX, id, 0)
     };
     assert_ne!(r, abi::SUCCESS, "nranks INT_MAX was accepted");
-    assert!(t.elapsed() < Duration::from_secs(2), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        t.elapsed()
+    );
     let msg = last_error();
     assert!(msg.contains("nranks 2147483647"), "{msg}");
     assert!(msg.contains("expected"), "{msg}");

@@ -252,8 +252,9 @@ pub fn host_wait(res: &Resources, blk: usize, p: usize) -> Result<()> {
         )
     }
     .map_err(|e| {
-        Error::timeout(
-            format!("collectives: block {blk} waiting for rank {p}: {e}"),
+        crate::backoff::describe_wait_error(
+            e,
+            |e| format!("collectives: block {blk} waiting for rank {p}: {e}"),
             res.config().host_timeout,
         )
     })
