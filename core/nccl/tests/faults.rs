@@ -79,10 +79,8 @@ fn a_destroyed_handle_never_names_a_later_communicator() {
     // The live one is untouched by the stale destroys.
     let mut count: c_int = 0;
     // SAFETY: a live handle and a local.
-    assert_eq!(
-        unsafe { ncclCommCount(live as *mut _, &mut count) },
-        abi::SUCCESS
-    );
+    let r = unsafe { ncclCommCount(live as *mut _, &mut count) };
+    assert_eq!(r, abi::SUCCESS);
     assert_eq!(count, 1);
     // SAFETY: a live handle.
     assert_eq!(unsafe { ncclCommDestroy(live as *mut _) }, abi::SUCCESS);

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::gpu::GpuCtx;
 use super::setup::{Resources, MAX_FLAGS};
 use super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One collective call as the algorithms see it.
 #[derive(Clone, Copy, Debug)]

@@ -705,6 +705,21 @@ impl Collectives {
     }
 }
 
+/// A [`crate::backoff::Watch`] that fails once `bootstrap` lost a peer (it died without
+/// closing its bootstrap), naming the rank.
+pub fn peer_liveness(bootstrap: &Arc<dyn crate::bootstrap::Bootstrap>) -> crate::backoff::Watch {
+    let b = Arc::downgrade(bootstrap);
+    Arc::new(
+        move || match b.upgrade().and_then(|b| b.first_peer_failure()) {
+            None => Ok(()),
+            Some((peer, why)) => Err(Error::remote(
+                peer,
+                format!("rank {peer} failed in the middle of a collective: {why}"),
+            )),
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -780,19 +795,4 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert!(forced_from_env(&env(&[("MSCCLPP_ALGORITHM", "gather=x")])).is_err());
     }
-}
-
-/// A [`crate::backoff::Watch`] that fails once `bootstrap` lost a peer (it died without
-/// closing its bootstrap), naming the rank.
-pub fn peer_liveness(bootstrap: &Arc<dyn crate::bootstrap::Bootstrap>) -> crate::backoff::Watch {
-    let b = Arc::downgrade(bootstrap);
-    Arc::new(
-        move || match b.upgrade().and_then(|b| b.first_peer_failure()) {
-            None => Ok(()),
-            Some((peer, why)) => Err(Error::remote(
-                peer,
-                format!("rank {peer} failed in the middle of a collective: {why}"),
-            )),
-        },
-    )
 }
