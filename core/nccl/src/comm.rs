@@ -150,6 +150,7 @@ impl Ready {
 impl Comm {
     /// A communicator of `nranks` ranks, this one `rank`, not yet initialized.
     pub fn new(rank: usize, nranks: usize, device: i32, nonblocking: bool) -> Comm {
+        crate::env::warn_malformed();
         Comm {
             magic: COMM_MAGIC,
             rank,

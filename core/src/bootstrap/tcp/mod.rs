@@ -135,6 +135,8 @@ impl std::fmt::Debug for TcpBootstrap {
 impl TcpBootstrap {
     /// A bootstrap for `rank` of `nranks`; nothing is connected until `initialize`.
     pub fn new(rank: usize, nranks: usize) -> Result<TcpBootstrap> {
+        // The first thing every rank makes: the logger warns malformed variables now.
+        crate::logger::init();
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!(
                 "TcpBootstrap::new(rank {rank}, nranks {nranks}): expected nranks >= 1 and rank < nranks"
