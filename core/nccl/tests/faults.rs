@@ -106,3 +106,26 @@ fn nranks_int_max_is_refused_at_once_without_a_huge_allocation() {
     assert!(msg.contains("nranks 2147483647"), "{msg}");
     assert!(msg.contains("expected"), "{msg}");
 }
+
+#[test]
+fn mem_alloc_of_one_tib_fails_at_once_with_a_clear_error() {
+    let mut p: *mut c_void = null_mut();
+    let t = Instant::now();
+    // SAFETY: a valid pointer to a local.
+    let r = unsafe { ncclMemAlloc(&mut p, 1 << 40) };
+    assert_ne!(r, abi::SUCCESS, "1 TiB was allocated");
+    assert!(p.is_null());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t.elapsed()
+    );
+    let msg = last_error();
+    assert!(msg.contains("1099511627776 bytes requested"), "{msg}");
+    // A small allocation still works.
+    // SAFETY: a valid pointer to a local; freed right after.
+    unsafe {
+        assert_eq!(ncclMemAlloc(&mut p, 1 << 20), abi::SUCCESS);
+        assert_eq!(ncclMemFree(p), abi::SUCCESS);
+    }
+}
