@@ -606,27 +606,22 @@ impl Env {
     /// falls back as its accessor says (the NVLS switches: disabled); the accessors that
     /// return `Result` refuse it where it is used.
     pub fn problems(&self) -> Vec<String> {
-        fn err<T>(p: &Parsed<T>) -> Option<String> {
-            p.as_ref().err().cloned()
+        fn err<T>(p: &Parsed<T>) -> Option<&String> {
+            p.as_ref().err()
         }
-        [
-            err(&self.log_level).map(|e| format!("{e}; using WARN")),
-            err(&self.log_subsys),
-            err(&self.ibv_mode),
-            err(&self.ib_gid_index),
-            err(&self.ib_mr_path),
-            err(&self.socket_family),
-            err(&self.force_disable_nvls),
-            err(&self.force_disable_gdr),
-            err(&self.cudaipc_use_default_stream),
-            err(&self.forced_algorithms),
-            err(&self.nvls_emulation),
-            err(&self.coll_net_transport),
-            err(&self.copy_driver_max_bytes),
-        ]
-        .into_iter()
-        .flatten()
-        .collect()
+        let level = err(&self.log_level).map(|e| format!("{e}; using WARN"));
+        #[rustfmt::skip] // one line per group of fields, not one per field
+        let others = [
+            err(&self.log_subsys), err(&self.ibv_mode), err(&self.ib_gid_index),
+            err(&self.ib_mr_path), err(&self.socket_family), err(&self.force_disable_nvls),
+            err(&self.force_disable_gdr), err(&self.cudaipc_use_default_stream),
+            err(&self.forced_algorithms), err(&self.nvls_emulation),
+            err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
+        ];
+        level
+            .into_iter()
+            .chain(others.into_iter().flatten().cloned())
+            .collect()
     }
     /// `MSCCLPP_LOG_FILE`: log to this file instead of stderr (`%h` = host, `%p` = pid).
     pub fn log_file(&self) -> Option<&Path> {

@@ -206,47 +206,24 @@ fn run(n: usize, nodes: usize, victim: usize, phase: &str) {
     let _ = std::fs::remove_file(&id_file);
 }
 
-#[test]
-fn killed_before_the_all_reduce_np2() {
-    run(2, 1, 1, "before");
+/// One test per phase and world: `name: (ranks, emulated nodes, victim, phase)`.
+macro_rules! kill_tests {
+    ($($name:ident: ($n:expr, $nodes:expr, $victim:expr, $phase:expr);)*) => {$(
+        #[test]
+        fn $name() {
+            run($n, $nodes, $victim, $phase);
+        }
+    )*};
 }
 
-#[test]
-fn killed_during_the_all_reduce_np2() {
-    run(2, 1, 0, "during");
-}
-
-#[test]
-fn killed_after_the_all_reduce_np2() {
-    run(2, 1, 1, "after");
-}
-
-#[test]
-fn killed_before_the_all_reduce_np4() {
-    run(4, 1, 2, "before");
-}
-
-#[test]
-fn killed_during_the_all_reduce_np4() {
-    run(4, 1, 3, "during");
-}
-
-#[test]
-fn killed_after_the_all_reduce_np4() {
-    run(4, 1, 1, "after");
-}
-
-#[test]
-fn killed_before_the_all_reduce_two_emulated_nodes_np4() {
-    run(4, 2, 3, "before");
-}
-
-#[test]
-fn killed_during_the_all_reduce_two_emulated_nodes_np4() {
-    run(4, 2, 1, "during");
-}
-
-#[test]
-fn killed_after_the_all_reduce_two_emulated_nodes_np4() {
-    run(4, 2, 2, "after");
+kill_tests! {
+    killed_before_the_all_reduce_np2: (2, 1, 1, "before");
+    killed_during_the_all_reduce_np2: (2, 1, 0, "during");
+    killed_after_the_all_reduce_np2: (2, 1, 1, "after");
+    killed_before_the_all_reduce_np4: (4, 1, 2, "before");
+    killed_during_the_all_reduce_np4: (4, 1, 3, "during");
+    killed_after_the_all_reduce_np4: (4, 1, 1, "after");
+    killed_before_the_all_reduce_two_emulated_nodes_np4: (4, 2, 3, "before");
+    killed_during_the_all_reduce_two_emulated_nodes_np4: (4, 2, 1, "during");
+    killed_after_the_all_reduce_two_emulated_nodes_np4: (4, 2, 2, "after");
 }

@@ -16,12 +16,9 @@
 # skips PyTorch, FAULTS_PORT (PyTorch's first rendezvous port, default 29671), PYTHON (default
 # /opt/torch/.venv/bin/python when present, else python3).
 set -uo pipefail
-cd "$(dirname "$0")/../../../.." || exit 1
-ROOT=$PWD
-OUT=${OUT:-/tmp/mscclpp_nccl_gpu_faults}
+ROOT=$(cd "$(dirname "$0")/../../../.." && pwd) || exit 1
+NPS=${FAULTS_NPS:-2 4} PORT=${FAULTS_PORT:-29671} OUT=${OUT:-/tmp/mscclpp_nccl_gpu_faults}
 . "$ROOT/core/nccl/tests/gpu/common.sh"
-NPS=${FAULTS_NPS:-2 4}
-PORT=${FAULTS_PORT:-29671}
 PY=${PYTHON:-$([ -x /opt/torch/.venv/bin/python ] && echo /opt/torch/.venv/bin/python || echo python3)}
 [ -f "$LIB" ] || { verdict "libmscclpp_nccl.so exists" 0 "($LIB)"; say "$PASSES passed, $FAILS failed, 0 skipped"; exit 1; }
 say "library: $LIB; GPU: $(nvidia-smi -L 2>/dev/null | head -1)"
@@ -34,6 +31,16 @@ else
   verdict "faults_gpu.c built" 0 "(log: build.log)"; say "$PASSES passed, $FAILS failed, 0 skipped"; exit 1
 fi
 TABLE=()
+# ranks MODE NP: NP ranks of the C program in MODE, logs $OUT/MODE_npNP.R.log; waits for all.
+ranks() {
+  local mode=$1 np=$2 pids=() r p
+  rm -f "$W/id.$mode$np"
+  for r in $(seq 0 $((np - 1))); do
+    RANK=$r NRANKS=$np FAULTS_MODE=$mode FAULTS_ID_FILE=$W/id.$mode$np timeout 60 "$EXE" >"$OUT/${mode}_np$np.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+}
 # check_deaths NAME LOGPREFIX NP: the victim's death time against every survivor's error time.
 check_deaths() {
   local name=$1 pre=$2 np=$3 died worst=0 ok=1 got=0
@@ -53,22 +60,10 @@ check_deaths() {
 }
 for np in $NPS; do
   # ---- 1. kill, C ----
-  rm -f "$W/id.kill$np"
-  pids=()
-  for r in $(seq 0 $((np - 1))); do
-    RANK=$r NRANKS=$np FAULTS_MODE=kill FAULTS_ID_FILE=$W/id.kill$np timeout 60 "$EXE" >"$OUT/kill_np$np.$r.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
+  ranks kill "$np"
   check_deaths "C: rank killed mid all-reduce" "$OUT/kill_np$np" "$np"
   # ---- 2. abort, C ----
-  rm -f "$W/id.abort$np"
-  pids=()
-  for r in $(seq 0 $((np - 1))); do
-    RANK=$r NRANKS=$np FAULTS_MODE=abort FAULTS_ID_FILE=$W/id.abort$np timeout 60 "$EXE" >"$OUT/abort_np$np.$r.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
+  ranks abort "$np"
   line=$(grep -h "^ABORT " "$OUT/abort_np$np.0.log" | head -1)
   a=$(echo "$line" | sed -nE 's/.*abort_at_us=([0-9]+).*/\1/p'); d=$(echo "$line" | sed -nE 's/.*done_at_us=([0-9]+).*/\1/p')
   ms=-1; [ -n "$a" ] && [ -n "$d" ] && [ "$d" != 0 ] && ms=$(((d - a) / 1000))
