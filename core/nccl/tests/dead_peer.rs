@@ -136,6 +136,9 @@ fn run(n: usize, nodes: usize, victim: usize, phase: &str) {
     if let Ok(spec) = std::env::var(CHILD) {
         child(&spec);
     }
+    // One world at a time: the ranks spin while they wait and the machine may have few cores.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let id_file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "dead-peer-id-{}-{phase}-{n}-{nodes}",
         std::process::id()
