@@ -8,7 +8,9 @@
 #      that never join; the stream must finish within 1 s of the abort.
 #   3. torch (core/nccl/tests/gpu/torch_faults.py): the last rank dies in the middle of an
 #      all-reduce; every survivor's all-reduce (or the watchdog) must fail within 2 s.
-# Prints a table and "N passed, N failed, 0 skipped"; exit 1 on a failure.
+# A survivor errs when it prints its error, or (PyTorch's watchdog may end the process first)
+# when it exits with a non-zero status. Prints a table and "N passed, N failed, 0 skipped";
+# exit 1 on a failure.
 # Usage (repository root; the library built with --features cuda and staged):
 #   bash core/nccl/tests/gpu/faults_gpu.sh
 # Env: OUT (logs, default /tmp/mscclpp_nccl_gpu_faults), MSCCLPP_NCCL_SO (default
@@ -31,12 +33,21 @@ else
   verdict "faults_gpu.c built" 0 "(log: build.log)"; say "$PASSES passed, $FAILS failed, 0 skipped"; exit 1
 fi
 TABLE=()
+# exit_time LOG CMD...: runs CMD with its output in LOG, then appends "EXIT rc=N at_us=T" (the
+# watchdog may end a survivor before it prints anything: its exit is then its error).
+exit_time() {
+  local log=$1 rc
+  shift
+  "$@" >"$log" 2>&1
+  rc=$?
+  echo "EXIT rc=$rc at_us=$(date +%s%6N)" >>"$log"
+}
 # ranks MODE NP: NP ranks of the C program in MODE, logs $OUT/MODE_npNP.R.log; waits for all.
 ranks() {
   local mode=$1 np=$2 pids=() r p
   rm -f "$W/id.$mode$np"
   for r in $(seq 0 $((np - 1))); do
-    RANK=$r NRANKS=$np FAULTS_MODE=$mode FAULTS_ID_FILE=$W/id.$mode$np timeout 60 "$EXE" >"$OUT/${mode}_np$np.$r.log" 2>&1 &
+    exit_time "$OUT/${mode}_np$np.$r.log" env RANK=$r NRANKS=$np FAULTS_MODE=$mode FAULTS_ID_FILE=$W/id.$mode$np timeout 60 "$EXE" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
@@ -48,6 +59,9 @@ check_deaths() {
   for r in $(seq 0 $((np - 2))); do
     local at
     at=$(sed -nE 's/.*SURVIVOR rank=[0-9]+ error_at_us=([0-9]+).*/\1/p' "$pre.$r.log" | head -1)
+    # No error line: a process the watchdog ended (non-zero exit) erred when it exited.
+    [ -z "$at" ] && grep -qE "^EXIT rc=[1-9]" "$pre.$r.log" &&
+      at=$(sed -nE 's/^EXIT rc=[0-9]+ at_us=([0-9]+).*/\1/p' "$pre.$r.log" | head -1)
     if [ -z "$died" ] || [ -z "$at" ] || [ "$at" = 0 ]; then ok=0; continue; fi
     got=$((got + 1))
     local ms=$(((at - died) / 1000))
@@ -74,9 +88,9 @@ for np in $NPS; do
   if [ "${FAULTS_TORCH:-1}" = 1 ]; then
     pids=()
     for r in $(seq 0 $((np - 1))); do
-      env RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$((PORT + np)) PYTHONUNBUFFERED=1 \
-        LD_PRELOAD="$LIB" TORCH_NCCL_ASYNC_ERROR_HANDLING=1 timeout 90 "$PY" "$ROOT/core/nccl/tests/gpu/torch_faults.py" \
-        >"$OUT/torch_np$np.$r.log" 2>&1 &
+      exit_time "$OUT/torch_np$np.$r.log" env RANK=$r WORLD_SIZE=$np MASTER_ADDR=127.0.0.1 MASTER_PORT=$((PORT + np)) \
+        PYTHONUNBUFFERED=1 LD_PRELOAD="$LIB" TORCH_NCCL_ASYNC_ERROR_HANDLING=1 timeout 90 "$PY" \
+        "$ROOT/core/nccl/tests/gpu/torch_faults.py" &
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p"; done
