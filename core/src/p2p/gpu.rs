@@ -42,8 +42,12 @@ pub const SLOTS: usize = 4;
 pub const CHUNK: usize = 128 * 1024;
 /// Header bytes in front of a slot's payload (`P2P_HEADER`).
 const HEADER: usize = 16;
-/// Messages of at most this many bytes travel as LL packets (`P2P_LL_MAX`).
-pub const LL_MAX: usize = 64 * 1024;
+/// Messages of at most this many bytes travel as LL packets (`P2P_LL_MAX`; measured on one
+/// H200, LL at 64 KiB took 13.4 us, at 8 KiB 7.0 us, where one chunk costs about 8).
+pub const LL_MAX: usize = 16 * 1024;
+/// Launches of at most this many operations use `p2p_batch_small` (`P2P_SMALL_OPS`): the same
+/// kernel with a 240-byte argument block instead of 3 KiB.
+const SMALL_OPS: usize = 8;
 /// Bytes of one LL buffer: a header packet and 16-byte packets of 8 data bytes each
 /// (`P2P_LL_BUF_BYTES`).
 const LL_BUF: usize = (1 + LL_MAX / 8) * 16;
@@ -99,10 +103,10 @@ struct OpDev {
     pair: u16,
 }
 
-/// `P2pArgs` of batch.cu.
+/// `P2pArgsN<N>` of batch.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Args {
+struct Args<const N: usize> {
     base: u64,
     peer_bases: u64,
     host_err: u64,
@@ -111,11 +115,13 @@ struct Args {
     rank: u32,
     nranks: u32,
     npairs: u32,
-    ops: [OpDev; MAX_OPS_PER_LAUNCH],
+    ops: [OpDev; N],
 }
 
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
-const _: () = assert!(std::mem::size_of::<Args>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () =
+    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 48 + 24 * SMALL_OPS);
 
 /// Channels of a message of `bytes` (batch.cu's `channelsOf`): one LL message up to
 /// [`LL_MAX`], else one per chunk up to [`CHANNELS`].
@@ -213,6 +219,8 @@ pub(super) struct GpuP2p {
     max_blocks: usize,
     dev: <Gpu as Api>::Device,
     kernel: <Gpu as Api>::Kernel,
+    /// `p2p_batch_small`.
+    kernel_small: <Gpu as Api>::Kernel,
     _module: <Gpu as Api>::Module,
     _registered: RegisteredMemory,
     _peers: Vec<Option<RegisteredMemory>>,
@@ -246,7 +254,7 @@ impl GpuP2p {
         let props = Gpu::properties(&dev).map_err(|e| hal_err("GPU properties", e))?;
         // Every rank's blocks spin on its peers': all of them must fit on the GPU together.
         let max_blocks = (props.sm_count as usize / ranks_per_device).clamp(1, MAX_BLOCKS);
-        let k = kernels::p2p::BATCH;
+        let k = kernels::p2p::batch::P2P_BATCH;
         let code = k.object().code().ok_or_else(|| {
             Error::invalid(format!(
                 "point-to-point: this build embeds no code object `{}` (built without a GPU \
@@ -257,6 +265,8 @@ impl GpuP2p {
         let module = Gpu::load_module(&dev, code).map_err(|e| hal_err("load p2p kernels", e))?;
         let kernel =
             Gpu::get_kernel(&module, k.name()).map_err(|e| hal_err("look up p2p_batch", e))?;
+        let kernel_small = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_BATCH_SMALL.name())
+            .map_err(|e| hal_err("look up p2p_batch_small", e))?;
 
         let layout = GpuLayout { nranks };
         let kind = crate::gpu_buffer::communication_memory_kind(device);
@@ -322,6 +332,7 @@ impl GpuP2p {
             max_blocks,
             dev,
             kernel,
+            kernel_small,
             _module: module,
             _registered: registered,
             _peers: peers,
@@ -373,32 +384,51 @@ impl GpuP2p {
         list.extend(remote);
         for part in list.chunks(MAX_OPS_PER_LAUNCH) {
             let plan = plan(part);
-            let mut args = Args {
-                base: self.mem.ptr(),
-                peer_bases: self.table.ptr(),
-                host_err: self.host_err.ptr(),
-                timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
-                nops: part.len() as u32,
-                rank: self.rank as u32,
-                nranks: self.nranks as u32,
-                npairs: plan.npairs as u32,
-                ops: [OpDev::default(); MAX_OPS_PER_LAUNCH],
-            };
-            args.ops[..part.len()].copy_from_slice(&plan.ops);
             let blocks = plan.tasks.clamp(1, self.max_blocks) as u32;
-            // SAFETY: Args mirrors P2pArgs; the buffers are the caller's (valid until the
-            // stream ran the batch) and this object's (alive while `self` is).
-            unsafe {
-                Gpu::launch(
-                    &self.kernel,
-                    &LaunchConfig::linear(blocks, THREADS),
-                    &s,
-                    &args,
-                )
+            if part.len() <= SMALL_OPS {
+                let args = self.args::<SMALL_OPS>(&plan, timeout);
+                // SAFETY: as below.
+                unsafe { self.launch(&self.kernel_small, blocks, &s, &args) }?;
+            } else {
+                let args = self.args::<MAX_OPS_PER_LAUNCH>(&plan, timeout);
+                // SAFETY: Args mirrors P2pArgsN; the buffers are the caller's (valid until the
+                // stream ran the batch) and this object's (alive while `self` is).
+                unsafe { self.launch(&self.kernel, blocks, &s, &args) }?;
             }
-            .map_err(|e| hal_err("launch p2p_batch", e))?;
         }
         Ok(())
+    }
+
+    /// The kernel's argument block for `plan` (at most `N` operations).
+    fn args<const N: usize>(&self, plan: &Plan, timeout: Duration) -> Args<N> {
+        let mut args = Args {
+            base: self.mem.ptr(),
+            peer_bases: self.table.ptr(),
+            host_err: self.host_err.ptr(),
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            nops: plan.ops.len() as u32,
+            rank: self.rank as u32,
+            nranks: self.nranks as u32,
+            npairs: plan.npairs as u32,
+            ops: [OpDev::default(); N],
+        };
+        args.ops[..plan.ops.len()].copy_from_slice(&plan.ops);
+        args
+    }
+
+    /// # Safety
+    /// `args` is the argument block of `kernel` (`Args<N>` for its N), its buffers valid until
+    /// the stream ran the launch.
+    unsafe fn launch<const N: usize>(
+        &self,
+        kernel: &<Gpu as Api>::Kernel,
+        blocks: u32,
+        s: &<Gpu as Api>::Stream,
+        args: &Args<N>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { Gpu::launch(kernel, &LaunchConfig::linear(blocks, THREADS), s, args) }
+            .map_err(|e| hal_err("launch p2p_batch", e))
     }
 
     pub(super) fn device_error(&self, timeout: Duration) -> Result<()> {

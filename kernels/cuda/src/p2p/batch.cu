@@ -1,7 +1,9 @@
 // Point-to-point within a node (core/src/p2p/gpu.rs): one launch runs one batch of sends and
 // receives (an NCCL group), every operation progressed together.
 //
-// extern "C" __global__ void p2p_batch(P2pArgs args);
+// extern "C" __global__ void p2p_batch(P2pArgs args);        // up to P2P_MAX_OPS operations
+// extern "C" __global__ void p2p_batch_small(P2pArgsSmall args);  // up to P2P_SMALL_OPS: the
+//   same code with a 240-byte argument block instead of 3 KiB (a launch copies its arguments).
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
 // P2pLayout below): counters, then two LL buffers per sending peer, then one receive ring per
@@ -49,6 +51,7 @@
 #include <mscclpp/packet_device.hpp>
 
 #define P2P_MAX_OPS 128
+#define P2P_SMALL_OPS 8
 #define P2P_CHANNELS 16
 #define P2P_SLOTS 4
 #define P2P_CHUNK (128 * 1024)
@@ -56,7 +59,7 @@
 #define P2P_SLOT_BYTES (P2P_CHUNK + P2P_HEADER)
 #define P2P_MAGIC 0x3250434eu  // "NCP2"
 #define P2P_THREADS 512
-#define P2P_LL_MAX (64 * 1024)
+#define P2P_LL_MAX (16 * 1024)
 #define P2P_LL_BUF_BYTES ((1 + P2P_LL_MAX / 8) * 16)  // header packet + data packets
 
 /// struct P2pOpDev (core/src/p2p/gpu.rs), 24 bytes.
@@ -70,8 +73,10 @@ struct P2pOpDev {
   uint16_t pair;  // index of the (peer, direction) pair (block assignment)
 };
 
-/// struct P2pArgs (core/src/p2p/gpu.rs).
-struct P2pArgs {
+/// struct Args<N> (core/src/p2p/gpu.rs).
+template <int N>
+struct P2pArgsN {
+  static constexpr int kMaxOps = N;
   uint64_t base;              // this rank's buffer
   const uint64_t* peerBases;  // [nranks] every rank's buffer mapped here (own at rank)
   uint64_t* hostErr;          // [2] host-mapped copy of the error words (read by the host)
@@ -80,8 +85,10 @@ struct P2pArgs {
   uint32_t rank;
   uint32_t nranks;
   uint32_t npairs;  // (peer, direction) pairs of the ops (block assignment)
-  P2pOpDev ops[P2P_MAX_OPS];
+  P2pOpDev ops[N];
 };
+using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
+using P2pArgsSmall = P2pArgsN<P2P_SMALL_OPS>;
 
 namespace {
 
@@ -177,7 +184,8 @@ constexpr uint64_t kErrStall = 1;     // detail: the pending op index
 constexpr uint64_t kErrSize = 2;      // detail: the size the sender announced
 constexpr uint64_t kErrHeader = 3;    // detail: the header's chunk index / magic
 
-MSCCLPP_DEVICE_INLINE void recordError(const P2pArgs& a, uint64_t kind, uint64_t recv, uint64_t peer, uint64_t detail) {
+template <class A>
+MSCCLPP_DEVICE_INLINE void recordError(const A& a, uint64_t kind, uint64_t recv, uint64_t peer, uint64_t detail) {
   P2pLayout L{a.nranks};
   uint64_t* err = reinterpret_cast<uint64_t*>(a.base + L.error());
   const uint64_t word = (1ull << 63) | (kind << 48) | (recv << 40) | peer;
@@ -201,7 +209,8 @@ namespace {
 
 /// One attempt at LL message k (a send, or a receive whose packets all arrived): 1 done, 0 not
 /// yet, -1 failed (recorded). Every thread of the block calls it.
-MSCCLPP_DEVICE_INLINE int llStep(const P2pArgs& a, const P2pOpDev& op, int* sErr) {
+template <class A>
+MSCCLPP_DEVICE_INLINE int llStep(const A& a, const P2pOpDev& op, int* sErr) {
   P2pLayout L{a.nranks};
   const uint64_t base = a.base;
   const uint64_t peer = op.peer;
@@ -255,11 +264,10 @@ MSCCLPP_DEVICE_INLINE int llStep(const P2pArgs& a, const P2pOpDev& op, int* sErr
   return 1;
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) {
-  __shared__ uint32_t prog[P2P_MAX_OPS * P2P_CHANNELS];
-  __shared__ int16_t after[P2P_MAX_OPS];  // in place: the send whose buffer this receive overwrites
+template <class A>
+MSCCLPP_DEVICE_INLINE void batch(const A& a) {
+  __shared__ uint32_t prog[A::kMaxOps * P2P_CHANNELS];
+  __shared__ int16_t after[A::kMaxOps];  // in place: the send whose buffer this receive overwrites
   __shared__ int sAvail;
   __shared__ int sStop;
   __shared__ int sErr;
@@ -426,3 +434,9 @@ extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) {
     if (stop) return;
   }
 }
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) { batch(a); }
+
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch_small(P2pArgsSmall a) { batch(a); }
