@@ -1,6 +1,9 @@
 //! The GPU point-to-point within a node: one kernel launch per batch
-//! (kernels/cuda/src/p2p/batch.cu, whose header describes the protocol) through one receive
-//! ring per sending peer and channel in a buffer every peer of the node maps (CudaIpc).
+//! (kernels/cuda/src/p2p/batch.cu, whose header describes the protocol): messages up to
+//! [`LL_MAX`] bytes as LL packets straight into the receiver's buffer (one one-way trip, no
+//! fence), larger ones through one receive ring per sending peer and channel, in a buffer every
+//! peer of the node maps (CudaIpc). A receive into the buffer a send of the same launch to the
+//! same peer reads (in-place all-to-all) waits, chunk by chunk, for the send to have read it.
 //!
 //! Setup (collective): each rank allocates its buffer (communication memory, the kind the
 //! collectives' shared buffer uses: peers can map it), zeroes the counters, registers it for
@@ -32,17 +35,28 @@ use crate::transport::{Device, Transport};
 /// Operations with other ranks per kernel launch (`P2P_MAX_OPS` of batch.cu).
 pub const MAX_OPS_PER_LAUNCH: usize = 128;
 /// Channels (rings) per (sender, receiver) pair (`P2P_CHANNELS`).
-pub const CHANNELS: usize = 8;
+pub const CHANNELS: usize = 16;
 /// Slots per ring (`P2P_SLOTS`).
 pub const SLOTS: usize = 4;
 /// Payload bytes per slot (`P2P_CHUNK`).
 pub const CHUNK: usize = 128 * 1024;
 /// Header bytes in front of a slot's payload (`P2P_HEADER`).
 const HEADER: usize = 16;
+/// Messages of at most this many bytes travel as LL packets (`P2P_LL_MAX`; measured on one
+/// H200, 2 ranks: LL took 6.2 us at 1 KiB, 7.6 at 16 KiB, 13.4 at 64 KiB, where one chunk
+/// took 10.4).
+pub const LL_MAX: usize = 16 * 1024;
+/// Launches of at most this many operations use `p2p_batch_small` (`P2P_SMALL_OPS`): the same
+/// kernel with a 240-byte argument block instead of 3 KiB (on one H200 under MPS a 1 KiB
+/// exchange took the same 6.2 us either way: the argument copy is not its fixed cost).
+const SMALL_OPS: usize = 8;
+/// Bytes of one LL buffer: a header packet and 16-byte packets of 8 data bytes each
+/// (`P2P_LL_BUF_BYTES`).
+const LL_BUF: usize = (1 + LL_MAX / 8) * 16;
 /// Threads per block (`P2P_THREADS`).
 const THREADS: u32 = 512;
 /// Most blocks of one launch.
-const MAX_BLOCKS: usize = 32;
+const MAX_BLOCKS: usize = 64;
 /// Communicator tag of the buffer exchange.
 const TAG_MEM: u64 = 0x5032_5001;
 
@@ -59,13 +73,18 @@ impl GpuLayout {
     pub fn ready(&self, sender: usize, c: usize) -> usize {
         (sender * CHANNELS + c) * 8
     }
-    /// The error words (kind/peer word, detail word).
+    /// The error words (kind/peer word, detail word), after the chunk counters (4 per sender
+    /// and channel) and the LL counters (3 per peer).
     pub fn error(&self) -> usize {
-        4 * self.nranks * CHANNELS * 8
+        4 * self.nranks * CHANNELS * 8 + 3 * self.nranks * 8
     }
-    /// Start of the rings.
+    /// LL buffer `k` (0 or 1) of messages from `sender`.
+    pub fn ll(&self, sender: usize, k: usize) -> usize {
+        (self.error() + 64).div_ceil(4096) * 4096 + (sender * 2 + k) * LL_BUF
+    }
+    /// Start of the rings; everything before it starts zeroed (counters, LL flags).
     pub fn rings(&self) -> usize {
-        (self.error() + 64).div_ceil(4096) * 4096
+        self.ll(self.nranks, 0).div_ceil(4096) * 4096
     }
     /// Total bytes.
     pub fn total(&self) -> usize {
@@ -86,10 +105,10 @@ struct OpDev {
     pair: u16,
 }
 
-/// `P2pArgs` of batch.cu.
+/// `P2pArgsN<N>` of batch.cu.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Args {
+struct Args<const N: usize> {
     base: u64,
     peer_bases: u64,
     host_err: u64,
@@ -97,12 +116,98 @@ struct Args {
     nops: u32,
     rank: u32,
     nranks: u32,
-    pad: u32,
-    ops: [OpDev; MAX_OPS_PER_LAUNCH],
+    npairs: u32,
+    ops: [OpDev; N],
 }
 
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
-const _: () = assert!(std::mem::size_of::<Args>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () =
+    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 48 + 24 * SMALL_OPS);
+
+/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one LL message up to
+/// [`LL_MAX`], else one per chunk up to [`CHANNELS`].
+fn channels_of(bytes: usize) -> usize {
+    if bytes <= LL_MAX {
+        1
+    } else {
+        bytes.div_ceil(CHUNK).min(CHANNELS)
+    }
+}
+
+/// One launch's operations as the kernel takes them.
+struct Plan {
+    ops: Vec<OpDev>,
+    /// (peer, direction) pairs.
+    npairs: usize,
+    /// Blocks that own a task: task (op, channel) is block `pair + channel * npairs`.
+    tasks: usize,
+}
+
+/// Packs `part` (at most [`MAX_OPS_PER_LAUNCH`] ops with other ranks): each op's (peer,
+/// direction) pair in order of first appearance and the pair's op before it (`pred`, per-pair
+/// order); when a receive reads into the very buffer of a send of this launch to the same peer
+/// (in place: same address and size), every receive from that peer takes the sends' pair for
+/// its blocks, so the same blocks own both and the kernel can hold the receive behind the send
+/// (batch.cu finds the send alike).
+fn plan(part: &[&P2pOp]) -> Plan {
+    // (peer, direction, last op of the pair so far)
+    let mut pairs: Vec<(usize, Dir, usize)> = Vec::new();
+    let mut ops = Vec::with_capacity(part.len());
+    for (i, op) in part.iter().enumerate() {
+        let (pair, pred) = match pairs
+            .iter_mut()
+            .enumerate()
+            .find(|(_, (p, d, _))| *p == op.peer && *d == op.dir)
+        {
+            Some((j, entry)) => {
+                let pred = entry.2 as i16;
+                entry.2 = i;
+                (j, pred)
+            }
+            None => {
+                pairs.push((op.peer, op.dir, i));
+                (pairs.len() - 1, -1)
+            }
+        };
+        ops.push(OpDev {
+            buf: op.buf,
+            bytes: op.bytes as u64,
+            peer: op.peer as u16,
+            recv: u8::from(op.dir == Dir::Recv),
+            pad: 0,
+            pred,
+            pair: pair as u16,
+        });
+    }
+    // In place: every op of the (peer, receive) pair moves to the blocks of the (peer, send)
+    // pair (the pair's order and the in-place hold live in one block's memory).
+    for (i, r) in part.iter().enumerate() {
+        let send = part.iter().position(|s| {
+            r.dir == Dir::Recv
+                && s.dir == Dir::Send
+                && s.peer == r.peer
+                && s.buf == r.buf
+                && s.bytes == r.bytes
+        });
+        if let Some(j) = send {
+            let (from, to) = (ops[i].pair, ops[j].pair);
+            for (o, d) in part.iter().zip(ops.iter_mut()) {
+                if o.dir == Dir::Recv && o.peer == r.peer && d.pair == from {
+                    d.pair = to;
+                }
+            }
+        }
+    }
+    let npairs = pairs.len();
+    let tasks = part
+        .iter()
+        .zip(&ops)
+        .map(|(op, d)| d.pair as usize + (channels_of(op.bytes) - 1) * npairs + 1)
+        .max()
+        .unwrap_or(0);
+    Plan { ops, npairs, tasks }
+}
 
 pub(super) struct GpuP2p {
     rank: usize,
@@ -116,6 +221,8 @@ pub(super) struct GpuP2p {
     max_blocks: usize,
     dev: <Gpu as Api>::Device,
     kernel: <Gpu as Api>::Kernel,
+    /// `p2p_batch_small`.
+    kernel_small: <Gpu as Api>::Kernel,
     _module: <Gpu as Api>::Module,
     _registered: RegisteredMemory,
     _peers: Vec<Option<RegisteredMemory>>,
@@ -149,7 +256,7 @@ impl GpuP2p {
         let props = Gpu::properties(&dev).map_err(|e| hal_err("GPU properties", e))?;
         // Every rank's blocks spin on its peers': all of them must fit on the GPU together.
         let max_blocks = (props.sm_count as usize / ranks_per_device).clamp(1, MAX_BLOCKS);
-        let k = kernels::p2p::BATCH;
+        let k = kernels::p2p::batch::P2P_BATCH;
         let code = k.object().code().ok_or_else(|| {
             Error::invalid(format!(
                 "point-to-point: this build embeds no code object `{}` (built without a GPU \
@@ -160,6 +267,8 @@ impl GpuP2p {
         let module = Gpu::load_module(&dev, code).map_err(|e| hal_err("load p2p kernels", e))?;
         let kernel =
             Gpu::get_kernel(&module, k.name()).map_err(|e| hal_err("look up p2p_batch", e))?;
+        let kernel_small = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_BATCH_SMALL.name())
+            .map_err(|e| hal_err("look up p2p_batch_small", e))?;
 
         let layout = GpuLayout { nranks };
         let kind = crate::gpu_buffer::communication_memory_kind(device);
@@ -225,6 +334,7 @@ impl GpuP2p {
             max_blocks,
             dev,
             kernel,
+            kernel_small,
             _module: module,
             _registered: registered,
             _peers: peers,
@@ -254,74 +364,73 @@ impl GpuP2p {
         }
         // SAFETY: the caller's live stream of this device (or 0); ownership stays with it.
         let s = unsafe { Gpu::borrow_stream(&self.dev, stream) };
-        for (snd, rcv) in self_pairs {
-            if snd.bytes > 0 && snd.buf != rcv.buf {
-                // SAFETY: the caller's buffers, valid until the stream ran the copy.
-                unsafe { Gpu::memcpy_async(&s, rcv.buf, snd.buf, snd.bytes) }
-                    .map_err(|e| hal_err("point-to-point copy to self", e))?;
-            }
-        }
         let remote: Vec<&P2pOp> = ops
             .iter()
             .filter(|o| o.peer != self.rank && o.bytes > 0)
             .collect();
-        for part in remote.chunks(MAX_OPS_PER_LAUNCH) {
-            let mut args = Args {
-                base: self.mem.ptr(),
-                peer_bases: self.table.ptr(),
-                host_err: self.host_err.ptr(),
-                timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
-                nops: part.len() as u32,
-                rank: self.rank as u32,
-                nranks: self.nranks as u32,
-                pad: 0,
-                ops: [OpDev::default(); MAX_OPS_PER_LAUNCH],
-            };
-            // (peer, direction) pairs in order of first appearance, and the last op of each.
-            let mut pairs: Vec<(usize, Dir, usize)> = Vec::new();
-            let mut keys = 0usize;
-            for (i, op) in part.iter().enumerate() {
-                let (pair, pred) = match pairs
-                    .iter_mut()
-                    .enumerate()
-                    .find(|(_, (p, d, _))| *p == op.peer && *d == op.dir)
-                {
-                    Some((j, entry)) => {
-                        let pred = entry.2 as i16;
-                        entry.2 = i;
-                        (j, pred)
-                    }
-                    None => {
-                        pairs.push((op.peer, op.dir, i));
-                        (pairs.len() - 1, -1)
-                    }
-                };
-                let nch = op.bytes.div_ceil(CHUNK).min(CHANNELS);
-                keys = keys.max(pair * CHANNELS + nch);
-                args.ops[i] = OpDev {
-                    buf: op.buf,
-                    bytes: op.bytes as u64,
-                    peer: op.peer as u16,
-                    recv: u8::from(op.dir == Dir::Recv),
-                    pad: 0,
-                    pred,
-                    pair: pair as u16,
-                };
+        let copies = self_pairs
+            .iter()
+            .filter(|(snd, rcv)| snd.bytes > 0 && snd.buf != rcv.buf);
+        if remote.is_empty() {
+            for (snd, rcv) in copies {
+                // SAFETY: the caller's buffers, valid until the stream ran the copy.
+                unsafe { Gpu::memcpy_async(&s, rcv.buf, snd.buf, snd.bytes) }
+                    .map_err(|e| hal_err("point-to-point copy to self", e))?;
             }
-            let blocks = keys.clamp(1, self.max_blocks) as u32;
-            // SAFETY: Args mirrors P2pArgs; the buffers are the caller's (valid until the
-            // stream ran the batch) and this object's (alive while `self` is).
-            unsafe {
-                Gpu::launch(
-                    &self.kernel,
-                    &LaunchConfig::linear(blocks, THREADS),
-                    &s,
-                    &args,
-                )
+            return Ok(());
+        }
+        // Copies to self run in the kernel beside the transfers, each as its send followed by
+        // its receive; they come first, so no launch boundary (a multiple of
+        // MAX_OPS_PER_LAUNCH, even) falls between the two.
+        let mut list: Vec<&P2pOp> = copies.flat_map(|(snd, rcv)| [snd, rcv]).collect();
+        list.extend(remote);
+        for part in list.chunks(MAX_OPS_PER_LAUNCH) {
+            let plan = plan(part);
+            let blocks = plan.tasks.clamp(1, self.max_blocks) as u32;
+            if part.len() <= SMALL_OPS {
+                let args = self.args::<SMALL_OPS>(&plan, timeout);
+                // SAFETY: as below.
+                unsafe { self.launch(&self.kernel_small, blocks, &s, &args) }?;
+            } else {
+                let args = self.args::<MAX_OPS_PER_LAUNCH>(&plan, timeout);
+                // SAFETY: Args mirrors P2pArgsN; the buffers are the caller's (valid until the
+                // stream ran the batch) and this object's (alive while `self` is).
+                unsafe { self.launch(&self.kernel, blocks, &s, &args) }?;
             }
-            .map_err(|e| hal_err("launch p2p_batch", e))?;
         }
         Ok(())
+    }
+
+    /// The kernel's argument block for `plan` (at most `N` operations).
+    fn args<const N: usize>(&self, plan: &Plan, timeout: Duration) -> Args<N> {
+        let mut args = Args {
+            base: self.mem.ptr(),
+            peer_bases: self.table.ptr(),
+            host_err: self.host_err.ptr(),
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            nops: plan.ops.len() as u32,
+            rank: self.rank as u32,
+            nranks: self.nranks as u32,
+            npairs: plan.npairs as u32,
+            ops: [OpDev::default(); N],
+        };
+        args.ops[..plan.ops.len()].copy_from_slice(&plan.ops);
+        args
+    }
+
+    /// # Safety
+    /// `args` is the argument block of `kernel` (`Args<N>` for its N), its buffers valid until
+    /// the stream ran the launch.
+    unsafe fn launch<const N: usize>(
+        &self,
+        kernel: &<Gpu as Api>::Kernel,
+        blocks: u32,
+        s: &<Gpu as Api>::Stream,
+        args: &Args<N>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { Gpu::launch(kernel, &LaunchConfig::linear(blocks, THREADS), s, args) }
+            .map_err(|e| hal_err("launch p2p_batch", e))
     }
 
     pub(super) fn device_error(&self, timeout: Duration) -> Result<()> {
@@ -357,5 +466,72 @@ impl GpuP2p {
                 format!("point-to-point on the GPU: malformed chunk header {detail:#x}"),
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ops(list: &[(Dir, usize, u64, usize)]) -> Vec<P2pOp> {
+        list.iter()
+            .map(|&(d, p, b, n)| P2pOp::new(d, p, b, n))
+            .collect()
+    }
+
+    #[test]
+    fn small_exchange_runs_on_one_block_per_pair() {
+        let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
+        let p = plan(&o.iter().collect::<Vec<_>>());
+        assert_eq!((p.npairs, p.tasks), (2, 2));
+        assert_eq!((p.ops[0].pair, p.ops[1].pair), (0, 1));
+    }
+
+    #[test]
+    fn large_exchange_uses_every_channel() {
+        let big = 64 << 20;
+        let o = ops(&[
+            (Dir::Send, 1, 0x1000, big),
+            (Dir::Recv, 1, 0x9000_0000, big),
+        ]);
+        let p = plan(&o.iter().collect::<Vec<_>>());
+        assert_eq!(p.tasks, 2 * CHANNELS);
+        // Just above the LL limit: one chunk on channel 0.
+        let o = ops(&[(Dir::Send, 1, 0x1000, LL_MAX + 1)]);
+        assert_eq!(plan(&o.iter().collect::<Vec<_>>()).tasks, 1);
+    }
+
+    #[test]
+    fn in_place_receive_shares_the_send_s_blocks_and_order_stays_per_pair() {
+        // An in-place all-to-all of rank 0 of 3 (self blocks are not in a launch).
+        let o = ops(&[
+            (Dir::Send, 1, 0x100, 64),
+            (Dir::Recv, 1, 0x100, 64),
+            (Dir::Send, 2, 0x140, 64),
+            (Dir::Recv, 2, 0x140, 64),
+            (Dir::Recv, 1, 0x500, 64),
+        ]);
+        let p = plan(&o.iter().collect::<Vec<_>>());
+        assert_eq!(p.npairs, 4);
+        assert_eq!(p.ops[1].pair, p.ops[0].pair);
+        assert_eq!(p.ops[3].pair, p.ops[2].pair);
+        // The later receive from rank 1 is not in place but follows op 1: the same blocks.
+        assert_eq!((p.ops[4].pair, p.ops[4].pred), (0, 1));
+        // A receive of another size from the same address is not in place.
+        let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 32)]);
+        assert_eq!(plan(&o.iter().collect::<Vec<_>>()).ops[1].pair, 1);
+    }
+
+    #[test]
+    fn layout_keeps_counters_ll_buffers_and_rings_apart() {
+        let l = GpuLayout { nranks: 4 };
+        assert!(l.error() + 16 <= l.ll(0, 0));
+        assert_eq!(l.ll(3, 1) + LL_BUF, l.ll(4, 0));
+        assert!(l.ll(4, 0) <= l.rings());
+        assert_eq!(l.rings() % 4096, 0);
+        assert_eq!(
+            l.total(),
+            l.rings() + 4 * CHANNELS * SLOTS * (CHUNK + HEADER)
+        );
     }
 }

@@ -64,6 +64,17 @@ struct Link {
     _inbox_reg: RegisteredMemory,
 }
 
+/// Whether the next chunk of receive `r` would overwrite bytes that a send to the same peer
+/// (`sends`) has yet to read out of the very same buffer (same address and size: an in-place
+/// all-to-all's block), as the GPU kernel decides. Both ends cut messages into the same chunks,
+/// so the send's chunk j never waits for the receive's chunk j: no circle.
+fn overwrites_unsent(r: &Progress, sends: &VecDeque<Progress>) -> bool {
+    let end = r.done + CHUNK.min(r.op.bytes - r.done);
+    sends
+        .iter()
+        .any(|s| s.op.buf == r.op.buf && s.op.bytes == r.op.bytes && s.done < end)
+}
+
 /// The point-to-point state of one communicator.
 pub(super) struct HostP2p {
     rank: usize,
@@ -324,7 +335,10 @@ impl HostP2p {
                     }
                 }
                 if let Some(r) = recvs[p].front_mut() {
-                    while r.done < r.op.bytes && link.data.poll() {
+                    while r.done < r.op.bytes
+                        && !overwrites_unsent(r, &sends[p])
+                        && link.data.poll()
+                    {
                         // SAFETY: the caller's contract on the buffers.
                         unsafe { link.recv_chunk(r, p)? };
                         progressed = true;

@@ -238,7 +238,8 @@ impl PointToPoint {
     }
 
     /// All-to-all: block `p` (of `per` bytes) of `send` to rank `p`, block `p` of `recv` from
-    /// it (out of place: the buffers must not overlap), on stream `s`.
+    /// it, on stream `s`; in place when `send == recv` (each receive waits for the send out of
+    /// its block), otherwise the buffers must not overlap.
     ///
     /// # Safety
     /// As [`PointToPoint::run`], for `nranks * per` bytes of each buffer.

@@ -239,7 +239,8 @@ TEST!(P2pTest, BadPeerIsAnError, |_ctx| {
     );
 });
 
-/// All-to-all, gather and scatter through the helpers: `per` bytes per block.
+/// All-to-all (also "alltoall_in_place": one buffer for both), gather and scatter through the
+/// helpers: `per` bytes per block.
 fn helper_case(what: &str, per: usize) {
     let e = env();
     let (me, n, stream) = (e.p2p.rank(), e.p2p.nranks(), raw_stream_of(&e.stream));
@@ -254,6 +255,7 @@ fn helper_case(what: &str, per: usize) {
     let r = unsafe {
         match what {
             "alltoall" => e.p2p.all_to_all(send.data(), recv.data(), per, stream),
+            "alltoall_in_place" => e.p2p.all_to_all(send.data(), send.data(), per, stream),
             // Gather sends block 0.. of the send buffer: rank r's first `per` bytes.
             "gather" => e.p2p.rooted(
                 Rooted::Gather,
@@ -274,12 +276,17 @@ fn helper_case(what: &str, per: usize) {
     ok!(r, "{what}");
     ok!(sync_stream(&e.stream), "waiting for {what}");
     ok!(e.p2p.device_error(), "{what} on the device");
+    let out = if what == "alltoall_in_place" {
+        &send
+    } else {
+        &recv
+    };
     let mut got = vec![0u8; total];
-    ok!(recv.copy_to_host(0, &mut got), "reading");
+    ok!(out.copy_to_host(0, &mut got), "reading");
     // Expected block p of the receive buffer (None: untouched).
     let want = |p: usize, i: usize| -> Option<u8> {
         match what {
-            "alltoall" => Some(pattern(p, me, 0, i)),
+            "alltoall" | "alltoall_in_place" => Some(pattern(p, me, 0, i)),
             "gather" => (me == root).then(|| pattern(p, 0, 0, i)),
             _ => (p == 0).then(|| pattern(root, me, 0, i)),
         }
@@ -298,7 +305,7 @@ fn helper_case(what: &str, per: usize) {
     }
     EXPECT_TRUE!(bad.is_empty(), "{what} of {per} bytes per block: {bad:?}");
     EXPECT_TRUE!(
-        guard_intact(&recv, total),
+        guard_intact(out, total),
         "{what} wrote past the receive buffer"
     );
 }
@@ -312,6 +319,15 @@ TEST!(P2pTest, AllToAll, |_ctx| {
     helper_case("alltoall", big + 3);
 });
 
+// In place: every block is sent before the block from that peer lands on it, also when a
+// message spans several chunks (host: 512 KiB; GPU: 128 KiB over 16 channels, LL up to 64 KiB).
+TEST!(P2pTest, AllToAllInPlace, |_ctx| {
+    helper_case("alltoall_in_place", 1);
+    helper_case("alltoall_in_place", 4099);
+    let big = if n() > 8 { 64 << 10 } else { 3 << 20 };
+    helper_case("alltoall_in_place", big + 3);
+});
+
 TEST!(P2pTest, Gather, |_ctx| {
     helper_case("gather", 1);
     helper_case("gather", 70_001);
@@ -322,39 +338,52 @@ TEST!(P2pTest, Scatter, |_ctx| {
     helper_case("scatter", 70_001);
 });
 
+// One captured batch of a chunked message (300 KiB + 9) and an LL one (1001 bytes) per
+// direction, replayed with new data each time: the device counters and LL flags move on.
 TEST!(P2pTest, GraphReplay, |_ctx| {
     let e = env();
     let Some(stream) = e.stream.as_ref() else {
         SKIP!("graph capture needs a GPU stream (the host backend has none)")
     };
     let (me, n) = (e.p2p.rank(), e.p2p.nranks());
-    let (next, prev, bytes) = ((me + 1) % n, (me + n - 1) % n, (300 << 10) + 9);
-    let send = filled(e.device, bytes, |_| 0);
-    let recv = filled(e.device, bytes, |_| POISON);
-    let ops = [
-        P2pOp::new(Dir::Send, next, send.data(), bytes),
-        P2pOp::new(Dir::Recv, prev, recv.data(), bytes),
-    ];
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let sizes = [(300 << 10) + 9, 1001];
+    let sends: Vec<GpuBuffer<u8>> = sizes.iter().map(|&b| filled(e.device, b, |_| 0)).collect();
+    let recvs: Vec<GpuBuffer<u8>> = sizes
+        .iter()
+        .map(|&b| filled(e.device, b, |_| POISON))
+        .collect();
+    let mut ops = Vec::new();
+    for (k, &bytes) in sizes.iter().enumerate() {
+        ops.push(P2pOp::new(Dir::Send, next, sends[k].data(), bytes));
+        ops.push(P2pOp::new(Dir::Recv, prev, recvs[k].data(), bytes));
+    }
     ok!(Gpu::begin_capture(stream), "beginning the capture");
     // SAFETY: the buffers outlive every replay (synchronised below).
     let r = unsafe { e.p2p.run(&ops, raw_stream_of(&e.stream)) };
     let graph = ok!(Gpu::end_capture(stream), "ending the capture");
     ok!(r, "capturing the batch");
     for replay in 0..5 {
-        let data: Vec<u8> = (0..bytes).map(|i| pattern(me, next, replay, i)).collect();
-        ok!(send.copy_from_host(0, &data), "writing");
+        for (k, &bytes) in sizes.iter().enumerate() {
+            let seq = replay * 2 + k;
+            let data: Vec<u8> = (0..bytes).map(|i| pattern(me, next, seq, i)).collect();
+            ok!(sends[k].copy_from_host(0, &data), "writing");
+        }
         // Every rank's input is written before any replay reads it.
         ok!(mp_env().bootstrap.barrier(), "barrier");
         ok!(Gpu::launch_graph(&graph, stream), "replaying");
         ok!(sync_stream(&e.stream), "waiting for replay {replay}");
         ok!(e.p2p.device_error(), "replay {replay} on the device");
-        let mut got = vec![0u8; bytes];
-        ok!(recv.copy_to_host(0, &mut got), "reading");
-        let bad = (0..bytes).find(|&i| got[i] != pattern(prev, me, replay, i));
-        EXPECT_TRUE!(
-            bad.is_none(),
-            "replay {replay}: first wrong byte at {bad:?}"
-        );
+        for (k, &bytes) in sizes.iter().enumerate() {
+            let seq = replay * 2 + k;
+            let mut got = vec![0u8; bytes];
+            ok!(recvs[k].copy_to_host(0, &mut got), "reading");
+            let bad = (0..bytes).find(|&i| got[i] != pattern(prev, me, seq, i));
+            EXPECT_TRUE!(
+                bad.is_none(),
+                "replay {replay}, message of {bytes} bytes: first wrong byte at {bad:?}"
+            );
+        }
         // Nobody rewrites its input while a peer's replay may still read it.
         ok!(mp_env().bootstrap.barrier(), "barrier");
     }

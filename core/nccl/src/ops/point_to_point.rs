@@ -79,7 +79,8 @@ fn block(base: u64, i: usize, per: usize) -> u64 {
 }
 
 /// `ncclAlltoAll`: block `p` of the send buffer to rank `p`, block `p` of the receive buffer
-/// from it.
+/// from it. In place (one buffer) too: core's point-to-point holds each receive behind the send
+/// out of the same block.
 pub static ALL_TO_ALL: PointToPoint = PointToPoint {
     name: FallbackName {
         name: "alltoall",
@@ -97,12 +98,7 @@ pub static ALL_TO_ALL: PointToPoint = PointToPoint {
                 ]
             })
             .collect();
-        // In place, blocks would be overwritten before they are sent.
-        let in_place = a.send == a.recv && n > 1 && per > 0;
-        Ok(Parts {
-            list,
-            not_native: in_place.then_some("in-place ncclAlltoAll has no native path"),
-        })
+        Ok(Parts::of(list))
     },
 };
 

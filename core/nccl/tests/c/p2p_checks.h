@@ -243,6 +243,27 @@ static void check_open_group_warning(ncclComm_t c) {
   CHECK(y[3] == 4.0f * (float)g_nranks, "all-reduce after the failed group gave %f", y[3]);
 }
 
+/* In-place ncclAlltoAll (one buffer): block p goes to rank p and block p from rank p lands on
+ * it, natively (each receive waits for the send out of its block); n bytes per block, several
+ * chunks of the host protocol at MIB_PLUS_3. */
+static void check_alltoall_in_place(ncclComm_t c, size_t n) {
+  int P = g_nranks, me = g_rank;
+  unsigned char* b = (unsigned char*)malloc((size_t)P * n);
+  if (b == NULL) {
+    CHECK(0, "in-place alltoall: out of memory for %d blocks of %zu bytes", P, n);
+    return;
+  }
+  for (int p = 0; p < P; p++)
+    for (size_t i = 0; i < n; i++) b[(size_t)p * n + i] = (unsigned char)p2p_val(me, p, i);
+  NCCLOK(ncclAlltoAll(b, b, n, ncclUint8, c, NULL));
+  size_t bad = 0, first = 0;
+  for (int p = 0; p < P; p++)
+    for (size_t i = 0; i < n; i++)
+      if (b[(size_t)p * n + i] != (unsigned char)p2p_val(p, me, i) && bad++ == 0) first = (size_t)p * n + i;
+  CHECK(bad == 0, "in-place alltoall of %zu bytes per block: %zu wrong bytes, first at %zu", n, bad, first);
+  free(b);
+}
+
 /* The point-to-point checks of this file, at every size and pattern. */
 static void check_p2p_patterns(ncclComm_t c) {
   check_exchange(c, "ring", ring_count, 1, ncclInt8, 0, 0);
@@ -255,6 +276,8 @@ static void check_p2p_patterns(ncclComm_t c) {
   check_exchange(c, "all-peers", all_count, 777, ncclBfloat16, 0, 0);
   check_exchange(c, "alltoallv", uneven_count, 1000, ncclFloat16, 0, 0);
   check_exchange(c, "alltoallv", uneven_count, 65537, ncclInt8, 1, 1);
+  check_alltoall_in_place(c, 1);
+  check_alltoall_in_place(c, MIB_PLUS_3);
   /* A lone zero-count send to this rank itself is a no-op (no matching receive needed). */
   float x = 1.0f;
   NCCLOK(ncclSend(&x, 0, ncclFloat, g_rank, c, NULL));

@@ -117,11 +117,12 @@ fi
 # ---- 3. table ------------------------------------------------------------------------------
 if [ $built = 1 ]; then
   say ""
+  # Fields counted from the end of a row: hypercube_perf's rows have no redop column.
   say "nccl-tests with our library, ranks on one GPU ($ARGS): out-of-place time (us), bus bandwidth (GB/s), wrong"
   printf '%-10s %3s %12s %10s %8s %6s\n' test np bytes "time_us" busbw wrong | tee -a "$SUM"
   for np in $NPS; do
     for t in $TESTS; do
-      awk -v t="$t" -v np="$np" '$1 ~ /^[0-9]+$/ && NF >= 13 { printf "%-10s %3s %12s %10s %8s %6s\n", t, np, $1, $6, $8, $9 }' \
+      awk -v t="$t" -v np="$np" '$1 ~ /^[0-9]+$/ && NF >= 12 { printf "%-10s %3s %12s %10s %8s %6s\n", t, np, $1, $(NF - 7), $(NF - 5), $(NF - 4) }' \
         "$OUT/${t}_np$np.log" | tee -a "$SUM"
     done
   done

@@ -1,12 +1,26 @@
 // Point-to-point within a node (core/src/p2p/gpu.rs): one launch runs one batch of sends and
 // receives (an NCCL group), every operation progressed together.
 //
-// extern "C" __global__ void p2p_batch(P2pArgs args);
+// extern "C" __global__ void p2p_batch(P2pArgs args);        // up to P2P_MAX_OPS operations
+// extern "C" __global__ void p2p_batch_small(P2pArgsSmall args);  // up to P2P_SMALL_OPS: the
+//   same code with a 240-byte argument block instead of 3 KiB (a launch copies its arguments).
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
-// P2pLayout below): counters, then one receive ring per sending peer and channel of SLOTS slots
-// of (16-byte header + CHUNK payload). Message bytes are cut into chunks of CHUNK; chunk i of a
-// message goes to channel i % nch (nch = min(CHANNELS, chunks), computed alike on both sides).
+// P2pLayout below): counters, then two LL buffers per sending peer, then one receive ring per
+// sending peer and channel of SLOTS slots of (16-byte header + CHUNK payload).
+//
+// Small messages (at most P2P_LL_MAX bytes) travel as LL16 packets (mscclpp/packet_device.hpp:
+// 8 data bytes and the flag twice in one 16-byte store), no signal and no fence: message n of a
+// (sender -> receiver) pair (n = llSent / llRecvd, device counters since the buffers were created)
+// goes to LL buffer n % 2 of the receiver with flag n + 1: packet 0 = {bytes, magic}, packet
+// 1 + i = bytes [8i, 8i + 8). The receiver copies out once every packet carries the flag and
+// stores llConsumed = n + 1 in the sender's buffer; the sender writes message n only once
+// llConsumed >= n - 1 (message n - 2, the buffer's last user, was read), normally long true, so
+// a message that fits costs one one-way trip. Flags come from the monotonic counters, so a
+// captured graph replays correctly.
+//
+// Larger messages are cut into chunks of CHUNK; chunk i of a message goes to channel i % nch
+// (nch = min(CHANNELS, chunks), computed alike on both sides).
 // Per (sender -> receiver, channel), counters count chunks since the buffers were created
 // (monotonic, device-only, so a captured graph replays correctly):
 //   sender:   n = sent[r][c]; waits until n - consumed[r][c] < SLOTS (consumed: written by the
@@ -16,25 +30,37 @@
 //   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), checks the header (a total
 //             that differs from its own size is an error), copies the payload out, stores
 //             consumed[me][c] = n + 1 in the sender's buffer (release), recvd = n + 1.
-// Tasks (op, channel) are owned by block (op.pair * CHANNELS + channel) % gridDim.x: the ops of
-// one (peer, direction) pair share the blocks of their channels, so a channel of a later op only
-// starts once the same channel of the op before it (op.pred, same pair) is done: per (peer,
-// direction) order as NCCL specifies. A block polls all of its tasks round-robin without
-// blocking on any of them, so matched sends and receives complete in any order.
+// Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x (the host
+// launches min(npairs * most channels, its block limit) blocks: a 1 KiB exchange runs on two):
+// the ops of one (peer, direction) pair share the blocks of their channels, so a channel of a
+// later op only starts once the same channel of the op before it (op.pred, same pair) is done:
+// per (peer, direction) order as NCCL specifies. A block polls all of its tasks round-robin
+// without blocking on any of them, so matched sends and receives complete in any order.
+// Copies to this rank itself (an all-to-all's own block) run in the launch too, beside the
+// transfers: a send to self at op k is followed by its receive at op k + 1; the send's tasks
+// copy chunk by chunk.
+// In place: a receive into the very buffer a send of this launch to the same peer reads (same
+// address and size: an in-place all-to-all's block) gets that send's pair from the host (same
+// blocks) and writes chunk j of a channel only after the send has read its chunk j there (LL:
+// after the send); both ends cut the message alike, so this never waits in a circle.
 // A block that makes no progress for `timeoutNs` records an error in the buffer's error words
 // (kind, peer, detail) and their host-mapped copy, prints it and returns; a launch finding the
 // error word set returns at once (the host reads the copy at its next call, without waiting).
 #include <mscclpp/atomic_device.hpp>
 #include <mscclpp/device.hpp>
+#include <mscclpp/packet_device.hpp>
 
 #define P2P_MAX_OPS 128
-#define P2P_CHANNELS 8
+#define P2P_SMALL_OPS 8
+#define P2P_CHANNELS 16
 #define P2P_SLOTS 4
 #define P2P_CHUNK (128 * 1024)
 #define P2P_HEADER 16
 #define P2P_SLOT_BYTES (P2P_CHUNK + P2P_HEADER)
 #define P2P_MAGIC 0x3250434eu  // "NCP2"
 #define P2P_THREADS 512
+#define P2P_LL_MAX (16 * 1024)
+#define P2P_LL_BUF_BYTES ((1 + P2P_LL_MAX / 8) * 16)  // header packet + data packets
 
 /// struct P2pOpDev (core/src/p2p/gpu.rs), 24 bytes.
 struct P2pOpDev {
@@ -47,8 +73,10 @@ struct P2pOpDev {
   uint16_t pair;  // index of the (peer, direction) pair (block assignment)
 };
 
-/// struct P2pArgs (core/src/p2p/gpu.rs).
-struct P2pArgs {
+/// struct Args<N> (core/src/p2p/gpu.rs).
+template <int N>
+struct P2pArgsN {
+  static constexpr int kMaxOps = N;
   uint64_t base;              // this rank's buffer
   const uint64_t* peerBases;  // [nranks] every rank's buffer mapped here (own at rank)
   uint64_t* hostErr;          // [2] host-mapped copy of the error words (read by the host)
@@ -56,9 +84,11 @@ struct P2pArgs {
   uint32_t nops;
   uint32_t rank;
   uint32_t nranks;
-  uint32_t pad;
-  P2pOpDev ops[P2P_MAX_OPS];
+  uint32_t npairs;  // (peer, direction) pairs of the ops (block assignment)
+  P2pOpDev ops[N];
 };
+using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
+using P2pArgsSmall = P2pArgsN<P2P_SMALL_OPS>;
 
 namespace {
 
@@ -70,8 +100,16 @@ struct P2pLayout {
   }
   MSCCLPP_DEVICE_INLINE uint64_t sent(uint64_t peer, uint64_t c) const { return (2 * n + peer) * P2P_CHANNELS * 8 + c * 8; }
   MSCCLPP_DEVICE_INLINE uint64_t recvd(uint64_t peer, uint64_t c) const { return (3 * n + peer) * P2P_CHANNELS * 8 + c * 8; }
-  MSCCLPP_DEVICE_INLINE uint64_t error() const { return 4 * n * P2P_CHANNELS * 8; }
-  MSCCLPP_DEVICE_INLINE uint64_t rings() const { return (error() + 64 + 4095) / 4096 * 4096; }
+  MSCCLPP_DEVICE_INLINE uint64_t llSent(uint64_t peer) const { return 4 * n * P2P_CHANNELS * 8 + peer * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t llRecvd(uint64_t peer) const { return 4 * n * P2P_CHANNELS * 8 + (n + peer) * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t llConsumed(uint64_t receiver) const {
+    return 4 * n * P2P_CHANNELS * 8 + (2 * n + receiver) * 8;
+  }
+  MSCCLPP_DEVICE_INLINE uint64_t error() const { return 4 * n * P2P_CHANNELS * 8 + 3 * n * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t ll(uint64_t sender, uint64_t k) const {
+    return (error() + 64 + 4095) / 4096 * 4096 + (sender * 2 + k) * (uint64_t)P2P_LL_BUF_BYTES;
+  }
+  MSCCLPP_DEVICE_INLINE uint64_t rings() const { return (ll(n, 0) + 4095) / 4096 * 4096; }
   MSCCLPP_DEVICE_INLINE uint64_t slot(uint64_t sender, uint64_t c, uint64_t k) const {
     return rings() + ((sender * P2P_CHANNELS + c) * P2P_SLOTS + k) * (uint64_t)P2P_SLOT_BYTES;
   }
@@ -87,7 +125,10 @@ MSCCLPP_DEVICE_INLINE uint64_t nowNs() {
 #endif
 }
 
-MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes) { return (bytes + P2P_CHUNK - 1) / P2P_CHUNK; }
+/// A message of at most P2P_LL_MAX bytes travels as one LL message (one task, channel 0).
+MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes) {
+  return bytes <= P2P_LL_MAX ? 1 : (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
+}
 MSCCLPP_DEVICE_INLINE uint32_t channelsOf(uint64_t bytes) {
   const uint64_t k = chunksOf(bytes);
   return k < P2P_CHANNELS ? (uint32_t)k : P2P_CHANNELS;
@@ -120,12 +161,31 @@ MSCCLPP_DEVICE_INLINE void blockCopy(char* dst, const char* src, uint64_t len) {
   for (uint64_t i = done + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
 }
 
+/// Bytes [off, off + 8) of a message of `len` bytes at `p` (zeros past the end) as a packet
+/// payload; 8-byte loads when aligned.
+MSCCLPP_DEVICE_INLINE uint2 loadPayload(const char* p, uint64_t off, uint64_t len) {
+  if ((((uintptr_t)p + off) & 7) == 0 && off + 8 <= len) return *reinterpret_cast<const uint2*>(p + off);
+  uint32_t w[2] = {0, 0};
+  for (int i = 0; i < 8 && off + i < len; ++i) w[i / 4] |= (uint32_t)(uint8_t)p[off + i] << (8 * (i & 3));
+  return make_uint2(w[0], w[1]);
+}
+
+/// The inverse of loadPayload: store the payload `v` at bytes [off, min(off + 8, len)).
+MSCCLPP_DEVICE_INLINE void storePayload(char* p, uint64_t off, uint64_t len, uint2 v) {
+  if ((((uintptr_t)p + off) & 7) == 0 && off + 8 <= len) {
+    *reinterpret_cast<uint2*>(p + off) = v;
+    return;
+  }
+  for (int i = 0; i < 8 && off + i < len; ++i) p[off + i] = (char)((i < 4 ? v.x : v.y) >> (8 * (i & 3)));
+}
+
 // Error kinds (error word: 1 << 63 | kind << 48 | dir << 40 | peer; detail word: see kind).
 constexpr uint64_t kErrStall = 1;     // detail: the pending op index
 constexpr uint64_t kErrSize = 2;      // detail: the size the sender announced
 constexpr uint64_t kErrHeader = 3;    // detail: the header's chunk index / magic
 
-MSCCLPP_DEVICE_INLINE void recordError(const P2pArgs& a, uint64_t kind, uint64_t recv, uint64_t peer, uint64_t detail) {
+template <class A>
+MSCCLPP_DEVICE_INLINE void recordError(const A& a, uint64_t kind, uint64_t recv, uint64_t peer, uint64_t detail) {
   P2pLayout L{a.nranks};
   uint64_t* err = reinterpret_cast<uint64_t*>(a.base + L.error());
   const uint64_t word = (1ull << 63) | (kind << 48) | (recv << 40) | peer;
@@ -145,18 +205,98 @@ MSCCLPP_DEVICE_INLINE void recordError(const P2pArgs& a, uint64_t kind, uint64_t
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) {
-  __shared__ uint32_t prog[P2P_MAX_OPS * P2P_CHANNELS];
+namespace {
+
+/// One attempt at LL message k (a send, or a receive whose packets all arrived): 1 done, 0 not
+/// yet, -1 failed (recorded). Every thread of the block calls it.
+template <class A>
+MSCCLPP_DEVICE_INLINE int llStep(const A& a, const P2pOpDev& op, int* sErr) {
+  P2pLayout L{a.nranks};
+  const uint64_t base = a.base;
+  const uint64_t peer = op.peer;
+  const uint64_t npk = (op.bytes + 7) / 8;
+  if (op.recv) {
+    uint64_t* recvd = reinterpret_cast<uint64_t*>(base + L.llRecvd(peer));
+    const uint64_t n = *recvd;  // this block alone writes it, before a barrier
+    const uint32_t flag = (uint32_t)(n + 1);
+    const mscclpp::LL16Packet* pk = reinterpret_cast<const mscclpp::LL16Packet*>(base + L.ll(peer, n & 1));
+    bool ok = true;
+    if (threadIdx.x == 0) {
+      uint2 h;
+      if (!pk[0].readOnce(flag, h)) {
+        ok = false;
+      } else if (h.x != (uint32_t)op.bytes || h.y != P2P_MAGIC) {
+        recordError(a, h.y != P2P_MAGIC ? kErrHeader : kErrSize, 1, peer, h.y != P2P_MAGIC ? h.y : h.x);
+        *sErr = 1;
+      }
+    }
+    char* dst = reinterpret_cast<char*>(op.buf);
+    for (uint64_t i = threadIdx.x; i < npk; i += blockDim.x) {
+      uint2 v;
+      if (pk[1 + i].readOnce(flag, v)) {
+        storePayload(dst, i * 8, op.bytes, v);  // rewritten alike if this attempt fails
+      } else {
+        ok = false;
+      }
+    }
+    if (!__syncthreads_and(ok)) return *sErr ? -1 : 0;
+    if (*sErr) return -1;
+    if (threadIdx.x == 0) {
+      // Relaxed (no fence on the fast path): every packet read above has returned its value
+      // (stored out before the barrier), so the sender's next use of the buffer cannot reach
+      // those reads.
+      mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.llConsumed(a.rank)), n + 1);
+      *recvd = n + 1;
+    }
+    return 1;
+  }
+  uint64_t* sent = reinterpret_cast<uint64_t*>(base + L.llSent(peer));
+  const uint64_t n = *sent;
+  const bool room = n < 2 || mscclpp::loadAcquireSys(reinterpret_cast<const uint64_t*>(base + L.llConsumed(peer))) + 1 >= n;
+  if (!__syncthreads_and(room)) return 0;
+  const uint32_t flag = (uint32_t)(n + 1);
+  mscclpp::LL16Packet* pk = reinterpret_cast<mscclpp::LL16Packet*>(a.peerBases[peer] + L.ll(a.rank, n & 1));
+  const char* src = reinterpret_cast<const char*>(op.buf);
+  if (threadIdx.x == 0) pk[0].write((uint32_t)op.bytes, P2P_MAGIC, flag);
+  for (uint64_t i = threadIdx.x; i < npk; i += blockDim.x) pk[1 + i].write(loadPayload(src, i * 8, op.bytes), flag);
+  __syncthreads();  // every thread read `sent` above
+  if (threadIdx.x == 0) *sent = n + 1;
+  return 1;
+}
+
+template <class A>
+MSCCLPP_DEVICE_INLINE void batch(const A& a) {
+  __shared__ uint32_t prog[A::kMaxOps * P2P_CHANNELS];
+  __shared__ int16_t after[A::kMaxOps];  // in place: the send whose buffer this receive overwrites
   __shared__ int sAvail;
   __shared__ int sStop;
+  __shared__ int sErr;
   P2pLayout L{a.nranks};
   const uint64_t base = a.base;
   volatile uint64_t* errWord = reinterpret_cast<volatile uint64_t*>(base + L.error());
   for (uint32_t i = threadIdx.x; i < a.nops * P2P_CHANNELS; i += blockDim.x) prog[i] = 0;
-  if (threadIdx.x == 0) sStop = (*errWord != 0);
+  for (uint32_t k = threadIdx.x; k < a.nops; k += blockDim.x) {
+    const P2pOpDev& op = a.ops[k];
+    int16_t j = -1;
+    if (op.recv) {
+      for (uint32_t i = 0; i < a.nops; ++i) {
+        const P2pOpDev& o = a.ops[i];
+        if (!o.recv && o.peer == op.peer && o.buf == op.buf && o.bytes == op.bytes) {
+          j = (int16_t)i;
+          break;
+        }
+      }
+    }
+    after[k] = j;
+  }
+  if (threadIdx.x == 0) {
+    sStop = (*errWord != 0);
+    sErr = 0;
+  }
   __syncthreads();
   if (sStop) return;
   const uint32_t G = gridDim.x;
+  const uint32_t P = a.npairs;
   uint64_t lastProgress = nowNs();
   uint32_t pendingOp = 0;
   while (true) {
@@ -165,9 +305,10 @@ extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) {
       const P2pOpDev& op = a.ops[k];
       const uint32_t nch = channelsOf(op.bytes);
       for (uint32_t c = 0; c < nch; ++c) {
-        if ((op.pair * P2P_CHANNELS + c) % G != blockIdx.x) continue;
+        if ((op.pair + c * P) % G != blockIdx.x) continue;
         const uint64_t total = chunksOn(op.bytes, c);
         if (prog[k * P2P_CHANNELS + c] >= total) continue;
+        if (op.recv && op.peer == a.rank) continue;  // done by its send (below)
         allDone = false;
         pendingOp = k;
         // The last earlier op of the same pair with chunks on this channel must be done (its
@@ -176,8 +317,35 @@ extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) {
         while (pred >= 0 && chunksOn(a.ops[pred].bytes, c) == 0) pred = a.ops[pred].pred;
         if (pred >= 0 && prog[pred * P2P_CHANNELS + c] < chunksOn(a.ops[pred].bytes, c)) continue;
         const uint64_t peer = op.peer;
+        if (peer == a.rank) {
+          // A copy to this rank itself: the send (op k) copies into its receive (op k + 1,
+          // placed there by the host), chunk by chunk, no protocol; the receive has no steps.
+          if (op.recv) continue;
+          const uint64_t j = prog[k * P2P_CHANNELS + c];
+          const uint64_t off = (j * nch + c) * P2P_CHUNK;
+          const uint64_t len = op.bytes - off < P2P_CHUNK ? op.bytes - off : P2P_CHUNK;
+          blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf + off), reinterpret_cast<const char*>(op.buf + off), len);
+          __syncthreads();
+          if (threadIdx.x == 0) prog[k * P2P_CHANNELS + c] = (uint32_t)(j + 1);
+          __syncthreads();
+          progressed = true;
+          continue;
+        }
+        const int dep = after[k];
+        if (op.bytes <= P2P_LL_MAX) {
+          if (dep >= 0 && prog[dep * P2P_CHANNELS] == 0) continue;
+          const int r = llStep(a, op, &sErr);
+          if (r < 0) return;
+          if (r == 0) continue;
+          if (threadIdx.x == 0) prog[k * P2P_CHANNELS] = 1;
+          __syncthreads();
+          progressed = true;
+          continue;
+        }
         while (prog[k * P2P_CHANNELS + c] < total) {
           const uint64_t j = prog[k * P2P_CHANNELS + c];
+          // In place: the send must have read chunk j of this channel out of the buffer first.
+          if (dep >= 0 && prog[dep * P2P_CHANNELS + c] <= j) break;
           const uint64_t idx = j * nch + c;  // chunk index in the message
           const uint64_t off = idx * P2P_CHUNK;
           const uint64_t len = op.bytes - off < P2P_CHUNK ? op.bytes - off : P2P_CHUNK;
@@ -266,3 +434,9 @@ extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) {
     if (stop) return;
   }
 }
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) { batch(a); }
+
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch_small(P2pArgsSmall a) { batch(a); }
