@@ -19,8 +19,10 @@ use pyo3::prelude::*;
 mod buffer;
 mod coll;
 mod comm;
+mod dlpack;
 mod error;
 mod exec;
+mod p2p;
 
 /// The backend this module was built for: `"host"` (CPU memory, CPU threads play the GPU),
 /// `"cuda"` or `"rocm"`.
@@ -88,5 +90,6 @@ fn _mscclpp(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<exec::RawGpuBuffer>()?;
     m.add_class::<exec::ExecutionPlan>()?;
     m.add_class::<exec::Executor>()?;
+    m.add_class::<p2p::PointToPoint>()?;
     Ok(())
 }

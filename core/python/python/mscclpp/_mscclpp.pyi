@@ -16,6 +16,7 @@ __all__ = [
     "ExecutionPlan",
     "Executor",
     "MscclppError",
+    "PointToPoint",
     "RawGpuBuffer",
     "TcpBootstrap",
     "UniqueId",
@@ -195,6 +196,35 @@ class RawGpuBuffer:
     def __len__(self) -> int: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)`` of DLPack."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of its bytes (1-D uint8, zero-copy)."""
+    def to_dlpack(self) -> Any:
+        """A legacy DLPack capsule of its bytes."""
+
+@final
+class PointToPoint:
+    """The point-to-point links of one rank: batches of sends and receives."""
+
+    def __new__(
+        cls, comm: Communicator, *, device: int | None = None, timeout: float | None = None
+    ) -> Self: ...
+    @property
+    def device(self) -> int: ...
+    def reaches(self, peer: int) -> bool:
+        """Whether batches may name ``peer``."""
+    def check(self) -> None:
+        """Raises the error a GPU batch recorded."""
+    def run(self, ops: list[tuple[str, int, Any]], *, stream: int | None = None) -> None:
+        """Runs one batch of ``(kind, peer, buffer)`` operations."""
 
 @final
 class ExecutionPlan:
