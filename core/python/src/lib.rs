@@ -17,6 +17,7 @@
 use pyo3::prelude::*;
 
 mod buffer;
+mod channel;
 mod coll;
 mod comm;
 mod dlpack;
@@ -91,5 +92,17 @@ fn _mscclpp(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<exec::ExecutionPlan>()?;
     m.add_class::<exec::Executor>()?;
     m.add_class::<p2p::PointToPoint>()?;
+    m.add_class::<channel::Future>()?;
+    m.add_class::<channel::Connection>()?;
+    m.add_class::<channel::RegisteredMemory>()?;
+    m.add_class::<channel::Semaphore>()?;
+    m.add_class::<channel::MemoryDevice2DeviceSemaphore>()?;
+    m.add_class::<channel::Host2DeviceSemaphore>()?;
+    m.add_class::<channel::Host2HostSemaphore>()?;
+    m.add_class::<channel::BaseMemoryChannel>()?;
+    m.add_class::<channel::MemoryChannel>()?;
+    m.add_class::<channel::ProxyService>()?;
+    m.add_class::<channel::BasePortChannel>()?;
+    m.add_class::<channel::PortChannel>()?;
     Ok(())
 }

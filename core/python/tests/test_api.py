@@ -168,6 +168,25 @@ def test_argument_errors(g1: mscclpp.CommGroup, name: str, call: Any, message: s
     assert e.value.code in ("InvalidUsage", "ExecutorError"), e.value.code
 
 
+def test_low_level_argument_errors(g1: mscclpp.CommGroup) -> None:
+    comm = g1.communicator
+    buf = mscclpp.RawGpuBuffer(64)
+    with pytest.raises(mscclpp.MscclppError, match="transport \"nvlink\": expected one of"):
+        comm.register_memory(buf, "nvlink")
+    with pytest.raises(mscclpp.MscclppError, match="expected a transport name or a list"):
+        comm.register_memory(buf, 5)
+    with pytest.raises(mscclpp.MscclppError, match="transport"):
+        comm.connect(0, transport="pcie")
+    with pytest.raises(mscclpp.MscclppError):
+        comm.register_memory(np.zeros(16, np.float32))  # not memory this library allocated
+    with pytest.raises(mscclpp.MscclppError):
+        mscclpp.RegisteredMemory.deserialize(b"not a registration")
+    mem = comm.register_memory(buf, ["cudaipc", "ethernet"])
+    assert sorted(mem.transports) == ["CudaIpc", "Ethernet"] and mem.size == 64
+    back = mscclpp.RegisteredMemory.deserialize(mem.serialize())
+    assert back.size == 64 and back.original_data_ptr == buf.ptr
+
+
 def test_not_a_buffer(g1: mscclpp.CommGroup) -> None:
     with pytest.raises(TypeError, match="expected a NumPy array"):
         g1.all_reduce("not a buffer")

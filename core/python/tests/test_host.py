@@ -50,3 +50,10 @@ def test_send_recv(pattern: str, nranks: int) -> None:
 
 def test_send_recv_size_mismatch() -> None:
     run_ranks("p2p_mismatch", 2, timeout=120.0)
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_channels(nranks: int) -> None:
+    """Connections, registered memory, semaphores, memory and port channels between every
+    pair: data moved through each checked exactly, device handles checked against the C layout."""
+    run_ranks("channels", nranks)

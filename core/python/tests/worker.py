@@ -382,6 +382,101 @@ def case_p2p_dlpack(g: mscclpp.CommGroup, *args: str) -> None:
     check("all_reduce on a RawGpuBuffer seen through DLPack", view.copy(), reduce([data(p, 1000, np.int32) for p in range(n)], "sum"))
 
 
+def case_channels(g: mscclpp.CommGroup, *args: str) -> None:
+    """The low-level API between every pair: register and exchange memory, connect (CudaIpc),
+    build semaphores; then a MemoryChannel put+signal+wait, a PortChannel put through the
+    proxy, and a Connection write with a Host2HostSemaphore, each into its own region of
+    every peer's buffer, checked exactly; the device handles' bytes checked field by field
+    against the C headers' layout."""
+    import struct
+
+    r, n = g.rank, g.nranks
+    comm = g.communicator
+    block = 4096
+    src_buf = mscclpp.RawGpuBuffer(block)
+    np.from_dlpack(src_buf).view(np.int32)[:] = data(r, block // 4, np.int32)
+    dst_buf = mscclpp.RawGpuBuffer(3 * n * block)
+    src = comm.register_memory(src_buf)
+    dst = comm.register_memory(dst_buf, ["cudaipc"])
+    assert src.size == block and src.data == src_buf.ptr and src.transports == ["CudaIpc"], src
+    peers = [p for p in range(n) if p != r]
+    conn_f = {p: comm.connect(p, 1) for p in peers}
+    for p in peers:
+        comm.send_memory(dst, p, 2)
+    mem_f = {p: comm.recv_memory(p, 2) for p in peers}
+    conns = {p: f.get() for p, f in conn_f.items()}
+    assert all(conn_f[p].ready() and conn_f[p].get() is conns[p] for p in peers)
+    remote = {p: f.get() for p, f in mem_f.items()}
+    for p in peers:
+        assert conns[p].transport == "CudaIpc" and conns[p].remote_rank == p, conns[p]
+        assert remote[p].size == 3 * n * block and remote[p].data != 0, remote[p]
+    sem_f = {(p, k): comm.build_semaphore(conns[p], p, 3 + k) for p in peers for k in range(3)}
+    sems = {key: f.get() for key, f in sem_f.items()}
+
+    # 1. Memory channels: put into region 0 of the peer's buffer, signal, wait for the peer's.
+    mem_ch = {p: mscclpp.MemoryChannel(sems[p, 0], remote[p], src) for p in peers}
+    for p in peers:
+        h = mem_ch[p].device_handle()
+        assert len(h) == 48, len(h)
+        inbound, remote_inbound, expected, dst_ptr, src_ptr, packets = struct.unpack("<6Q", h)
+        assert dst_ptr == remote[p].data and src_ptr == src_buf.ptr and packets == 0, h
+        assert inbound and remote_inbound and expected and len({inbound, remote_inbound, expected}) == 3
+        d2d = mscclpp.MemoryDevice2DeviceSemaphore(sems[p, 0]).device_handle()
+        assert len(d2d) == 24 and struct.unpack("<3Q", d2d)[:2] == (inbound, remote_inbound)
+        assert mscclpp.BaseMemoryChannel(sems[p, 0]).device_handle()[:16] == h[:16]
+        mem_ch[p].put(r * block, 0, block)
+        mem_ch[p].signal()
+    for p in peers:
+        mem_ch[p].wait(60)
+
+    # 2. Port channels through a proxy: region 1.
+    proxy = mscclpp.ProxyService()
+    src_id = proxy.add_memory(src)
+    port_ch = {}
+    for p in peers:
+        sid = proxy.add_semaphore(sems[p, 1])
+        dst_id = proxy.add_memory(remote[p])
+        port_ch[p] = proxy.port_channel(sid, dst_id, src_id)
+        h = port_ch[p].device_handle()
+        assert len(h) == 72, len(h)
+        sem_id, pad, in_tok, exp_tok, triggers, head, tail, tail_cache, fifo_size, fpad, d_id, s_id = struct.unpack("<II2Q4QIIII", h)
+        assert (sem_id, d_id, s_id) == (sid, dst_id, src_id) and port_ch[p].semaphore_id == sid, h
+        assert in_tok and exp_tok and triggers and head and tail and fifo_size > 0, h
+        base = proxy.base_port_channel(sid).device_handle()
+        assert len(base) == 64 and base == h[:64]
+        h2d = mscclpp.Host2DeviceSemaphore(sems[p, 1]).device_handle()
+        assert len(h2d) == 16 and struct.unpack("<Q", h2d[:8])[0] == in_tok
+    proxy.start_proxy()
+    for p in peers:
+        port_ch[p].put_with_signal(n * block + r * block, 0, block)
+    for p in peers:
+        port_ch[p].flush(60)
+    for p in peers:
+        port_ch[p].wait(60)
+
+    # 3. Connection.write and a host-to-host semaphore: region 2.
+    h2h = {p: mscclpp.Host2HostSemaphore(sems[p, 2]) for p in peers}
+    for p in peers:
+        conns[p].write(remote[p], 2 * n * block + r * block, src, 0, block)
+        h2h[p].signal()
+    for p in peers:
+        h2h[p].wait(60)
+
+    got = np.from_dlpack(dst_buf).view(np.int32).reshape(3, n, block // 4)
+    for k, what in enumerate(["MemoryChannel.put", "PortChannel.put_with_signal", "Connection.write"]):
+        for p in peers:
+            check(f"{what} from rank {p}", got[k, p].copy(), data(p, block // 4, np.int32))
+    # A put outside the peer's buffer is refused before any copy.
+    try:
+        mem_ch[peers[0]].put(3 * n * block - 8, 0, 16)
+    except mscclpp.MscclppError as e:
+        assert "expected ranges inside" in str(e), e
+    else:
+        raise AssertionError("a put past the end of dst ran")
+    g.barrier()
+    proxy.stop_proxy()
+
+
 def main() -> None:
     case, rank, nranks, addr, *rest = sys.argv[1:]
     r, n = int(rank), int(nranks)

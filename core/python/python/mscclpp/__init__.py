@@ -23,11 +23,17 @@ from typing import Any, Iterator
 from . import _mscclpp  # noqa: F401 (the native module, for mscclpp._mscclpp users)
 from ._mscclpp import BufferRef, Communicator, ExecutionPlan, Executor, MscclppError, RawGpuBuffer
 from ._mscclpp import PointToPoint, TcpBootstrap, UniqueId, __version__, backend, device_count
+from ._mscclpp import BaseMemoryChannel, BasePortChannel, Connection, Future, Host2DeviceSemaphore
+from ._mscclpp import Host2HostSemaphore, MemoryChannel, MemoryDevice2DeviceSemaphore, PortChannel
+from ._mscclpp import ProxyService, RegisteredMemory, Semaphore
 
 #: The package's version (the same as ``__version__``).
 version: str = __version__
 
 __all__ = ["BufferRef", "CommGroup", "Collectives", "Communicator", "ExecutionPlan", "Executor", "MscclppError"]
+__all__ += ["BaseMemoryChannel", "BasePortChannel", "Connection", "Future", "Host2DeviceSemaphore"]
+__all__ += ["Host2HostSemaphore", "MemoryChannel", "MemoryDevice2DeviceSemaphore", "PortChannel"]
+__all__ += ["ProxyService", "RegisteredMemory", "Semaphore"]
 __all__ += ["P2pBatch", "PointToPoint", "RawGpuBuffer", "TcpBootstrap", "UniqueId", "__version__", "backend", "device_count", "get_include", "version"]
 
 
