@@ -95,6 +95,10 @@ def test_dlpack_producers_in_collectives(g1: mscclpp.CommGroup) -> None:
     assert np.array_equal(x, y)
     g1.all_gather(Producer(x), Producer(y))
     assert np.array_equal(x, y)
+    # A DLPack capsule itself (consumed by the call).
+    z = np.zeros(16, np.float32)
+    g1.all_reduce(x.__dlpack__(), z)
+    assert np.array_equal(x, z)
     # A RawGpuBuffer's own export, and a legacy capsule producer.
     buf = mscclpp.RawGpuBuffer(64)
     np.from_dlpack(buf).view(np.float32)[:] = 2.0
