@@ -330,7 +330,14 @@ def case_cupy(g: mscclpp.CommGroup, dev: torch.device) -> None:
         cp.cuda.get_current_stream().synchronize()
         want = sum(((cp.arange(4096, dtype=cp.int64) * 7 + p * 3) % 11).astype(cp.float32) for p in range(n))
         assert bool((x == want).all()), "cupy all_reduce"
-    print(f"rank {r}: CuPy all_reduce correct", flush=True)
+        # mscclpp.GpuBuffer: a CuPy array in library memory.
+        a = mscclpp.GpuBuffer((4, 1024), cp.float32, dev.index)
+        assert isinstance(a, cp.ndarray) and a.shape == (4, 1024) and not bool(a.any())
+        a[:] = ((cp.arange(4096, dtype=cp.int64) * 7 + r * 3) % 11).astype(cp.float32).reshape(4, 1024)
+        g.all_reduce(a)
+        cp.cuda.get_current_stream().synchronize()
+        assert bool((a.reshape(-1) == want).all()), "all_reduce of a mscclpp.GpuBuffer"
+    print(f"rank {r}: CuPy all_reduce (and on a GpuBuffer) correct", flush=True)
 
 
 def case_executor(g: mscclpp.CommGroup, dev: torch.device, plan_path: str) -> None:

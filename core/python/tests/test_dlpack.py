@@ -81,6 +81,18 @@ def test_to_dlpack_capsule_keeps_buffer_alive() -> None:
     gc.collect()
 
 
+def test_gpu_buffer_is_a_numpy_array_of_library_memory(g1: mscclpp.CommGroup) -> None:
+    a = mscclpp.GpuBuffer((4, 8), dtype="int32")
+    assert isinstance(a, np.ndarray) and a.shape == (4, 8) and a.dtype == np.int32 and not a.any()
+    a[:] = 5
+    # Library memory: it registers (foreign NumPy memory does not), and the collectives take it.
+    mem = g1.communicator.register_memory(a)
+    assert mem.size == 128 and mem.data == a.ctypes.data
+    out = mscclpp.GpuBuffer(32, np.int32)
+    g1.all_reduce(a.reshape(-1), out)
+    assert int(out.sum()) == 5 * 32
+
+
 @pytest.fixture(scope="module")
 def g1() -> Iterator[mscclpp.CommGroup]:
     g = mscclpp.CommGroup(0, 1, f"127.0.0.1:{free_port()}")

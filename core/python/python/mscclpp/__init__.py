@@ -34,7 +34,7 @@ __all__ = ["BufferRef", "CommGroup", "Collectives", "Communicator", "ExecutionPl
 __all__ += ["BaseMemoryChannel", "BasePortChannel", "Connection", "Future", "Host2DeviceSemaphore"]
 __all__ += ["Host2HostSemaphore", "MemoryChannel", "MemoryDevice2DeviceSemaphore", "PortChannel"]
 __all__ += ["ProxyService", "RegisteredMemory", "Semaphore"]
-__all__ += ["P2pBatch", "PointToPoint", "RawGpuBuffer", "TcpBootstrap", "UniqueId", "__version__", "backend", "device_count", "get_include", "version"]
+__all__ += ["GpuBuffer", "P2pBatch", "PointToPoint", "RawGpuBuffer", "TcpBootstrap", "UniqueId", "__version__", "backend", "device_count", "get_include", "version"]
 
 
 def get_include() -> str:
@@ -42,6 +42,26 @@ def get_include() -> str:
     repository) shipped in the package: pass it as ``-I`` when compiling kernels that use the
     device handles."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+
+def GpuBuffer(shape: int | tuple[int, ...], dtype: Any = "float32", device: int | None = None) -> Any:
+    """An array in memory this library allocates (a :class:`RawGpuBuffer`, zeroed, kept alive
+    by the array through DLPack), like upstream's ``mscclpp.utils.GpuBuffer``: a CuPy array
+    on GPU builds (``cupy`` must be installed; ``torch.from_dlpack`` views it as a tensor), a
+    NumPy array on the host backend. Peers can map it: zero-copy algorithms, execution plans
+    and :meth:`Communicator.register_memory` take it."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    count = 1
+    for n in shape:
+        count *= n
+    if backend() == "host":
+        import numpy as xp
+    else:
+        import cupy as xp  # type: ignore[no-redef]
+    dt = xp.dtype(dtype)
+    raw = RawGpuBuffer(max(count * dt.itemsize, 1), device)
+    flat = xp.from_dlpack(raw)
+    return flat[: count * dt.itemsize].view(dt).reshape(shape)
 
 
 class Collectives(_mscclpp.Collectives):
