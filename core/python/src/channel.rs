@@ -449,6 +449,9 @@ pub struct MemoryChannel {
     inner: CoreMemoryChannel,
     src: Local,
     _packets: Option<Local>,
+    /// Serializes `wait` (the device protocol has one waiter per handle; Python threads
+    /// could call it together with the GIL released).
+    waiter: Mutex<()>,
 }
 
 impl MemoryChannel {
@@ -496,6 +499,7 @@ impl MemoryChannel {
             inner,
             src,
             _packets: packets,
+            waiter: Mutex::new(()),
         })
     }
 
@@ -534,11 +538,13 @@ impl MemoryChannel {
         let t = secs(timeout)?;
         let h = self.inner.device_handle();
         use mscclpp::device_emu::memory_channel::MemorySemaphoreOps;
-        // SAFETY: the semaphore's tokens are alive while `self` lives; one waiter (the GIL
-        // is released, but this handle's waits come from Python threads one at a time only
-        // if the caller keeps to one waiter per channel, as on the GPU).
-        py.detach(|| unsafe { h.wait(t) })
-            .py_ctx("MemoryChannel.wait")
+        py.detach(|| {
+            let _one = self.waiter.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the semaphore's tokens are alive while `self` lives; `waiter` keeps to
+            // one waiter at a time.
+            unsafe { h.wait(t) }
+        })
+        .py_ctx("MemoryChannel.wait")
     }
 }
 
@@ -588,6 +594,7 @@ impl ProxyService {
     fn port_channel(&self, semaphore_id: u32, dst: u32, src: u32) -> PyResult<PortChannel> {
         Ok(PortChannel {
             inner: self.lock().port_channel(semaphore_id, dst, src).py()?,
+            waiter: Mutex::new(()),
         })
     }
 
@@ -635,6 +642,8 @@ impl BasePortChannel {
 #[pyclass(module = "mscclpp._mscclpp", frozen)]
 pub struct PortChannel {
     inner: mscclpp::PortChannel,
+    /// Serializes `wait` (one waiter per handle, as for [`MemoryChannel`]).
+    waiter: Mutex<()>,
 }
 
 #[pymethods]
@@ -701,9 +710,12 @@ impl PortChannel {
         host_only("PortChannel.wait")?;
         let t = secs(timeout)?;
         let h = self.inner.device_handle();
-        // SAFETY: as put_with_signal; one waiter per channel.
-        py.detach(|| unsafe { h.wait(t) })
-            .py_ctx("PortChannel.wait")
+        py.detach(|| {
+            let _one = self.waiter.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: as put_with_signal; `waiter` keeps to one waiter at a time.
+            unsafe { h.wait(t) }
+        })
+        .py_ctx("PortChannel.wait")
     }
 }
 
