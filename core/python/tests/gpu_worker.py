@@ -160,19 +160,8 @@ def case_graph(g: mscclpp.CommGroup, dev: torch.device) -> None:
         rs_out = torch.zeros(count, dtype=dt, device=dev)
         bc = data(r, count, dt, dev)
         ring = torch.zeros(count, dtype=dt, device=dev)
-        # Once outside capture: the collectives register what they can then.
-        g.all_reduce(x)
-        g.all_gather(src, gathered)
-        g.reduce_scatter(rs_in, rs_out)
-        g.broadcast(bc, root=0)
-        with g.group():
-            g.send(src, nxt)
-            g.recv(ring, prv)
-        sync()
-        graph = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+
+        def calls() -> None:
             g.all_reduce(x)
             g.all_gather(src, gathered)
             g.reduce_scatter(rs_in, rs_out)
@@ -180,6 +169,14 @@ def case_graph(g: mscclpp.CommGroup, dev: torch.device) -> None:
             with g.group():
                 g.send(src, nxt)
                 g.recv(ring, prv)
+
+        calls()  # once outside capture: the collectives register what they can then
+        sync()
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+            calls()
         torch.cuda.current_stream().wait_stream(s)
         for it in range(5):
             # New data every replay: rank p's inputs are data(p + 5 * it).
@@ -302,16 +299,7 @@ def case_dlpack(g: mscclpp.CommGroup, dev: torch.device) -> None:
     t.copy_(data(r, 4096, torch.float32, dev))
     g.all_reduce(t)
     check("all_reduce on a RawGpuBuffer through torch.from_dlpack", t, reduce([data(p, 4096, torch.float32, dev) for p in range(n)], "sum"))
-
-    class Only:
-        def __init__(self, x: torch.Tensor) -> None:
-            self.x = x
-
-        def __dlpack__(self, **kw: Any) -> Any:
-            return self.x.__dlpack__(**kw)
-
-        def __dlpack_device__(self) -> Any:
-            return self.x.__dlpack_device__()
+    from worker import DlpackOnly as Only  # a producer that only speaks DLPack
 
     y = torch.zeros(4096, device=dev)
     sync()

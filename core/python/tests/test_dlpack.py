@@ -13,22 +13,10 @@ import pytest
 
 import mscclpp
 from ranks import free_port, run_ranks
+from worker import DlpackOnly as Producer
 
 HOST = mscclpp.backend() == "host"
 pytestmark = pytest.mark.skipif(not HOST, reason="NumPy buffers are the host backend's (GPU builds: test_gpu.py)")
-
-
-class Producer:
-    """Only DLPack (delegated to a NumPy array): no buffer protocol, no __array__."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.a = a
-
-    def __dlpack__(self, **kw: Any) -> Any:
-        return self.a.__dlpack__(**kw)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self.a.__dlpack_device__()  # type: ignore[no-any-return]
 
 
 class Capsule:

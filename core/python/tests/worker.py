@@ -354,9 +354,11 @@ def case_p2p_mismatch(g: mscclpp.CommGroup, *args: str) -> None:
 
 
 class DlpackOnly:
-    """A producer that only speaks DLPack (no buffer protocol): test_dlpack.py's, for the ranks."""
+    """A producer that only speaks DLPack, delegated to an array or tensor (no buffer
+    protocol, no __array__, no __cuda_array_interface__); test_dlpack.py and gpu_worker.py
+    use it too."""
 
-    def __init__(self, a: np.ndarray) -> None:
+    def __init__(self, a: Any) -> None:
         self.a = a
 
     def __dlpack__(self, **kw: Any) -> Any:
