@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of the Python package on a one-GPU machine (ranks share the GPU under MPS):
-#   pytest2   the pytest suite (tests/, GPU cases at 2 ranks); without pytest on the machine,
+#   pytest2   the pytest suite (tests/, GPU cases at 2 ranks; the DSL's test_language*.py are
+#             left to tests/gpu/dsl_plan_gpu.sh); without pytest on the machine,
 #             tests/gpu/run_cases.py runs the same GPU cases
 #   cases4    the GPU cases at 4 ranks (run_cases.py)
 #   example   examples/torch_allreduce.py under torchrun, 2 and 4 ranks
@@ -48,7 +49,7 @@ BENCH=$OUT/bench.txt
 
 if has pytest2; then
   if "$PY" -c 'import pytest' 2>/dev/null; then
-    (cd core/python && MSCCLPP_PY_GPU_RANKS=2 timeout 560 "$PY" -m pytest -q -rs -p no:cacheprovider tests) >"$OUT/pytest_np2.log" 2>&1
+    (cd core/python && MSCCLPP_PY_GPU_RANKS=2 timeout 560 "$PY" -m pytest -q -rs -p no:cacheprovider --ignore-glob='tests/test_language*' tests) >"$OUT/pytest_np2.log" 2>&1
     rc=$?
     verdict "pytest core/python/tests (GPU cases at 2 ranks)" $([ $rc = 0 ] && echo 1 || echo 0) "rc=$rc: $(pyline "$OUT/pytest_np2.log")(pytest_np2.log)"
   else
@@ -87,7 +88,7 @@ if has bench; then
 fi
 
 for f in "$OUT"/*.log; do
-  grep -qE '^FAIL|Error|error' "$f" 2>/dev/null && { echo "==== $(basename "$f") (tail)"; tail -25 "$f"; }
+  grep -qE '^FAIL|Traceback|failed' "$f" 2>/dev/null && { echo "==== $(basename "$f") (tail)"; tail -25 "$f"; }
 done
 if [ -s "$BENCH" ]; then
   echo "==== all_reduce from Python, us per call (float32; rank 0)"
