@@ -88,7 +88,7 @@ if has bench; then
 fi
 
 for f in "$OUT"/*.log; do
-  grep -qE '^FAIL|Traceback|failed' "$f" 2>/dev/null && { echo "==== $(basename "$f") (tail)"; tail -25 "$f"; }
+  grep -qE '^FAIL|Traceback|[1-9][0-9]* failed' "$f" 2>/dev/null && { echo "==== $(basename "$f") (tail)"; tail -25 "$f"; }
 done
 if [ -s "$BENCH" ]; then
   echo "==== all_reduce from Python, us per call (float32; rank 0)"
