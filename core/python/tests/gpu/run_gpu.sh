@@ -87,8 +87,8 @@ if has bench; then
   done
 fi
 
-for f in "$OUT"/*.log; do
-  grep -qE '^FAIL|Traceback|[1-9][0-9]* failed' "$f" 2>/dev/null && { echo "==== $(basename "$f") (tail)"; tail -25 "$f"; }
+for f in $(grep '^FAIL' "$SUM" | grep -oE '[A-Za-z0-9_]+\.log' | sort -u); do
+  echo "==== $f (tail)"; tail -25 "$OUT/$f"
 done
 if [ -s "$BENCH" ]; then
   echo "==== all_reduce from Python, us per call (float32; rank 0)"
