@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 2 core/python/examples/torch_allreduce.py
 
 CUDA build and GPUs: CUDA tensors of GPU ``LOCAL_RANK % device_count`` on torch's current
-stream, plus a CUDA graph capture and replay; the host backend: CPU tensors. Every result is
+stream, plus a send/recv ring and a CUDA graph capture and replay; the host backend: CPU
+tensors. Every result is
 checked exactly; rank 0 prints one line per check.
 """
 
@@ -55,6 +56,15 @@ def main() -> None:
     assert bool((out.view(n, count) == torch.arange(n, device=dev, dtype=out.dtype)[:, None]).all())
     assert bool((rs == n).all()) and bool((b == n - 1).all())
     say("all_gather_into_tensor, reduce_scatter_tensor, broadcast: correct")
+    # send/recv: a ring, both calls in one batch (one launch on GPUs).
+    got = torch.zeros(count, device=dev)
+    with comm.batch():
+        comm.send(torch.full((count,), float(rank), device=dev), (rank + 1) % n)
+        comm.recv(got, (rank - 1) % n)
+    if cuda:
+        torch.cuda.synchronize()
+    assert bool((got == (rank - 1) % n).all()), f"rank {rank}: send/recv ring: {got[:4]}"
+    say("send/recv ring in one batch: correct")
     if cuda:
         g = torch.cuda.CUDAGraph()
         y = torch.ones(1 << 16, device=dev)

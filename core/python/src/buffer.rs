@@ -5,6 +5,7 @@
 use std::ffi::CStr;
 
 use mscclpp::collectives::DataType;
+use mscclpp::{Device, DeviceType};
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -126,6 +127,8 @@ pub struct Buf {
     pub kind: String,
     /// Holds the buffer-protocol export while the call runs.
     _view: Option<PyUntypedBuffer>,
+    /// Holds the DLPack import (its deleter runs when the call is over).
+    _dlpack: Option<crate::dlpack::Imported>,
 }
 
 impl Buf {
@@ -194,6 +197,7 @@ pub fn extract(obj: &Bound<'_, PyAny>, role: &str, writable: bool) -> PyResult<B
             stream: None,
             kind: "RawGpuBuffer".into(),
             _view: None,
+            _dlpack: None,
         });
     }
     if let Ok(r) = obj.cast::<BufferRef>() {
@@ -220,6 +224,7 @@ pub fn extract(obj: &Bound<'_, PyAny>, role: &str, writable: bool) -> PyResult<B
             stream: r.stream,
             kind: r.kind.clone(),
             _view: None,
+            _dlpack: None,
         });
     }
     if described_in_python(obj)? {
@@ -237,13 +242,17 @@ pub fn extract(obj: &Bound<'_, PyAny>, role: &str, writable: bool) -> PyResult<B
         return extract(&d, role, writable);
     }
     let kind = obj.get_type().name()?.to_string();
-    let view = PyUntypedBuffer::get(obj).map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{role}: {kind}: expected a NumPy array (or another object with the buffer \
-             protocol), a torch tensor, an object with __cuda_array_interface__, a \
-             RawGpuBuffer or a BufferRef"
-        ))
-    })?;
+    let view = match PyUntypedBuffer::get(obj) {
+        Ok(v) => v,
+        Err(_) if has_dlpack(obj) => return from_dlpack(obj, role, writable),
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "{role}: {kind}: expected a NumPy array (or another object with the buffer \
+                 protocol), a torch tensor, an object with __dlpack__ or \
+                 __cuda_array_interface__, a RawGpuBuffer or a BufferRef"
+            )))
+        }
+    };
     if !view.is_c_contiguous() {
         return Err(invalid(format!(
             "{role} ({kind}): not contiguous: expected a C-contiguous buffer \
@@ -263,5 +272,76 @@ pub fn extract(obj: &Bound<'_, PyAny>, role: &str, writable: bool) -> PyResult<B
         stream: None,
         kind: format!("{kind} of format {:?}", view.format().to_string_lossy()),
         _view: Some(view),
+        _dlpack: None,
     })
+}
+
+/// Whether `obj` speaks DLPack: `__dlpack__`, or a DLPack capsule itself.
+fn has_dlpack(obj: &Bound<'_, PyAny>) -> bool {
+    obj.hasattr("__dlpack__").unwrap_or(false)
+        || obj
+            .get_type()
+            .name()
+            .map(|n| n == "PyCapsule")
+            .unwrap_or(false)
+}
+
+/// `obj` (with `__dlpack__`, or a capsule) as a buffer of a call, through DLPack.
+fn from_dlpack(obj: &Bound<'_, PyAny>, role: &str, writable: bool) -> PyResult<Buf> {
+    let d = crate::dlpack::import(obj, role)?;
+    if writable && (d.readonly || d.copied) {
+        return Err(invalid(format!(
+            "{role} ({}): {}: expected a writable buffer",
+            d.kind,
+            if d.readonly {
+                "read-only"
+            } else {
+                "its DLPack export is a copy (results written there would be lost)"
+            }
+        )));
+    }
+    Ok(Buf {
+        ptr: d.ptr,
+        nbytes: d.nbytes,
+        dtype: d.dtype,
+        device: d.device,
+        stream: None,
+        kind: d.kind.clone(),
+        _view: None,
+        _dlpack: Some(d),
+    })
+}
+
+/// The ordinal `BufferRef.device` holds for memory of `device` (-1: host memory).
+pub fn ordinal(device: Device) -> i32 {
+    match device.kind {
+        DeviceType::Cpu => -1,
+        DeviceType::Gpu => device.id,
+    }
+}
+
+/// Checks that `b` lives on `device` (where a call of `what` runs); `role` names it.
+pub fn check_device(device: Device, what: &str, role: &str, b: &Buf) -> PyResult<()> {
+    let want = ordinal(device);
+    // ANY_GPU (-2): GPU memory whose object does not tell its ordinal (taken as ours).
+    if b.device == want || (b.device == ANY_GPU && want >= 0) {
+        return Ok(());
+    }
+    let got = if b.device == ANY_GPU {
+        "GPU memory".to_string()
+    } else if b.device < 0 {
+        "host memory".to_string()
+    } else {
+        format!("memory of GPU {}", b.device)
+    };
+    let expected = if want < 0 {
+        "host memory (this mscclpp was built for the host backend: NumPy arrays, CPU tensors)"
+            .to_string()
+    } else {
+        format!("memory of GPU {want}, this communicator's device")
+    };
+    Err(invalid(format!(
+        "{what}: {role} ({}) is {got}: expected {expected}",
+        b.kind
+    )))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use mscclpp::collectives::{
     Call, CollectiveKind, Collectives as Coll, CollectivesConfig, DataType, ReduceOp,
 };
-use mscclpp::{Device, DeviceType};
+use mscclpp::Device;
 use pyo3::prelude::*;
 
 use crate::buffer::{dtype_name, extract, parse_dtype, Buf};
@@ -35,7 +35,7 @@ fn op_of(name: &str) -> PyResult<ReduceOp> {
     name.parse::<ReduceOp>().py()
 }
 
-fn secs(name: &str, s: f64) -> PyResult<Duration> {
+pub(crate) fn secs(name: &str, s: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s)
         .ok()
         .filter(|d| !d.is_zero())
@@ -106,31 +106,7 @@ fn whole_blocks(
 impl Collectives {
     /// Checks that `b` lives where this communicator's collectives run.
     fn check_device(&self, what: &str, role: &str, b: &Buf) -> PyResult<()> {
-        let want = match self.device.kind {
-            DeviceType::Cpu => -1,
-            DeviceType::Gpu => self.device.id,
-        };
-        // ANY_GPU (-2): GPU memory whose object does not tell its ordinal (taken as ours).
-        if b.device == want || (b.device == crate::buffer::ANY_GPU && want >= 0) {
-            return Ok(());
-        }
-        let got = if b.device == crate::buffer::ANY_GPU {
-            "GPU memory".to_string()
-        } else if b.device < 0 {
-            "host memory".to_string()
-        } else {
-            format!("memory of GPU {}", b.device)
-        };
-        let expected = if want < 0 {
-            "host memory (this mscclpp was built for the host backend: NumPy arrays, CPU tensors)"
-                .to_string()
-        } else {
-            format!("memory of GPU {want}, this communicator's device")
-        };
-        Err(invalid(format!(
-            "{what}: {role} ({}) is {got}: expected {expected}",
-            b.kind
-        )))
+        crate::buffer::check_device(self.device, what, role, b)
     }
 
     /// Chooses (by `algorithm` when given) and runs `call` with the GIL released.
@@ -253,10 +229,7 @@ impl Collectives {
     /// The GPU the collectives run on, -1 on the host backend.
     #[getter]
     fn device(&self) -> i32 {
-        match self.device.kind {
-            DeviceType::Cpu => -1,
-            DeviceType::Gpu => self.device.id,
-        }
+        crate::buffer::ordinal(self.device)
     }
 
     /// The names of the algorithms of `collective` (`"allreduce"`, `"allgather"`,

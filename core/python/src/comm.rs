@@ -279,6 +279,65 @@ impl Communicator {
         self.inner.bootstrap().nranks()
     }
 
+    /// Registers `buffer` (a `RawGpuBuffer`, or a buffer inside memory this library
+    /// allocated, e.g. `mscclpp.torch.empty`) for `transports` (a name or a list:
+    /// `"cudaipc"`, `"ethernet"`, `"ib0"`..): the registration keeps `buffer` alive.
+    #[pyo3(signature = (buffer, transports=None))]
+    fn register_memory(
+        &self,
+        buffer: &Bound<'_, PyAny>,
+        transports: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<crate::channel::RegisteredMemory> {
+        let t = match transports {
+            Some(t) => t,
+            None => pyo3::types::PyString::new(buffer.py(), "cudaipc").into_any(),
+        };
+        crate::channel::register(&self.inner, buffer, &t)
+    }
+
+    /// Sends `memory`'s registration to `remote_rank` under `tag`.
+    #[pyo3(signature = (memory, remote_rank, tag=0))]
+    fn send_memory(
+        &self,
+        memory: &crate::channel::RegisteredMemory,
+        remote_rank: usize,
+        tag: u64,
+    ) -> PyResult<()> {
+        self.inner.send_memory(&memory.inner, remote_rank, tag).py()
+    }
+
+    /// The next registration `remote_rank` sends under `tag` (a `Future`: `.get()` waits).
+    #[pyo3(signature = (remote_rank, tag=0))]
+    fn recv_memory(&self, remote_rank: usize, tag: u64) -> crate::channel::Future {
+        crate::channel::recv_memory(&self.inner, remote_rank, tag)
+    }
+
+    /// Sends this rank's endpoint of `transport` (`"cudaipc"`, `"ethernet"`, `"ib0"`..; on
+    /// `device`, default the current GPU) to `remote_rank` under `tag` now; the `Future`'s
+    /// `get()` receives the peer's and returns the `Connection`. Both ranks call it.
+    #[pyo3(signature = (remote_rank, tag=0, *, transport="cudaipc", device=None))]
+    fn connect(
+        &self,
+        remote_rank: usize,
+        tag: u64,
+        transport: &str,
+        device: Option<i32>,
+    ) -> PyResult<crate::channel::Future> {
+        crate::channel::connect(&self.inner, remote_rank, tag, transport, device)
+    }
+
+    /// Sends a new local token of `connection` to `remote_rank` under `tag` now; the
+    /// `Future`'s `get()` joins it with the peer's into a `Semaphore`. Both ranks call it.
+    #[pyo3(signature = (connection, remote_rank, tag=0))]
+    fn build_semaphore(
+        &self,
+        connection: &crate::channel::Connection,
+        remote_rank: usize,
+        tag: u64,
+    ) -> crate::channel::Future {
+        crate::channel::build_semaphore(&self.inner, connection, remote_rank, tag)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Communicator(rank={}, nranks={})",

@@ -47,7 +47,7 @@ impl RawGpuBuffer {
 }
 
 /// The GPU a new buffer goes to when none is named: the calling thread's current one.
-fn default_device() -> Device {
+pub(crate) fn default_device() -> Device {
     if crate::backend() == "host" {
         return Device::CPU;
     }
@@ -147,6 +147,44 @@ impl RawGpuBuffer {
         d.set_item("version", 3)?;
         d.set_item("stream", py.None())?;
         Ok(d)
+    }
+
+    /// `(device_type, device_id)` of DLPack: `(1, 0)` (CPU) on the host backend, `(2, gpu)`
+    /// (CUDA) or `(10, gpu)` (ROCm) on GPU builds.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let d = crate::dlpack::device_of(self.device_ordinal());
+        (d.device_type.0 as i32, d.device_id)
+    }
+
+    /// A DLPack capsule of its bytes (a 1-D `uint8` tensor, zero-copy; the consumer keeps the
+    /// allocation alive): `torch.from_dlpack(buf)`, `cupy.from_dlpack(buf)`,
+    /// `numpy.from_dlpack(buf)` (host backend) view it. Standard arguments: `stream` (nothing
+    /// to order: the buffer has no stream of its own), `max_version` (a versioned capsule
+    /// for 1.x), `dl_device` (must be its own), `copy` (only False/None).
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<&Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(u32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        crate::dlpack::export(
+            py,
+            &self.mem,
+            self.device_ordinal(),
+            stream,
+            max_version,
+            dl_device,
+            copy,
+        )
+    }
+
+    /// A (legacy, unversioned) DLPack capsule of its bytes, for consumers that take capsules
+    /// (`torch.utils.dlpack.from_dlpack(buf.to_dlpack())`).
+    fn to_dlpack(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        crate::dlpack::export(py, &self.mem, self.device_ordinal(), None, None, None, None)
     }
 
     /// Host memory: its bytes through the buffer protocol (writable, format `B`).

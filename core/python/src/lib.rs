@@ -17,10 +17,13 @@
 use pyo3::prelude::*;
 
 mod buffer;
+mod channel;
 mod coll;
 mod comm;
+mod dlpack;
 mod error;
 mod exec;
+mod p2p;
 
 /// The backend this module was built for: `"host"` (CPU memory, CPU threads play the GPU),
 /// `"cuda"` or `"rocm"`.
@@ -88,5 +91,18 @@ fn _mscclpp(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<exec::RawGpuBuffer>()?;
     m.add_class::<exec::ExecutionPlan>()?;
     m.add_class::<exec::Executor>()?;
+    m.add_class::<p2p::PointToPoint>()?;
+    m.add_class::<channel::Future>()?;
+    m.add_class::<channel::Connection>()?;
+    m.add_class::<channel::RegisteredMemory>()?;
+    m.add_class::<channel::Semaphore>()?;
+    m.add_class::<channel::MemoryDevice2DeviceSemaphore>()?;
+    m.add_class::<channel::Host2DeviceSemaphore>()?;
+    m.add_class::<channel::Host2HostSemaphore>()?;
+    m.add_class::<channel::BaseMemoryChannel>()?;
+    m.add_class::<channel::MemoryChannel>()?;
+    m.add_class::<channel::ProxyService>()?;
+    m.add_class::<channel::BasePortChannel>()?;
+    m.add_class::<channel::PortChannel>()?;
     Ok(())
 }

@@ -106,6 +106,15 @@ def test_one_rank_group(g1: mscclpp.CommGroup) -> None:
     g1.all_gather(x, y)
     assert np.array_equal(x, y)
     assert "CommGroup(rank=0" in repr(g1)
+    # send/recv to this rank itself: a copy, matched in call order inside one group.
+    z = np.zeros(10, np.float32)
+    with g1.group() as batch:
+        g1.send(x, 0)
+        g1.recv(z, 0)
+        assert len(batch) == 2
+    assert np.array_equal(x, z)
+    assert g1.p2p.reaches(0) and not g1.p2p.reaches(1) and g1.p2p.device == -1
+    g1.p2p.check()
 
 
 def errors() -> list[tuple[str, Any, str]]:
@@ -126,8 +135,19 @@ def errors() -> list[tuple[str, Any, str]]:
         ("bad algorithm", lambda g: g.all_reduce(f32, algorithm="no_such_algo"), "all_reduce: invalid usage: allreduce algorithm `no_such_algo`: expected one of"),
         ("bad collective name", lambda g: g.collectives.algorithm_names("gather"), "expected one of"),
         ("broadcast root", lambda g: g.broadcast(f32, root=5), "root 5"),
+        ("send to a rank out of range", lambda g: g.send(f32, 1), "peer 1: expected a rank in 0..1"),
+        ("recv into read-only memory", lambda g: g.recv(readonly(np.zeros(16, np.float32)), 0), "read-only"),
+        ("bad point-to-point kind", lambda g: g.p2p.run([("put", 0, f32)]), "expected \"send\" or \"recv\""),
+        ("unmatched send to self", lambda g: g.send(f32, 0), "sends to this rank itself but 0 receives"),
+        ("self send/recv sizes differ", lambda g: p2p_pair(g, f32, np.zeros(8, np.float32)), "sends 64 bytes but the matching"),
         ("plan for another world size", lambda g: g.execute(plan1(), f32, f32), "written for 2 ranks, but the communicator has 1"),
     ]
+
+
+def p2p_pair(g: mscclpp.CommGroup, send: Any, recv: Any) -> None:
+    with g.group():
+        g.send(send, 0)
+        g.recv(recv, 0)
 
 
 def readonly(a: np.ndarray) -> np.ndarray:
@@ -148,11 +168,32 @@ def test_argument_errors(g1: mscclpp.CommGroup, name: str, call: Any, message: s
     assert e.value.code in ("InvalidUsage", "ExecutorError"), e.value.code
 
 
+def test_low_level_argument_errors(g1: mscclpp.CommGroup) -> None:
+    comm = g1.communicator
+    buf = mscclpp.RawGpuBuffer(64)
+    with pytest.raises(mscclpp.MscclppError, match="transport \"nvlink\": expected one of"):
+        comm.register_memory(buf, "nvlink")
+    with pytest.raises(mscclpp.MscclppError, match="expected a transport name or a list"):
+        comm.register_memory(buf, 5)
+    with pytest.raises(mscclpp.MscclppError, match="transport"):
+        comm.connect(0, transport="pcie")
+    with pytest.raises(mscclpp.MscclppError):
+        comm.register_memory(np.zeros(16, np.float32))  # not memory this library allocated
+    with pytest.raises(mscclpp.MscclppError):
+        mscclpp.RegisteredMemory.deserialize(b"not a registration")
+    mem = comm.register_memory(buf, ["cudaipc", "ethernet"])
+    assert sorted(mem.transports) == ["CudaIpc", "Ethernet"] and mem.size == 64
+    back = mscclpp.RegisteredMemory.deserialize(mem.serialize())
+    assert back.size == 64 and back.original_data_ptr == buf.ptr
+
+
 def test_not_a_buffer(g1: mscclpp.CommGroup) -> None:
     with pytest.raises(TypeError, match="expected a NumPy array"):
         g1.all_reduce("not a buffer")
     with pytest.raises(TypeError):
         g1.all_reduce([1.0, 2.0])
+    with pytest.raises(TypeError, match="tuple"):
+        g1.p2p.run([("send", 0)])
 
 
 def test_plan_file_errors() -> None:

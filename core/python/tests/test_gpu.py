@@ -37,7 +37,7 @@ def run(case: str, *args: str, nranks: int = NRANKS) -> None:
 # Cases of gpu_worker.py: every collective (f32/f16/bf16, sum/max, in and out of place, 4
 # sizes); every all-reduce algorithm forced; mscclpp.torch.empty (peer-mappable) tensors.
 @usable
-@pytest.mark.parametrize("case", ["collectives", "algorithms", "library_memory"])
+@pytest.mark.parametrize("case", ["collectives", "algorithms", "library_memory", "p2p", "dlpack"])
 def test_torch_tensors(case: str) -> None:
     run(case)
 
@@ -45,6 +45,14 @@ def test_torch_tensors(case: str) -> None:
 @gpu_only
 def test_cuda_graph_capture_and_replay() -> None:
     run("graph")
+
+
+@gpu_only
+def test_channel_put_from_runtime_compiled_kernel() -> None:
+    pytest.importorskip("cupy", reason="cupy is not installed")
+    if shutil.which("nvcc") is None and not os.environ.get("CUPY_NVCC_PATH"):
+        pytest.skip("nvcc is not on PATH (CuPy's nvcc backend compiles the kernel)")
+    run("channel_put")
 
 
 @gpu_only

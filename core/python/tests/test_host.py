@@ -39,3 +39,21 @@ def test_unique_id_group(tmp_path: Path) -> None:
 @pytest.mark.parametrize("plan", ["allreduce_ll_n2.json", "allreduce_simple_n2.json"])
 def test_executor_plan(plan: str) -> None:
     run_ranks("executor", 2, str(PLANS / plan))
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.parametrize("pattern", ["ring", "pairwise", "unequal"])
+def test_send_recv(pattern: str, nranks: int) -> None:
+    """send/recv in batches (``with g.group()``, P2pBatch, single calls), every result exact."""
+    run_ranks(f"p2p_{pattern}", nranks)
+
+
+def test_send_recv_size_mismatch() -> None:
+    run_ranks("p2p_mismatch", 2, timeout=120.0)
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_channels(nranks: int) -> None:
+    """Connections, registered memory, semaphores, memory and port channels between every
+    pair: data moved through each checked exactly, device handles checked against the C layout."""
+    run_ranks("channels", nranks)

@@ -231,6 +231,254 @@ def case_executor(g: mscclpp.CommGroup, plan_path: str) -> None:
     g.barrier()
 
 
+P2P_DTYPES = [np.float32, np.float16, np.int8, np.int64]
+# Bytes up to 2.4 MiB: several of the host backend's 512 KiB chunks (GPU: 128 KiB).
+P2P_COUNTS = [0, 1, 37, 65543, 600001]
+
+
+def case_p2p_ring(g: mscclpp.CommGroup, *args: str) -> None:
+    """Each rank sends to the next and receives from the previous, in one batch (``with
+    g.group()``), every dtype and size; then the same through a P2pBatch object, and blocking
+    single calls ordered so they cannot deadlock."""
+    r, n = g.rank, g.nranks
+    nxt, prv = (r + 1) % n, (r - 1) % n
+    for dt in P2P_DTYPES:
+        for count in P2P_COUNTS:
+            y = np.full(count, 99, dtype=dt)
+            with g.group():
+                g.send(data(r, count, dt), nxt)
+                g.recv(y, prv)
+            check(f"ring {np.dtype(dt)} {count}", y, data(prv, count, dt))
+    b = g.batch()
+    y = np.zeros(1000, np.float32)
+    b.recv(y, prv)
+    b.send(data(r, 1000, np.float32), nxt)
+    assert len(b) == 2
+    b.run()
+    assert len(b) == 0
+    check("ring through P2pBatch", y, data(prv, 1000, np.float32))
+    # Single calls: rank 0 sends first, the others receive first (a chain, no cycle).
+    y = np.zeros(4099, np.int32)
+    if r == 0:
+        g.send(data(r, 4099, np.int32), nxt)
+        g.recv(y, prv)
+    else:
+        g.recv(y, prv)
+        g.send(data(r, 4099, np.int32), nxt)
+    check("ring of single calls", y, data(prv, 4099, np.int32))
+
+
+def case_p2p_pairwise(g: mscclpp.CommGroup, *args: str) -> None:
+    """One batch with every peer (this rank included): an all-to-all of blocks, several
+    messages per pair matched in call order, nested groups."""
+    r, n = g.rank, g.nranks
+    for count in [1, 3000, 300000]:
+        send = np.concatenate([data(r * n + p, count, np.float32) for p in range(n)])
+        recv = np.full(n * count, -1, np.float32)
+        with g.group():
+            for p in range(n):
+                g.send(send[p * count : (p + 1) * count], p)
+            with g.group():  # nested: still one batch
+                for p in reversed(range(n)):
+                    g.recv(recv[p * count : (p + 1) * count], p)
+        want = np.concatenate([data(p * n + r, count, np.float32) for p in range(n)])
+        check(f"pairwise all-to-all {count}", recv, want)
+    # Two messages per pair and direction in one batch arrive in call order.
+    firsts = [np.zeros(10, np.int64) for _ in range(n)]
+    seconds = [np.zeros(20, np.int64) for _ in range(n)]
+    with g.group():
+        for p in range(n):
+            if p != r:
+                g.send(data(r, 10, np.int64), p)
+                g.send(data(r + 100, 20, np.int64), p)
+                g.recv(firsts[p], p)
+                g.recv(seconds[p], p)
+    for p in range(n):
+        if p != r:
+            check(f"first message from {p}", firsts[p], data(p, 10, np.int64))
+            check(f"second message from {p}", seconds[p], data(p + 100, 20, np.int64))
+
+
+def case_p2p_unequal(g: mscclpp.CommGroup, *args: str) -> None:
+    """Every pair exchanges messages of different sizes in each direction (sizes made of the
+    sender and receiver ranks), and an exception inside a group drops its operations."""
+    r, n = g.rank, g.nranks
+
+    def size(src: int, dst: int) -> int:
+        return 1 + src * 70001 + dst * 1237
+
+    got = {p: np.zeros(size(p, r), np.float16) for p in range(n) if p != r}
+    with g.group():
+        for p in range(n):
+            if p != r:
+                g.send(data(r + 7 * p, size(r, p), np.float16), p)
+                g.recv(got[p], p)
+    for p, y in got.items():
+        check(f"unequal sizes from {p}", y, data(p + 7 * r, size(p, r), np.float16))
+    try:
+        with g.group():
+            g.send(np.zeros(5, np.float32), (r + 1) % n)
+            raise KeyError("dropped")
+    except KeyError:
+        pass
+    # Nothing of the dropped group went out: the next exchange sees the right data.
+    y = np.zeros(8, np.float32)
+    with g.group():
+        g.send(data(r, 8, np.float32), (r + 1) % n)
+        g.recv(y, (r - 1) % n)
+    check("exchange after a dropped group", y, data((r - 1) % n, 8, np.float32))
+
+
+def case_p2p_mismatch(g: mscclpp.CommGroup, *args: str) -> None:
+    """A receive larger than the matching send fails on the receiver, naming both sizes; the
+    sender, never acknowledged, fails by the group's p2p_timeout (5 s here)."""
+    r = g.rank
+    if r == 0:
+        t0 = time.monotonic()
+        try:
+            g.send(np.zeros(10, np.float32), 1)
+        except mscclpp.MscclppError as e:
+            print("sender saw:", e)
+            assert time.monotonic() - t0 < 60, "the sender waited past its timeout"
+        else:
+            raise AssertionError("a send whose receive refused it succeeded")
+    elif r == 1:
+        try:
+            g.recv(np.zeros(12, np.float32), 0)
+        except mscclpp.MscclppError as e:
+            msg = str(e)
+            assert "40" in msg and "48" in msg, msg
+            print("receiver refused:", msg)
+        else:
+            raise AssertionError("a 48-byte receive of a 40-byte send succeeded")
+
+
+class DlpackOnly:
+    """A producer that only speaks DLPack, delegated to an array or tensor (no buffer
+    protocol, no __array__, no __cuda_array_interface__); test_dlpack.py and gpu_worker.py
+    use it too."""
+
+    def __init__(self, a: Any) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> Any:
+        return self.a.__dlpack_device__()
+
+
+def case_p2p_dlpack(g: mscclpp.CommGroup, *args: str) -> None:
+    """A ring of send/recv and an all-reduce whose buffers are DLPack producers and
+    RawGpuBuffer exports."""
+    r, n = g.rank, g.nranks
+    y = np.zeros(5000, np.float32)
+    with g.group():
+        g.send(DlpackOnly(data(r, 5000, np.float32)), (r + 1) % n)
+        g.recv(DlpackOnly(y), (r - 1) % n)
+    check("ring of DLPack producers", y, data((r - 1) % n, 5000, np.float32))
+    buf = mscclpp.RawGpuBuffer(4000)
+    view = np.from_dlpack(buf).view(np.int32)
+    view[:] = data(r, 1000, np.int32)
+    g.all_reduce(buf, dtype="int32")
+    check("all_reduce on a RawGpuBuffer seen through DLPack", view.copy(), reduce([data(p, 1000, np.int32) for p in range(n)], "sum"))
+
+
+def case_channels(g: mscclpp.CommGroup, *args: str) -> None:
+    """The low-level API between every pair: register and exchange memory, connect (CudaIpc),
+    build semaphores; then a MemoryChannel put+signal+wait, a PortChannel put through the
+    proxy, and a Connection write with a Host2HostSemaphore, each into its own region of
+    every peer's buffer, checked exactly; the device handles' bytes checked field by field
+    against the C headers' layout."""
+    import struct
+
+    r, n = g.rank, g.nranks
+    comm = g.communicator
+    block = 4096
+    src_buf = mscclpp.RawGpuBuffer(block)
+    np.from_dlpack(src_buf).view(np.int32)[:] = data(r, block // 4, np.int32)
+    dst_buf = mscclpp.RawGpuBuffer(3 * n * block)
+    src = comm.register_memory(src_buf)
+    dst = comm.register_memory(dst_buf, ["cudaipc"])
+    assert src.size == block and src.data == src_buf.ptr and src.transports == ["CudaIpc"], src
+    peers = [p for p in range(n) if p != r]
+    conn_f = {p: comm.connect(p, 1) for p in peers}
+    for p in peers:
+        comm.send_memory(dst, p, 2)
+    mem_f = {p: comm.recv_memory(p, 2) for p in peers}
+    conns = {p: f.get() for p, f in conn_f.items()}
+    assert all(conn_f[p].ready() and conn_f[p].get() is conns[p] for p in peers)
+    remote = {p: f.get() for p, f in mem_f.items()}
+    for p in peers:
+        assert conns[p].transport == "CudaIpc" and conns[p].remote_rank == p, conns[p]
+        assert remote[p].size == 3 * n * block and remote[p].data != 0, remote[p]
+    sem_f = {(p, k): comm.build_semaphore(conns[p], p, 3 + k) for p in peers for k in range(3)}
+    sems = {key: f.get() for key, f in sem_f.items()}
+
+    # 1. Memory channels: put into region 0 of the peer's buffer, signal, wait for the peer's.
+    mem_ch = {p: mscclpp.MemoryChannel(sems[p, 0], remote[p], src) for p in peers}
+    for p in peers:
+        h = mem_ch[p].device_handle()
+        assert len(h) == 48, len(h)
+        inbound, remote_inbound, expected, dst_ptr, src_ptr, packets = struct.unpack("<6Q", h)
+        assert dst_ptr == remote[p].data and src_ptr == src_buf.ptr and packets == 0, h
+        assert inbound and remote_inbound and expected and len({inbound, remote_inbound, expected}) == 3
+        d2d = mscclpp.MemoryDevice2DeviceSemaphore(sems[p, 0]).device_handle()
+        assert len(d2d) == 24 and struct.unpack("<3Q", d2d)[:2] == (inbound, remote_inbound)
+        assert mscclpp.BaseMemoryChannel(sems[p, 0]).device_handle()[:16] == h[:16]
+        mem_ch[p].put(r * block, 0, block)
+        mem_ch[p].signal()
+    for p in peers:
+        mem_ch[p].wait(60)
+
+    # 2. Port channels through a proxy: region 1.
+    proxy = mscclpp.ProxyService()
+    src_id = proxy.add_memory(src)
+    port_ch = {}
+    for p in peers:
+        sid = proxy.add_semaphore(sems[p, 1])
+        dst_id = proxy.add_memory(remote[p])
+        port_ch[p] = proxy.port_channel(sid, dst_id, src_id)
+        h = port_ch[p].device_handle()
+        assert len(h) == 72, len(h)
+        sem_id, pad, in_tok, exp_tok, triggers, head, tail, tail_cache, fifo_size, fpad, d_id, s_id = struct.unpack("<II2Q4QIIII", h)
+        assert (sem_id, d_id, s_id) == (sid, dst_id, src_id) and port_ch[p].semaphore_id == sid, h
+        assert in_tok and exp_tok and triggers and head and tail and fifo_size > 0, h
+        base = proxy.base_port_channel(sid).device_handle()
+        assert len(base) == 64 and base == h[:64]
+        h2d = mscclpp.Host2DeviceSemaphore(sems[p, 1]).device_handle()
+        assert len(h2d) == 16 and struct.unpack("<Q", h2d[:8])[0] == in_tok
+    proxy.start_proxy()
+    for p in peers:
+        port_ch[p].put_with_signal(n * block + r * block, 0, block)
+    for p in peers:
+        port_ch[p].flush(60)
+    for p in peers:
+        port_ch[p].wait(60)
+
+    # 3. Connection.write and a host-to-host semaphore: region 2.
+    h2h = {p: mscclpp.Host2HostSemaphore(sems[p, 2]) for p in peers}
+    for p in peers:
+        conns[p].write(remote[p], 2 * n * block + r * block, src, 0, block)
+        h2h[p].signal()
+    for p in peers:
+        h2h[p].wait(60)
+
+    got = np.from_dlpack(dst_buf).view(np.int32).reshape(3, n, block // 4)
+    for k, what in enumerate(["MemoryChannel.put", "PortChannel.put_with_signal", "Connection.write"]):
+        for p in peers:
+            check(f"{what} from rank {p}", got[k, p].copy(), data(p, block // 4, np.int32))
+    # A put outside the peer's buffer is refused before any copy.
+    try:
+        mem_ch[peers[0]].put(3 * n * block - 8, 0, 16)
+    except mscclpp.MscclppError as e:
+        assert "expected ranges inside" in str(e), e
+    else:
+        raise AssertionError("a put past the end of dst ran")
+    g.barrier()
+    proxy.stop_proxy()
+
+
 def main() -> None:
     case, rank, nranks, addr, *rest = sys.argv[1:]
     r, n = int(rank), int(nranks)
@@ -238,9 +486,10 @@ def main() -> None:
     if case == "uniqueid":
         fn(r, n, addr, *rest)
     else:
-        g = group(r, n, addr)
+        g = group(r, n, addr, **({"p2p_timeout": 5.0} if case == "p2p_mismatch" else {}))
         fn(g, *rest)
-        g.barrier()
+        if case != "p2p_mismatch":
+            g.barrier()
     print(f"rank {r}: {case} passed")
 
 

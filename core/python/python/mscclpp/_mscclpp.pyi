@@ -10,13 +10,26 @@ from typing_extensions import disjoint_base
 
 __version__: str
 __all__ = [
+    "BaseMemoryChannel",
+    "BasePortChannel",
     "BufferRef",
     "Collectives",
     "Communicator",
+    "Connection",
     "ExecutionPlan",
     "Executor",
+    "Future",
+    "Host2DeviceSemaphore",
+    "Host2HostSemaphore",
+    "MemoryChannel",
+    "MemoryDevice2DeviceSemaphore",
     "MscclppError",
+    "PointToPoint",
+    "PortChannel",
+    "ProxyService",
     "RawGpuBuffer",
+    "RegisteredMemory",
+    "Semaphore",
     "TcpBootstrap",
     "UniqueId",
     "__version__",
@@ -101,6 +114,18 @@ class Communicator:
     def rank(self) -> int: ...
     @property
     def nranks(self) -> int: ...
+    def register_memory(self, buffer: Any, transports: str | list[str] | None = None) -> RegisteredMemory:
+        """Registers library-allocated memory for ``transports`` (default ``"cudaipc"``)."""
+    def send_memory(self, memory: RegisteredMemory, remote_rank: int, tag: int = 0) -> None:
+        """Sends a registration to ``remote_rank``."""
+    def recv_memory(self, remote_rank: int, tag: int = 0) -> Future:
+        """The next registration ``remote_rank`` sends."""
+    def connect(
+        self, remote_rank: int, tag: int = 0, *, transport: str = "cudaipc", device: int | None = None
+    ) -> Future:
+        """A connection to ``remote_rank`` (both ranks call it)."""
+    def build_semaphore(self, connection: Connection, remote_rank: int, tag: int = 0) -> Future:
+        """A semaphore over ``connection`` (both ranks call it)."""
 
 @final
 class BufferRef:
@@ -195,6 +220,35 @@ class RawGpuBuffer:
     def __len__(self) -> int: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)`` of DLPack."""
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """A DLPack capsule of its bytes (1-D uint8, zero-copy)."""
+    def to_dlpack(self) -> Any:
+        """A legacy DLPack capsule of its bytes."""
+
+@final
+class PointToPoint:
+    """The point-to-point links of one rank: batches of sends and receives."""
+
+    def __new__(
+        cls, comm: Communicator, *, device: int | None = None, timeout: float | None = None
+    ) -> Self: ...
+    @property
+    def device(self) -> int: ...
+    def reaches(self, peer: int) -> bool:
+        """Whether batches may name ``peer``."""
+    def check(self) -> None:
+        """Raises the error a GPU batch recorded."""
+    def run(self, ops: list[tuple[str, int, Any]], *, stream: int | None = None) -> None:
+        """Runs one batch of ``(kind, peer, buffer)`` operations."""
 
 @final
 class ExecutionPlan:
@@ -242,3 +296,152 @@ class Executor:
         """Runs ``plan`` on library-allocated buffers (collective)."""
     def reset(self) -> None:
         """Drops the cached contexts (collective)."""
+
+@final
+class Future:
+    """What the peer sends arrives on ``get()``."""
+
+    def get(self) -> Any:
+        """The Connection, RegisteredMemory or Semaphore."""
+    def ready(self) -> bool:
+        """Whether ``get`` returned already."""
+
+@final
+class Connection:
+    """A connection to one peer."""
+
+    @property
+    def transport(self) -> str: ...
+    @property
+    def remote_rank(self) -> int | None: ...
+    def write(
+        self, dst: RegisteredMemory, dst_offset: int, src: RegisteredMemory, src_offset: int, size: int
+    ) -> None:
+        """Copies ``size`` bytes to the peer's memory."""
+    def flush(self, timeout: float = 60.0) -> None:
+        """Waits until every earlier write is done."""
+
+@final
+class RegisteredMemory:
+    """Memory registered for transports (this rank's or a peer's)."""
+
+    @property
+    def data(self) -> int: ...
+    @property
+    def original_data_ptr(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def transports(self) -> list[str]: ...
+    def serialize(self) -> builtins.bytes:
+        """Its wire form."""
+    @classmethod
+    def deserialize(cls, data: builtins.bytes) -> RegisteredMemory:
+        """A registration received as bytes."""
+
+@final
+class Semaphore:
+    """A pair of tokens over a connection."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+@final
+class MemoryDevice2DeviceSemaphore:
+    """A GPU signals a GPU through peer-mapped memory."""
+
+    def __new__(cls, semaphore: Semaphore) -> Self: ...
+    def device_handle(self) -> builtins.bytes:
+        """MemoryDevice2DeviceSemaphoreDeviceHandle (24 bytes)."""
+
+@final
+class Host2DeviceSemaphore:
+    """The host signals, a GPU waits."""
+
+    def __new__(cls, semaphore: Semaphore) -> Self: ...
+    def signal(self) -> None:
+        """Increments the peer's token."""
+    def device_handle(self) -> builtins.bytes:
+        """Host2DeviceSemaphoreDeviceHandle (16 bytes)."""
+
+@final
+class Host2HostSemaphore:
+    """The host signals and the host waits."""
+
+    def __new__(cls, semaphore: Semaphore) -> Self: ...
+    def signal(self) -> None:
+        """Increments the peer's token."""
+    def poll(self) -> bool:
+        """Whether the peer signalled."""
+    def wait(self, timeout: float = 60.0) -> None:
+        """Waits for the peer's next signal."""
+
+@final
+class BaseMemoryChannel:
+    """A memory channel with only a semaphore."""
+
+    def __new__(cls, semaphore: Semaphore) -> Self: ...
+    def device_handle(self) -> builtins.bytes:
+        """BaseMemoryChannelDeviceHandle (24 bytes)."""
+
+@final
+class MemoryChannel:
+    """Device threads put into a peer's memory directly."""
+
+    def __new__(cls, semaphore: Semaphore, dst: RegisteredMemory, src: Any, packet_buffer: Any = None) -> Self: ...
+    def device_handle(self) -> builtins.bytes:
+        """MemoryChannelDeviceHandle (48 bytes)."""
+    def put(self, dst_offset: int, src_offset: int, nbytes: int) -> None:
+        """Host backend: the device's put on this thread."""
+    def signal(self) -> None:
+        """Host backend: signals the peer."""
+    def wait(self, timeout: float = 60.0) -> None:
+        """Host backend: waits for the peer's signal."""
+
+@final
+class ProxyService:
+    """The proxy of port channels."""
+
+    def __new__(cls) -> Self: ...
+    def add_semaphore(self, semaphore: Semaphore) -> int:
+        """Adds a semaphore; its id."""
+    def add_memory(self, memory: RegisteredMemory) -> int:
+        """Adds a memory; its id."""
+    def base_port_channel(self, semaphore_id: int) -> BasePortChannel:
+        """A channel with only a semaphore."""
+    def port_channel(self, semaphore_id: int, dst: int, src: int) -> PortChannel:
+        """A channel from memory ``src`` to memory ``dst``."""
+    def start_proxy(self) -> None:
+        """Starts the proxy thread."""
+    def stop_proxy(self) -> None:
+        """Stops the proxy thread."""
+    @property
+    def handled(self) -> int: ...
+
+@final
+class BasePortChannel:
+    """A port channel with only its semaphore and FIFO."""
+
+    def device_handle(self) -> builtins.bytes:
+        """BasePortChannelDeviceHandle (64 bytes)."""
+    @property
+    def semaphore_id(self) -> int: ...
+
+@final
+class PortChannel:
+    """Put/signal/flush requests the proxy performs."""
+
+    def device_handle(self) -> builtins.bytes:
+        """PortChannelDeviceHandle (72 bytes)."""
+    @property
+    def dst(self) -> int: ...
+    @property
+    def src(self) -> int: ...
+    @property
+    def semaphore_id(self) -> int: ...
+    def put_with_signal(self, dst_offset: int, src_offset: int, nbytes: int, timeout: float = 60.0) -> None:
+        """Host backend: queues a put then a signal."""
+    def flush(self, timeout: float = 60.0) -> None:
+        """Host backend: waits for the proxy."""
+    def wait(self, timeout: float = 60.0) -> None:
+        """Host backend: waits for the peer's signal."""

@@ -122,6 +122,33 @@ class TorchComm:
         """``dist.broadcast``: ``src``'s tensor (its rank in the group) into every rank's, in place."""
         self.group.broadcast(tensor, root=src, **kw)
 
+    def send(self, tensor: torch.Tensor, dst: int, **kw: Any) -> None:
+        """``dist.send``: the whole of ``tensor`` to rank ``dst`` of the group (whose ``recv`` is
+        the same size); asynchronous on the current stream on GPUs. Inside :meth:`group`:
+        queued until the group ends."""
+        self.group.send(tensor, dst, **kw)
+
+    def recv(self, tensor: torch.Tensor, src: int, **kw: Any) -> None:
+        """``dist.recv``: rank ``src``'s matching send into ``tensor``."""
+        self.group.recv(tensor, src, **kw)
+
+    def batch(self, stream: int | None = None) -> Any:
+        """``with comm.batch(): comm.send(a, 1); comm.recv(b, 1)``: the sends and receives
+        inside run as one batch when the block ends (one kernel launch on GPUs; like an NCCL
+        group or ``dist.batch_isend_irecv``)."""
+        return self.group.group(stream)
+
+    def batch_isend_irecv(self, ops: list[tuple[str, torch.Tensor, int]]) -> None:
+        """``("send" | "recv", tensor, peer)`` operations run as one batch."""
+        with self.group.group():
+            for kind, tensor, peer in ops:
+                if kind == "send":
+                    self.group.send(tensor, peer)
+                elif kind == "recv":
+                    self.group.recv(tensor, peer)
+                else:
+                    raise mscclpp.MscclppError(f"batch_isend_irecv: {kind!r}: expected \"send\" or \"recv\"")
+
     def barrier(self) -> None:
         """A barrier of the host threads (not of the GPU streams)."""
         self.group.barrier()
