@@ -336,6 +336,8 @@ fn unregister(handle: *const Comm) -> NResult<Arc<Comm>> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&(handle as usize));
+    // Its buffer registrations go with it (a later communicator may get the same address).
+    crate::mem::forget_comm(Arc::as_ptr(&comm) as usize);
     Ok(comm)
 }
 

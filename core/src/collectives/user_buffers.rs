@@ -1,7 +1,10 @@
-//! The cache of registered user buffers for zero-copy algorithms, keyed by `(ptr, size)`.
+//! The cache of registered user buffers for zero-copy algorithms, keyed by `(ptr, size)`; a hit
+//! also needs the registered memory to still be there (its identity, not its address: memory
+//! freed and allocated again at the same address is registered again).
 //!
 //! A miss outside graph capture is collective: every rank registers its buffer for CudaIpc
-//! (which fails for memory the library did not allocate, e.g. a foreign `cudaMalloc`), then one
+//! (memory of this library, or the application's own allocation when the backend can export
+//! it: `cudaMalloc`, cuMem/VMM with a shareable handle type, a host memfd mapping), then one
 //! bootstrap all-gather exchanges the results. If any rank could not register, every rank
 //! caches a negative entry and the caller falls back to a copying algorithm, so all ranks take
 //! the same path. A miss under graph capture returns `None` without any traffic. Ranks must
@@ -50,13 +53,25 @@ impl UserBufferCache {
         capturing: bool,
     ) -> Result<Option<Arc<UserBuffer>>> {
         let key = (ptr, size);
-        if let Some(e) = self
-            .entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
         {
-            return Ok(e.clone());
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            match entries.get(&key) {
+                Some(Some(ub)) if !ub.local.is_current() => {
+                    if capturing {
+                        return Err(Error::invalid(format!(
+                            "user buffer {ptr:#x} (+{size} bytes): the memory registered there \
+                             was freed and other memory allocated at the same address; under \
+                             graph capture only registrations made before it can be used \
+                             (run the call once outside capture first)"
+                        )));
+                    }
+                    // Freed and allocated again: register the new memory (collectively: the
+                    // ranks free and allocate alike, see the module doc).
+                    entries.remove(&key);
+                }
+                Some(e) => return Ok(e.clone()),
+                None => {}
+            }
         }
         if capturing {
             return Ok(None);
@@ -108,6 +123,17 @@ impl UserBufferCache {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, entry.clone());
         Ok(entry)
+    }
+
+    /// Forgets every entry overlapping `ptr..ptr+size` (the application deregistered or is
+    /// about to free that memory; their imports are unmapped once no call uses them). Local:
+    /// every rank forgets alike (see the module doc).
+    pub fn forget(&self, ptr: u64, size: usize) {
+        let end = ptr.saturating_add(size as u64);
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(p, s), _| *p >= end || p.saturating_add(*s as u64) <= ptr);
     }
 
     /// Entries cached so far (positive and negative).
