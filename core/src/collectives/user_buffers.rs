@@ -78,9 +78,17 @@ impl UserBufferCache {
         }
         let b = comm.bootstrap();
         let (rank, n) = (b.rank(), b.nranks());
-        let local = comm
-            .register_memory(ptr, size, Transport::CudaIpc.into())
-            .ok();
+        let local = match comm.register_memory(ptr, size, Transport::CudaIpc.into()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                crate::log_info!(
+                    "COLL",
+                    "user buffer {ptr:#x} (+{size} bytes) cannot be registered here, every rank \
+                     copies it instead: {e}"
+                );
+                None
+            }
+        };
         let mut blob = vec![u8::from(local.is_some())];
         if let Some(l) = &local {
             blob.extend_from_slice(&l.serialize());
@@ -118,6 +126,15 @@ impl UserBufferCache {
         } else {
             None
         };
+        crate::log_info!(
+            "COLL",
+            "user buffer {ptr:#x} (+{size} bytes): {}",
+            if entry.is_some() {
+                "mapped on every rank (zero-copy)"
+            } else {
+                "not registrable on every rank (copying algorithms)"
+            }
+        );
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
