@@ -7,8 +7,11 @@
 //! it: `cudaMalloc`, cuMem/VMM with a shareable handle type, a host memfd mapping), then one
 //! bootstrap all-gather exchanges the results. If any rank could not register, every rank
 //! caches a negative entry and the caller falls back to a copying algorithm, so all ranks take
-//! the same path. A miss under graph capture returns `None` without any traffic. Ranks must
-//! therefore meet the same buffers in the same order (as with upstream MSCCL++).
+//! the same path; so does a second exchange of whether every rank could map every peer's
+//! buffer. A miss under graph capture returns `None` without any traffic. Ranks must
+//! therefore meet the same buffers in the same order, and free, allocate again and
+//! [`UserBufferCache::forget`] them alike (as with upstream MSCCL++ and NCCL's windows): a
+//! rank that alone meets a miss waits in the exchange until the bootstrap's timeout, an error.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -96,33 +99,31 @@ impl UserBufferCache {
         let all = b.all_gather(&blob)?;
         let entry = if all.iter().all(|x| x.first() == Some(&1)) {
             let local = local.ok_or_else(|| Error::Internal("registration vanished".into()))?;
-            let mut peers = Vec::with_capacity(n);
-            let mut bases = Vec::with_capacity(n);
-            for (p, x) in all.iter().enumerate() {
-                if p == rank {
-                    peers.push(None);
-                    bases.push(ptr);
-                    continue;
-                }
-                let m = RegisteredMemory::deserialize(&x[1..])?;
-                if m.data() == 0 {
-                    return Err(Error::remote(
-                        p,
-                        "user buffer: expected memory mapped in this process (CudaIpc on this host)",
-                    ));
-                }
-                bases.push(m.data());
-                peers.push(Some(m));
+            // Mapping the peers' exports may fail here (a driver refusing a handle): agree on
+            // that too, so every rank takes the same path.
+            let mapped = map_peers(&all, rank, ptr).and_then(|(peers, bases)| {
+                let table = LocalMemory::alloc(device, 8 * n)?;
+                let bytes: Vec<u8> = bases.iter().flat_map(|v| v.to_le_bytes()).collect();
+                table.write(0, &bytes)?;
+                Ok(UserBuffer {
+                    local,
+                    peers,
+                    bases,
+                    table,
+                })
+            });
+            if let Err(e) = &mapped {
+                crate::log_info!(
+                    "COLL",
+                    "user buffer {ptr:#x} (+{size} bytes): mapping the peers' buffers failed \
+                     here, every rank copies it instead: {e}"
+                );
             }
-            let table = LocalMemory::alloc(device, 8 * n)?;
-            let bytes: Vec<u8> = bases.iter().flat_map(|v| v.to_le_bytes()).collect();
-            table.write(0, &bytes)?;
-            Some(Arc::new(UserBuffer {
-                local,
-                peers,
-                bases,
-                table,
-            }))
+            let oks = b.all_gather(&[u8::from(mapped.is_ok())])?;
+            match mapped {
+                Ok(ub) if oks.iter().all(|x| x.first() == Some(&1)) => Some(Arc::new(ub)),
+                _ => None,
+            }
         } else {
             None
         };
@@ -162,4 +163,32 @@ impl UserBufferCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Every peer's registration of `all` (this rank's own at `rank`, address `ptr`) mapped here:
+/// the mappings and every rank's address as seen here.
+fn map_peers(
+    all: &[Vec<u8>],
+    rank: usize,
+    ptr: u64,
+) -> Result<(Vec<Option<RegisteredMemory>>, Vec<u64>)> {
+    let mut peers = Vec::with_capacity(all.len());
+    let mut bases = Vec::with_capacity(all.len());
+    for (p, x) in all.iter().enumerate() {
+        if p == rank {
+            peers.push(None);
+            bases.push(ptr);
+            continue;
+        }
+        let m = RegisteredMemory::deserialize(&x[1..])?;
+        if m.data() == 0 {
+            return Err(Error::remote(
+                p,
+                "user buffer: expected memory mapped in this process (CudaIpc on this host)",
+            ));
+        }
+        bases.push(m.data());
+        peers.push(Some(m));
+    }
+    Ok((peers, bases))
 }
