@@ -12,7 +12,8 @@
 //! [`HostRegisterApi`] (mapping caller-owned host memory for device access), [`StreamApi`]
 //! (streams, events, memset/memcpy/64-bit stores on a stream), [`ModuleApi`] (loading an
 //! embedded code object and launching a kernel with a `#[repr(C)]` argument struct) and
-//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process) and
+//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process;
+//! adopt an allocation the application made itself, found behind a plain pointer) and
 //! [`MulticastApi`] (NVLink multicast objects: create, export/import, bind, map; refused before
 //! any driver call while the environment disables NVLS).
 //! All are associated functions (`A::alloc(&dev, ..)`), dispatched statically.
