@@ -524,18 +524,55 @@ fn device_allocation(dev: &CudaDevice, ptr: u64, len: usize) -> Result<PointerFa
     }
 }
 
-fn identity_of(f: &PointerFacts) -> AllocationIdentity {
+/// The identity of the allocation `f` describes; `vmm_handle`: the handle backing a cuMem
+/// mapping (0 for cuMemAlloc memory). The driver gives the same handle value for as long as the
+/// memory is mapped, and a new allocation another one while an adoption holds the old one
+/// retained: so VMM memory released and mapped again at the same address (where the buffer id
+/// may repeat) is told apart too.
+fn identity_of(f: &PointerFacts, vmm_handle: u64) -> AllocationIdentity {
     AllocationIdentity {
         base: f.start,
         size: f.size as usize,
-        token: [f.buffer_id, u64::from(f.legacy_ipc), f.handle_types],
+        token: [
+            f.buffer_id,
+            f.handle_types | (u64::from(f.legacy_ipc) << 63),
+            vmm_handle,
+        ],
     }
+}
+
+/// `cuMemRetainAllocationHandle` of the cuMem mapping at `ptr` (released by the caller), or an
+/// error naming the pointer.
+fn retain_vmm(ptr: u64, len: usize) -> Result<sys::CUmemGenericAllocationHandle> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out pointer; an address that is no cuMem mapping is an error status.
+    let retained = checked("cuMemRetainAllocationHandle", || unsafe {
+        sys::cuMemRetainAllocationHandle(&mut handle, ptr as usize as *mut c_void)
+    });
+    retained.map(|()| handle).map_err(|e| {
+        not_exportable(
+            ADOPT,
+            ptr,
+            len,
+            format!(
+                "device memory that is neither cuMemAlloc/cudaMalloc memory (legacy IPC) nor a \
+                 cuMem mapping (e.g. cudaMallocAsync pool memory): {e}"
+            ),
+        )
+    })
 }
 
 /// [`crate::IpcApi::identity`] for CUDA.
 pub(super) fn identity(dev: &CudaDevice, ptr: u64, len: usize) -> Result<AllocationIdentity> {
     dev.enter()?;
-    Ok(identity_of(&device_allocation(dev, ptr, len)?))
+    let f = device_allocation(dev, ptr, len)?;
+    if f.legacy_ipc {
+        return Ok(identity_of(&f, 0));
+    }
+    let handle = retain_vmm(ptr, len)?;
+    // SAFETY: retained just above; released once.
+    unsafe { vmm::release(handle) }?;
+    Ok(identity_of(&f, handle))
 }
 
 /// [`crate::IpcApi::adopt`] for CUDA: cuMemAlloc memory exports by legacy IPC of its base;
@@ -547,7 +584,6 @@ pub(super) fn adopt(
 ) -> Result<(CudaMemory, AllocationIdentity)> {
     dev.enter()?;
     let f = device_allocation(dev, ptr, len)?;
-    let id = identity_of(&f);
     let size = f.size as usize;
     let mk = |backing, kind| CudaMemory {
         dev: dev.clone(),
@@ -558,24 +594,13 @@ pub(super) fn adopt(
         fd_export: Mutex::new(None),
     };
     if f.legacy_ipc {
-        return Ok((mk(Backing::ForeignLinear, MemoryKind::Device), id));
-    }
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
-    // SAFETY: valid out pointer; an address that is no cuMem mapping is an error status.
-    let retained = checked("cuMemRetainAllocationHandle", || unsafe {
-        sys::cuMemRetainAllocationHandle(&mut handle, ptr as usize as *mut c_void)
-    });
-    if let Err(e) = retained {
-        return Err(not_exportable(
-            ADOPT,
-            ptr,
-            len,
-            format!(
-                "device memory that is neither cuMemAlloc/cudaMalloc memory (legacy IPC) nor a \
-                 cuMem mapping (e.g. cudaMallocAsync pool memory): {e}"
-            ),
+        return Ok((
+            mk(Backing::ForeignLinear, MemoryKind::Device),
+            identity_of(&f, 0),
         ));
     }
+    let handle = retain_vmm(ptr, len)?;
+    let id = identity_of(&f, handle);
     let posix_bit =
         sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
     let fabric_bit = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0 as u64;
