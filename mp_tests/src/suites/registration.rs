@@ -340,12 +340,23 @@ fn registered_all_reduce(
     (choice.name().to_string(), bad, errors)
 }
 
+/// i32 elements of the zero-copy calls: 4 MiB, at scale (coll_common::at_scale) just above
+/// the 1 MiB where registered buffers start taking the zero-copy algorithm.
+fn zero_copy_count(n: usize) -> usize {
+    let bytes = if super::coll_common::at_scale(n) {
+        (1 << 20) + 4096
+    } else {
+        4 << 20
+    };
+    bytes / 4 + 1000
+}
+
 TEST!(RegistrationTest, ZeroCopyAllReduceOnAppMemory, |_ctx| {
     let env = coll_env();
     if env.coll.nranks() == 1 {
         SKIP!("world size 1 always copies");
     }
-    let count = (4 << 20) / 4 + 1000;
+    let count = zero_copy_count(env.coll.nranks());
     let len = count * 4;
     let seed = agreed_seed();
     let send = AppMemory::new(len, MemoryKind::Device, None);
@@ -355,7 +366,7 @@ TEST!(RegistrationTest, ZeroCopyAllReduceOnAppMemory, |_ctx| {
     EXPECT_EQ!(
         name,
         "rsag_zero_copy",
-        "registered buffers of 4 MiB take the zero-copy algorithm"
+        "registered buffers of {len} bytes take the zero-copy algorithm"
     );
     EXPECT_EQ!(bad, 0, "first call: {}", errors.join("; "));
     EXPECT_EQ!(
@@ -378,7 +389,12 @@ TEST!(RegistrationTest, ZeroCopyAllReduceOnAppMemory, |_ctx| {
     let (s_at, r_at) = (send.release_host(), recv.release_host());
     let send = AppMemory::new(len, MemoryKind::Device, s_at);
     let recv = AppMemory::new(len, MemoryKind::Device, r_at);
-    for call_no in 1..3 {
+    let calls = if super::coll_common::at_scale(env.coll.nranks()) {
+        2
+    } else {
+        3
+    };
+    for call_no in 1..calls {
         let (name, bad, errors) =
             registered_all_reduce(send.ptr(), recv.ptr(), count, call_no, seed);
         EXPECT_EQ!(name, "rsag_zero_copy", "call {call_no}");
@@ -402,7 +418,7 @@ TEST!(RegistrationTest, UnexportableBuffersFallBackAlike, |_ctx| {
     if is_gpu_build() {
         SKIP!("private host memory is no device memory: the host backend's case");
     }
-    let count = (4 << 20) / 4;
+    let count = zero_copy_count(env.coll.nranks());
     let send = vec![0i32; count];
     let mut recv = vec![0i32; count];
     let seed = agreed_seed();
