@@ -264,6 +264,7 @@ impl Communicator {
                         inner
                             .context
                             .connect_to(&local, &remote, Some(remote_rank), timeout)?;
+                    conn.watch_liveness(&inner.bootstrap);
                     inner
                         .connections
                         .lock()

@@ -291,11 +291,56 @@ pub const VARS: &[Var] = &[
 
 type Parsed<T> = std::result::Result<T, String>;
 
+/// The subsystems `MSCCLPP_LOG_SUBSYS` may name (besides `ALL`): the logger's.
+pub const LOG_SUBSYSTEMS: &[&str] = &[
+    "BOOTSTRAP",
+    "INIT",
+    "NET",
+    "PROXY",
+    "ENV",
+    "P2P",
+    "COLL",
+    "NVLS",
+    "EXECUTOR",
+    "NCCL",
+    "ALLOC",
+];
+
+/// `MSCCLPP_LOG_SUBSYS`: `Ok(None)` when unset, blank or naming `ALL`; `Err` naming the
+/// unknown names (the filter is then not applied: every subsystem logs).
+fn parse_log_subsys(value: Option<String>) -> Parsed<Option<String>> {
+    let Some(v) = non_empty(value) else {
+        return Ok(None);
+    };
+    let names: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let unknown: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| {
+            !n.eq_ignore_ascii_case("ALL")
+                && !LOG_SUBSYSTEMS.iter().any(|k| k.eq_ignore_ascii_case(n))
+        })
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "MSCCLPP_LOG_SUBSYS={v}: unknown subsystem(s) {}: expected a comma list of ALL, {} \
+             (the filter is ignored: every subsystem logs)",
+            unknown.join(", "),
+            LOG_SUBSYSTEMS.join(", ")
+        ));
+    }
+    Ok((!names.iter().any(|n| n.eq_ignore_ascii_case("ALL"))).then_some(v))
+}
+
 /// Every `MSCCLPP_*` variable this crate reads, parsed once.
 #[derive(Debug, Clone)]
 pub struct Env {
     log_level: Parsed<LogLevel>,
-    log_subsys: Option<String>,
+    log_subsys: Parsed<Option<String>>,
     log_file: Option<PathBuf>,
     hca_devices: Vec<String>,
     ibv_so: Option<PathBuf>,
@@ -501,7 +546,7 @@ impl Env {
 
         Env {
             log_level,
-            log_subsys: non_empty(lookup("MSCCLPP_LOG_SUBSYS")),
+            log_subsys: parse_log_subsys(lookup("MSCCLPP_LOG_SUBSYS")),
             log_file: non_empty(lookup("MSCCLPP_LOG_FILE")).map(PathBuf::from),
             hca_devices: lookup("MSCCLPP_HCA_DEVICES")
                 .map(|v| {
@@ -553,7 +598,30 @@ impl Env {
     }
     /// `MSCCLPP_LOG_SUBSYS`: comma list of subsystems to log (unset or `ALL` = all).
     pub fn log_subsys(&self) -> Option<&str> {
-        self.log_subsys.as_deref()
+        self.log_subsys.as_ref().ok().and_then(Option::as_deref)
+    }
+
+    /// Every variable whose value is malformed, one message each naming the variable, the
+    /// value and what was expected (the logger warns them on its first use). Such a variable
+    /// falls back as its accessor says (the NVLS switches: disabled); the accessors that
+    /// return `Result` refuse it where it is used.
+    pub fn problems(&self) -> Vec<String> {
+        fn err<T>(p: &Parsed<T>) -> Option<&String> {
+            p.as_ref().err()
+        }
+        let level = err(&self.log_level).map(|e| format!("{e}; using WARN"));
+        #[rustfmt::skip] // one line per group of fields, not one per field
+        let others = [
+            err(&self.log_subsys), err(&self.ibv_mode), err(&self.ib_gid_index),
+            err(&self.ib_mr_path), err(&self.socket_family), err(&self.force_disable_nvls),
+            err(&self.force_disable_gdr), err(&self.cudaipc_use_default_stream),
+            err(&self.forced_algorithms), err(&self.nvls_emulation),
+            err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
+        ];
+        level
+            .into_iter()
+            .chain(others.into_iter().flatten().cloned())
+            .collect()
     }
     /// `MSCCLPP_LOG_FILE`: log to this file instead of stderr (`%h` = host, `%p` = pid).
     pub fn log_file(&self) -> Option<&Path> {
@@ -659,7 +727,7 @@ impl Env {
         if level == LogLevel::None || level > max {
             return false;
         }
-        match &self.log_subsys {
+        match self.log_subsys() {
             None => true,
             Some(list) => list
                 .split(',')
@@ -672,6 +740,34 @@ impl Env {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_malformed_switch_is_a_problem_naming_it() {
+        let bad = [
+            ("MSCCLPP_FORCE_DISABLE_NVLS", "maybe"),
+            ("NCCL_NVLS_ENABLE", "sometimes"),
+            ("MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM", "perhaps"),
+            ("MSCCLPP_COLL_NET_TRANSPORT", "bogus"),
+            ("MSCCLPP_FORCE_DISABLE_GDR", "maybe"),
+            ("MSCCLPP_LOG_SUBSYS", "bogus"),
+        ];
+        for (name, value) in bad {
+            let p = env_of(&[(name, value)]).problems();
+            assert!(
+                p.iter()
+                    .any(|m| m.contains(&format!("{name}={value}")) && m.contains("expected")),
+                "{name}={value}: {p:?}"
+            );
+        }
+        assert!(env_of(&[]).problems().is_empty());
+        // A filter naming only unknown subsystems is not applied (it would silence everything).
+        let e = env_of(&[("MSCCLPP_LOG_SUBSYS", "bogus")]);
+        assert!(e.log_enabled(LogLevel::Warn, "ENV"));
+        let e = env_of(&[("MSCCLPP_LOG_SUBSYS", "net,Coll")]);
+        assert!(e.problems().is_empty());
+        assert!(e.log_enabled(LogLevel::Warn, "COLL") && !e.log_enabled(LogLevel::Warn, "ENV"));
+        assert_eq!(env_of(&[("MSCCLPP_LOG_SUBSYS", "ALL")]).log_subsys(), None);
+    }
 
     fn env_of(vars: &[(&str, &str)]) -> Env {
         let vars: Vec<(String, String)> = vars

@@ -133,9 +133,9 @@ impl DefaultLogger {
                 )),
             }
         }
-        if let Err(err) = e.log_level() {
-            notes.push(format!("{err}; using WARN"));
-        }
+        // Malformed values of any variable (the log level's included) are warned here once,
+        // never silently replaced by a default.
+        notes.extend(e.problems());
         let logger = DefaultLogger {
             host,
             pid,
@@ -232,6 +232,14 @@ macro_rules! log_trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_env_list_of_subsystems_is_the_loggers() {
+        for name in crate::env::LOG_SUBSYSTEMS {
+            assert_ne!(target(name), "mscclpp", "{name} has no target");
+        }
+        assert_eq!(target("bogus"), "mscclpp");
+    }
 
     #[test]
     fn targets_and_subsystems_round_trip() {

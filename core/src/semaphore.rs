@@ -262,7 +262,7 @@ impl Host2HostSemaphore {
             let conn = &self.semaphore.connection;
             if backoff.is_sleeping() && last_health.elapsed() >= HEALTH_INTERVAL {
                 last_health = Instant::now();
-                if let Err(e) = conn.health() {
+                if let Err(e) = conn.health().and_then(|()| crate::backoff::check_watches()) {
                     // A signal may have landed just before the peer went: take it first.
                     if self.poll() {
                         return Ok(());

@@ -1,10 +1,13 @@
 //! The communicator behind an `ncclComm_t`: the handle type, the registry that validates
 //! every handle before use, liveness of peers, and teardown (finalize, destroy, abort).
 //!
-//! A handle is the address of a [`Comm`] kept alive by an `Arc` in the registry. Every entry
-//! point looks the address up ([`lookup`]) before touching it, so a NULL, foreign (e.g. a real
-//! NCCL's), destroyed or corrupted handle is an `ncclInvalidArgument`, never a dereference;
-//! the magic at the start of the struct is checked as well.
+//! A handle is the address of a small [`HandleCell`] (magic and a process-unique serial
+//! number) that is never freed, so no later communicator can get the same handle: a copy of
+//! a destroyed handle stays a destroyed handle. The registry maps live handles to their
+//! [`Comm`] (kept alive by an `Arc`); every entry point looks the handle up ([`lookup`]) before
+//! touching it, so a NULL, foreign (e.g. a real NCCL's), destroyed or corrupted handle is an
+//! `ncclInvalidArgument`, never a dereference. The cells cost 16 bytes per communicator ever
+//! created in the process.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
@@ -48,8 +51,9 @@ pub struct Comm {
     pub nonblocking: bool,
     /// Set once, by init: the ready state or why init failed.
     state: OnceLock<NResult<Arc<Ready>>>,
-    /// Set by `ncclCommAbort`: blocking loops stop and every later call fails.
-    aborted: AtomicBool,
+    /// Set by `ncclCommAbort`: blocking loops stop and every later call fails (shared with the
+    /// [`Comm::watch`] of calls in progress).
+    aborted: Arc<AtomicBool>,
     /// Set by `ncclCommFinalize`.
     finalized: AtomicBool,
     /// The first asynchronous error seen (`ncclSuccess` while none).
@@ -82,7 +86,7 @@ pub struct Ready {
     /// Operations `MSCCLPP_FORCE_NCCL_FALLBACK_OPERATION` sends to the fallback.
     pub forced: ForcedOps,
     /// Which peers died or left.
-    pub peers: Peers,
+    pub peers: Arc<Peers>,
     /// Split calls so far (names the tag of the next one's id hand-out).
     pub split_seq: AtomicU64,
     /// Shrink calls so far (every remaining rank calls each shrink).
@@ -104,7 +108,7 @@ impl Ready {
         forced: ForcedOps,
     ) -> Ready {
         Ready {
-            peers: Peers::new(bootstrap.clone()),
+            peers: Arc::new(Peers::new(bootstrap.clone())),
             bootstrap,
             communicator,
             native,
@@ -146,6 +150,7 @@ impl Ready {
 impl Comm {
     /// A communicator of `nranks` ranks, this one `rank`, not yet initialized.
     pub fn new(rank: usize, nranks: usize, device: i32, nonblocking: bool) -> Comm {
+        crate::env::warn_malformed();
         Comm {
             magic: COMM_MAGIC,
             rank,
@@ -153,7 +158,7 @@ impl Comm {
             device,
             nonblocking,
             state: OnceLock::new(),
-            aborted: AtomicBool::new(false),
+            aborted: Arc::new(AtomicBool::new(false)),
             finalized: AtomicBool::new(false),
             async_error: AtomicI32::new(abi::SUCCESS),
             remote_failure: OnceLock::new(),
@@ -209,6 +214,26 @@ impl Comm {
         self.aborted.load(Ordering::Acquire)
     }
 
+    /// What ends the host-side waits of a call on this communicator in progress (installed
+    /// with `mscclpp::backoff::watching` around it): `ncclCommAbort`/`ncclCommRevoke` from
+    /// any thread, or a peer that died without destroying its communicator (naming it).
+    pub fn watch(&self, ready: &Ready) -> mscclpp::backoff::Watch {
+        let (aborted, peers) = (self.aborted.clone(), ready.peers.clone());
+        Arc::new(move || {
+            if aborted.load(Ordering::Acquire) {
+                return Err(mscclpp::Error::Aborted(
+                    "the communicator was aborted (ncclCommAbort/ncclCommRevoke) while the call \
+                     was in progress"
+                        .into(),
+                ));
+            }
+            match peers.first_failure() {
+                None => Ok(()),
+                Some((peer, e)) => Err(mscclpp::Error::remote(peer, e.msg)),
+            }
+        })
+    }
+
     /// Records an asynchronous error (the first one wins); a remote error also makes later
     /// collectives and point-to-point calls fail fast with its message.
     pub fn set_async_error(&self, e: &NcclError) {
@@ -261,9 +286,25 @@ impl Comm {
     }
 }
 
-fn registry() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
-    static REG: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
-    REG.get_or_init(|| Mutex::new(HashMap::new()))
+/// What an `ncclComm_t` points at: never freed, so its address is never handed out twice.
+#[repr(C)]
+pub struct HandleCell {
+    magic: u64,
+    serial: u64,
+}
+
+/// The live handles (address -> communicator) and the retired ones (destroyed or aborted).
+#[derive(Default)]
+struct Registry {
+    live: HashMap<usize, (u64, Arc<Comm>)>,
+    retired: HashSet<usize>,
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    static REG: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(Registry::default()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 /// Work of a communicator's init: its ready state or why it failed.
@@ -283,13 +324,17 @@ impl Comm {
     }
 }
 
-/// Adds `comm` to the registry and returns its handle.
+/// Adds `comm` to the registry and returns its handle: the address of a fresh
+/// [`HandleCell`], which no later communicator can share.
 pub fn register(comm: Arc<Comm>) -> *mut Comm {
-    let ptr = Arc::as_ptr(&comm) as *mut Comm;
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(ptr as usize, comm);
+    static SERIAL: AtomicU64 = AtomicU64::new(1);
+    let cell: &'static mut HandleCell = Box::leak(Box::new(HandleCell {
+        magic: COMM_MAGIC,
+        serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+    }));
+    let serial = cell.serial;
+    let ptr = cell as *mut HandleCell as *mut Comm;
+    registry().live.insert(ptr as usize, (serial, comm));
     ptr
 }
 
@@ -301,18 +346,35 @@ pub fn lookup(handle: *const Comm) -> NResult<Arc<Comm>> {
             "comm is NULL: expected a communicator from ncclCommInitRank",
         ));
     }
-    let found = registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&(handle as usize))
-        .cloned();
-    let comm = found.ok_or_else(|| {
-        NcclError::arg(format!(
-            "comm {handle:p} is not a communicator of libmscclpp_nccl (a foreign NCCL's \
-             communicator, a destroyed one or a corrupted pointer): expected a handle from this \
-             library's ncclCommInitRank"
-        ))
-    })?;
+    let reg = registry();
+    let comm = match reg.live.get(&(handle as usize)) {
+        Some((serial, c)) => {
+            // SAFETY: a live handle is the address of a `HandleCell` of `register`, never freed.
+            let cell = unsafe { &*(handle as *const HandleCell) };
+            if cell.magic != COMM_MAGIC || cell.serial != *serial {
+                return Err(NcclError::arg(format!(
+                    "comm {handle:p}: its handle cell was overwritten (magic {:#018x}, serial \
+                     {} instead of {serial}): memory corrupted",
+                    cell.magic, cell.serial
+                )));
+            }
+            c.clone()
+        }
+        None if reg.retired.contains(&(handle as usize)) => {
+            return Err(NcclError::arg(format!(
+                "comm {handle:p} was destroyed or aborted already (a stale handle): expected a \
+                 live communicator; a destroyed handle never names another communicator"
+            )))
+        }
+        None => {
+            return Err(NcclError::arg(format!(
+                "comm {handle:p} is not a communicator of libmscclpp_nccl (a foreign NCCL's \
+                 communicator or a corrupted pointer): expected a handle from this library's \
+                 ncclCommInitRank"
+            )))
+        }
+    };
+    drop(reg);
     if comm.magic != COMM_MAGIC {
         return Err(NcclError::arg(format!(
             "comm {handle:p}: bad magic {:#018x}, expected {COMM_MAGIC:#018x}: memory corrupted",
@@ -332,10 +394,11 @@ pub fn ready(handle: *const Comm) -> NResult<(Arc<Comm>, Arc<Ready>)> {
 /// Removes `handle` from the registry (so later calls with it fail) and returns it.
 fn unregister(handle: *const Comm) -> NResult<Arc<Comm>> {
     let comm = lookup(handle)?;
-    registry()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&(handle as usize));
+    {
+        let mut reg = registry();
+        reg.live.remove(&(handle as usize));
+        reg.retired.insert(handle as usize);
+    }
     // Its buffer registrations go with it (a later communicator may get the same address).
     crate::mem::forget_comm(Arc::as_ptr(&comm) as usize);
     Ok(comm)

@@ -43,6 +43,21 @@ pub fn gpu_hierarchical() -> NResult<bool> {
     }
 }
 
+/// Warns (once per process) about a malformed value of this library's own variables, which
+/// only multi-node GPU communicators read: a single-node job would otherwise never hear of it.
+pub fn warn_malformed() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = gpu_hierarchical() {
+            mscclpp::log_warn!(
+                "NCCL",
+                "{} (read only by communicators spanning hosts)",
+                e.msg
+            );
+        }
+    });
+}
+
 /// [`NET_TRANSPORT`]: the transport it names (or, unset, the one available); parsed by
 /// core's `Env` (`mscclpp::env::Env::coll_net_transport`), read now.
 pub fn net_transport() -> NResult<Transport> {

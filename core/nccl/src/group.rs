@@ -90,6 +90,9 @@ pub enum OpenGroupCheck {
 /// address) comes while a group is open on this thread: the open-group trap. Once per
 /// communicator and call within one open group; nothing outside a group.
 pub fn warn_if_open(call: &'static str, comm: usize, check: OpenGroupCheck) -> Option<String> {
+    // Queued work holds the communicator itself; the handle is a separate cell (comm.rs).
+    let target = crate::comm::lookup(comm as *const crate::comm::Comm)
+        .map_or(comm, |c| Arc::as_ptr(&c) as usize);
     let msg = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 || g.warned.contains(&(comm, call)) {
@@ -98,7 +101,7 @@ pub fn warn_if_open(call: &'static str, comm: usize, check: OpenGroupCheck) -> O
         let queued: Vec<(&'static str, bool)> = g
             .work
             .iter()
-            .map(|w| (w.call(), Arc::as_ptr(w.comm()) as usize == comm))
+            .map(|w| (w.call(), Arc::as_ptr(w.comm()) as usize == target))
             .collect();
         if check == OpenGroupCheck::Query && queued.is_empty() {
             return None;

@@ -51,6 +51,11 @@ impl Peers {
         }
     }
 
+    /// The lowest peer [`Peers::check_peer`] fails, with its error.
+    pub fn first_failure(&self) -> Option<(usize, NcclError)> {
+        (0..self.bootstrap.nranks()).find_map(|p| self.check_peer(p).err().map(|e| (p, e)))
+    }
+
     /// [`Peers::check_peer`] for every peer.
     pub fn check_all(&self) -> NResult<()> {
         (0..self.bootstrap.nranks()).try_for_each(|p| self.check_peer(p))

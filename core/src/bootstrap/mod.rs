@@ -57,6 +57,15 @@ pub trait Bootstrap: Send + Sync {
     fn operation_timeout(&self) -> Option<std::time::Duration> {
         None
     }
+    /// Why `peer` failed (it died or lost its connection without closing its bootstrap on
+    /// purpose), if this bootstrap knows; never blocks (default: it never knows).
+    fn peer_failure(&self, _peer: usize) -> Option<String> {
+        None
+    }
+    /// The lowest rank that failed (see [`Bootstrap::peer_failure`]) and why; never blocks.
+    fn first_peer_failure(&self) -> Option<(usize, String)> {
+        None
+    }
 
     /// Every rank's `data`, indexed by rank (this rank's own data included).
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use super::gpu::GpuCtx;
 use super::setup::{Resources, MAX_FLAGS};
 use super::types::{CollectiveKind, DataType, RawStream, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// One collective call as the algorithms see it.
 #[derive(Clone, Copy, Debug)]
@@ -265,8 +265,9 @@ pub fn host_wait(res: &Resources, blk: usize, p: usize) -> Result<()> {
         )
     }
     .map_err(|e| {
-        Error::timeout(
-            format!("collectives: block {blk} waiting for rank {p}: {e}"),
+        crate::backoff::describe_wait_error(
+            e,
+            |e| format!("collectives: block {blk} waiting for rank {p}: {e}"),
             res.config().host_timeout,
         )
     })

@@ -588,7 +588,11 @@ impl Collectives {
         );
         match &self.gpu {
             Some(gpu) => algo.launch_gpu(&self.res, gpu, call, stream),
-            None => algo.run_host(&self.res, call),
+            // The host "kernels" wait on peers' memory: a peer the bootstrap lost ends those
+            // waits at once, naming it, instead of at their timeout.
+            None => crate::backoff::watching(peer_liveness(self.res.comm().bootstrap()), || {
+                algo.run_host(&self.res, call)
+            }),
         }
     }
 
@@ -710,6 +714,21 @@ impl Collectives {
         // SAFETY: forwarded from the caller.
         unsafe { self.run(call, stream) }
     }
+}
+
+/// A [`crate::backoff::Watch`] that fails once `bootstrap` lost a peer (it died without
+/// closing its bootstrap), naming the rank.
+pub fn peer_liveness(bootstrap: &Arc<dyn crate::bootstrap::Bootstrap>) -> crate::backoff::Watch {
+    let b = Arc::downgrade(bootstrap);
+    Arc::new(
+        move || match b.upgrade().and_then(|b| b.first_peer_failure()) {
+            None => Ok(()),
+            Some((peer, why)) => Err(Error::remote(
+                peer,
+                format!("rank {peer} failed in the middle of a collective: {why}"),
+            )),
+        },
+    )
 }
 
 #[cfg(test)]

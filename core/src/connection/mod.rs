@@ -99,6 +99,9 @@ struct ConnState {
     is_broken: AtomicBool,
     /// The first fatal error; set once, then every operation fails with it.
     broken: Mutex<Option<String>>,
+    /// The bootstrap of the communicator that made it: [`Connection::health`] asks it whether
+    /// the peer died (the only liveness signal a CudaIpc connection has).
+    liveness: std::sync::OnceLock<std::sync::Weak<dyn crate::bootstrap::Bootstrap>>,
 }
 
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -139,6 +142,7 @@ impl Connection {
                 rank,
                 is_broken: AtomicBool::new(false),
                 broken: Mutex::new(None),
+                liveness: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -166,7 +170,23 @@ impl Connection {
     pub fn health(&self) -> Result<()> {
         self.check_broken()?;
         let r = self.inner.health();
-        self.track(r)
+        self.track(r)?;
+        let (Some(rank), Some(b)) = (self.state.rank, self.state.liveness.get()) else {
+            return Ok(());
+        };
+        match b.upgrade().and_then(|b| b.peer_failure(rank)) {
+            None => Ok(()),
+            Some(why) => {
+                let why = format!("the bootstrap lost rank {rank}: {why}");
+                self.mark_broken(why.clone());
+                Err(Error::remote(rank, why))
+            }
+        }
+    }
+
+    /// From now on [`Connection::health`] also asks `bootstrap` whether the peer failed.
+    pub(crate) fn watch_liveness(&self, bootstrap: &Arc<dyn crate::bootstrap::Bootstrap>) {
+        let _ = self.state.liveness.set(Arc::downgrade(bootstrap));
     }
 
     /// Breaks the connection with `reason`: an operation blocked on the peer returns with an

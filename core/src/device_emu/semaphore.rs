@@ -89,11 +89,14 @@ fn wait_with(
         token.load(order) >= want
     })
     .map_err(|e| {
-        crate::error::Error::timeout(
-            format!(
-                "semaphore wait: inbound token {} never reached {want} ({e})",
-                token.load(Ordering::Relaxed)
-            ),
+        crate::backoff::describe_wait_error(
+            e,
+            |e| {
+                format!(
+                    "semaphore wait: inbound token {} never reached {want} ({e})",
+                    token.load(Ordering::Relaxed)
+                )
+            },
             timeout,
         )
     })

@@ -17,6 +17,8 @@ pub(crate) struct PlanInner {
     pub ranks: Vec<RankPlan>,
     pub rank: usize,
     pub id: u64,
+    /// [`ExecutionPlan::input_granularity`], computed (checked) when the plan is loaded.
+    pub granularity: u64,
     pub source: String,
     pub path: Option<PathBuf>,
 }
@@ -90,12 +92,15 @@ impl ExecutionPlan {
         }
         let mut h = DefaultHasher::new();
         text.hash(&mut h);
+        let meta = PlanMeta::of(plan);
+        let granularity = granularity(&meta, &ranks)?;
         Ok(ExecutionPlan {
             inner: Arc::new(PlanInner {
-                meta: PlanMeta::of(plan),
+                meta,
                 ranks,
                 rank,
                 id: h.finish(),
+                granularity,
                 source,
                 path,
             }),
@@ -186,29 +191,7 @@ impl ExecutionPlan {
     /// multiples (within the plan's size range). The receive size is the send size for
     /// all-reduce and `world_size` times it for all-gather.
     pub fn input_granularity(&self) -> u64 {
-        let a = u64::from(self.inner.meta.buffer_alignment);
-        let ratio = if self.inner.meta.collective == "allgather" {
-            self.world_size() as u64
-        } else {
-            1
-        };
-        let lcm = |x: u64, y: u64| {
-            let (mut p, mut q) = (x, y);
-            while q != 0 {
-                (p, q) = (q, p % q);
-            }
-            x / p * y
-        };
-        let mut unit_in = a;
-        let mut unit_out = a;
-        for r in &self.inner.ranks {
-            unit_in = lcm(unit_in, a * u64::from(r.input_chunks.max(1)));
-            unit_out = lcm(unit_out, a * u64::from(r.output_chunks.max(1)));
-        }
-        (1..)
-            .map(|k| k * unit_in)
-            .find(|u| (u * ratio) % unit_out == 0)
-            .unwrap_or(unit_in)
+        self.inner.granularity
     }
 
     pub(crate) fn meta(&self) -> &PlanMeta {
@@ -221,6 +204,49 @@ impl ExecutionPlan {
     pub(crate) fn rank_plans(&self) -> &[RankPlan] {
         &self.inner.ranks
     }
+}
+
+fn gcd(mut p: u64, mut q: u64) -> u64 {
+    while q != 0 {
+        (p, q) = (q, p % q);
+    }
+    p
+}
+
+/// The input granularity of a plan (see [`ExecutionPlan::input_granularity`]): the least
+/// multiple `u` of every rank's `alignment * input_chunks` whose receive size (`u`, or
+/// `world_size * u` for all-gather) is a multiple of every rank's `alignment *
+/// output_chunks`. In closed form (no search): `lcm(unit_in, unit_out / gcd(unit_out,
+/// ratio))`. Every step is checked: a plan whose sizes overflow 64 bits is refused naming the
+/// field that did.
+fn granularity(meta: &PlanMeta, ranks: &[RankPlan]) -> std::result::Result<u64, PlanError> {
+    let a = u64::from(meta.buffer_alignment).max(1);
+    let ratio = if meta.collective == "allgather" {
+        ranks.len() as u64
+    } else {
+        1
+    };
+    let overflow = |field: &str, r: usize| PlanError::Field {
+        path: format!("gpus[{r}].{field}"),
+        message: format!(
+            "the chunk counts of the plan (with buffer_alignment {a}) make a size granularity \
+             over 2^64 bytes: expected chunk counts whose least common multiple fits 64 bits"
+        ),
+    };
+    let lcm = |x: u64, y: u64| (x / gcd(x, y)).checked_mul(y);
+    let (mut unit_in, mut unit_out) = (a, a);
+    for (i, r) in ranks.iter().enumerate() {
+        unit_in = a
+            .checked_mul(u64::from(r.input_chunks.max(1)))
+            .and_then(|v| lcm(unit_in, v))
+            .ok_or_else(|| overflow("input_chunks", i))?;
+        unit_out = a
+            .checked_mul(u64::from(r.output_chunks.max(1)))
+            .and_then(|v| lcm(unit_out, v))
+            .ok_or_else(|| overflow("output_chunks", i))?;
+    }
+    let step = unit_out / gcd(unit_out, ratio);
+    lcm(unit_in, step).ok_or_else(|| overflow("output_chunks", ranks.len().saturating_sub(1)))
 }
 
 #[cfg(test)]
@@ -245,6 +271,54 @@ mod tests {
         v["gpus"][0]["threadblocks"][0]["ops"]
             .as_array_mut()
             .expect("the shipped plan has ops")
+    }
+
+    #[test]
+    fn a_granularity_over_64_bits_is_refused_at_once_naming_the_field() {
+        let t = std::time::Instant::now();
+        let e = parse_with(|v| {
+            v["gpus"][0]["output_chunks"] = json!(4_294_967_295u32);
+            v["gpus"][1]["output_chunks"] = json!(4_294_967_291u32);
+            v["gpus"][1]["input_chunks"] = json!(4_294_967_279u32);
+        })
+        .expect_err("the granularity overflows");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+        let m = e.to_string();
+        assert!(
+            m.starts_with("gpus[1].") && m.contains("_chunks") && m.contains("expected"),
+            "{m}"
+        );
+        // Large but representable: the closed form gives the least valid size at once (the
+        // search counted up to it: 2^32 steps here).
+        let p = parse_with(|v| {
+            v["gpus"][0]["output_chunks"] = json!(4_294_967_295u32);
+            v["gpus"][1]["output_chunks"] = json!(4_294_967_295u32);
+        })
+        .expect("a representable granularity");
+        let g = p.input_granularity();
+        let a = u64::from(p.meta().buffer_alignment);
+        assert_eq!(g % a, 0);
+        assert_eq!((g * 2) % (a * 4_294_967_295), 0, "the receive size divides");
+        // u = k * a with 2u a multiple of a * (2^32 - 1) (odd): the least is k = 2^32 - 1.
+        assert_eq!(g, a * 4_294_967_295, "least");
+    }
+
+    #[test]
+    fn connected_to_is_bounded_by_what_thread_blocks_can_name() {
+        let e = parse_with(|v| {
+            v["gpus"][0]["channels"][0]["connected_to"] = json!(vec![1; 100_000]);
+        })
+        .expect_err("100 000 channels");
+        let m = e.to_string();
+        assert!(
+            m.starts_with("gpus[0].channels[0].connected_to: 100000 memory channels"),
+            "{m}"
+        );
+        assert!(m.contains("expected at most 4096"), "{m}");
     }
 
     #[test]

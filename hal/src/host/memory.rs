@@ -98,6 +98,7 @@ impl MemoryApi for Host {
             _ => page,
         };
         let mapped_len = round_up(size, gran)?;
+        super::budget::check(mapped_len)?;
         let fd = os::memfd(c"mscclpp-hal-host", mapped_len)?;
         let map = Mapping::shared(&fd, mapped_len)?;
         Ok(HostMemory {

@@ -12,6 +12,7 @@
 //! [`crate::MulticastApi`] (an emulation of NVLink multicast over memfd mappings) in
 //! `multicast.rs`.
 
+mod budget;
 mod device;
 mod graph;
 mod ipc;

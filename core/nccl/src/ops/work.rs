@@ -257,7 +257,8 @@ pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<
         // zero-count send to this rank itself included).
         .filter(|c| c.op.bytes > 0)
         .collect();
-    let result = (|| -> NResult<()> {
+    // An abort from another thread or a dead peer ends the host-side waits of these calls.
+    let result = mscclpp::backoff::watching(comm.watch(ready), || -> NResult<()> {
         if !parts.is_empty() {
             // SAFETY: the caller's contract.
             unsafe { run_parts(comm, ready, &parts)? };
@@ -269,7 +270,7 @@ pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<
             }
         }
         Ok(())
-    })();
+    });
     if let Err(e) = &result {
         if e.code == abi::REMOTE_ERROR {
             comm.set_async_error(e);

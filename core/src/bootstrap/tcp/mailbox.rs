@@ -3,9 +3,10 @@
 //! a collective waits for several keys at once, so a dead peer fails it at once even while
 //! another peer is slow. A dead peer's messages that arrived before its death still count.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Condvar, Mutex};
 
+use super::wire::{KIND_COLLECTIVE, TAG_GOODBYE};
 use crate::bootstrap::socket::{lock, Deadline};
 use crate::error::{Error, Result};
 
@@ -15,6 +16,9 @@ pub(super) type MailKey = (usize, u8, u64);
 struct MailState {
     queues: HashMap<MailKey, VecDeque<Vec<u8>>>,
     dead: HashMap<usize, String>,
+    /// Peers that said goodbye ([`super::wire::TAG_GOODBYE`]): they closed their bootstrap on
+    /// purpose, so their closed connection is not a failure.
+    departed: HashSet<usize>,
     closing: bool,
 }
 
@@ -41,6 +45,10 @@ pub(super) fn show_tag(tag: u64) -> String {
 
 impl Mailbox {
     pub(super) fn push(&self, key: MailKey, msg: Vec<u8>) {
+        if key.1 == KIND_COLLECTIVE && key.2 == TAG_GOODBYE {
+            lock(&self.state).departed.insert(key.0);
+            return;
+        }
         lock(&self.state)
             .queues
             .entry(key)
@@ -63,6 +71,25 @@ impl Mailbox {
     /// Why `peer` is dead, if it is.
     pub(super) fn dead_reason(&self, peer: usize) -> Option<String> {
         lock(&self.state).dead.get(&peer).cloned()
+    }
+
+    /// Why `peer` failed: its connection is gone and it did not say goodbye first.
+    pub(super) fn failure(&self, peer: usize) -> Option<String> {
+        let st = lock(&self.state);
+        if st.departed.contains(&peer) {
+            return None;
+        }
+        st.dead.get(&peer).cloned()
+    }
+
+    /// The lowest rank that failed (see [`Mailbox::failure`]) and why.
+    pub(super) fn first_failure(&self) -> Option<(usize, String)> {
+        let st = lock(&self.state);
+        st.dead
+            .iter()
+            .filter(|(p, _)| !st.departed.contains(p))
+            .min_by_key(|(p, _)| **p)
+            .map(|(p, r)| (*p, r.clone()))
     }
 
     /// From now on dead peers are expected (this side is closing): nothing is recorded.

@@ -43,8 +43,21 @@ pub(super) struct Session {
     pub(super) collective: Mutex<CollectiveState>,
 }
 
+/// How long a closing session spends telling its peers goodbye, all of them together.
+const GOODBYE_WAIT: Duration = Duration::from_millis(200);
+
 impl Drop for Session {
     fn drop(&mut self) {
+        // Goodbye first (best effort, bounded): peers then do not count this rank's closed
+        // connection as a failure of a rank in the middle of their work.
+        let deadline = Deadline::after(GOODBYE_WAIT);
+        let header = encode_frame_header(KIND_COLLECTIVE, TAG_GOODBYE, 0);
+        for conn in self.peers.iter().flatten() {
+            let broken = conn.broken.lock().unwrap_or_else(|p| p.into_inner());
+            if broken.is_none() && deadline.remaining().is_some() {
+                let _ = write_all_by(&conn.stream, &header, &deadline);
+            }
+        }
         self.mailbox.close();
         // Stops and joins the receive thread; the sockets close when `peers` drops.
         self.receiver.take();

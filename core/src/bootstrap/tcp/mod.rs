@@ -76,6 +76,39 @@ fn reserved_listeners() -> &'static Mutex<HashMap<u64, TcpListener>> {
     RESERVED.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// The most ranks a bootstrap takes: every rank keeps one socket per peer (a full mesh), and
+/// Linux caps a process's descriptors at 2^20 by default (`fs.nr_open`).
+pub const MAX_NRANKS: usize = 1 << 20;
+
+/// Descriptors a rank needs besides its peers' sockets (listener, wake-up pair, files).
+const FD_HEADROOM: u64 = 64;
+
+/// `Err` at once when `nranks - 1` peer sockets cannot fit under this process's hard
+/// descriptor limit (RLIMIT_NOFILE): the mesh would fail late with "Too many open files".
+fn check_fd_budget(nranks: usize) -> Result<()> {
+    use nix::sys::resource::{getrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return Ok(());
+    };
+    let need = nranks as u64 - 1 + FD_HEADROOM;
+    if need > hard {
+        return Err(Error::invalid(format!(
+            "nranks {nranks}: every rank keeps a socket per peer, {need} descriptors with its \
+             own, but this process may open at most {hard} (RLIMIT_NOFILE hard limit): expected \
+             nranks up to {} or a higher limit (ulimit -Hn)",
+            (hard + 1).saturating_sub(FD_HEADROOM)
+        )));
+    }
+    if need > soft {
+        crate::log_warn!(
+            "BOOTSTRAP",
+            "nranks {nranks} needs about {need} descriptors per rank, above the soft limit {soft} \
+             (ulimit -n): the mesh may fail with \"Too many open files\""
+        );
+    }
+    Ok(())
+}
+
 const TAG_ALL_GATHER: u64 = 1;
 const TAG_BROADCAST: u64 = 2;
 const TAG_GROUP_BARRIER: u64 = 3;
@@ -102,17 +135,20 @@ impl std::fmt::Debug for TcpBootstrap {
 impl TcpBootstrap {
     /// A bootstrap for `rank` of `nranks`; nothing is connected until `initialize`.
     pub fn new(rank: usize, nranks: usize) -> Result<TcpBootstrap> {
+        // The first thing every rank makes: the logger warns malformed variables now.
+        crate::logger::init();
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!(
                 "TcpBootstrap::new(rank {rank}, nranks {nranks}): expected nranks >= 1 and rank < nranks"
             )));
         }
-        if nranks > u32::MAX as usize {
+        if nranks > MAX_NRANKS {
             return Err(Error::invalid(format!(
-                "TcpBootstrap::new: nranks {nranks}: expected at most {}",
-                u32::MAX
+                "TcpBootstrap::new: nranks {nranks}: expected at most {MAX_NRANKS} (every rank \
+                 keeps one socket per peer)"
             )));
         }
+        check_fd_budget(nranks)?;
         Ok(TcpBootstrap {
             rank,
             nranks,
@@ -363,6 +399,17 @@ impl TcpBootstrap {
         })
     }
 
+    /// Why `peer` failed (its connection closed without a goodbye: it died, was killed or
+    /// lost the network), if it did. Never blocks.
+    pub fn peer_failure(&self, peer: usize) -> Option<String> {
+        self.session.as_ref()?.mailbox.failure(peer)
+    }
+
+    /// The lowest rank that failed (see [`TcpBootstrap::peer_failure`]) and why.
+    pub fn first_peer_failure(&self) -> Option<(usize, String)> {
+        self.session.as_ref()?.mailbox.first_failure()
+    }
+
     /// [`Bootstrap::recv`] with its own timeout instead of the one given to `initialize`.
     pub fn recv_timeout(&self, peer: usize, tag: u64, timeout: Duration) -> Result<Vec<u8>> {
         let s = self.session("recv")?;
@@ -454,6 +501,14 @@ impl Bootstrap for TcpBootstrap {
     fn nranks_per_node(&self) -> usize {
         self.session.as_ref().map_or(0, |s| s.nranks_per_node)
     }
+    fn peer_failure(&self, peer: usize) -> Option<String> {
+        TcpBootstrap::peer_failure(self, peer)
+    }
+
+    fn first_peer_failure(&self) -> Option<(usize, String)> {
+        TcpBootstrap::first_peer_failure(self)
+    }
+
     fn operation_timeout(&self) -> Option<Duration> {
         self.session.as_ref().map(|s| s.timeout)
     }

@@ -74,7 +74,8 @@ struct Root {
     addr: SocketAddr,
     nranks: usize,
     auth: Auth,
-    clients: Vec<Option<Joined>>,
+    /// The ranks joined so far, by rank: memory grows only as ranks arrive.
+    clients: std::collections::BTreeMap<usize, Joined>,
     joined: usize,
     refused: Vec<String>,
     refused_total: usize,
@@ -90,7 +91,7 @@ impl Root {
         } else {
             &grace
         };
-        for c in self.clients.iter().flatten() {
+        for c in self.clients.values() {
             // Best effort: a rank that cannot be told times out on its own deadline.
             let _ = write_all_by(&c.stream, &bytes, d);
         }
@@ -137,7 +138,7 @@ impl Root {
                 format!("a rank at {from} says it is rank {r}: expected a rank below nranks {n}");
             return self.refuse(stream, msg, deadline);
         }
-        if let Some(old) = &self.clients[r] {
+        if let Some(old) = self.clients.get(&r) {
             let same = old.hello == hello;
             if !same && peer_open(&old.stream) {
                 let msg = format!(
@@ -155,11 +156,14 @@ impl Root {
             );
             self.joined -= 1;
         }
-        self.clients[r] = Some(Joined {
-            stream,
-            from,
-            hello,
-        });
+        self.clients.insert(
+            r,
+            Joined {
+                stream,
+                from,
+                hello,
+            },
+        );
         self.joined += 1;
     }
 
@@ -209,7 +213,7 @@ pub(super) fn run_root(
         addr,
         nranks,
         auth,
-        clients: (0..nranks).map(|_| None).collect(),
+        clients: std::collections::BTreeMap::new(),
         joined: 0,
         refused: Vec::new(),
         refused_total: 0,
@@ -224,10 +228,9 @@ pub(super) fn run_root(
                 return Err(Error::Aborted(msg));
             }
             Next::Deadline => {
-                let missing: Vec<usize> =
-                    (0..nranks).filter(|&r| root.clients[r].is_none()).collect();
+                let missing = missing_ranks(&root.clients, nranks);
                 let msg = format!(
-                    "ranks {missing:?} of {nranks} did not connect to the bootstrap root at {addr} \
+                    "ranks {missing} of {nranks} did not connect to the bootstrap root at {addr} \
                      within {:?}{}",
                     deadline.timeout,
                     root.refusals()
@@ -242,21 +245,37 @@ pub(super) fn run_root(
     drop(acc);
     let entries: Vec<(SocketAddr, u64)> = root
         .clients
-        .iter()
-        .flatten()
+        .values()
         .map(|c| (c.hello.listen, c.hello.host_hash))
         .collect();
     let reply = encode_table(random_u64(), &entries);
     let late = deadline.extended(ROOT_REPLY_GRACE);
-    for (r, c) in root.clients.iter().enumerate() {
-        if let Some(c) = c {
-            if let Err(e) = write_all_by(&c.stream, &reply, &late) {
-                crate::log_warn!(
-                    "BOOTSTRAP",
-                    "root {addr}: sending the address table to rank {r} failed: {e:?}"
-                );
-            }
+    for (r, c) in &root.clients {
+        if let Err(e) = write_all_by(&c.stream, &reply, &late) {
+            crate::log_warn!(
+                "BOOTSTRAP",
+                "root {addr}: sending the address table to rank {r} failed: {e:?}"
+            );
         }
     }
     Ok(())
+}
+
+/// The ranks below `nranks` that have not joined, as a timeout message lists them: the first
+/// few, then how many more (a huge world must not make a huge message).
+fn missing_ranks(joined: &std::collections::BTreeMap<usize, Joined>, nranks: usize) -> String {
+    const SHOWN: usize = 16;
+    let mut shown = Vec::new();
+    for r in (0..nranks).filter(|r| !joined.contains_key(r)) {
+        if shown.len() == SHOWN {
+            break;
+        }
+        shown.push(r);
+    }
+    let total = nranks - joined.len();
+    if total > shown.len() {
+        format!("{shown:?} and {} more", total - shown.len())
+    } else {
+        format!("{shown:?}")
+    }
 }

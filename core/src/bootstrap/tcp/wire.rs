@@ -38,6 +38,9 @@ const TABLE_ENTRY: usize = ADDR_BYTES + 8;
 pub(super) const FRAME_HEADER: usize = 1 + 8 + 8;
 pub(super) const KIND_USER: u8 = 0;
 pub(super) const KIND_COLLECTIVE: u8 = 1;
+/// The tag of the empty collective-kind frame a rank sends every peer when it closes its
+/// bootstrap on purpose: its closed connection then does not count as a failure.
+pub(super) const TAG_GOODBYE: u64 = u64::MAX;
 
 /// The largest message [`TcpBootstrap`](super::TcpBootstrap) sends or accepts: 2 GiB - 1
 /// bytes (upstream's `int` size). A receiver commits memory for a message only as its bytes

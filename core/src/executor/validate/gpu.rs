@@ -53,6 +53,11 @@ pub(super) fn resolve_gpu(plan: &PlanJson, g: usize, gpu: &GpuJson) -> R<RankPla
     Ok(rp)
 }
 
+/// The most memory (or port) channels one rank may declare: what its thread blocks can
+/// name at most.
+const MAX_CHANNELS_PER_TYPE: usize =
+    crate::executor::limits::MAX_THREADBLOCKS * crate::executor::limits::MAX_CHANNELS_PER_BLOCK;
+
 /// Adds the channels of `gpus[g].channels[c]` (at `path`) to `rp`.
 fn add_channel(
     rp: &mut RankPlan,
@@ -75,6 +80,22 @@ fn add_channel(
                 .connected_to
                 .as_ref()
                 .ok_or_else(|| missing("connected_to"))?;
+            let peers_of_type = if ch.channel_type == ChannelType::Memory {
+                rp.memory_peers.len()
+            } else {
+                rp.port_peers.len()
+            };
+            if peers_of_type + peers.len() > MAX_CHANNELS_PER_TYPE {
+                return Err(PlanError::field(
+                    format!("{path}.connected_to"),
+                    format!(
+                        "{} {} channels on rank {g}: expected at most {MAX_CHANNELS_PER_TYPE} \
+                         (thread blocks x channels per block: more could never be used)",
+                        peers_of_type + peers.len(),
+                        ch.channel_type.name()
+                    ),
+                ));
+            }
             for (i, &p) in peers.iter().enumerate() {
                 if p >= n || p == g {
                     return Err(PlanError::field(

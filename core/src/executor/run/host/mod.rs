@@ -45,36 +45,40 @@ pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
         .map(|_| BlockBarrier::new(threads))
         .collect();
     let first_err: Mutex<Option<Error>> = Mutex::new(None);
+    // The caller's watches (abort flag, peer liveness) end the "thread block" waits too.
+    let watches = crate::backoff::current_watches();
     std::thread::scope(|s| {
         for (b, block) in l.blocks.iter().enumerate() {
             for tid in 0..threads {
                 let (abort, bar, first_err) = (&abort, &barriers[b], &first_err);
-                let flag = per_block[b];
+                let (flag, watches) = (per_block[b], &watches);
                 s.spawn(move || {
-                    let t = Thread {
-                        l,
-                        block,
-                        sw: l.switch.get(b).map_or(&[], Vec::as_slice),
-                        tid,
-                        n: threads,
-                        flag,
-                        abort,
-                        bar,
-                    };
-                    // SAFETY: forwarded from the caller.
-                    let r = unsafe {
-                        match l.packet {
-                            PacketType::LL16 => t.run::<LL16Packet>(),
-                            PacketType::LL8 => t.run::<LL8Packet>(),
+                    crate::backoff::watching_all(watches, || {
+                        let t = Thread {
+                            l,
+                            block,
+                            sw: l.switch.get(b).map_or(&[], Vec::as_slice),
+                            tid,
+                            n: threads,
+                            flag,
+                            abort,
+                            bar,
+                        };
+                        // SAFETY: forwarded from the caller.
+                        let r = unsafe {
+                            match l.packet {
+                                PacketType::LL16 => t.run::<LL16Packet>(),
+                                PacketType::LL8 => t.run::<LL8Packet>(),
+                            }
+                        };
+                        if let Err(e) = r {
+                            abort.store(true, Ordering::Release);
+                            let mut f = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                            if f.is_none() || matches!(*f, Some(Error::Aborted(_))) {
+                                *f = Some(e);
+                            }
                         }
-                    };
-                    if let Err(e) = r {
-                        abort.store(true, Ordering::Release);
-                        let mut f = first_err.lock().unwrap_or_else(|p| p.into_inner());
-                        if f.is_none() || matches!(*f, Some(Error::Aborted(_))) {
-                            *f = Some(e);
-                        }
-                    }
+                    })
                 });
             }
         }
