@@ -11,23 +11,14 @@
 
 mod common;
 
-use common::{check, exchange_buffer, semaphore_with, Ctx, Rank, Res, TIMEOUT};
-use mscclpp::{Device, EndpointConfig, GpuBuffer, MemoryChannel, MemoryChannelDeviceHandle};
+use common::{check, exchange_buffer, put_signal_wait, semaphore_with, Ctx, Rank, Res};
+use mscclpp::{EndpointConfig, GpuBuffer, MemoryChannel};
 use mscclpp::{MemoryDevice2DeviceSemaphore, Transport};
-use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 
 // `KERNEL_OBJECTS`: (file stem, code object) of every kernel build.rs compiled.
 include!(concat!(env!("OUT_DIR"), "/example_kernels.rs"));
 
 const N: usize = 1 << 20;
-
-/// The kernel's parameters, in the order of its C signature.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Args {
-    ch: MemoryChannelDeviceHandle,
-    bytes: u64,
-}
 
 fn value(rank: usize, i: usize) -> u32 {
     ((rank as u32 + 1) << 24) ^ i as u32
@@ -36,9 +27,7 @@ fn value(rank: usize, i: usize) -> u32 {
 fn body(me: &Rank) -> Res {
     let (rank, comm) = (me.rank, &me.comm);
     let peer = 1 - rank;
-    let count = Gpu::device_count().ctx("counting GPUs")?;
-    let device = Device::gpu((rank % count) as i32);
-    let dev = Gpu::open_device(device.id as usize).ctx("opening the GPU")?;
+    let (device, dev) = common::gpu_of(rank)?;
 
     let conn = comm
         .connect(EndpointConfig::new(Transport::CudaIpc, device), peer, 0)
@@ -53,22 +42,7 @@ fn body(me: &Rank) -> Res {
     let sem = MemoryDevice2DeviceSemaphore::new(sem).ctx("device-to-device semaphore")?;
     let channel = MemoryChannel::new(sem, peer_recv, send.data(), None).ctx("memory channel")?;
 
-    let (_, code) = KERNEL_OBJECTS
-        .iter()
-        .find(|(stem, _)| *stem == "own_kernel")
-        .ok_or("build.rs embedded no own_kernel code object")?;
-    let module = Gpu::load_module(&dev, code).ctx("loading the module")?;
-    let kernel = Gpu::get_kernel(&module, "own_put_signal_wait").ctx("finding the kernel")?;
-    let stream = Gpu::create_stream(&dev).ctx("creating a stream")?;
-    let args = Args {
-        ch: channel.device_handle(),
-        bytes: (N * 4) as u64,
-    };
-    // SAFETY: `Args` matches the kernel's parameter list; `channel` (and the memory and
-    // semaphore it holds) and both buffers live until the stream is synchronized below.
-    unsafe { Gpu::launch(&kernel, &LaunchConfig::linear(1, 512), &stream, &args) }
-        .ctx("launching the kernel")?;
-    Gpu::stream_synchronize(&stream, TIMEOUT).ctx("waiting for the kernel")?;
+    put_signal_wait(&dev, KERNEL_OBJECTS, &channel, (N * 4) as u64)?;
 
     let want: Vec<u32> = (0..N).map(|i| value(peer, i)).collect();
     check("the peer's data", &recv.to_vec().ctx("reading")?, &want)?;
@@ -81,15 +55,5 @@ fn body(me: &Rank) -> Res {
 }
 
 fn main() {
-    if Gpu::NAME == "host" {
-        println!(
-            "08-own-kernel: skipped: built for the host backend, which runs no kernels; build with --features cuda (or rocm) on a machine with a GPU"
-        );
-        return;
-    }
-    match Gpu::device_count() {
-        Ok(0) => println!("08-own-kernel: skipped: no GPU found"),
-        Err(e) => println!("08-own-kernel: skipped: no usable GPU: {e}"),
-        Ok(_) => common::run("08-own-kernel", 2, 22008, body),
-    }
+    common::run_on_gpu("08-own-kernel", 2, 22008, body);
 }

@@ -15,7 +15,9 @@ use crate::connection::Connection;
 use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::ib::qp::IbQp;
-use crate::memory::{find_allocation, gpu_device, hal_err, host_addressable, LocalMemory};
+use crate::memory::{
+    adopt_allocation, find_allocation, gpu_device, hal_err, host_addressable, LocalMemory,
+};
 use crate::registered_memory::RegisteredMemory;
 use crate::serialize::encode_socket_addr;
 use crate::transport::{DeviceType, EndpointConfig, Transport, TransportFlags};
@@ -79,9 +81,15 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner()) = Some(timeout);
     }
 
-    /// Registers `size` bytes at device address `ptr` for `transports`. `ptr..ptr+size` must
-    /// lie inside a live allocation made through [`LocalMemory`] (the registration keeps it
-    /// alive); CudaIpc exports it for processes on this host.
+    /// Registers `size` bytes at device address `ptr` for `transports`; CudaIpc exports it for
+    /// processes on this host. `ptr..ptr+size` lies inside a live allocation made through
+    /// [`LocalMemory`] (the registration keeps it alive), or inside one allocation the
+    /// application made on the current GPU: `cudaMalloc`/`cuMemAlloc` memory, a cuMem/VMM
+    /// mapping made with a shareable handle type (POSIX fd or fabric), a PyTorch tensor; on the
+    /// host backend a MAP_SHARED memfd or file mapping. Such memory the application keeps alive
+    /// while the registration (and every peer's import of it) is used. Memory no peer can map
+    /// (private `malloc` memory, managed memory, VMM memory without a shareable handle type, a
+    /// range spanning two allocations) is an error naming the pointer and why.
     pub fn register_memory(
         &self,
         ptr: u64,
@@ -98,12 +106,10 @@ impl Context {
                 "register_memory: transports contain Unknown".to_string(),
             ));
         }
-        let (alloc, offset) = find_allocation(ptr, size).ok_or_else(|| {
-            Error::invalid(format!(
-                "register_memory: expected {ptr:#x} (+{size} bytes) inside a live allocation \
-                 made through mscclpp::LocalMemory, found none"
-            ))
-        })?;
+        let (alloc, offset) = match find_allocation(ptr, size) {
+            Some(found) => found,
+            None => adopt_allocation(ptr, size)?,
+        };
         RegisteredMemory::register_local(alloc, offset, size, transports)
     }
 

@@ -5,13 +5,20 @@
 //! [`crate::Context::register_memory`] can take a plain address, find the allocation that
 //! contains it and export it for IPC. Registration keeps the allocation alive, so a
 //! [`crate::RegisteredMemory`] never outlives the memory it names.
+//!
+//! Memory the application allocated itself (`cudaMalloc`, cuMem/VMM, a PyTorch tensor, a host
+//! memfd mapping) is adopted through the HAL ([`IpcApi::adopt`]): the allocation behind the
+//! pointer is found and wrapped without being owned. Adoptions are cached by base address,
+//! but a hit needs the same [`AllocationIdentity`] (CUDA's buffer id, the host mapping's
+//! file): memory freed and allocated again at the same address is adopted afresh. The
+//! application keeps such memory alive while registrations of it are used.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use mscclpp_hal::api::Host;
-use mscclpp_hal::{prelude::*, Buffer, Gpu, IpcDescriptor, MemoryKind};
+use mscclpp_hal::{prelude::*, AllocationIdentity, Buffer, Gpu, IpcDescriptor, MemoryKind};
 
 use crate::error::{Error, Result};
 use crate::transport::{Device, DeviceType};
@@ -43,17 +50,29 @@ pub(crate) enum Backing {
     Gpu(<Gpu as Api>::Device, <Gpu as Api>::Memory),
 }
 
-/// One live HAL allocation.
+/// One live HAL allocation, or an adopted one of the application's.
 pub(crate) struct Allocation {
     device: Device,
     ptr: u64,
     size: usize,
     backing: Backing,
+    /// `Some` for adopted memory: its identity when adopted.
+    foreign: Option<AllocationIdentity>,
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
         // Leave the registry before the memory is freed (the fields drop after this body).
+        if self.foreign.is_some() {
+            let mut map = foreign_allocs().lock().unwrap_or_else(|p| p.into_inner());
+            if map
+                .get(&self.ptr)
+                .is_some_and(|(id, w)| Some(*id) == self.foreign && w.strong_count() == 0)
+            {
+                map.remove(&self.ptr);
+            }
+            return;
+        }
         let mut map = allocs().lock().unwrap_or_else(|p| p.into_inner());
         if map.get(&self.ptr).is_some_and(|w| w.strong_count() == 0) {
             map.remove(&self.ptr);
@@ -81,6 +100,20 @@ impl Allocation {
     /// The HAL allocation behind it.
     pub(crate) fn backing(&self) -> &Backing {
         &self.backing
+    }
+
+    /// Whether the memory at the allocation's address is still the memory it names: always
+    /// for this library's allocations (they live while this does); for adopted memory, while
+    /// the backend reports the same identity there (the application may have freed it and
+    /// allocated other memory at the same address).
+    pub(crate) fn is_current(&self) -> bool {
+        let Some(id) = self.foreign else {
+            return true;
+        };
+        match &self.backing {
+            Backing::Gpu(dev, _) => Gpu::identity(dev, self.ptr, 1).is_ok_and(|now| now == id),
+            Backing::Host(dev, _) => Host::identity(dev, self.ptr, 1).is_ok_and(|now| now == id),
+        }
     }
 
     /// The host address of the allocation's device address `addr` when the host can load and
@@ -142,6 +175,57 @@ pub(crate) fn find_allocation(ptr: u64, size: usize) -> Option<(Arc<Allocation>,
     let offset = ptr - alloc.ptr;
     let end = offset.checked_add(size as u64)?;
     (end <= alloc.size as u64).then_some((alloc, offset))
+}
+
+type ForeignMap = BTreeMap<u64, (AllocationIdentity, Weak<Allocation>)>;
+
+/// Adopted allocations by base address (see the module doc).
+fn foreign_allocs() -> &'static Mutex<ForeignMap> {
+    static MAP: OnceLock<Mutex<ForeignMap>> = OnceLock::new();
+    MAP.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+/// The application's allocation holding `ptr..ptr+size` on the current GPU (the build's GPU
+/// backend; on the host backend a shared host mapping), adopted through the HAL, and the offset
+/// of `ptr` in it. A live earlier adoption with the same identity is reused.
+pub(crate) fn adopt_allocation(ptr: u64, size: usize) -> Result<(Arc<Allocation>, u64)> {
+    let device = Device::gpu(default_gpu());
+    let dev = gpu_device(device.id)?;
+    let what = || format!("register {ptr:#x} (+{size} bytes)");
+    let id = Gpu::identity(&dev, ptr, size).map_err(|e| hal_err(&what(), e))?;
+    let reuse = |map: &ForeignMap| {
+        map.get(&id.base)
+            .filter(|(known, _)| *known == id)
+            .and_then(|(_, w)| w.upgrade())
+    };
+    if let Some(a) = reuse(&foreign_allocs().lock().unwrap_or_else(|p| p.into_inner())) {
+        return Ok((a, ptr - id.base));
+    }
+    // Adopt outside the lock (driver calls, /proc reads).
+    let (mem, id) = Gpu::adopt(&dev, ptr, size).map_err(|e| hal_err(&what(), e))?;
+    let mut map = foreign_allocs().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(a) = reuse(&map) {
+        return Ok((a, ptr - id.base));
+    }
+    let alloc = Arc::new(Allocation {
+        device,
+        ptr: id.base,
+        size: mem.size(),
+        backing: Backing::Gpu(dev, mem),
+        foreign: Some(id),
+    });
+    map.insert(id.base, (id, Arc::downgrade(&alloc)));
+    Ok((alloc, ptr - id.base))
+}
+
+/// Live adoptions (for tests).
+pub fn adopted_allocations() -> usize {
+    foreign_allocs()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .filter(|(_, w)| w.strong_count() > 0)
+        .count()
 }
 
 static LAST_GPU: AtomicI64 = AtomicI64::new(-1);
@@ -301,6 +385,7 @@ impl LocalMemory {
             ptr,
             size,
             backing,
+            foreign: None,
         });
         allocs()
             .lock()

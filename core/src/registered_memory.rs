@@ -294,6 +294,17 @@ impl RegisteredMemory {
         Ok(RegisteredMemory { inner })
     }
 
+    /// Whether the memory this registration names is still there: always for memory this
+    /// library allocated and for imports; for the application's own memory registered here,
+    /// while the allocation at its address is the one registered (not freed and allocated
+    /// again; one driver query).
+    pub fn is_current(&self) -> bool {
+        self.inner
+            .local
+            .as_ref()
+            .is_none_or(|(alloc, _)| alloc.is_current())
+    }
+
     /// The registration id (see "Identity" in the module docs).
     pub fn registration_id(&self) -> u64 {
         self.inner.id

@@ -171,6 +171,51 @@ impl IpcDescriptor {
     }
 }
 
+/// What tells one allocation made outside this library apart from a later one at the same
+/// address ([`crate::IpcApi::adopt`]): its range and a backend token that changes when the
+/// memory is freed and other memory is allocated there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllocationIdentity {
+    /// Start of the allocation (device address; host address on the host backend).
+    pub base: u64,
+    /// Bytes of the allocation.
+    pub size: usize,
+    /// CUDA: `CU_POINTER_ATTRIBUTE_BUFFER_ID` (unique in the process) and whether the memory
+    /// is cuMem/VMM memory; ROCm: the allocation's base, size and buffer id where the runtime
+    /// reports one; host: the mapping's device, inode and file offset.
+    pub token: [u64; 3],
+}
+
+/// `Ok` for a non-null pointer and a non-empty range (what every backend's adoption checks
+/// first).
+pub(crate) fn check_adopt_args(op: &'static str, ptr: u64, len: usize) -> Result<()> {
+    if ptr == 0 || len == 0 {
+        return Err(not_exportable(
+            op,
+            ptr,
+            len,
+            "a null pointer or an empty range",
+        ));
+    }
+    Ok(())
+}
+
+/// The error of an adoption that cannot work: names the pointer and why.
+pub(crate) fn not_exportable(
+    op: &'static str,
+    ptr: u64,
+    len: usize,
+    why: impl std::fmt::Display,
+) -> Error {
+    Error::invalid(
+        op,
+        "memory a peer process can map (allocated through this library, cudaMalloc/hipMalloc, \
+         cuMem/VMM with a shareable handle type, or on the host backend a MAP_SHARED file or \
+         memfd mapping)",
+        format!("{ptr:#x} (+{len} bytes): {why}"),
+    )
+}
+
 struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,

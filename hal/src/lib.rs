@@ -12,7 +12,8 @@
 //! [`HostRegisterApi`] (mapping caller-owned host memory for device access), [`StreamApi`]
 //! (streams, events, memset/memcpy/64-bit stores on a stream), [`ModuleApi`] (loading an
 //! embedded code object and launching a kernel with a `#[repr(C)]` argument struct) and
-//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process) and
+//! [`IpcApi`] (export an allocation as an [`IpcDescriptor`], import it in another process;
+//! adopt an allocation the application made itself, found behind a plain pointer) and
 //! [`MulticastApi`] (NVLink multicast objects: create, export/import, bind, map; refused before
 //! any driver call while the environment disables NVLS).
 //! All are associated functions (`A::alloc(&dev, ..)`), dispatched statically.
@@ -63,7 +64,7 @@ pub use dmabuf::{DmaBuf, DmaBufApi};
 pub use env::parse_nvls_switches;
 pub use error::{Error, Result};
 pub use graph::StreamInterop;
-pub use ipc::{IpcDescriptor, IpcKind};
+pub use ipc::{AllocationIdentity, IpcDescriptor, IpcKind};
 pub use multicast::{
     multicast_counts, MulticastApi, MulticastCounts, MulticastGranularity, MulticastInfo,
     NvlsPermit,
@@ -468,6 +469,26 @@ pub trait IpcApi {
         Self: Api;
     /// Maps memory exported by another process (or this one) on `dev`.
     fn import(dev: &<Self as Api>::Device, desc: &IpcDescriptor) -> Result<<Self as Api>::Imported>
+    where
+        Self: Api;
+    /// The allocation holding `ptr..ptr+len` that the caller made outside this library (e.g.
+    /// `cudaMalloc`, a cuMem/VMM mapping, a host memfd mapping), as memory that can be
+    /// exported like an allocation of [`MemoryApi::alloc`] but is never freed by this library:
+    /// its `device_ptr` is the allocation's base (the identity's `base`) and dropping it only
+    /// releases what adopting took (a retained handle, a file descriptor). An error names the
+    /// pointer and why it cannot be shared (private host memory, managed memory, VMM memory
+    /// made without a shareable handle type, a range spanning two allocations). The caller
+    /// keeps the allocation alive while exports of it are used.
+    fn adopt(
+        dev: &<Self as Api>::Device,
+        ptr: u64,
+        len: usize,
+    ) -> Result<(<Self as Api>::Memory, AllocationIdentity)>
+    where
+        Self: Api;
+    /// The identity of the allocation holding `ptr..ptr+len` now (no export; a few driver
+    /// queries), to tell whether an earlier adoption still names the memory there.
+    fn identity(dev: &<Self as Api>::Device, ptr: u64, len: usize) -> Result<AllocationIdentity>
     where
         Self: Api;
 }

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mscclpp::{
-    Communicator, Connection, Context, GpuBuffer, RegisteredMemory, Semaphore, TcpBootstrap,
-    TransportFlags,
+    Communicator, Connection, Context, GpuBuffer, MemoryChannel, MemoryChannelDeviceHandle,
+    RegisteredMemory, Semaphore, TcpBootstrap, TransportFlags,
 };
+use mscclpp_hal::{prelude::*, Gpu, LaunchConfig};
 
 /// How long any one blocking step of an example may take.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -69,6 +70,67 @@ pub fn semaphore_with(comm: &Communicator, conn: &Connection, peer: usize) -> Re
     comm.build_semaphore(conn, peer, 2)
         .get()
         .ctx("building the semaphore")
+}
+
+/// The parameters of `own_put_signal_wait` (examples/kernels/own_kernel.cu), in the order of
+/// its C signature.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PutSignalWaitArgs {
+    ch: MemoryChannelDeviceHandle,
+    bytes: u64,
+}
+
+/// Runs `own_put_signal_wait` of the embedded code objects `objects` (one block of 512
+/// threads) with `channel`: it puts `bytes` from the channel's source into the peer's
+/// destination, signals the peer and waits for its signal. Returns when the kernel finished.
+pub fn put_signal_wait(
+    dev: &<Gpu as Api>::Device,
+    objects: &[(&str, &[u8])],
+    channel: &MemoryChannel,
+    bytes: u64,
+) -> Res {
+    let (_, code) = objects
+        .iter()
+        .find(|(stem, _)| *stem == "own_kernel")
+        .ok_or("build.rs embedded no own_kernel code object")?;
+    let module = Gpu::load_module(dev, code).ctx("loading the module")?;
+    let kernel = Gpu::get_kernel(&module, "own_put_signal_wait").ctx("finding the kernel")?;
+    let stream = Gpu::create_stream(dev).ctx("creating a stream")?;
+    let args = PutSignalWaitArgs {
+        ch: channel.device_handle(),
+        bytes,
+    };
+    // SAFETY: the struct matches the kernel's parameter list; `channel` (and the memory and
+    // semaphore it holds) lives until the stream is synchronized below.
+    unsafe { Gpu::launch(&kernel, &LaunchConfig::linear(1, 512), &stream, &args) }
+        .ctx("launching the kernel")?;
+    Gpu::stream_synchronize(&stream, TIMEOUT).ctx("waiting for the kernel")
+}
+
+/// The GPU of `rank` when the ranks share the GPUs there are (rank r on GPU r % count), and
+/// its HAL device.
+pub fn gpu_of(rank: usize) -> Res<(mscclpp::Device, <Gpu as Api>::Device)> {
+    let count = Gpu::device_count().ctx("counting GPUs")?;
+    let device = mscclpp::Device::gpu((rank % count) as i32);
+    let dev = Gpu::open_device(device.id as usize).ctx("opening the GPU")?;
+    Ok((device, dev))
+}
+
+/// [`run`] for an example that needs a GPU: on the host backend (it runs no kernels), or
+/// without a usable GPU, says why it skips and exits 0.
+pub fn run_on_gpu(name: &str, nranks: usize, port: u16, body: fn(&Rank) -> Res) {
+    if Gpu::NAME == "host" {
+        println!(
+            "{name}: skipped: built for the host backend, which runs no kernels; build with --features cuda (or rocm) on a machine with a GPU"
+        );
+        return;
+    }
+    match Gpu::device_count() {
+        Ok(0) => println!("{name}: skipped: no GPU found"),
+        Err(e) => println!("{name}: skipped: no usable GPU: {e}"),
+        Ok(_) => run(name, nranks, port, body),
+    }
 }
 
 /// Checks that `buf` holds `want(i)` at every index `i`: what the peer sent in round `round`.

@@ -394,9 +394,13 @@ pub fn ready(handle: *const Comm) -> NResult<(Arc<Comm>, Arc<Ready>)> {
 /// Removes `handle` from the registry (so later calls with it fail) and returns it.
 fn unregister(handle: *const Comm) -> NResult<Arc<Comm>> {
     let comm = lookup(handle)?;
-    let mut reg = registry();
-    reg.live.remove(&(handle as usize));
-    reg.retired.insert(handle as usize);
+    {
+        let mut reg = registry();
+        reg.live.remove(&(handle as usize));
+        reg.retired.insert(handle as usize);
+    }
+    // Its buffer registrations go with it (a later communicator may get the same address).
+    crate::mem::forget_comm(Arc::as_ptr(&comm) as usize);
     Ok(comm)
 }
 

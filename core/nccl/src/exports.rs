@@ -43,10 +43,14 @@ fn register_into(
     Ok(abi::SUCCESS)
 }
 
-/// Releases a registration `handle` of `comm`.
+/// Releases a registration `handle` of `comm`, and the collectives' mappings of buffers in it.
 fn deregister(comm: *const Comm, handle: *mut c_void) -> NResult<NcclResult> {
     let c = lookup(comm)?;
-    mem::deregister(std::sync::Arc::as_ptr(&c) as usize, handle)
+    let (ptr, size) = mem::deregister(std::sync::Arc::as_ptr(&c) as usize, handle)?;
+    if let Ok(ready) = c.ready() {
+        ready.native.forget_buffers(ptr, size);
+    }
+    Ok(abi::SUCCESS)
 }
 
 nccl_export! {

@@ -2,10 +2,22 @@
 //!
 //! Allocations are communication memory of the build's backend (the HAL's device memory on
 //! GPUs, memfd host memory on the host backend), kept in a table by address until freed.
-//! Registration hands out an opaque handle naming the range; the native paths find buffers by
-//! address themselves, so registration only validates the range and tracks the handle.
+//!
+//! Registration (`ncclCommRegister`, `ncclCommWindowRegister`) hands out an opaque handle and
+//! enters the range in the communicator's index of registered ranges. A collective whose
+//! buffers lie inside registered ranges asks the collectives for the zero-copy path
+//! ([`mscclpp::collectives::Collectives::choose_registered`]): at the first use of a buffer
+//! every rank exports the allocation behind it (memory of `ncclMemAlloc`, `cudaMalloc`,
+//! cuMem/VMM with a shareable handle type such as PyTorch's expandable segments) and maps the
+//! peers' (one bootstrap exchange, agreed: a buffer some rank cannot export makes every rank
+//! copy); later calls, CUDA graph capture included, reuse the mappings. Registration itself
+//! touches no driver and no peer, so it cannot fail for memory that turns out unexportable.
+//!
+//! As with NCCL's symmetric windows and upstream MSCCL++, ranks register, use and deregister
+//! their corresponding buffers alike (PyTorch's allocator hook and nccl-tests `-R` do): whether
+//! a call takes the zero-copy path is decided on each rank from its own registrations.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
@@ -79,6 +91,29 @@ fn regs() -> &'static Mutex<HashMap<usize, Box<Registration>>> {
     T.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Registered ranges by communicator: start -> ends (a range may be registered twice).
+type RangeIndex = HashMap<usize, BTreeMap<u64, Vec<u64>>>;
+
+fn ranges() -> &'static Mutex<RangeIndex> {
+    static T: OnceLock<Mutex<RangeIndex>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Whether `[ptr, ptr + bytes)` lies inside one range registered with `comm`.
+pub fn is_registered(comm: usize, ptr: u64, bytes: usize) -> bool {
+    let Some(end) = ptr.checked_add(bytes as u64) else {
+        return false;
+    };
+    let g = ranges().lock().unwrap_or_else(|p| p.into_inner());
+    let Some(index) = g.get(&comm) else {
+        return false;
+    };
+    index
+        .range(..=ptr)
+        .rev()
+        .any(|(_, ends)| ends.iter().any(|e| *e >= end))
+}
+
 /// Registers `[ptr, ptr + size)` for `comm`; returns the handle.
 pub fn register(comm: usize, ptr: *mut c_void, size: usize) -> NResult<*mut c_void> {
     if ptr.is_null() || size == 0 {
@@ -92,21 +127,69 @@ pub fn register(comm: usize, ptr: *mut c_void, size: usize) -> NResult<*mut c_vo
         ptr: ptr as u64,
         size,
     });
+    let end = (ptr as u64).checked_add(size as u64).ok_or_else(|| {
+        NcclError::arg(format!(
+            "buff {ptr:p} size {size}: expected a range inside the address space"
+        ))
+    })?;
     let h = &*r as *const Registration as usize;
     regs()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(h, r);
+    ranges()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(comm)
+        .or_default()
+        .entry(ptr as u64)
+        .or_default()
+        .push(end);
     Ok(h as *mut c_void)
 }
 
-/// Releases a handle from [`register`] made for `comm`.
-pub fn deregister(comm: usize, handle: *mut c_void) -> NResult<NcclResult> {
+/// Takes `[ptr, ptr + size)` out of `comm`'s index (one registration of it).
+fn unindex(comm: usize, ptr: u64, size: usize) {
+    let mut g = ranges().lock().unwrap_or_else(|p| p.into_inner());
+    let Some(index) = g.get_mut(&comm) else {
+        return;
+    };
+    let end = ptr + size as u64;
+    if let Some(ends) = index.get_mut(&ptr) {
+        if let Some(i) = ends.iter().position(|e| *e == end) {
+            ends.swap_remove(i);
+        }
+        if ends.is_empty() {
+            index.remove(&ptr);
+        }
+    }
+    if index.is_empty() {
+        g.remove(&comm);
+    }
+}
+
+/// Forgets every registration of `comm` (it is destroyed).
+pub fn forget_comm(comm: usize) {
+    ranges()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&comm);
+    regs()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|_, r| r.comm != comm);
+}
+
+/// Releases a handle from [`register`] made for `comm`; returns the range it named.
+pub fn deregister(comm: usize, handle: *mut c_void) -> NResult<(u64, usize)> {
     let mut g = regs().lock().unwrap_or_else(|p| p.into_inner());
     match g.get(&(handle as usize)) {
         Some(r) if r.magic == REG_MAGIC && r.comm == comm => {
+            let range = (r.ptr, r.size);
             g.remove(&(handle as usize));
-            Ok(abi::SUCCESS)
+            drop(g);
+            unindex(comm, range.0, range.1);
+            Ok(range)
         }
         Some(r) => Err(NcclError::arg(format!(
             "handle {handle:p} (buffer {:#x}, {} bytes) was registered with another communicator",
@@ -116,5 +199,35 @@ pub fn deregister(comm: usize, handle: *mut c_void) -> NResult<NcclResult> {
             "handle {handle:p}: expected a handle from ncclCommRegister / \
              ncclCommWindowRegister not deregistered yet"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_ranges_are_found_until_deregistered() {
+        let comm = 0x5eed_0001;
+        let h = register(comm, 0x10000 as *mut c_void, 4096).unwrap();
+        assert!(is_registered(comm, 0x10000, 4096));
+        assert!(is_registered(comm, 0x10100, 16));
+        assert!(!is_registered(comm, 0x10100, 4096), "runs past the range");
+        assert!(!is_registered(comm, 0xff00, 16), "starts before it");
+        assert!(
+            !is_registered(comm + 1, 0x10000, 16),
+            "another communicator"
+        );
+        // The same range twice: one deregistration leaves the other.
+        let h2 = register(comm, 0x10000 as *mut c_void, 4096).unwrap();
+        assert_eq!(deregister(comm, h).unwrap(), (0x10000, 4096));
+        assert!(is_registered(comm, 0x10000, 4096));
+        assert!(
+            deregister(comm + 1, h2).is_err(),
+            "another communicator's handle"
+        );
+        deregister(comm, h2).unwrap();
+        assert!(!is_registered(comm, 0x10000, 1));
+        assert!(deregister(comm, h2).is_err(), "deregistered twice");
     }
 }

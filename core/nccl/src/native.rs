@@ -141,18 +141,31 @@ impl Native {
     /// The choice for `call` ([`Collectives::choose`]: forced, the user's selector, a plan or
     /// the default), or why nothing covers it (the fallback then takes it). The one place a
     /// native collective's algorithm is chosen; [`Native::run`] runs exactly this choice.
-    pub fn choose(&self, call: Call) -> Result<Choice, String> {
+    /// `registered`: the call's buffers lie in ranges registered on this communicator (then
+    /// [`Collectives::choose_registered`] prefers the zero-copy algorithms).
+    pub fn choose(&self, call: Call, registered: bool) -> Result<Choice, String> {
         let coll = self.coll.as_ref().map_err(Clone::clone)?;
         if call.count == 0 {
             return Ok(Choice { call, chosen: None });
         }
-        let chosen = coll
-            .choose(&call)
-            .map_err(|e| format!("no native algorithm can run it: {e}"))?;
+        let chosen = if registered {
+            coll.choose_registered(&call)
+        } else {
+            coll.choose(&call)
+        }
+        .map_err(|e| format!("no native algorithm can run it: {e}"))?;
         Ok(Choice {
             call,
             chosen: Some(chosen),
         })
+    }
+
+    /// Forgets the collectives' registrations and peer mappings of buffers inside
+    /// `ptr..ptr+size` (`ncclCommDeregister`).
+    pub fn forget_buffers(&self, ptr: u64, size: usize) {
+        if let Ok(coll) = &self.coll {
+            coll.resources().user_buffers().forget(ptr, size);
+        }
     }
 
     /// Runs `choice` (asynchronously on `stream` on GPUs): the choice [`Native::choose`] made.

@@ -29,6 +29,19 @@ pub struct Call {
 }
 
 impl Call {
+    /// An all-reduce of `count` elements from `send` into `recv`.
+    pub fn all_reduce(send: u64, recv: u64, count: usize, dtype: DataType, op: ReduceOp) -> Call {
+        Call {
+            kind: CollectiveKind::AllReduce,
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            root: 0,
+        }
+    }
+
     /// Bytes of `count` elements.
     pub fn bytes(&self) -> usize {
         self.count * self.dtype.size_in_bytes()

@@ -398,12 +398,12 @@ impl Collectives {
             op: ReduceOp::Sum,
             root: 0,
         };
-        Ok(self.select(&probe)?.name())
+        Ok(self.select(&probe, false)?.name())
     }
 
     /// Forced, else the user's selector, else the default one (a matching plan, else the
-    /// native rules).
-    fn select(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
+    /// native rules); `registered`: the caller says the buffers are registered on every rank.
+    fn select(&self, call: &Call, registered: bool) -> Result<Arc<dyn Algorithm>> {
         if self.res.nranks() == 1 {
             return self.algos.get(call.kind, "copy").cloned();
         }
@@ -427,6 +427,7 @@ impl Collectives {
                 arch: self.res.arch(),
                 host: self.gpu.is_none(),
                 nvls: self.nvls,
+                registered,
             },
             rank: self.res.rank(),
             algos: &self.algos,
@@ -444,7 +445,7 @@ impl Collectives {
     /// The algorithm that runs `call` (forced or selected), after its own check and, in a
     /// world spanning nodes, the check that it is a multi-node algorithm.
     pub fn checked_algorithm(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
-        let algo = self.select(call)?;
+        let algo = self.select(call, false)?;
         self.check_algorithm(algo, call)
     }
 
@@ -483,6 +484,24 @@ impl Collectives {
         }
         Ok(Choice {
             algorithm: self.checked_algorithm(call)?,
+            call: *call,
+        })
+    }
+
+    /// [`Collectives::choose`] for a call whose buffers the caller registered on every rank
+    /// (with [`crate::Communicator::register_memory`], `ncclCommRegister`, or memory of this
+    /// library): the default choice then prefers an algorithm that works straight between the
+    /// user buffers (zero-copy; today all-reduce's `rsag_zero_copy` above 1 MiB) and maps every
+    /// rank's buffer at its first use (collectively; a buffer some rank cannot export makes
+    /// every rank take a copying algorithm). A forced algorithm or a selector still decides
+    /// first. Every rank must call it alike for the same call.
+    pub fn choose_registered(&self, call: &Call) -> Result<Choice> {
+        if call.count != 0 {
+            self.check_args(call)?;
+        }
+        let algo = self.select(call, true)?;
+        Ok(Choice {
+            algorithm: self.check_algorithm(algo, call)?,
             call: *call,
         })
     }
@@ -606,15 +625,7 @@ impl Collectives {
         op: ReduceOp,
         stream: RawStream,
     ) -> Result<()> {
-        let call = Call {
-            kind: CollectiveKind::AllReduce,
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            root: 0,
-        };
+        let call = Call::all_reduce(send, recv, count, dtype, op);
         // SAFETY: forwarded from the caller.
         unsafe { self.run(call, stream) }
     }

@@ -1,11 +1,17 @@
-//! The cache of registered user buffers for zero-copy algorithms, keyed by `(ptr, size)`.
+//! The cache of registered user buffers for zero-copy algorithms, keyed by `(ptr, size)`; a hit
+//! also needs the registered memory to still be there (its identity, not its address: memory
+//! freed and allocated again at the same address is registered again).
 //!
 //! A miss outside graph capture is collective: every rank registers its buffer for CudaIpc
-//! (which fails for memory the library did not allocate, e.g. a foreign `cudaMalloc`), then one
+//! (memory of this library, or the application's own allocation when the backend can export
+//! it: `cudaMalloc`, cuMem/VMM with a shareable handle type, a host memfd mapping), then one
 //! bootstrap all-gather exchanges the results. If any rank could not register, every rank
 //! caches a negative entry and the caller falls back to a copying algorithm, so all ranks take
-//! the same path. A miss under graph capture returns `None` without any traffic. Ranks must
-//! therefore meet the same buffers in the same order (as with upstream MSCCL++).
+//! the same path; so does a second exchange of whether every rank could map every peer's
+//! buffer. A miss under graph capture returns `None` without any traffic. Ranks must
+//! therefore meet the same buffers in the same order, and free, allocate again and
+//! [`UserBufferCache::forget`] them alike (as with upstream MSCCL++ and NCCL's windows): a
+//! rank that alone meets a miss waits in the exchange until the bootstrap's timeout, an error.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -50,22 +56,42 @@ impl UserBufferCache {
         capturing: bool,
     ) -> Result<Option<Arc<UserBuffer>>> {
         let key = (ptr, size);
-        if let Some(e) = self
-            .entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
         {
-            return Ok(e.clone());
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            match entries.get(&key) {
+                Some(Some(ub)) if !ub.local.is_current() => {
+                    if capturing {
+                        return Err(Error::invalid(format!(
+                            "user buffer {ptr:#x} (+{size} bytes): the memory registered there \
+                             was freed and other memory allocated at the same address; under \
+                             graph capture only registrations made before it can be used \
+                             (run the call once outside capture first)"
+                        )));
+                    }
+                    // Freed and allocated again: register the new memory (collectively: the
+                    // ranks free and allocate alike, see the module doc).
+                    entries.remove(&key);
+                }
+                Some(e) => return Ok(e.clone()),
+                None => {}
+            }
         }
         if capturing {
             return Ok(None);
         }
         let b = comm.bootstrap();
         let (rank, n) = (b.rank(), b.nranks());
-        let local = comm
-            .register_memory(ptr, size, Transport::CudaIpc.into())
-            .ok();
+        let local = match comm.register_memory(ptr, size, Transport::CudaIpc.into()) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                crate::log_info!(
+                    "COLL",
+                    "user buffer {ptr:#x} (+{size} bytes) cannot be registered here, every rank \
+                     copies it instead: {e}"
+                );
+                None
+            }
+        };
         let mut blob = vec![u8::from(local.is_some())];
         if let Some(l) = &local {
             blob.extend_from_slice(&l.serialize());
@@ -73,41 +99,59 @@ impl UserBufferCache {
         let all = b.all_gather(&blob)?;
         let entry = if all.iter().all(|x| x.first() == Some(&1)) {
             let local = local.ok_or_else(|| Error::Internal("registration vanished".into()))?;
-            let mut peers = Vec::with_capacity(n);
-            let mut bases = Vec::with_capacity(n);
-            for (p, x) in all.iter().enumerate() {
-                if p == rank {
-                    peers.push(None);
-                    bases.push(ptr);
-                    continue;
-                }
-                let m = RegisteredMemory::deserialize(&x[1..])?;
-                if m.data() == 0 {
-                    return Err(Error::remote(
-                        p,
-                        "user buffer: expected memory mapped in this process (CudaIpc on this host)",
-                    ));
-                }
-                bases.push(m.data());
-                peers.push(Some(m));
+            // Mapping the peers' exports may fail here (a driver refusing a handle): agree on
+            // that too, so every rank takes the same path.
+            let mapped = map_peers(&all, rank, ptr).and_then(|(peers, bases)| {
+                let table = LocalMemory::alloc(device, 8 * n)?;
+                let bytes: Vec<u8> = bases.iter().flat_map(|v| v.to_le_bytes()).collect();
+                table.write(0, &bytes)?;
+                Ok(UserBuffer {
+                    local,
+                    peers,
+                    bases,
+                    table,
+                })
+            });
+            if let Err(e) = &mapped {
+                crate::log_info!(
+                    "COLL",
+                    "user buffer {ptr:#x} (+{size} bytes): mapping the peers' buffers failed \
+                     here, every rank copies it instead: {e}"
+                );
             }
-            let table = LocalMemory::alloc(device, 8 * n)?;
-            let bytes: Vec<u8> = bases.iter().flat_map(|v| v.to_le_bytes()).collect();
-            table.write(0, &bytes)?;
-            Some(Arc::new(UserBuffer {
-                local,
-                peers,
-                bases,
-                table,
-            }))
+            let oks = b.all_gather(&[u8::from(mapped.is_ok())])?;
+            match mapped {
+                Ok(ub) if oks.iter().all(|x| x.first() == Some(&1)) => Some(Arc::new(ub)),
+                _ => None,
+            }
         } else {
             None
         };
+        crate::log_info!(
+            "COLL",
+            "user buffer {ptr:#x} (+{size} bytes): {}",
+            if entry.is_some() {
+                "mapped on every rank (zero-copy)"
+            } else {
+                "not registrable on every rank (copying algorithms)"
+            }
+        );
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, entry.clone());
         Ok(entry)
+    }
+
+    /// Forgets every entry overlapping `ptr..ptr+size` (the application deregistered or is
+    /// about to free that memory; their imports are unmapped once no call uses them). Local:
+    /// every rank forgets alike (see the module doc).
+    pub fn forget(&self, ptr: u64, size: usize) {
+        let end = ptr.saturating_add(size as u64);
+        self.entries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(p, s), _| *p >= end || p.saturating_add(*s as u64) <= ptr);
     }
 
     /// Entries cached so far (positive and negative).
@@ -119,4 +163,32 @@ impl UserBufferCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Every peer's registration of `all` (this rank's own at `rank`, address `ptr`) mapped here:
+/// the mappings and every rank's address as seen here.
+fn map_peers(
+    all: &[Vec<u8>],
+    rank: usize,
+    ptr: u64,
+) -> Result<(Vec<Option<RegisteredMemory>>, Vec<u64>)> {
+    let mut peers = Vec::with_capacity(all.len());
+    let mut bases = Vec::with_capacity(all.len());
+    for (p, x) in all.iter().enumerate() {
+        if p == rank {
+            peers.push(None);
+            bases.push(ptr);
+            continue;
+        }
+        let m = RegisteredMemory::deserialize(&x[1..])?;
+        if m.data() == 0 {
+            return Err(Error::remote(
+                p,
+                "user buffer: expected memory mapped in this process (CudaIpc on this host)",
+            ));
+        }
+        bases.push(m.data());
+        peers.push(Some(m));
+    }
+    Ok((peers, bases))
 }

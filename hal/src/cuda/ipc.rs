@@ -1,5 +1,6 @@
 //! CUDA IPC: legacy cuIpc handles for cuMemAlloc memory; POSIX-fd (over the fd server) and
-//! fabric exports of cuMem allocations.
+//! fabric exports of cuMem allocations; the same for the application's own allocations
+//! ([`crate::IpcApi::adopt`], found behind any device pointer in `memory.rs`).
 //!
 //! Handle bytes in the descriptor: Legacy = the 64-byte `CUipcMemHandle`; PosixFd = the mapped
 //! length (u64 LE); Fabric = the 64-byte `CUmemFabricHandle` then the mapped length (u64 LE).
@@ -16,7 +17,7 @@ use super::result::{ipc, vmm};
 use super::Cuda;
 use crate::auxil::deferred;
 use crate::auxil::fdpass::{self, host_id, FD_FETCH_TIMEOUT};
-use crate::{Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
+use crate::{AllocationIdentity, Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
 use cudarc::driver::sys;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -86,12 +87,28 @@ impl IpcApi for Cuda {
         dev.enter()?;
         import(dev, desc)
     }
+    fn adopt(dev: &CudaDevice, ptr: u64, len: usize) -> Result<(CudaMemory, AllocationIdentity)> {
+        super::memory::adopt(dev, ptr, len)
+    }
+    fn identity(dev: &CudaDevice, ptr: u64, len: usize) -> Result<AllocationIdentity> {
+        super::memory::identity(dev, ptr, len)
+    }
 }
 
 fn kinds(mem: &CudaMemory) -> Vec<IpcKind> {
     match mem.backing {
-        Backing::Linear => vec![IpcKind::Legacy],
+        Backing::Linear | Backing::ForeignLinear => vec![IpcKind::Legacy],
         Backing::Host(_) => Vec::new(),
+        Backing::ForeignVmm { fabric, posix, .. } => {
+            let mut k = Vec::new();
+            if fabric {
+                k.push(IpcKind::Fabric);
+            }
+            if posix {
+                k.push(IpcKind::PosixFd);
+            }
+            k
+        }
         Backing::Physical { fabric: true, .. } => vec![IpcKind::Fabric, IpcKind::PosixFd],
         Backing::Physical { fabric: false, .. } => vec![IpcKind::PosixFd],
     }
@@ -116,7 +133,7 @@ fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
         reason: format!("{kind:?} for {:?} memory", mem.kind()),
     };
     match (kind, &mem.backing) {
-        (IpcKind::Legacy, Backing::Linear) => {
+        (IpcKind::Legacy, Backing::Linear | Backing::ForeignLinear) => {
             let h = ipc::get_handle(mem.ptr)?;
             Ok(descriptor(mem, kind, 0, ipc_handle_bytes(&h)))
         }
@@ -124,6 +141,12 @@ fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
             IpcKind::PosixFd,
             Backing::Physical {
                 handle, mapped_len, ..
+            }
+            | Backing::ForeignVmm {
+                handle,
+                mapped_len,
+                posix: true,
+                ..
             },
         ) => {
             let mut reg = mem.fd_export.lock().unwrap_or_else(|p| p.into_inner());
@@ -152,6 +175,12 @@ fn export(mem: &CudaMemory, kind: IpcKind) -> Result<IpcDescriptor> {
                 handle,
                 mapped_len,
                 fabric: true,
+            }
+            | Backing::ForeignVmm {
+                handle,
+                mapped_len,
+                fabric: true,
+                ..
             },
         ) => {
             let fh = vmm::export_fabric(*handle)?;

@@ -9,12 +9,13 @@
 
 use super::conv::{alloc_prop, rw_access};
 use super::device::CudaDevice;
-use super::result::{device, mem, peer, stream, vmm};
+use super::result::{checked, device, mem, peer, stream, vmm};
 use super::Cuda;
 use crate::auxil::fdpass::FdRegistration;
 use crate::auxil::registration::{HostRegistration, Unregister};
 use crate::auxil::{check_host_range, check_range, deferred, register_then_map};
-use crate::{Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
+use crate::ipc::{check_adopt_args, not_exportable};
+use crate::{AllocationIdentity, Buffer, Error, HostRegisterApi, MemoryApi, MemoryKind, Result};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::Mutex;
@@ -31,6 +32,16 @@ pub(super) enum Backing {
         handle: sys::CUmemGenericAllocationHandle,
         mapped_len: usize,
         fabric: bool,
+    },
+    /// The application's cuMemAlloc/cudaMalloc memory (adopted; never freed here).
+    ForeignLinear,
+    /// The application's cuMem/VMM mapping (adopted): the handle retained with
+    /// cuMemRetainAllocationHandle (released on drop) and the shareable types it was made with.
+    ForeignVmm {
+        handle: sys::CUmemGenericAllocationHandle,
+        mapped_len: usize,
+        fabric: bool,
+        posix: bool,
     },
 }
 
@@ -63,7 +74,9 @@ impl CudaMemory {
     /// Bytes mapped (Physical: size rounded up to the granularity; else `size`).
     pub fn mapped_len(&self) -> usize {
         match self.backing {
-            Backing::Physical { mapped_len, .. } => mapped_len,
+            Backing::Physical { mapped_len, .. } | Backing::ForeignVmm { mapped_len, .. } => {
+                mapped_len
+            }
             _ => self.size,
         }
     }
@@ -98,6 +111,10 @@ impl Drop for CudaMemory {
             Backing::Physical {
                 handle, mapped_len, ..
             } => unmap_release(self.ptr, mapped_len, handle),
+            // The application's memory: nothing of it is ours to free.
+            Backing::ForeignLinear => Ok(()),
+            // SAFETY: the handle was retained once by `adopt` and is released once.
+            Backing::ForeignVmm { handle, .. } => unsafe { vmm::release(handle) },
         };
         if let Err(e) = r {
             deferred::record(e);
@@ -403,4 +420,214 @@ impl HostRegisterApi for Cuda {
     fn host_registration_device_ptr(r: &CudaHostRegistration) -> u64 {
         r.device_ptr()
     }
+}
+
+/// What the driver reports about a pointer (`cuPointerGetAttributes`, which reports zeros
+/// rather than failing for memory CUDA does not know).
+/// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__UNIFIED.html>
+#[derive(Debug, Default)]
+struct PointerFacts {
+    memory_type: u64,
+    buffer_id: u64,
+    managed: bool,
+    ordinal: u64,
+    legacy_ipc: bool,
+    start: u64,
+    size: u64,
+    handle_types: u64,
+}
+
+fn pointer_facts(ptr: u64) -> Result<PointerFacts> {
+    use sys::CUpointer_attribute as A;
+    let mut attrs = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        A::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+    ];
+    // Each value is at most 8 bytes (bool, unsigned int, unsigned long long, pointer, size_t):
+    // zeroed u64 slots read back right on this little-endian target whatever the width.
+    let mut vals = [0u64; 8];
+    let mut ptrs: Vec<*mut c_void> = vals.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+    // SAFETY: attrs and ptrs hold 8 entries each; every slot is 8 writable bytes.
+    checked("cuPointerGetAttributes", || unsafe {
+        sys::cuPointerGetAttributes(
+            attrs.len() as u32,
+            attrs.as_mut_ptr(),
+            ptrs.as_mut_ptr(),
+            ptr,
+        )
+    })?;
+    Ok(PointerFacts {
+        memory_type: vals[0] & 0xffff_ffff,
+        buffer_id: vals[1],
+        managed: vals[2] & 0xff != 0,
+        ordinal: vals[3] & 0xffff_ffff,
+        legacy_ipc: vals[4] & 0xff != 0,
+        start: vals[5],
+        size: vals[6],
+        handle_types: vals[7] & 0xffff_ffff,
+    })
+}
+
+const ADOPT: &str = "adopt(cuda)";
+
+/// The facts of the device allocation holding `ptr..ptr+len` on `dev`, or an error naming
+/// the pointer and why it cannot be shared.
+fn device_allocation(dev: &CudaDevice, ptr: u64, len: usize) -> Result<PointerFacts> {
+    check_adopt_args(ADOPT, ptr, len)?;
+    let f = pointer_facts(ptr)?;
+    let why = if f.memory_type == 0 {
+        Some(
+            "not memory CUDA knows (plain host memory, freed memory, or an address of another \
+              process)"
+                .to_string(),
+        )
+    } else if f.managed {
+        Some(
+            "managed memory (cudaMallocManaged): CUDA cannot export it to another process; \
+              use cudaMalloc or cuMem memory"
+                .to_string(),
+        )
+    } else if f.memory_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u64 {
+        Some(
+            "pinned host memory (cudaMallocHost / cudaHostRegister): export works for device \
+              memory only"
+                .to_string(),
+        )
+    } else if f.ordinal != dev.ordinal() as u64 {
+        Some(format!(
+            "memory of GPU {}, registered on GPU {}",
+            f.ordinal,
+            dev.ordinal()
+        ))
+    } else if f.size == 0
+        || ptr
+            .checked_add(len as u64)
+            .is_none_or(|e| e > f.start + f.size)
+    {
+        Some(format!(
+            "the range runs past the end of its allocation {:#x} (+{} bytes); register each \
+             allocation separately",
+            f.start, f.size
+        ))
+    } else {
+        None
+    };
+    match why {
+        Some(w) => Err(not_exportable(ADOPT, ptr, len, w)),
+        None => Ok(f),
+    }
+}
+
+/// The identity of the allocation `f` describes; `vmm_handle`: the handle backing a cuMem
+/// mapping (0 for cuMemAlloc memory). The driver gives the same handle value for as long as the
+/// memory is mapped, and a new allocation another one while an adoption holds the old one
+/// retained: so VMM memory released and mapped again at the same address (where the buffer id
+/// may repeat) is told apart too.
+fn identity_of(f: &PointerFacts, vmm_handle: u64) -> AllocationIdentity {
+    AllocationIdentity {
+        base: f.start,
+        size: f.size as usize,
+        token: [
+            f.buffer_id,
+            f.handle_types | (u64::from(f.legacy_ipc) << 63),
+            vmm_handle,
+        ],
+    }
+}
+
+/// `cuMemRetainAllocationHandle` of the cuMem mapping at `ptr` (released by the caller), or an
+/// error naming the pointer.
+fn retain_vmm(ptr: u64, len: usize) -> Result<sys::CUmemGenericAllocationHandle> {
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out pointer; an address that is no cuMem mapping is an error status.
+    let retained = checked("cuMemRetainAllocationHandle", || unsafe {
+        sys::cuMemRetainAllocationHandle(&mut handle, ptr as usize as *mut c_void)
+    });
+    retained.map(|()| handle).map_err(|e| {
+        not_exportable(
+            ADOPT,
+            ptr,
+            len,
+            format!(
+                "device memory that is neither cuMemAlloc/cudaMalloc memory (legacy IPC) nor a \
+                 cuMem mapping (e.g. cudaMallocAsync pool memory): {e}"
+            ),
+        )
+    })
+}
+
+/// [`crate::IpcApi::identity`] for CUDA.
+pub(super) fn identity(dev: &CudaDevice, ptr: u64, len: usize) -> Result<AllocationIdentity> {
+    dev.enter()?;
+    let f = device_allocation(dev, ptr, len)?;
+    if f.legacy_ipc {
+        return Ok(identity_of(&f, 0));
+    }
+    let handle = retain_vmm(ptr, len)?;
+    // SAFETY: retained just above; released once.
+    unsafe { vmm::release(handle) }?;
+    Ok(identity_of(&f, handle))
+}
+
+/// [`crate::IpcApi::adopt`] for CUDA: cuMemAlloc memory exports by legacy IPC of its base;
+/// cuMem/VMM memory by the shareable handle types it was created with.
+pub(super) fn adopt(
+    dev: &CudaDevice,
+    ptr: u64,
+    len: usize,
+) -> Result<(CudaMemory, AllocationIdentity)> {
+    dev.enter()?;
+    let f = device_allocation(dev, ptr, len)?;
+    let size = f.size as usize;
+    let mk = |backing, kind| CudaMemory {
+        dev: dev.clone(),
+        ptr: f.start,
+        size,
+        kind,
+        backing,
+        fd_export: Mutex::new(None),
+    };
+    if f.legacy_ipc {
+        return Ok((
+            mk(Backing::ForeignLinear, MemoryKind::Device),
+            identity_of(&f, 0),
+        ));
+    }
+    let handle = retain_vmm(ptr, len)?;
+    let id = identity_of(&f, handle);
+    let posix_bit =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
+    let fabric_bit = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0 as u64;
+    let (posix, fabric) = (
+        f.handle_types & posix_bit != 0,
+        f.handle_types & fabric_bit != 0,
+    );
+    if !posix && !fabric {
+        // SAFETY: retained just above; released once.
+        let _ = unsafe { vmm::release(handle) };
+        return Err(not_exportable(
+            ADOPT,
+            ptr,
+            len,
+            format!(
+                "cuMem/VMM memory made without a shareable handle type (allowed handle types \
+                 {:#x}): create it with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (or FABRIC) in \
+                 requestedHandleTypes",
+                f.handle_types
+            ),
+        ));
+    }
+    let backing = Backing::ForeignVmm {
+        handle,
+        mapped_len: size,
+        fabric,
+        posix,
+    };
+    Ok((mk(backing, MemoryKind::Physical { granularity: 0 }), id))
 }

@@ -5,7 +5,7 @@ use super::{Host, HostDevice, HostMemory};
 use crate::auxil::fdpass::FD_FETCH_TIMEOUT;
 use crate::auxil::fdpass::{self, host_id};
 use crate::auxil::os::Mapping;
-use crate::{Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
+use crate::{AllocationIdentity, Buffer, Error, IpcApi, IpcDescriptor, IpcKind, Result};
 use std::os::fd::OwnedFd;
 
 /// Host memory mapped from another process's export. Unmapped and its fd closed on drop.
@@ -43,6 +43,12 @@ impl IpcApi for Host {
         HostDevice::enter()?;
         import(desc)
     }
+    fn adopt(_dev: &HostDevice, ptr: u64, len: usize) -> Result<(HostMemory, AllocationIdentity)> {
+        super::memory::adopt(ptr, len)
+    }
+    fn identity(_dev: &HostDevice, ptr: u64, len: usize) -> Result<AllocationIdentity> {
+        super::memory::identity(ptr, len)
+    }
 }
 
 fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
@@ -70,7 +76,7 @@ fn export(mem: &HostMemory, kind: IpcKind) -> Result<IpcDescriptor> {
     Ok(IpcDescriptor {
         kind: IpcKind::HostMemfd,
         size: mem.size() as u64,
-        offset: 0,
+        offset: mem.file_offset,
         pid: std::process::id(),
         host_id: host_id(),
         fd_id: id,
@@ -94,16 +100,7 @@ fn import(desc: &IpcDescriptor) -> Result<HostImported> {
         ));
     }
     let fd = fdpass::fetch(desc.host_id, desc.pid, desc.fd_id, FD_FETCH_TIMEOUT)?;
-    let file_len = std::fs::File::from(fd.try_clone().map_err(|source| Error::Os {
-        op: "dup(imported fd)",
-        source,
-    })?)
-    .metadata()
-    .map_err(|source| Error::Os {
-        op: "fstat(imported fd)",
-        source,
-    })?
-    .len();
+    let file_len = super::memory::file_len(&fd)?;
     let end = desc.offset.saturating_add(desc.size);
     if end > file_len {
         return Err(Error::invalid(

@@ -89,6 +89,19 @@ impl IpcApi for Rocm {
         })
     }
 
+    /// Not yet on ROCm: the HIP table (`sys.rs`) loads neither `hipMemGetAddressRange` nor
+    /// `hipPointerGetAttribute`, which finding the allocation behind a pointer needs.
+    fn adopt(
+        _dev: &RocmDevice,
+        ptr: u64,
+        len: usize,
+    ) -> Result<(RocmMemory, crate::AllocationIdentity)> {
+        Err(adopt_unsupported(ptr, len))
+    }
+    fn identity(_dev: &RocmDevice, ptr: u64, len: usize) -> Result<crate::AllocationIdentity> {
+        Err(adopt_unsupported(ptr, len))
+    }
+
     fn import(dev: &RocmDevice, desc: &IpcDescriptor) -> Result<RocmImported> {
         if desc.kind != IpcKind::Legacy {
             return Err(Error::Unsupported {
@@ -107,5 +120,16 @@ impl IpcApi for Rocm {
             offset: desc.offset,
             size,
         })
+    }
+}
+
+fn adopt_unsupported(ptr: u64, len: usize) -> Error {
+    Error::Unsupported {
+        op: "adopt",
+        backend: "rocm",
+        reason: format!(
+            "{ptr:#x} (+{len} bytes): registering memory this library did not allocate is not \
+             implemented on ROCm yet; allocate it through the library"
+        ),
     }
 }

@@ -4,8 +4,9 @@
 //!   iterations and reused stages;
 //! * BroadcastTest.EveryRoot: every broadcast algorithm from every root;
 //! * CollectivesZeroCopyTest: buffers of this library are registered once and cached (the
-//!   zero-copy path runs), foreign buffers fall back to a copying algorithm with the same
-//!   result, and (GPU) unseen buffers under graph capture fall back too;
+//!   zero-copy path runs), buffers allocated outside it (straight from the HAL) are adopted
+//!   and registered too (RegistrationTest covers the ones that fall back), and (GPU) unseen
+//!   buffers under graph capture fall back;
 //! * CollectivesGraphTest (GPU): capture + replay of every all-gather, reduce-scatter and
 //!   broadcast algorithm.
 
@@ -237,7 +238,7 @@ TEST!(CollectivesZeroCopyTest, RegistersOnceAndCaches, |_ctx| {
     );
 });
 
-TEST!(CollectivesZeroCopyTest, ForeignBuffersFallBack, |_ctx| {
+TEST!(CollectivesZeroCopyTest, ForeignBuffersAreAdopted, |_ctx| {
     let env = coll_env();
     if env.coll.nranks() == 1 {
         SKIP!("world size 1 always copies");
@@ -245,7 +246,7 @@ TEST!(CollectivesZeroCopyTest, ForeignBuffersFallBack, |_ctx| {
     let ar = CollectiveKind::AllReduce;
     let (dtype, op, count) = (DataType::I32, ReduceOp::Sum, 4099);
     let bytes = count * dtype.size_in_bytes();
-    // Memory straight from the HAL, not through mscclpp::LocalMemory: not registrable.
+    // Memory straight from the HAL, not through mscclpp::LocalMemory: adopted (issue 28).
     let ordinal = if is_gpu_build() {
         env.device.id as usize
     } else {
@@ -276,16 +277,21 @@ TEST!(CollectivesZeroCopyTest, ForeignBuffersFallBack, |_ctx| {
     };
     ok!(env.coll.force_algorithm(ar, None), "un-forcing");
     ok!(r, "all-reduce of a foreign buffer");
+    let adopted = cached(env, buf.device_ptr(), bytes);
     ok!(env.sync(), "waiting");
     let mut got = vec![0u8; bytes];
     ok!(Gpu::read(&dev, &buf, 0, &mut got), "reading");
     let mut errors = Vec::new();
     let bad = compare_all_reduce(dtype, op, &got, &vals, &mut errors);
-    EXPECT_EQ!(bad, 0, "fallback results: {}", errors.join("; "));
-    EXPECT_FALSE!(
-        cached(env, buf.device_ptr(), bytes),
-        "a foreign buffer is cached as not registrable"
+    EXPECT_EQ!(bad, 0, "zero-copy results: {}", errors.join("; "));
+    EXPECT_TRUE!(
+        adopted,
+        "a buffer allocated outside the library is registered on every rank"
     );
+    env.coll
+        .resources()
+        .user_buffers()
+        .forget(buf.device_ptr(), bytes);
 });
 
 TEST!(

@@ -24,6 +24,7 @@ mod p2p;
 mod port_channel;
 mod port_channel_ib;
 mod reduce_scatter;
+mod registration;
 mod semaphore_perf;
 mod single_process;
 mod switch_channel;

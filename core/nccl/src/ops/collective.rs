@@ -237,8 +237,17 @@ impl Collective {
         if !self.shape.result_on_root_only || is_root {
             need_ptr("recvbuff", a.recv, recv_bytes)?;
         }
+        let key = std::sync::Arc::as_ptr(comm) as usize;
+        // Registered: both buffers inside ranges registered with this communicator, for the
+        // collectives whose every rank has both buffers (with a root, the ranks' buffers
+        // differ in kind, so they could disagree).
+        let both_everywhere = !self.shape.send_on_root_only && !self.shape.result_on_root_only;
+        let registered = both_everywhere
+            && [(a.send, send_bytes), (a.recv, recv_bytes)]
+                .iter()
+                .all(|&(p, b)| p != 0 && crate::mem::is_registered(key, p, b));
         request.route(
-            |ready| self.native(&a, root, is_root, ready),
+            |ready| self.native(&a, root, is_root, registered, ready),
             || Box::new(CollectiveFallback { op: self, args: a }),
         )
     }
@@ -249,6 +258,7 @@ impl Collective {
         a: &CArgs,
         root: usize,
         is_root: bool,
+        registered: bool,
         ready: &Ready,
     ) -> NResult<Result<NativeWork, String>> {
         if let Err(why) = ready.native.available() {
@@ -289,7 +299,7 @@ impl Collective {
         }
         Ok(ready
             .native
-            .choose(call)
+            .choose(call, registered)
             .map(|choice| NativeWork::Collective {
                 choice,
                 stream: a.stream,

@@ -14,6 +14,9 @@
  * Emulated nodes: the launcher gives the ranks of each node their own MSCCLPP_HOSTID (c_api.rs
  * runs every rank through `sh -c 'MSCCLPP_HOSTID=multinode-$((rank / k)) exec prog'`).
  * Each rank prints "rank R: N passed, N failed, N skipped" and exits 1 on a failure. */
+/* memfd_create: the build defines _GNU_SOURCE (tests/common). */
+#include <sys/mman.h>
+
 #include "p2p_checks.h"
 
 static ncclComm_t init_comm(const char* suffix) {
@@ -179,6 +182,71 @@ static void check_memory(ncclComm_t c) {
   }
 }
 
+/* A memfd of `bytes` mapped shared (at `at` when not NULL: MAP_FIXED over the caller's
+ * mapping), as an application maps memory a peer can reach; *fd keeps the file open. */
+static float* map_app_memory(size_t bytes, void* at, int* fd) {
+  *fd = memfd_create("nccl-api-test", MFD_CLOEXEC);
+  if (*fd < 0 || ftruncate(*fd, (off_t)bytes) != 0) return NULL;
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), *fd, 0);
+  return p == MAP_FAILED ? NULL : (float*)p;
+}
+
+/* An in-place sum all-reduce of n floats at f registered with ncclCommRegister (large enough
+ * for the zero-copy algorithm); 1 when every element is right. */
+static int registered_allreduce(ncclComm_t c, float* f, size_t n, const char* what) {
+  for (size_t i = 0; i < n; i++) f[i] = (float)in_val(g_rank, i);
+  void* h = NULL;
+  NCCLOK(ncclCommRegister(c, f, n * sizeof(float), &h));
+  int ok = 0;
+  if (ran(ncclAllReduce(f, f, n, ncclFloat, ncclSum, c, NULL), "allreduce", what)) {
+    ok = 1;
+    for (size_t i = 0; i < n && ok; i++) ok = f[i] == (float)expect_reduced(ncclSum, i);
+    CHECK(ok, "%s: wrong data", what);
+  }
+  NCCLOK(ncclCommDeregister(c, h));
+  return ok;
+}
+
+/* Registered buffers (issue 28): ncclMemAlloc memory out of place, the application's own
+ * shared mapping, and new memory the application maps at the same address after freeing it. */
+static void check_registered(ncclComm_t c) {
+  size_t n = (size_t)1 << 19; /* 2 MiB: above the zero-copy threshold */
+  float *s = NULL, *r = NULL;
+  NCCLOK(ncclMemAlloc((void**)&s, n * sizeof(float)));
+  NCCLOK(ncclMemAlloc((void**)&r, n * sizeof(float)));
+  if (s && r) {
+    for (size_t i = 0; i < n; i++) s[i] = (float)in_val(g_rank, i);
+    void *hs = NULL, *hr = NULL;
+    NCCLOK(ncclCommRegister(c, s, n * sizeof(float), &hs));
+    NCCLOK(ncclCommRegister(c, r, n * sizeof(float), &hr));
+    for (int round = 0; round < 2; round++) {
+      if (ran(ncclAllReduce(s, r, n, ncclFloat, ncclSum, c, NULL), "allreduce", "registered ncclMemAlloc buffers")) {
+        int ok = 1;
+        for (size_t i = 0; i < n && ok; i++) ok = r[i] == (float)expect_reduced(ncclSum, i);
+        CHECK(ok, "registered ncclMemAlloc buffers, round %d: wrong data", round);
+      }
+    }
+    NCCLOK(ncclCommDeregister(c, hs));
+    NCCLOK(ncclCommDeregister(c, hr));
+  }
+  NCCLOK(ncclMemFree(s));
+  NCCLOK(ncclMemFree(r));
+  int fd = -1, fd2 = -1;
+  size_t bytes = n * sizeof(float);
+  float* f = map_app_memory(bytes, NULL, &fd);
+  CHECK(f != NULL, "mapping a memfd: %s", strerror(errno));
+  if (!f) return;
+  registered_allreduce(c, f, n, "registered application memory");
+  /* Free and map new memory at the same address: the registration must name the new file. */
+  munmap(f, bytes);
+  close(fd);
+  float* g = map_app_memory(bytes, f, &fd2);
+  CHECK(g == f, "mapping again at %p", (void*)f);
+  if (g == f) registered_allreduce(c, g, n, "registered memory mapped again at the same address");
+  if (g) munmap(g, bytes);
+  if (fd2 >= 0) close(fd2);
+}
+
 /* Split by parity (reversed key order), shrink without the last rank, a non-blocking split,
  * an init-all of one device, and an operation forced to a fallback that is not loaded. */
 static void check_derived(ncclComm_t c) {
@@ -283,6 +351,7 @@ int main(void) {
     check_collectives(c);
     check_p2p(c);
     check_memory(c);
+    check_registered(c);
     check_derived(c);
     NCCLOK(ncclCommFinalize(c));
     NCCLOK(ncclCommDestroy(c));

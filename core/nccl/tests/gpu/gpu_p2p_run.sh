@@ -28,49 +28,14 @@ TESTS=${P2P_TESTS:-sendrecv alltoall alltoallv hypercube scatter gather}
 ARGS=${P2P_ARGS:--b 1K -e 64M -f 8 -d half -G 10}
 LIM=${P2P_TIMEOUT:-120}
 PORT=${P2P_PORT:-29581}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 say "library: $LIB ($(stat -c %s "$LIB" 2>/dev/null) bytes); ranks share: $(nvidia-smi -L 2>/dev/null | head -1)"
 [ -f "$LIB" ] || { verdict "libmscclpp_nccl.so exists" 0 "($LIB)"; say "$PASSES passed, $FAILS failed, 0 skipped"; exit 1; }
 
 # ---- 1. nccl-tests, MPI build -------------------------------------------------------------
 # An MPI_HOME with include/mpi.h and lib/libmpi.so (the directories mpicc names, else found).
-mpi_home() {
-  if [ -n "${MPI_HOME:-}" ]; then echo "$MPI_HOME"; return 0; fi
-  local d inc="" lib=""
-  for d in $(mpicc --showme:incdirs 2>/dev/null); do [ -f "$d/mpi.h" ] && inc=$d && break; done
-  for d in $(mpicc --showme:libdirs 2>/dev/null); do ls "$d"/libmpi.so* >/dev/null 2>&1 && lib=$d && break; done
-  [ -n "$inc" ] || inc=$(dirname "$(find /usr /opt -name mpi.h -path '*mpi*' 2>/dev/null | head -1)")
-  [ -n "$lib" ] || lib=$(dirname "$(find /usr /opt -name 'libmpi.so*' 2>/dev/null | head -1)")
-  [ -f "$inc/mpi.h" ] && ls "$lib"/libmpi.so* >/dev/null 2>&1 || return 1
-  mkdir -p "$W/mpi/lib"
-  ln -s "$inc" "$W/mpi/include"
-  ln -s "$(ls "$lib"/libmpi.so* | head -1)" "$W/mpi/lib/libmpi.so"
-  echo "$W/mpi"
-}
-B=$W/nccl-tests/build_mpi
-built=0
-if MPIH=$(mpi_home); then
-  # The ranks find libmpi where the build found it.
-  export LD_LIBRARY_PATH="$(dirname "$(readlink -f "$MPIH/lib/libmpi.so")")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  nccl_home "$W/ncclhome"
-  cp -r "$SRC" "$W/nccl-tests"
-  targets=()
-  for t in $TESTS; do targets+=("$B/${t}_perf"); done
-  if make -C "$W/nccl-tests/src" -j16 MPI=1 MPI_HOME="$MPIH" CUDA_HOME="$CUDA_HOME" NCCL_HOME="$W/ncclhome" \
-    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" BUILDDIR="$B" "${targets[@]}" >"$OUT/nccl_tests_mpi_build.log" 2>&1; then
-    built=1
-  fi
-  verdict "nccl-tests (MPI=1, MPI_HOME $MPIH) built against our nccl.h: $TESTS" $built "(log: nccl_tests_mpi_build.log)"
-else
-  verdict "nccl-tests MPI build" 0 "(no mpi.h and libmpi.so found: install Open MPI's headers or set MPI_HOME)"
-fi
+build_mpi_nccl_tests "$TESTS"
 
-# mpirun's -x list: the variables every rank needs, where set.
-XS=()
-for v in MSCCLPP_FORCE_DISABLE_NVLS NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS \
-  CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY LD_LIBRARY_PATH; do
-  [ -n "${!v:-}" ] && XS+=(-x "$v")
-done
+mpi_x_list
 WRONG_ALL=0
 if [ $built = 1 ]; then
   for np in $NPS; do

@@ -16,16 +16,9 @@ import os
 import sys
 import traceback
 
-# NVLink multicast stays off (it can take the shared host's GPUs out of service).
-os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
-os.environ["MSCCLPP_FORCE_DISABLE_NVLS"] = "1"
-os.environ["NCCL_NVLS_ENABLE"] = "0"
-os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+from gpu_env import setup  # noqa: E402  (this folder)
 
-rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-world = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
-os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-os.environ.setdefault("MASTER_PORT", "29571")
+rank, world = setup(29571)
 
 import datetime  # noqa: E402
 import torch  # noqa: E402  (after the variables above are set)
