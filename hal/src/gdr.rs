@@ -155,10 +155,8 @@ struct GdrInner {
     _lib: libloading::Library,
 }
 
-// SAFETY: the handle is only used under `lock`; function pointers are plain code addresses.
-unsafe impl Send for GdrInner {}
-// SAFETY: as above.
-unsafe impl Sync for GdrInner {}
+// Thread-safe: the handle is only used under `lock`; function pointers are plain code addresses.
+thread_safe!(GdrInner);
 
 impl Drop for GdrInner {
     fn drop(&mut self) {
@@ -450,10 +448,9 @@ pub struct GdrMapping {
     size: usize,
 }
 
-// SAFETY: the mapping is plain memory; GDRCopy calls are serialised by the handle's lock.
-unsafe impl Send for GdrMapping {}
-// SAFETY: as above; writes go through volatile stores.
-unsafe impl Sync for GdrMapping {}
+// Thread-safe: the mapping is plain memory; GDRCopy calls are serialised by the handle's lock;
+// writes go through volatile stores.
+thread_safe!(GdrMapping);
 
 impl GdrMapping {
     /// The CPU address of the GPU address that was mapped.

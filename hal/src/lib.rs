@@ -39,6 +39,9 @@
 //! where several threads use the HAL, one thread's failed free must not fail another thread's
 //! copy (a proxy's or a network receiver's; a lost signal would stall a kernel).
 
+#[macro_use]
+mod macros;
+
 pub mod auxil;
 pub mod dmabuf;
 pub mod env;
@@ -71,6 +74,15 @@ pub use multicast::{
 pub use nvls::{nvls_disabled_by_env, nvls_supported};
 
 use std::time::Duration;
+
+/// [`Error::Unsupported`] for operation `op` of `backend`, with the reason.
+pub(crate) fn unsupported<T>(op: &'static str, backend: &'static str, reason: &str) -> Result<T> {
+    Err(Error::Unsupported {
+        op,
+        backend,
+        reason: reason.into(),
+    })
+}
 
 /// The backend types under plain names.
 pub mod api {

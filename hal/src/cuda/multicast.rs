@@ -109,10 +109,8 @@ pub struct CudaMulticastMapping {
     _live: Live,
 }
 
-// SAFETY: device addresses may be used from any thread.
-unsafe impl Send for CudaMulticastMapping {}
-// SAFETY: as above; immutable after creation.
-unsafe impl Sync for CudaMulticastMapping {}
+// Thread-safe: device addresses may be used from any thread; immutable after creation.
+thread_safe!(CudaMulticastMapping);
 
 impl Buffer for CudaMulticastMapping {
     fn device_ptr(&self) -> u64 {

@@ -165,11 +165,9 @@ pub struct MulticastMembers {
     _maps: Vec<Arc<PeerMap>>,
 }
 
-// SAFETY: plain addresses of shared mappings kept alive by `_maps`; access is the caller's
+// Thread-safe: plain addresses of shared mappings kept alive by `_maps`; access is the caller's
 // (device code's) business, as for device memory.
-unsafe impl Send for MulticastMembers {}
-// SAFETY: as above.
-unsafe impl Sync for MulticastMembers {}
+thread_safe!(MulticastMembers);
 
 impl MulticastMembers {
     /// One pointer per device, each to the first byte of the resolved range in that device's
