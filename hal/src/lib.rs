@@ -75,6 +75,17 @@ pub use nvls::{nvls_disabled_by_env, nvls_supported};
 
 use std::time::Duration;
 
+/// The NUL-terminated name a driver wrote into `buf` (lossy UTF-8; all of `buf` without a NUL).
+#[cfg(any(hal_cuda, hal_rocm))]
+pub(crate) fn c_string(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// [`Error::Unsupported`] for operation `op` of `backend`, with the reason.
 pub(crate) fn unsupported<T>(op: &'static str, backend: &'static str, reason: &str) -> Result<T> {
     Err(Error::Unsupported {
