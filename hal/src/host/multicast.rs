@@ -27,6 +27,7 @@ use crate::auxil::os::{self, Mapping};
 use crate::auxil::poll_until;
 use crate::multicast::{
     check_bind, check_create, check_map, decode_params, encode_params, round_up, Kind, Live,
+    BIND_WAIT,
 };
 use crate::{
     Buffer, Error, IpcApi, IpcDescriptor, IpcKind, MulticastApi, MulticastGranularity,
@@ -35,10 +36,7 @@ use crate::{
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// How long a bind waits for every device to be added (the driver waits without a limit).
-const BIND_WAIT: Duration = Duration::from_secs(60);
 /// Recommended granularity in pages.
 const RECOMMENDED_PAGES: usize = 16;
 
