@@ -101,6 +101,30 @@ fn exchange(comm: &Communicator, mem: &LocalMemory, peer: usize, tag: u64) -> Re
     fut.get().expect("recv memory")
 }
 
+/// The buffers of a transfer: `n` bytes of data and an 8-byte token, each with the peer's
+/// (exchanged with tags 10 and 11), and the data registered as the source of the writes:
+/// `(data, token, peer_data, peer_token, src)`.
+fn transfer_buffers(
+    comm: &Communicator,
+    peer: usize,
+    n: usize,
+) -> (
+    LocalMemory,
+    LocalMemory,
+    RegisteredMemory,
+    RegisteredMemory,
+    RegisteredMemory,
+) {
+    let data = LocalMemory::alloc(Device::CPU, n).expect("alloc data");
+    let token = LocalMemory::alloc(Device::CPU, 8).expect("alloc token");
+    let peer_data = exchange(comm, &data, peer, 10);
+    let peer_token = exchange(comm, &token, peer, 11);
+    let src = comm
+        .register_memory(data.ptr(), n, Transport::Ib0.into())
+        .expect("register src");
+    (data, token, peer_data, peer_token, src)
+}
+
 fn pattern(round: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(31) ^ round.wrapping_mul(0x9E37)) as u8
 }
@@ -130,13 +154,7 @@ fn write_and_signal(c: &Child, mode: IbMode) {
     cfg.ib.max_wr_per_send = 3;
     let conn = connect(&comm, peer, cfg);
     const N: usize = 256 << 10;
-    let data = LocalMemory::alloc(Device::CPU, N).expect("alloc data");
-    let token = LocalMemory::alloc(Device::CPU, 8).expect("alloc token");
-    let peer_data = exchange(&comm, &data, peer, 10);
-    let peer_token = exchange(&comm, &token, peer, 11);
-    let src = comm
-        .register_memory(data.ptr(), N, Transport::Ib0.into())
-        .expect("register src");
+    let (data, token, peer_data, peer_token, src) = transfer_buffers(&comm, peer, N);
     let counter = AtomicU64::new(0);
     for round in 1..=5u64 {
         if c.rank == 0 {
@@ -182,17 +200,15 @@ fn write_and_signal_test(name: &str, mode: IbMode) {
     }
 }
 
-#[test]
-fn ib_write_and_signal_host_mode() {
-    write_and_signal_test("ib_write_and_signal_host_mode", IbMode::Host);
-}
-
-#[test]
-fn ib_write_and_signal_host_no_atomic_mode() {
-    write_and_signal_test(
-        "ib_write_and_signal_host_no_atomic_mode",
-        IbMode::HostNoAtomic,
-    );
+/// One test per line: `name: run(mode)` calls `run("name", IbMode::mode)` (the name selects the
+/// child ranks' role, so it must be the test's).
+macro_rules! mode_tests {
+    ($($test:ident: $run:ident($mode:ident);)+) => {$(
+        #[test]
+        fn $test() {
+            $run(stringify!($test), IbMode::$mode);
+        }
+    )+};
 }
 
 #[test]
@@ -363,13 +379,7 @@ fn peer_killed(c: &Child, mode: IbMode) {
     let peer = 1 - c.rank;
     let conn = connect(&comm, peer, ib_config(mode));
     const N: usize = 1 << 20;
-    let data = LocalMemory::alloc(Device::CPU, N).expect("alloc");
-    let token = LocalMemory::alloc(Device::CPU, 8).expect("alloc token");
-    let peer_data = exchange(&comm, &data, peer, 10);
-    let peer_token = exchange(&comm, &token, peer, 11);
-    let src = comm
-        .register_memory(data.ptr(), N, Transport::Ib0.into())
-        .expect("register src");
+    let (_data, _token, peer_data, peer_token, src) = transfer_buffers(&comm, peer, N);
     b.barrier().expect("barrier");
     if c.rank == 1 {
         // Die mid-transfer, without closing anything.
@@ -415,17 +425,11 @@ fn peer_killed_test(name: &str, mode: IbMode) {
     }
 }
 
-#[test]
-fn ib_peer_killed_mid_transfer_host_mode() {
-    peer_killed_test("ib_peer_killed_mid_transfer_host_mode", IbMode::Host);
-}
-
-#[test]
-fn ib_peer_killed_mid_transfer_no_atomic_mode() {
-    peer_killed_test(
-        "ib_peer_killed_mid_transfer_no_atomic_mode",
-        IbMode::HostNoAtomic,
-    );
+mode_tests! {
+    ib_write_and_signal_host_mode: write_and_signal_test(Host);
+    ib_write_and_signal_host_no_atomic_mode: write_and_signal_test(HostNoAtomic);
+    ib_peer_killed_mid_transfer_host_mode: peer_killed_test(Host);
+    ib_peer_killed_mid_transfer_no_atomic_mode: peer_killed_test(HostNoAtomic);
 }
 
 /// Port and device selection errors name what was asked for.
