@@ -330,10 +330,34 @@ unsafe fn decode_send(wr: &sys::ibv_send_wr) -> Result<SendReq, i32> {
     })
 }
 
-pub(crate) unsafe extern "C" fn tp_post_send(
+/// A work request of a NULL-terminated chain.
+trait Chained {
+    fn next(&self) -> *mut Self;
+}
+
+impl Chained for sys::ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl Chained for sys::ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts the requests of the chain `wr` to `qp` with `post`, in order; at the first failure
+/// `*bad_wr` (when not null) is that request and its error is returned.
+///
+/// # Safety
+/// `qp` is one of our QPs (or null); `wr` a valid NULL-terminated chain; `bad_wr` null or
+/// writable.
+unsafe fn post_chain<W: Chained>(
     qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_send_wr,
-    bad_wr: *mut *mut sys::ibv_send_wr,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    post: impl Fn(&ProvQp, &W) -> Result<(), c_int>,
 ) -> c_int {
     // SAFETY: called through our ops table with one of our QPs.
     let Some(q) = (unsafe { qp.cast::<ProvQp>().as_ref() }) else {
@@ -342,18 +366,29 @@ pub(crate) unsafe extern "C" fn tp_post_send(
     let mut cur = wr;
     // SAFETY: the caller passes a valid NULL-terminated chain.
     while let Some(w) = unsafe { cur.as_ref() } {
-        // SAFETY: w is a valid work request.
-        let res = unsafe { decode_send(w) }.and_then(|r| q.shared.post_send(r));
-        if let Err(e) = res {
+        if let Err(e) = post(q, w) {
             if !bad_wr.is_null() {
                 // SAFETY: writable per the caller's contract.
                 unsafe { *bad_wr = cur };
             }
             return e;
         }
-        cur = w.next;
+        cur = w.next();
     }
     0
+}
+
+pub(crate) unsafe extern "C" fn tp_post_send(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_send_wr,
+    bad_wr: *mut *mut sys::ibv_send_wr,
+) -> c_int {
+    // SAFETY: forwarded from the caller; each `w` is a valid work request of the chain.
+    unsafe {
+        post_chain(qp, wr, bad_wr, |q, w| {
+            decode_send(w).and_then(|r| q.shared.post_send(r))
+        })
+    }
 }
 
 pub(crate) unsafe extern "C" fn tp_post_recv(
@@ -361,26 +396,14 @@ pub(crate) unsafe extern "C" fn tp_post_recv(
     wr: *mut sys::ibv_recv_wr,
     bad_wr: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: called through our ops table with one of our QPs.
-    let Some(q) = (unsafe { qp.cast::<ProvQp>().as_ref() }) else {
-        return EINVAL;
-    };
-    let mut cur = wr;
-    // SAFETY: the caller passes a valid NULL-terminated chain.
-    while let Some(w) = unsafe { cur.as_ref() } {
-        let res = if w.num_sge < 0 {
-            Err(EINVAL)
-        } else {
-            q.shared.post_recv(w.wr_id, w.num_sge as usize)
-        };
-        if let Err(e) = res {
-            if !bad_wr.is_null() {
-                // SAFETY: writable per the caller's contract.
-                unsafe { *bad_wr = cur };
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        post_chain(qp, wr, bad_wr, |q, w| {
+            if w.num_sge < 0 {
+                Err(EINVAL)
+            } else {
+                q.shared.post_recv(w.wr_id, w.num_sge as usize)
             }
-            return e;
-        }
-        cur = w.next;
+        })
     }
-    0
 }
