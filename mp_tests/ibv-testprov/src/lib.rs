@@ -49,7 +49,7 @@ mod cq;
 use cq::{tp_poll_cq, tp_req_notify_cq};
 mod pd;
 mod qp;
-use qp::{tp_post_recv, tp_post_send};
+use qp::tp_post;
 pub mod state;
 pub mod wire;
 
@@ -253,8 +253,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
     ibv.cmd_fd = -1;
     ibv.async_fd = -1;
     ibv.num_comp_vectors = 1;
-    ibv.ops.post_send = Some(tp_post_send);
-    ibv.ops.post_recv = Some(tp_post_recv);
+    ibv.ops.post_send = Some(tp_post::<sys::ibv_send_wr>);
+    ibv.ops.post_recv = Some(tp_post::<sys::ibv_recv_wr>);
     ibv.ops.poll_cq = Some(tp_poll_cq);
     ibv.ops.req_notify_cq = Some(tp_req_notify_cq);
     Box::into_raw(Box::new(ProvContext {

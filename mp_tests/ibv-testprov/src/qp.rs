@@ -330,14 +330,23 @@ unsafe fn decode_send(wr: &sys::ibv_send_wr) -> Result<SendReq, i32> {
     })
 }
 
-/// A work request of a NULL-terminated chain.
-trait Chained {
+/// A work request of a NULL-terminated chain, and how a QP takes it.
+pub(crate) trait Chained {
     fn next(&self) -> *mut Self;
+    /// Posts this request to `q`.
+    ///
+    /// # Safety
+    /// `self` is a valid work request (its scatter/gather list included).
+    unsafe fn post(&self, q: &ProvQp) -> Result<(), c_int>;
 }
 
 impl Chained for sys::ibv_send_wr {
     fn next(&self) -> *mut Self {
         self.next
+    }
+    unsafe fn post(&self, q: &ProvQp) -> Result<(), c_int> {
+        // SAFETY: forwarded from the caller.
+        unsafe { decode_send(self) }.and_then(|r| q.shared.post_send(r))
     }
 }
 
@@ -345,19 +354,25 @@ impl Chained for sys::ibv_recv_wr {
     fn next(&self) -> *mut Self {
         self.next
     }
+    unsafe fn post(&self, q: &ProvQp) -> Result<(), c_int> {
+        if self.num_sge < 0 {
+            return Err(EINVAL);
+        }
+        q.shared.post_recv(self.wr_id, self.num_sge as usize)
+    }
 }
 
-/// Posts the requests of the chain `wr` to `qp` with `post`, in order; at the first failure
-/// `*bad_wr` (when not null) is that request and its error is returned.
+/// `post_send` / `post_recv` of the ops table: posts the requests of the chain `wr` to `qp`, in
+/// order; at the first failure `*bad_wr` (when not null) is that request and its error is
+/// returned.
 ///
 /// # Safety
 /// `qp` is one of our QPs (or null); `wr` a valid NULL-terminated chain; `bad_wr` null or
 /// writable.
-unsafe fn post_chain<W: Chained>(
+pub(crate) unsafe extern "C" fn tp_post<W: Chained>(
     qp: *mut sys::ibv_qp,
     wr: *mut W,
     bad_wr: *mut *mut W,
-    post: impl Fn(&ProvQp, &W) -> Result<(), c_int>,
 ) -> c_int {
     // SAFETY: called through our ops table with one of our QPs.
     let Some(q) = (unsafe { qp.cast::<ProvQp>().as_ref() }) else {
@@ -366,7 +381,8 @@ unsafe fn post_chain<W: Chained>(
     let mut cur = wr;
     // SAFETY: the caller passes a valid NULL-terminated chain.
     while let Some(w) = unsafe { cur.as_ref() } {
-        if let Err(e) = post(q, w) {
+        // SAFETY: w is a valid work request of the chain.
+        if let Err(e) = unsafe { w.post(q) } {
             if !bad_wr.is_null() {
                 // SAFETY: writable per the caller's contract.
                 unsafe { *bad_wr = cur };
@@ -376,34 +392,4 @@ unsafe fn post_chain<W: Chained>(
         cur = w.next();
     }
     0
-}
-
-pub(crate) unsafe extern "C" fn tp_post_send(
-    qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_send_wr,
-    bad_wr: *mut *mut sys::ibv_send_wr,
-) -> c_int {
-    // SAFETY: forwarded from the caller; each `w` is a valid work request of the chain.
-    unsafe {
-        post_chain(qp, wr, bad_wr, |q, w| {
-            decode_send(w).and_then(|r| q.shared.post_send(r))
-        })
-    }
-}
-
-pub(crate) unsafe extern "C" fn tp_post_recv(
-    qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_recv_wr,
-    bad_wr: *mut *mut sys::ibv_recv_wr,
-) -> c_int {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        post_chain(qp, wr, bad_wr, |q, w| {
-            if w.num_sge < 0 {
-                Err(EINVAL)
-            } else {
-                q.shared.post_recv(w.wr_id, w.num_sge as usize)
-            }
-        })
-    }
 }
