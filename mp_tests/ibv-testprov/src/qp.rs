@@ -272,12 +272,10 @@ pub unsafe extern "C" fn ibv_query_qp(
 /// `qp` is a live QP of this provider, destroyed once.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
-    let p = qp.cast::<ProvQp>();
-    if p.is_null() {
+    // SAFETY: allocated as Box<ProvQp>, taken back once.
+    let Some(b) = (unsafe { crate::unbox::<ProvQp, _>(qp) }) else {
         return EINVAL;
-    }
-    // SAFETY: allocated as Box<ProvQp>.
-    let b = unsafe { Box::from_raw(p) };
+    };
     let s = b.shared.clone();
     lock(&s.ctx.qps)[s.index] = None;
     s.destroy();
