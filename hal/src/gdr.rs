@@ -349,13 +349,13 @@ impl Gdr {
         let unmap: GdrUnmap = sym!("gdr_unmap");
         let get_info: GdrGetInfo = sym!("gdr_get_info");
         // SAFETY: as above; the version calls are GDRCopy 2 additions, optional here.
-        let runtime_version = unsafe { lib.get::<GdrRuntimeVersion>(b"gdr_runtime_get_version\0") }
-            .ok()
-            .map(|s| *s);
+        let runtime_version = unsafe {
+            crate::optional_symbol::<GdrRuntimeVersion>(&lib, b"gdr_runtime_get_version\0")
+        };
         // SAFETY: as above.
-        let driver_version = unsafe { lib.get::<GdrDriverVersion>(b"gdr_driver_get_version\0") }
-            .ok()
-            .map(|s| *s);
+        let driver_version = unsafe {
+            crate::optional_symbol::<GdrDriverVersion>(&lib, b"gdr_driver_get_version\0")
+        };
         // SAFETY: gdr_open takes no arguments and returns a handle or NULL.
         let handle = unsafe { open() };
         if handle.is_null() {

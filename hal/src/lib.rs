@@ -86,6 +86,16 @@ pub(crate) fn c_string(buf: &[std::ffi::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Function `name` (NUL-terminated) of `lib` as `T`, or `None` when the library does not
+/// export it (optional entry points of libibverbs, mlx5dv, GDRCopy).
+///
+/// # Safety
+/// `T` is the function pointer type of the symbol's C prototype.
+pub(crate) unsafe fn optional_symbol<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Option<T> {
+    // SAFETY: forwarded from the caller.
+    unsafe { lib.get::<T>(name) }.ok().map(|s| *s)
+}
+
 /// [`Error::Unsupported`] for operation `op` of `backend`, with the reason.
 pub(crate) fn unsupported<T>(op: &'static str, backend: &'static str, reason: &str) -> Result<T> {
     Err(Error::Unsupported {
