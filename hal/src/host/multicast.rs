@@ -182,22 +182,14 @@ fn import(desc: &IpcDescriptor) -> Result<HostMulticast> {
         ));
     }
     let (info, _) = decode_params(desc, 0)?;
-    let fd = fdpass::fetch(desc.host_id, desc.pid, desc.fd_id, FD_FETCH_TIMEOUT)?;
-    let file = std::fs::File::from(fd);
-    let len = file
-        .metadata()
-        .map_err(|source| Error::Os {
-            op: "fstat(multicast memfd)",
-            source,
-        })?
-        .len();
+    let (fd, len) = fetch_memfd(desc.host_id, desc.pid, desc.fd_id, "fstat(multicast memfd)")?;
     if len != TABLE_BYTES as u64 {
         return Err(Error::BadDescriptor(format!(
             "multicast object of pid {}: expected a {TABLE_BYTES}-byte control memfd, got {len}",
             desc.pid
         )));
     }
-    let map = Mapping::shared(&OwnedFd::from(file), TABLE_BYTES)?;
+    let map = Mapping::shared(&fd, TABLE_BYTES)?;
     let obj = McObject {
         map,
         fd: Mutex::new(None),
@@ -362,4 +354,15 @@ impl MulticastApi for Host {
             _live: Live::new(Kind::Mapping),
         })
     }
+}
+
+/// Memfd `fd_id` of process `pid` on host `host_id`, fetched from that process's fd server,
+/// and its length (`what` names the fstat in its error).
+fn fetch_memfd(host_id: u64, pid: u32, fd_id: u64, what: &'static str) -> Result<(OwnedFd, u64)> {
+    let file = std::fs::File::from(fdpass::fetch(host_id, pid, fd_id, FD_FETCH_TIMEOUT)?);
+    let len = file
+        .metadata()
+        .map_err(|source| Error::Os { op: what, source })?
+        .len();
+    Ok((OwnedFd::from(file), len))
 }

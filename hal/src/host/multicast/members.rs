@@ -10,7 +10,7 @@
 //! bound memory at that offset. The returned [`MulticastMembers`] keeps those maps alive.
 
 use super::table::{Binding, McObject};
-use crate::auxil::fdpass::{self, FD_FETCH_TIMEOUT};
+use crate::auxil::fdpass::FD_FETCH_TIMEOUT;
 use crate::auxil::os::{Mapping, Reservation};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -135,18 +135,9 @@ impl Drop for MappedObject {
 }
 
 fn map_member(b: &Binding) -> Result<PeerMap> {
-    let fd = fdpass::fetch(b.host_id, b.pid, b.fd_id, FD_FETCH_TIMEOUT)?;
-    let file = std::fs::File::from(fd);
-    let len = file
-        .metadata()
-        .map_err(|source| Error::Os {
-            op: "fstat(multicast member memfd)",
-            source,
-        })?
-        .len();
+    let (fd, len) = super::fetch_memfd(b.host_id, b.pid, b.fd_id, "fstat(multicast member memfd)")?;
     let map_len = usize::try_from(len)
         .map_err(|_| Error::BadDescriptor(format!("member memfd of {len} bytes")))?;
-    let fd = std::os::fd::OwnedFd::from(file);
     // The mapping keeps the pages; the fd is closed when this function returns.
     let map = Mapping::shared(&fd, map_len)?;
     Ok(PeerMap { map, len })
