@@ -19,10 +19,10 @@ mod table;
 
 pub use members::{multicast_members, MulticastMembers};
 
-use self::members::MappedObject;
+use self::members::{fetch_memfd, MappedObject};
 use self::table::{Binding, McObject, MAGIC, TABLE_BYTES};
 use super::{Host, HostDevice, HostMemory};
-use crate::auxil::fdpass::{self, host_id, FdRegistration, FD_FETCH_TIMEOUT};
+use crate::auxil::fdpass::{self, host_id, FdRegistration};
 use crate::auxil::os::{self, Mapping};
 use crate::auxil::poll_until;
 use crate::multicast::{
@@ -33,7 +33,6 @@ use crate::{
     Buffer, Error, IpcApi, IpcDescriptor, IpcKind, MulticastApi, MulticastGranularity,
     MulticastInfo, Result,
 };
-use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -354,15 +353,4 @@ impl MulticastApi for Host {
             _live: Live::new(Kind::Mapping),
         })
     }
-}
-
-/// Memfd `fd_id` of process `pid` on host `host_id`, fetched from that process's fd server,
-/// and its length (`what` names the fstat in its error).
-fn fetch_memfd(host_id: u64, pid: u32, fd_id: u64, what: &'static str) -> Result<(OwnedFd, u64)> {
-    let file = std::fs::File::from(fdpass::fetch(host_id, pid, fd_id, FD_FETCH_TIMEOUT)?);
-    let len = file
-        .metadata()
-        .map_err(|source| Error::Os { op: what, source })?
-        .len();
-    Ok((OwnedFd::from(file), len))
 }

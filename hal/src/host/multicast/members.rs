@@ -10,10 +10,11 @@
 //! bound memory at that offset. The returned [`MulticastMembers`] keeps those maps alive.
 
 use super::table::{Binding, McObject};
-use crate::auxil::fdpass::FD_FETCH_TIMEOUT;
+use crate::auxil::fdpass::{self, FD_FETCH_TIMEOUT};
 use crate::auxil::os::{Mapping, Reservation};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -134,8 +135,24 @@ impl Drop for MappedObject {
     }
 }
 
+/// Memfd `fd_id` of process `pid` on host `host_id`, fetched from that process's fd server,
+/// and its length (`what` names the fstat in its error).
+pub(super) fn fetch_memfd(
+    host_id: u64,
+    pid: u32,
+    fd_id: u64,
+    what: &'static str,
+) -> Result<(OwnedFd, u64)> {
+    let file = std::fs::File::from(fdpass::fetch(host_id, pid, fd_id, FD_FETCH_TIMEOUT)?);
+    let len = file
+        .metadata()
+        .map_err(|source| Error::Os { op: what, source })?
+        .len();
+    Ok((OwnedFd::from(file), len))
+}
+
 fn map_member(b: &Binding) -> Result<PeerMap> {
-    let (fd, len) = super::fetch_memfd(b.host_id, b.pid, b.fd_id, "fstat(multicast member memfd)")?;
+    let (fd, len) = fetch_memfd(b.host_id, b.pid, b.fd_id, "fstat(multicast member memfd)")?;
     let map_len = usize::try_from(len)
         .map_err(|_| Error::BadDescriptor(format!("member memfd of {len} bytes")))?;
     // The mapping keeps the pages; the fd is closed when this function returns.
