@@ -148,6 +148,18 @@ fn rank0<T: Send + 'static>(
     })
 }
 
+/// Rank 1 of a two-rank job with `id` (`what` says why it must get in): initializes, then both
+/// ranks' all_gather (rank 0's in `root`) sees [[0], [1]].
+fn join_as_rank1(id: &UniqueId, root: std::thread::JoinHandle<Vec<Vec<u8>>>, what: &str) {
+    let mut b = TcpBootstrap::new(1, 2).expect("new");
+    b.initialize_with_id(id, TIMEOUT).expect(what);
+    assert_eq!(
+        b.all_gather(&[1]).expect("all_gather"),
+        vec![vec![0], vec![1]]
+    );
+    assert_eq!(root.join().expect("rank 0"), vec![vec![0], vec![1]]);
+}
+
 #[test]
 fn frame_header_announcing_2_gib_commits_memory_only_as_bytes_arrive() {
     let id = TcpBootstrap::create_unique_id().expect("id");
@@ -210,14 +222,7 @@ fn silent_connections_do_not_stall_the_root() {
     let silent: Vec<TcpStream> = (0..12).map(|_| connect(id.root_addr())).collect();
     let t0 = Instant::now();
     let root = rank0(id, 2, |b| b.all_gather(&[0]).expect("all_gather"));
-    let mut b = TcpBootstrap::new(1, 2).expect("new");
-    b.initialize_with_id(&id, TIMEOUT)
-        .expect("rank 1 initialize despite 12 silent connections");
-    assert_eq!(
-        b.all_gather(&[1]).expect("all_gather"),
-        vec![vec![0], vec![1]]
-    );
-    assert_eq!(root.join().expect("rank 0"), vec![vec![0], vec![1]]);
+    join_as_rank1(&id, root, "rank 1 initialize despite 12 silent connections");
     let took = t0.elapsed();
     eprintln!("2 ranks initialized past 12 silent connections in {took:?}");
     assert!(took < Duration::from_secs(2), "{took:?}");
@@ -256,14 +261,7 @@ fn stray_hellos_are_refused_without_aborting_the_job() {
         answers
     });
     let answers = strays.join().expect("strays");
-    let mut b = TcpBootstrap::new(1, 2).expect("new");
-    b.initialize_with_id(&id, TIMEOUT)
-        .expect("the job survives stray hellos");
-    assert_eq!(
-        b.all_gather(&[1]).expect("all_gather"),
-        vec![vec![0], vec![1]]
-    );
-    assert_eq!(root.join().expect("rank 0"), vec![vec![0], vec![1]]);
+    join_as_rank1(&id, root, "the job survives stray hellos");
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     for (what, status, took) in answers {
         // A bootstrap client is told why it was refused (status 1 = abort); garbage is closed.

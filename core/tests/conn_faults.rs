@@ -21,6 +21,14 @@ fn foreign_view(reg: &RegisteredMemory) -> RegisteredMemory {
     RegisteredMemory::deserialize(&bytes).unwrap()
 }
 
+/// A context and two Ethernet endpoints of it.
+fn ethernet_endpoints() -> (Context, Endpoint, Endpoint) {
+    let ctx = Context::new().unwrap();
+    let a = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
+    let b = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
+    (ctx, a, b)
+}
+
 #[test]
 fn ethernet_write_through_a_stale_handle_is_refused() {
     let ctx = Context::new().unwrap();
@@ -87,10 +95,8 @@ fn stale_handle_deserialized_by_its_owner_is_refused() {
 
 #[test]
 fn ethernet_connect_to_a_gone_endpoint_fails_at_once() {
-    let ctx = Context::new().unwrap();
+    let (ctx, a, b) = ethernet_endpoints();
     ctx.set_connect_timeout(Duration::from_secs(10));
-    let a = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
-    let b = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
     let b_wire = b.serialize();
     drop(b); // its listener closes: the peer "exited"
     let start = Instant::now();
@@ -108,9 +114,7 @@ fn ethernet_connect_to_a_gone_endpoint_fails_at_once() {
 #[test]
 fn ethernet_sides_agree_on_a_failed_handshake() {
     // Side A gives up (short timeout) before B starts; B must not end up "connected" to it.
-    let ctx = Context::new().unwrap();
-    let a = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
-    let b = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
+    let (ctx, a, b) = ethernet_endpoints();
     let (a_wire, b_wire) = (a.serialize(), b.serialize());
     ctx.set_connect_timeout(Duration::from_millis(300));
     let ra = ctx.connect(&a, &Endpoint::deserialize(&b_wire).unwrap());
@@ -188,9 +192,7 @@ fn failed_proxy_requests_are_counted() {
 
 #[test]
 fn a_broken_connection_fails_fast_naming_the_rank() {
-    let ctx = Context::new().unwrap();
-    let a = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
-    let b = ctx.create_endpoint(Transport::Ethernet.into()).unwrap();
+    let (ctx, a, b) = ethernet_endpoints();
     let (a_wire, b_wire) = (a.serialize(), b.serialize());
     let ctx2 = ctx.clone();
     let h = std::thread::spawn(move || {

@@ -1,6 +1,6 @@
 //! Connection faults between processes: stale handles, a frozen peer behind the proxy, a peer
 //! that dies while the other waits or connects. Each test re-runs this binary as two child
-//! ranks (`CONN_MP_*` variables select the role) that meet over a TcpBootstrap on a port of
+//! ranks (`common`'s `BOOT_MP_*` variables select the role) that meet over a TcpBootstrap on a port of
 //! this suite's range (21740-21769), and prints `MEASURE name=value` lines with the times the
 //! survivors took (docs/reliability.md records them).
 //!
@@ -8,7 +8,7 @@
 //! SIGKILL (no destructor runs; the kernel closes its sockets); the parent kills what is left
 //! once the ranks that must report have exited.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,9 @@ use mscclpp::{
     Communicator, Connection, Context, Device, EndpointConfig, IbMode, LocalMemory, ProxyService,
     RegisteredMemory, Transport,
 };
+
+mod common;
+use common::{passed, report, start, wait_for, Spec};
 
 /// The bootstrap's timeout in the children (also the communicator's connect timeout).
 const BOOT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,20 +37,20 @@ struct Rank {
 
 /// `Some` (with the communicator set up) when this process is rank `r` of test `name`.
 fn child(name: &str) -> Option<Rank> {
-    if std::env::var("CONN_MP_TEST").ok()? != name {
-        return None;
-    }
-    let rank: usize = std::env::var("CONN_MP_RANK").ok()?.parse().ok()?;
-    let addr = std::env::var("CONN_MP_ADDR").ok()?;
-    let mut b = TcpBootstrap::new(rank, 2).expect("bootstrap");
-    b.initialize_with_addr(&addr, BOOT_TIMEOUT)
+    let c = common::child(name)?;
+    let mut b = TcpBootstrap::new(c.rank, 2).expect("bootstrap");
+    b.initialize_with_addr(&c.addr, BOOT_TIMEOUT)
         .expect("bootstrap initialize");
     let boot = Arc::new(b);
     let comm = Communicator::new(
         boot.clone() as Arc<dyn Bootstrap>,
         Context::new().expect("context"),
     );
-    Some(Rank { rank, comm, boot })
+    Some(Rank {
+        rank: c.rank,
+        comm,
+        boot,
+    })
 }
 
 fn measure(key: &str, value: impl std::fmt::Display) {
@@ -75,53 +78,25 @@ fn signal_self(sig: &str) {
 /// Runs test `name` as two children on `port`; ranks in `must_pass` must exit 0 (the others
 /// are killed once those exited). Panics with every child's output otherwise.
 fn run_pair(name: &str, port: u16, must_pass: &[usize], env: &[(&str, String)]) -> String {
-    let exe = std::env::current_exe().expect("current_exe");
     let addr = format!("127.0.0.1:{port}");
-    let mut kids: Vec<_> = (0..2)
+    let kids = (0..2)
         .map(|rank| {
-            let mut c = Command::new(&exe);
-            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
-                .env("CONN_MP_TEST", name)
-                .env("CONN_MP_RANK", rank.to_string())
-                .env("CONN_MP_ADDR", &addr)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            for (k, v) in env {
-                c.env(k, v);
-            }
-            c.spawn().expect("spawn child rank")
+            let spec = env
+                .iter()
+                .fold(Spec::rank(rank, 2), |spec, (k, v)| spec.env(k, v));
+            start(name, &addr, spec)
         })
         .collect();
-    let t0 = Instant::now();
-    let mut status = [None; 2];
-    while must_pass.iter().any(|&r| status[r].is_none()) && t0.elapsed() < LIMIT {
-        for (r, k) in kids.iter_mut().enumerate() {
-            if status[r].is_none() {
-                status[r] = k.try_wait().expect("try_wait");
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut report = String::new();
-    let mut ok = true;
-    for (r, mut k) in kids.into_iter().enumerate() {
-        let _ = k.kill();
-        let out = k.wait_with_output().expect("child output");
-        if must_pass.contains(&r) && !out.status.success() {
-            ok = false;
-        }
-        report += &format!(
-            "--- rank {r} ({}) ---\n{}{}\n",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let ended = wait_for(kids, must_pass, LIMIT);
+    let report = report(&ended);
     for l in report.lines() {
         if let Some(i) = l.find("MEASURE ") {
             println!("{name}: {}", &l[i..]);
         }
     }
+    let ok = ended
+        .iter()
+        .all(|e| passed(e) || !must_pass.contains(&e.rank));
     assert!(ok, "{name}: a child rank failed\n{report}");
     report
 }

@@ -149,37 +149,23 @@ fn check_addr(s: &str) -> Result<(), TestCaseError> {
 
 /// The variables `Env` types, with the accessor that reports a malformed value.
 type Accessor = fn(&Env) -> Option<String>;
-const TYPED: &[(&str, Accessor)] = &[
-    ("MSCCLPP_LOG_LEVEL", |e| {
-        e.log_level().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_DEBUG", |e| {
-        e.log_level().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_IBV_MODE", |e| {
-        e.ibv_mode().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_IB_GID_INDEX", |e| {
-        e.ib_gid_index().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_SOCKET_FAMILY", |e| {
-        e.socket_family().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_FORCE_DISABLE_NVLS", |e| {
-        e.force_disable_nvls().err().map(|e| e.to_string())
-    }),
-    ("NCCL_NVLS_ENABLE", |e| {
-        e.force_disable_nvls().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_FORCE_DISABLE_GDR", |e| {
-        e.force_disable_gdr().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM", |e| {
-        e.cudaipc_use_default_stream().err().map(|e| e.to_string())
-    }),
-    ("MSCCLPP_CACHE_DIR", |e| {
-        e.cache_dir().err().map(|e| e.to_string())
-    }),
+/// `name => method`: `name` read through `Env::method`, its error as text.
+macro_rules! accessors {
+    ($($name:literal => $method:ident),+ $(,)?) => {
+        &[$(($name, |e: &Env| e.$method().err().map(|e| e.to_string()))),+]
+    };
+}
+const TYPED: &[(&str, Accessor)] = accessors![
+    "MSCCLPP_LOG_LEVEL" => log_level,
+    "MSCCLPP_DEBUG" => log_level,
+    "MSCCLPP_IBV_MODE" => ibv_mode,
+    "MSCCLPP_IB_GID_INDEX" => ib_gid_index,
+    "MSCCLPP_SOCKET_FAMILY" => socket_family,
+    "MSCCLPP_FORCE_DISABLE_NVLS" => force_disable_nvls,
+    "NCCL_NVLS_ENABLE" => force_disable_nvls,
+    "MSCCLPP_FORCE_DISABLE_GDR" => force_disable_gdr,
+    "MSCCLPP_CUDAIPC_USE_DEFAULT_STREAM" => cudaipc_use_default_stream,
+    "MSCCLPP_CACHE_DIR" => cache_dir,
 ];
 
 /// Values near the documented ones plus arbitrary text.

@@ -282,35 +282,56 @@ fn damaged_real_memory() -> impl Strategy<Value = Vec<u8>> {
     damage().prop_map(|d| apply(real_memory().2.clone(), &d))
 }
 
-fn check_endpoint(bytes: &[u8]) -> Result<(), TestCaseError> {
-    match Endpoint::deserialize(bytes) {
-        Ok(ep) => {
+/// A blob `deserialize` accepts round-trips through `serialize` and passes `valid`; one it
+/// refuses gets an error that `check_error` accepts for `what`.
+fn check_blob<T>(
+    what: &str,
+    bytes: &[u8],
+    deserialize: impl Fn(&[u8]) -> mscclpp::Result<T>,
+    serialize: impl Fn(&T) -> Vec<u8>,
+    valid: impl Fn(&T) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    match deserialize(bytes) {
+        Ok(v) => {
             prop_assert_eq!(
-                ep.serialize(),
+                serialize(&v),
                 bytes.to_vec(),
-                "accepted endpoint must round-trip"
+                "accepted {} must round-trip",
+                what
             );
-            prop_assert!(ep.transport() != Transport::Unknown);
+            valid(&v)?;
         }
-        Err(e) => check_error("endpoint", bytes, &e)?,
+        Err(e) => check_error(what, bytes, &e)?,
     }
     Ok(())
 }
 
+fn check_endpoint(bytes: &[u8]) -> Result<(), TestCaseError> {
+    check_blob(
+        "endpoint",
+        bytes,
+        Endpoint::deserialize,
+        Endpoint::serialize,
+        |ep| {
+            prop_assert!(ep.transport() != Transport::Unknown);
+            Ok(())
+        },
+    )
+}
+
 fn check_memory(bytes: &[u8]) -> Result<(), TestCaseError> {
-    match RegisteredMemory::deserialize(bytes) {
-        Ok(m) => {
-            prop_assert_eq!(
-                m.serialize(),
-                bytes.to_vec(),
-                "accepted memory must round-trip"
-            );
-            prop_assert!(m.size() > 0);
-            prop_assert!(m.original_data_ptr().checked_add(m.size() as u64).is_some());
-        }
-        Err(e) => check_error("registered memory", bytes, &e)?,
-    }
-    Ok(())
+    let valid = |m: &RegisteredMemory| {
+        prop_assert!(m.size() > 0);
+        prop_assert!(m.original_data_ptr().checked_add(m.size() as u64).is_some());
+        Ok(())
+    };
+    check_blob(
+        "registered memory",
+        bytes,
+        RegisteredMemory::deserialize,
+        RegisteredMemory::serialize,
+        valid,
+    )
 }
 
 proptest! {

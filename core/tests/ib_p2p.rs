@@ -1,11 +1,9 @@
 //! The IB transport end to end between two processes, through the user-space verbs test
 //! provider (`libmscclpp_ibv_testprov.so`, loaded with `MSCCLPP_IBV_SO`). Each test re-runs this
-//! binary twice as child ranks (`IB_TEST_*` variables select the role). Build the provider
+//! binary twice as child ranks (`common`'s `BOOT_MP_*` variables select the role). Build the provider
 //! first: `cargo build -p mscclpp-ibv-testprov`; without it every test prints why it skips.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +14,9 @@ use mscclpp::{
     RegisteredMemory, Transport,
 };
 
+mod common;
+use common::{child, free_port, passed, report, start, wait_all, ChildRole as Child, Ended, Spec};
+
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `target/<profile>/libmscclpp_ibv_testprov.so`, next to this binary's `deps` folder.
@@ -25,36 +26,13 @@ fn provider() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-struct Child {
-    rank: usize,
-    addr: String,
-}
-
-fn child(name: &str) -> Option<Child> {
-    if std::env::var("IB_TEST_NAME").ok()? != name {
-        return None;
-    }
-    Some(Child {
-        rank: std::env::var("IB_TEST_RANK")
-            .expect("IB_TEST_RANK")
-            .parse()
-            .expect("rank"),
-        addr: std::env::var("IB_TEST_ADDR").expect("IB_TEST_ADDR"),
-    })
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
-}
-
-/// Runs `name` as two child ranks with `env(rank)` added; returns their outputs (killed after
+/// Runs `name` as two child ranks with `env(rank)` added; returns how they ended (killed after
 /// `limit`). `None` (after printing why) when the provider is not built.
 fn spawn_pair(
     name: &str,
     limit: Duration,
     env: impl Fn(usize) -> Vec<(&'static str, String)>,
-) -> Option<Vec<Output>> {
+) -> Option<Vec<Ended>> {
     let Some(so) = provider() else {
         println!(
             "SKIP {name}: libmscclpp_ibv_testprov.so not found next to the test binary (build it \
@@ -62,66 +40,25 @@ fn spawn_pair(
         );
         return None;
     };
-    let exe = std::env::current_exe().expect("current_exe");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut kids: Vec<_> = (0..2)
+    let kids = (0..2)
         .map(|rank| {
-            let mut c = Command::new(&exe);
-            c.args([name, "--exact", "--nocapture", "--test-threads=1"])
-                .env("IB_TEST_NAME", name)
-                .env("IB_TEST_RANK", rank.to_string())
-                .env("IB_TEST_ADDR", &addr)
-                .env("MSCCLPP_IBV_SO", &so)
-                .env_remove("MSCCLPP_IBV_MODE")
-                .env_remove("MSCCLPP_HCA_DEVICES")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            let mut spec = Spec::rank(rank, 2)
+                .env("MSCCLPP_IBV_SO", &so.to_string_lossy())
+                .unset("MSCCLPP_IBV_MODE")
+                .unset("MSCCLPP_HCA_DEVICES");
             for (k, v) in env(rank) {
-                c.env(k, v);
+                spec = spec.env(k, &v);
             }
-            c.spawn().expect("spawn a child rank")
+            start(name, &addr, spec)
         })
         .collect();
-    let t0 = Instant::now();
-    let mut done = [false; 2];
-    while !done.iter().all(|d| *d) && t0.elapsed() < limit {
-        for (r, k) in kids.iter_mut().enumerate() {
-            if !done[r] {
-                done[r] = k.try_wait().expect("try_wait").is_some();
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some(
-        kids.into_iter()
-            .enumerate()
-            .map(|(r, mut k)| {
-                if !done[r] {
-                    let _ = k.kill();
-                }
-                k.wait_with_output().expect("child output")
-            })
-            .collect(),
-    )
+    Some(wait_all(kids, limit))
 }
 
-fn report(outs: &[Output]) -> String {
-    outs.iter()
-        .enumerate()
-        .map(|(r, o)| {
-            format!(
-                "--- rank {r} ({}) ---\n{}{}\n",
-                o.status,
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        })
-        .collect()
-}
-
-fn assert_all_ok(name: &str, outs: &[Output]) {
+fn assert_all_ok(name: &str, outs: &[Ended]) {
     assert!(
-        outs.iter().all(|o| o.status.success()),
+        outs.iter().all(passed),
         "{name}: a child rank failed\n{}",
         report(outs)
     );
@@ -164,6 +101,30 @@ fn exchange(comm: &Communicator, mem: &LocalMemory, peer: usize, tag: u64) -> Re
     fut.get().expect("recv memory")
 }
 
+/// The buffers of a transfer: `n` bytes of data and an 8-byte token, each with the peer's
+/// (exchanged with tags 10 and 11), and the data registered as the source of the writes:
+/// `(data, token, peer_data, peer_token, src)`.
+fn transfer_buffers(
+    comm: &Communicator,
+    peer: usize,
+    n: usize,
+) -> (
+    LocalMemory,
+    LocalMemory,
+    RegisteredMemory,
+    RegisteredMemory,
+    RegisteredMemory,
+) {
+    let data = LocalMemory::alloc(Device::CPU, n).expect("alloc data");
+    let token = LocalMemory::alloc(Device::CPU, 8).expect("alloc token");
+    let peer_data = exchange(comm, &data, peer, 10);
+    let peer_token = exchange(comm, &token, peer, 11);
+    let src = comm
+        .register_memory(data.ptr(), n, Transport::Ib0.into())
+        .expect("register src");
+    (data, token, peer_data, peer_token, src)
+}
+
 fn pattern(round: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(31) ^ round.wrapping_mul(0x9E37)) as u8
 }
@@ -193,13 +154,7 @@ fn write_and_signal(c: &Child, mode: IbMode) {
     cfg.ib.max_wr_per_send = 3;
     let conn = connect(&comm, peer, cfg);
     const N: usize = 256 << 10;
-    let data = LocalMemory::alloc(Device::CPU, N).expect("alloc data");
-    let token = LocalMemory::alloc(Device::CPU, 8).expect("alloc token");
-    let peer_data = exchange(&comm, &data, peer, 10);
-    let peer_token = exchange(&comm, &token, peer, 11);
-    let src = comm
-        .register_memory(data.ptr(), N, Transport::Ib0.into())
-        .expect("register src");
+    let (data, token, peer_data, peer_token, src) = transfer_buffers(&comm, peer, N);
     let counter = AtomicU64::new(0);
     for round in 1..=5u64 {
         if c.rank == 0 {
@@ -245,17 +200,15 @@ fn write_and_signal_test(name: &str, mode: IbMode) {
     }
 }
 
-#[test]
-fn ib_write_and_signal_host_mode() {
-    write_and_signal_test("ib_write_and_signal_host_mode", IbMode::Host);
-}
-
-#[test]
-fn ib_write_and_signal_host_no_atomic_mode() {
-    write_and_signal_test(
-        "ib_write_and_signal_host_no_atomic_mode",
-        IbMode::HostNoAtomic,
-    );
+/// One test per line: `name: run(mode)` calls `run("name", IbMode::mode)` (the name selects the
+/// child ranks' role, so it must be the test's).
+macro_rules! mode_tests {
+    ($($test:ident: $run:ident($mode:ident);)+) => {$(
+        #[test]
+        fn $test() {
+            $run(stringify!($test), IbMode::$mode);
+        }
+    )+};
 }
 
 #[test]
@@ -267,7 +220,7 @@ fn ib_host_mode_falls_back_without_atomics() {
     let env = |_| vec![("IBV_TESTPROV_NO_ATOMICS", "1".to_string())];
     if let Some(outs) = spawn_pair(NAME, Duration::from_secs(120), env) {
         assert_all_ok(NAME, &outs);
-        let err = String::from_utf8_lossy(&outs[0].stderr);
+        let err = &outs[0].output;
         assert!(
             err.contains("no RDMA atomics") && err.contains("HostNoAtomic"),
             "expected a fallback warning on rank 0\n{}",
@@ -426,13 +379,7 @@ fn peer_killed(c: &Child, mode: IbMode) {
     let peer = 1 - c.rank;
     let conn = connect(&comm, peer, ib_config(mode));
     const N: usize = 1 << 20;
-    let data = LocalMemory::alloc(Device::CPU, N).expect("alloc");
-    let token = LocalMemory::alloc(Device::CPU, 8).expect("alloc token");
-    let peer_data = exchange(&comm, &data, peer, 10);
-    let peer_token = exchange(&comm, &token, peer, 11);
-    let src = comm
-        .register_memory(data.ptr(), N, Transport::Ib0.into())
-        .expect("register src");
+    let (_data, _token, peer_data, peer_token, src) = transfer_buffers(&comm, peer, N);
     b.barrier().expect("barrier");
     if c.rank == 1 {
         // Die mid-transfer, without closing anything.
@@ -469,30 +416,20 @@ fn peer_killed_test(name: &str, mode: IbMode) {
         return peer_killed(&c, mode);
     }
     if let Some(outs) = spawn_pair(name, Duration::from_secs(90), no_env) {
+        assert!(passed(&outs[0]), "the survivor failed\n{}", report(&outs));
         assert!(
-            outs[0].status.success(),
-            "the survivor failed\n{}",
-            report(&outs)
-        );
-        assert!(
-            !outs[1].status.success(),
+            !passed(&outs[1]),
             "rank 1 was meant to die\n{}",
             report(&outs)
         );
     }
 }
 
-#[test]
-fn ib_peer_killed_mid_transfer_host_mode() {
-    peer_killed_test("ib_peer_killed_mid_transfer_host_mode", IbMode::Host);
-}
-
-#[test]
-fn ib_peer_killed_mid_transfer_no_atomic_mode() {
-    peer_killed_test(
-        "ib_peer_killed_mid_transfer_no_atomic_mode",
-        IbMode::HostNoAtomic,
-    );
+mode_tests! {
+    ib_write_and_signal_host_mode: write_and_signal_test(Host);
+    ib_write_and_signal_host_no_atomic_mode: write_and_signal_test(HostNoAtomic);
+    ib_peer_killed_mid_transfer_host_mode: peer_killed_test(Host);
+    ib_peer_killed_mid_transfer_no_atomic_mode: peer_killed_test(HostNoAtomic);
 }
 
 /// Port and device selection errors name what was asked for.

@@ -30,20 +30,15 @@ fn application_logger_receives_core_records() {
         "the default logger must not replace the application's"
     );
     let seen = SEEN.lock().unwrap().clone();
+    let logged = |level, target: &str, message: &str| {
+        seen.contains(&(level, target.to_string(), message.to_string()))
+    };
     assert!(
-        seen.contains(&(
-            log::Level::Warn,
-            "mscclpp::net".to_string(),
-            "peer 3 is slow".to_string()
-        )),
+        logged(log::Level::Warn, "mscclpp::net", "peer 3 is slow"),
         "{seen:?}"
     );
     assert!(
-        seen.contains(&(
-            log::Level::Trace,
-            "mscclpp::bootstrap".to_string(),
-            "a trace".to_string()
-        )),
+        logged(log::Level::Trace, "mscclpp::bootstrap", "a trace"),
         "the application's filter, not MSCCLPP_LOG_LEVEL, decides: {seen:?}"
     );
 }

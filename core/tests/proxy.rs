@@ -216,20 +216,12 @@ fn memory_channel_put_and_packets_in_process() {
         })
         .collect();
     // a: data bufs[0], packets bufs[1]; b: data bufs[2], packets bufs[3]. Packet channels target the peer's packet buffer.
-    let ch_a = MemoryChannel::new(
-        MemoryDevice2DeviceSemaphore::new(sa).expect("d2d a"),
-        regs[3].clone(),
-        bufs[0].data(),
-        Some(bufs[1].data()),
-    )
-    .expect("channel a");
-    let ch_b = MemoryChannel::new(
-        MemoryDevice2DeviceSemaphore::new(sb).expect("d2d b"),
-        regs[1].clone(),
-        bufs[2].data(),
-        Some(bufs[3].data()),
-    )
-    .expect("channel b");
+    let channel = |sem, dst: usize, data: usize| {
+        let sem = MemoryDevice2DeviceSemaphore::new(sem).expect("d2d");
+        let packets = Some(bufs[data + 1].data());
+        MemoryChannel::new(sem, regs[dst].clone(), bufs[data].data(), packets).expect("channel")
+    };
+    let (ch_a, ch_b) = (channel(sa, 3, 0), channel(sb, 1, 2));
     let (ha, hb) = (ch_a.device_handle(), ch_b.device_handle());
     let data = pattern(1, n);
     bufs[0].copy_from_host(0, &data).expect("fill");

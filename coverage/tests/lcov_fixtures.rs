@@ -44,6 +44,13 @@ fn summary_of(names: &[&str]) -> Summary {
     summarise(&report, &map())
 }
 
+/// The summary of fixture `name` (a one-file `core` report): 3 lines, 2 hit; 1 function, hit.
+fn assert_core_summary(name: &str) {
+    let core = summary_of(&[name]).crates["core"];
+    assert_eq!((core.lines_found, core.lines_hit), (3, 2), "{name}");
+    assert_eq!((core.functions_found, core.functions_hit), (1, 1), "{name}");
+}
+
 fn thresholds(json: &str) -> Thresholds {
     Thresholds::parse("inline", json, &members()).expect("valid thresholds")
 }
@@ -61,10 +68,7 @@ fn missing_trailing_newline_is_added_and_the_last_record_survives() {
     let n = normalise("no_trailing_newline.info", &text).expect("normalises");
     assert!(n.added_trailing_newline);
     assert!(n.text.ends_with("end_of_record\n"));
-    let s = summary_of(&["no_trailing_newline.info"]);
-    let core = s.crates["core"];
-    assert_eq!((core.lines_found, core.lines_hit), (3, 2));
-    assert_eq!((core.functions_found, core.functions_hit), (1, 1));
+    assert_core_summary("no_trailing_newline.info");
 }
 
 #[test]
@@ -106,10 +110,7 @@ fn counts_above_u32_are_clamped_not_panicking() {
     assert!(n.text.contains(&format!("FNDA:{},spin\n", u32::MAX)));
     assert!(n.text.contains("BRDA:2,0,1,-\n"));
     assert!(n.text.contains("DA:3,0\n"), "a zero count stays zero");
-    let s = summary_of(&["huge_count.info"]);
-    let core = s.crates["core"];
-    assert_eq!((core.lines_found, core.lines_hit), (3, 2));
-    assert_eq!((core.functions_found, core.functions_hit), (1, 1));
+    assert_core_summary("huge_count.info");
 }
 
 #[test]

@@ -155,10 +155,8 @@ struct GdrInner {
     _lib: libloading::Library,
 }
 
-// SAFETY: the handle is only used under `lock`; function pointers are plain code addresses.
-unsafe impl Send for GdrInner {}
-// SAFETY: as above.
-unsafe impl Sync for GdrInner {}
+// Thread-safe: the handle is only used under `lock`; function pointers are plain code addresses.
+thread_safe!(GdrInner);
 
 impl Drop for GdrInner {
     fn drop(&mut self) {
@@ -351,13 +349,13 @@ impl Gdr {
         let unmap: GdrUnmap = sym!("gdr_unmap");
         let get_info: GdrGetInfo = sym!("gdr_get_info");
         // SAFETY: as above; the version calls are GDRCopy 2 additions, optional here.
-        let runtime_version = unsafe { lib.get::<GdrRuntimeVersion>(b"gdr_runtime_get_version\0") }
-            .ok()
-            .map(|s| *s);
+        let runtime_version = unsafe {
+            crate::optional_symbol::<GdrRuntimeVersion>(&lib, b"gdr_runtime_get_version\0")
+        };
         // SAFETY: as above.
-        let driver_version = unsafe { lib.get::<GdrDriverVersion>(b"gdr_driver_get_version\0") }
-            .ok()
-            .map(|s| *s);
+        let driver_version = unsafe {
+            crate::optional_symbol::<GdrDriverVersion>(&lib, b"gdr_driver_get_version\0")
+        };
         // SAFETY: gdr_open takes no arguments and returns a handle or NULL.
         let handle = unsafe { open() };
         if handle.is_null() {
@@ -450,10 +448,9 @@ pub struct GdrMapping {
     size: usize,
 }
 
-// SAFETY: the mapping is plain memory; GDRCopy calls are serialised by the handle's lock.
-unsafe impl Send for GdrMapping {}
-// SAFETY: as above; writes go through volatile stores.
-unsafe impl Sync for GdrMapping {}
+// Thread-safe: the mapping is plain memory; GDRCopy calls are serialised by the handle's lock;
+// writes go through volatile stores.
+thread_safe!(GdrMapping);
 
 impl GdrMapping {
     /// The CPU address of the GPU address that was mapped.

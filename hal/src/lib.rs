@@ -40,6 +40,9 @@
 //! where several threads use the HAL, one thread's failed free must not fail another thread's
 //! copy (a proxy's or a network receiver's; a lost signal would stall a kernel).
 
+#[macro_use]
+mod macros;
+
 pub mod auxil;
 pub mod dmabuf;
 pub mod env;
@@ -72,6 +75,36 @@ pub use multicast::{
 pub use nvls::{nvls_disabled_by_env, nvls_supported};
 
 use std::time::Duration;
+
+/// The NUL-terminated name a driver wrote into `buf` (lossy UTF-8; all of `buf` without a NUL).
+#[cfg(any(hal_cuda, hal_rocm))]
+pub(crate) fn c_string(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Function `name` (NUL-terminated) of `lib` as `T`, or `None` when the library does not
+/// export it (optional entry points of libibverbs, mlx5dv, GDRCopy).
+///
+/// # Safety
+/// `T` is the function pointer type of the symbol's C prototype.
+pub(crate) unsafe fn optional_symbol<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Option<T> {
+    // SAFETY: forwarded from the caller.
+    unsafe { lib.get::<T>(name) }.ok().map(|s| *s)
+}
+
+/// [`Error::Unsupported`] for operation `op` of `backend`, with the reason.
+pub(crate) fn unsupported<T>(op: &'static str, backend: &'static str, reason: &str) -> Result<T> {
+    Err(Error::Unsupported {
+        op,
+        backend,
+        reason: reason.into(),
+    })
+}
 
 /// The backend types under plain names.
 pub mod api {

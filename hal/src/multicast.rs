@@ -217,6 +217,10 @@ impl Drop for Live {
 }
 
 /// Magic of the multicast parameters in a descriptor's handle bytes.
+/// How long a bind waits for every device to be added (the driver waits without a limit; the
+/// host emulation waits for the same).
+pub(crate) const BIND_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 const MC_MAGIC: &[u8; 4] = b"MCST";
 /// Bytes of the parameters before the backend's own handle bytes.
 const MC_HEADER: usize = 4 + 4 + 8;

@@ -44,14 +44,11 @@ fn fill_through_registration(
 
 #[test]
 fn kernel_writes_registered_host_memory() {
-    if let Some(reason) = common::skip_reason() {
-        println!("SKIPPED kernel_writes_registered_host_memory: {reason}");
+    let Some((dev, fill)) =
+        common::gpu_and_kernel("kernel_writes_registered_host_memory", "hal_fill_u32")
+    else {
         return;
-    }
-    let dev = Gpu::open_device(0).expect("open GPU 0");
-    let code = mscclpp_test_kernels::object("hal_test").expect("hal_test code object");
-    let module = Gpu::load_module(&dev, code).expect("load hal_test");
-    let fill = Gpu::get_kernel(&module, "hal_fill_u32").expect("hal_fill_u32");
+    };
     let stream = Gpu::create_stream(&dev).expect("stream");
 
     let mut words = vec![0u32; WORDS];

@@ -38,14 +38,12 @@ fn read_u64(dev: &<Gpu as Api>::Device, m: &<Gpu as Api>::Memory) -> u64 {
 
 #[test]
 fn sync_copies_do_not_wait_for_the_legacy_stream() {
-    if let Some(reason) = common::skip_reason() {
-        println!("SKIPPED sync_copies_do_not_wait_for_the_legacy_stream: {reason}");
+    let Some((dev, wait)) = common::gpu_and_kernel(
+        "sync_copies_do_not_wait_for_the_legacy_stream",
+        "hal_wait_u64",
+    ) else {
         return;
-    }
-    let dev = Gpu::open_device(0).expect("open GPU 0");
-    let code = mscclpp_test_kernels::object("hal_test").expect("hal_test code object");
-    let module = Gpu::load_module(&dev, code).expect("load hal_test");
-    let wait = Gpu::get_kernel(&module, "hal_wait_u64").expect("hal_wait_u64");
+    };
     let alloc = |n| Gpu::alloc(&dev, n, MemoryKind::Device).expect("alloc");
     let (flag, result, source, other) = (alloc(8), alloc(8), alloc(8), alloc(4096));
     Gpu::write(&dev, &source, 0, &7u64.to_le_bytes()).expect("write the copy source");

@@ -1,7 +1,8 @@
 //! The exported collectives and point-to-point functions of `nccl.h` (2.28.3), each as
-//! `ncclX` and its profiling twin `pncclX`: one line per function handing its C arguments to
-//! the operation that checks, routes and issues them (`ops::collective`,
-//! `ops::point_to_point`), then to the group, which queues or issues the work.
+//! `ncclX` and its profiling twin `pncclX`, grouped by C signature: one line per function
+//! handing its C arguments to the operation that checks, routes and issues them
+//! (`ops::collective`, `ops::point_to_point`), then to the group, which queues or issues the
+//! work.
 
 // The exported names are NCCL's (`ncclAllReduce`, ...), not snake case.
 #![allow(non_snake_case)]
@@ -62,111 +63,87 @@ fn args(
     }
 }
 
-nccl_export! {
-    /// Reduces `count` elements from every rank into `recvbuff` on `root`.
-    fn ncclReduce, pncclReduce(
+/// `nccl_export!` for each function of one C signature: `(parameters) => (comm, args(..))`
+/// once, then `ncclX, pncclX => run(&OP);` per function (its docs first).
+macro_rules! exports {
+    (($($sig:tt)*) => ($($call:tt)*)) => {};
+    (($($sig:tt)*) => ($($call:tt)*)
+     $(#[doc = $doc:literal])* $name:ident, $pname:ident => $run:ident(&$op:ident); $($rest:tt)*) => {
+        nccl_export! {
+            $(#[doc = $doc])*
+            fn $name, $pname($($sig)*) -> NcclResult {
+                $run(stringify!($name), &$op, $($call)*)
+            }
+        }
+        exports!(($($sig)*) => ($($call)*) $($rest)*);
+    };
+}
+
+exports! {
+    (
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
         op: c_int, root: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        collective("ncclReduce", &REDUCE, comm, args(sendbuff, recvbuff, count, datatype, op, root, stream))
-    }
+    ) => (comm, args(sendbuff, recvbuff, count, datatype, op, root, stream))
+    /// Reduces `count` elements from every rank into `recvbuff` on `root`.
+    ncclReduce, pncclReduce => collective(&REDUCE);
 }
 
-nccl_export! {
+exports! {
+    (buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: *mut Comm, stream: Stream)
+    => (comm, args(buff, buff, count, datatype, 0, root, stream))
     /// Broadcast in place (deprecated form of `ncclBroadcast`).
-    fn ncclBcast, pncclBcast(
-        buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        collective("ncclBcast", &BROADCAST, comm, args(buff, buff, count, datatype, 0, root, stream))
-    }
+    ncclBcast, pncclBcast => collective(&BROADCAST);
 }
 
-nccl_export! {
+exports! {
+    (
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
+        root: c_int, comm: *mut Comm, stream: Stream
+    ) => (comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
     /// Copies `count` elements of `root`'s `sendbuff` into every rank's `recvbuff`.
-    fn ncclBroadcast, pncclBroadcast(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
-        root: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        collective("ncclBroadcast", &BROADCAST, comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
-    }
-}
-
-nccl_export! {
-    /// Reduces `count` elements across ranks into every rank's `recvbuff`.
-    fn ncclAllReduce, pncclAllReduce(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
-        op: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        collective("ncclAllReduce", &ALL_REDUCE, comm, args(sendbuff, recvbuff, count, datatype, op, 0, stream))
-    }
-}
-
-nccl_export! {
-    /// Reduces `nranks * recvcount` elements; rank i keeps block i.
-    fn ncclReduceScatter, pncclReduceScatter(
-        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int,
-        op: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        collective("ncclReduceScatter", &REDUCE_SCATTER, comm, args(sendbuff, recvbuff, recvcount, datatype, op, 0, stream))
-    }
-}
-
-nccl_export! {
-    /// Gathers `sendcount` elements from every rank, rank i's at offset `i * sendcount`.
-    fn ncclAllGather, pncclAllGather(
-        sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int,
-        comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        collective("ncclAllGather", &ALL_GATHER, comm, args(sendbuff, recvbuff, sendcount, datatype, 0, 0, stream))
-    }
-}
-
-nccl_export! {
-    /// Rank j receives block i of rank i's `sendbuff` at block i of its `recvbuff`.
-    fn ncclAlltoAll, pncclAlltoAll(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
-        comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        point_to_point("ncclAlltoAll", &ALL_TO_ALL, comm, args(sendbuff, recvbuff, count, datatype, 0, 0, stream))
-    }
-}
-
-nccl_export! {
+    ncclBroadcast, pncclBroadcast => collective(&BROADCAST);
     /// Every rank's `count` elements to `root`, rank i's at block i.
-    fn ncclGather, pncclGather(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
-        root: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        point_to_point("ncclGather", &GATHER, comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
-    }
-}
-
-nccl_export! {
+    ncclGather, pncclGather => point_to_point(&GATHER);
     /// Block i of `root`'s `sendbuff` to rank i.
-    fn ncclScatter, pncclScatter(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
-        root: c_int, comm: *mut Comm, stream: Stream
-    ) -> NcclResult {
-        point_to_point("ncclScatter", &SCATTER, comm, args(sendbuff, recvbuff, count, datatype, 0, root, stream))
-    }
+    ncclScatter, pncclScatter => point_to_point(&SCATTER);
 }
 
-nccl_export! {
-    /// Sends `count` elements to `peer` (matched with its `ncclRecv` in call order).
-    fn ncclSend, pncclSend(
+exports! {
+    (
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
+        op: c_int, comm: *mut Comm, stream: Stream
+    ) => (comm, args(sendbuff, recvbuff, count, datatype, op, 0, stream))
+    /// Reduces `count` elements across ranks into every rank's `recvbuff`.
+    ncclAllReduce, pncclAllReduce => collective(&ALL_REDUCE);
+    /// Reduces `nranks * count` elements; rank i keeps block i.
+    ncclReduceScatter, pncclReduceScatter => collective(&REDUCE_SCATTER);
+}
+
+exports! {
+    (
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int,
+        comm: *mut Comm, stream: Stream
+    ) => (comm, args(sendbuff, recvbuff, count, datatype, 0, 0, stream))
+    /// Gathers `count` elements from every rank, rank i's at offset `i * count`.
+    ncclAllGather, pncclAllGather => collective(&ALL_GATHER);
+    /// Rank j receives block i of rank i's `sendbuff` at block i of its `recvbuff`.
+    ncclAlltoAll, pncclAlltoAll => point_to_point(&ALL_TO_ALL);
+}
+
+exports! {
+    (
         sendbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: *mut Comm,
         stream: Stream
-    ) -> NcclResult {
-        point_to_point("ncclSend", &SEND, comm, args(sendbuff, std::ptr::null_mut(), count, datatype, 0, peer, stream))
-    }
+    ) => (comm, args(sendbuff, std::ptr::null_mut(), count, datatype, 0, peer, stream))
+    /// Sends `count` elements to `peer` (matched with its `ncclRecv` in call order).
+    ncclSend, pncclSend => point_to_point(&SEND);
 }
 
-nccl_export! {
-    /// Receives `count` elements from `peer`.
-    fn ncclRecv, pncclRecv(
+exports! {
+    (
         recvbuff: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: *mut Comm,
         stream: Stream
-    ) -> NcclResult {
-        point_to_point("ncclRecv", &RECV, comm, args(std::ptr::null(), recvbuff, count, datatype, 0, peer, stream))
-    }
+    ) => (comm, args(std::ptr::null(), recvbuff, count, datatype, 0, peer, stream))
+    /// Receives `count` elements from `peer`.
+    ncclRecv, pncclRecv => point_to_point(&RECV);
 }

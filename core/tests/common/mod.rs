@@ -1,5 +1,6 @@
-//! Helpers shared by the multi-process bootstrap tests: each test re-runs its own test binary
-//! as child ranks (`BOOT_MP_*` variables select the role) and collects their exits.
+//! Helpers shared by the multi-process tests (bootstrap, connection faults, IB): each test
+//! re-runs its own test binary as child ranks (`BOOT_MP_*` variables select the role) and
+//! collects their exits.
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -34,6 +35,8 @@ pub struct Spec {
     pub nranks: usize,
     pub role: String,
     pub env: Vec<(String, String)>,
+    /// Variables removed from the child's environment (before `env` is added).
+    pub unset: Vec<String>,
 }
 
 impl Spec {
@@ -43,6 +46,7 @@ impl Spec {
             nranks,
             role: String::new(),
             env: Vec::new(),
+            unset: Vec::new(),
         }
     }
     pub fn role(mut self, role: &str) -> Spec {
@@ -51,6 +55,10 @@ impl Spec {
     }
     pub fn env(mut self, k: &str, v: &str) -> Spec {
         self.env.push((k.into(), v.into()));
+        self
+    }
+    pub fn unset(mut self, k: &str) -> Spec {
+        self.unset.push(k.into());
         self
     }
 }
@@ -74,6 +82,9 @@ pub fn start(name: &str, addr: &str, spec: Spec) -> Kid {
         .env("BOOT_MP_ROLE", &spec.role)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    for k in &spec.unset {
+        c.env_remove(k);
+    }
     for (k, v) in &spec.env {
         c.env(k, v);
     }
@@ -96,10 +107,21 @@ pub struct Ended {
 
 /// Waits for every kid (killing those still running after `limit`) and returns how each ended.
 pub fn wait_all(kids: Vec<Kid>, limit: Duration) -> Vec<Ended> {
+    let ranks: Vec<usize> = kids.iter().map(|k| k.spec.rank).collect();
+    wait_for(kids, &ranks, limit)
+}
+
+/// Waits until the kids of ranks `must` exited (at most `limit`), kills those still running
+/// and returns how each ended.
+pub fn wait_for(kids: Vec<Kid>, must: &[usize], limit: Duration) -> Vec<Ended> {
     let t0 = Instant::now();
     let mut kids: Vec<(Kid, Option<(ExitStatus, Instant)>)> =
         kids.into_iter().map(|k| (k, None)).collect();
-    while kids.iter().any(|(_, s)| s.is_none()) && t0.elapsed() < limit {
+    let waiting = |kids: &[(Kid, Option<_>)]| {
+        kids.iter()
+            .any(|(k, s)| s.is_none() && must.contains(&k.spec.rank))
+    };
+    while waiting(&kids) && t0.elapsed() < limit {
         for (k, s) in kids.iter_mut().filter(|(_, s)| s.is_none()) {
             if let Some(st) = k.proc.try_wait().expect("try_wait") {
                 *s = Some((st, Instant::now()));
@@ -143,6 +165,11 @@ pub fn report<'a>(ended: impl IntoIterator<Item = &'a Ended>) -> String {
             )
         })
         .collect()
+}
+
+/// Whether the child exited with success.
+pub fn passed(e: &Ended) -> bool {
+    e.status.is_some_and(|s| s.success())
 }
 
 /// A port that was free a moment ago.

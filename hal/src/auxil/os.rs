@@ -44,11 +44,9 @@ pub(crate) struct Mapping {
     len: usize,
 }
 
-// SAFETY: the mapping is plain shared memory; synchronisation of its contents is the user's job,
-// exactly as for device memory.
-unsafe impl Send for Mapping {}
-// SAFETY: as above; `Mapping` itself has no interior state.
-unsafe impl Sync for Mapping {}
+// Thread-safe: the mapping is plain shared memory; synchronisation of its contents is the user's
+// job, exactly as for device memory; `Mapping` itself has no interior state.
+thread_safe!(Mapping);
 
 impl Mapping {
     /// Maps `len` bytes of `fd` shared and read/write.
@@ -96,10 +94,8 @@ pub(crate) struct Reservation {
     len: usize,
 }
 
-// SAFETY: an inaccessible address range; nothing is read or written through it.
-unsafe impl Send for Reservation {}
-// SAFETY: as above.
-unsafe impl Sync for Reservation {}
+// Thread-safe: an inaccessible address range; nothing is read or written through it.
+thread_safe!(Reservation);
 
 impl Reservation {
     /// Reserves `len` bytes of address space, inaccessible.

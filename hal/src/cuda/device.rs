@@ -29,10 +29,8 @@ pub(super) struct DeviceInner {
 #[derive(Debug)]
 pub(super) struct RawStream(pub(super) sys::CUstream);
 
-// SAFETY: a CUcontext handle may be used from any thread (the driver is thread-safe).
-unsafe impl Send for DeviceInner {}
-// SAFETY: as above.
-unsafe impl Sync for DeviceInner {}
+// Thread-safe: a CUcontext handle may be used from any thread (the driver is thread-safe).
+thread_safe!(DeviceInner);
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {

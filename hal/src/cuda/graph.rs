@@ -19,10 +19,8 @@ pub struct CudaGraph {
     exec: sys::CUgraphExec,
 }
 
-// SAFETY: graph handles may be used from any thread (launches are serialised by the caller).
-unsafe impl Send for CudaGraph {}
-// SAFETY: as above.
-unsafe impl Sync for CudaGraph {}
+// Thread-safe: graph handles may be used from any thread (launches are serialised by the caller).
+thread_safe!(CudaGraph);
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {

@@ -25,35 +25,8 @@ mod multicast;
 mod result;
 mod stream;
 
-pub use device::CudaDevice;
-pub use graph::CudaGraph;
-pub use ipc::CudaImported;
-pub use memory::{CudaHostRegistration, CudaMemory};
-pub use module::{CudaKernel, CudaModule};
-pub use multicast::{
-    CudaMulticast, CudaMulticastBinding, CudaMulticastExport, CudaMulticastMapping,
-};
-pub use stream::{CudaEvent, CudaStream};
-
-use crate::Api;
-
-/// The CUDA backend type (`mscclpp_hal::api::Cuda`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Cuda;
-
-impl Api for Cuda {
-    const NAME: &'static str = "cuda";
-    const HOST_ADDRESSABLE: bool = false;
-    type Device = CudaDevice;
-    type Memory = CudaMemory;
-    type Imported = CudaImported;
-    type Stream = CudaStream;
-    type Event = CudaEvent;
-    type Module = CudaModule;
-    type Kernel = CudaKernel;
-    type HostRegistration = CudaHostRegistration;
-    type Multicast = CudaMulticast;
-    type MulticastExport = CudaMulticastExport;
-    type MulticastBinding = CudaMulticastBinding;
-    type MulticastMapping = CudaMulticastMapping;
-}
+backend_api! { Cuda, "cuda", host_addressable: false, graph: graph::CudaGraph,
+device::CudaDevice, memory::CudaMemory, ipc::CudaImported, stream::CudaStream,
+stream::CudaEvent, module::CudaModule, module::CudaKernel, memory::CudaHostRegistration,
+multicast::CudaMulticast, multicast::CudaMulticastExport, multicast::CudaMulticastBinding,
+multicast::CudaMulticastMapping, }

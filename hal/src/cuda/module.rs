@@ -6,7 +6,7 @@ use super::device::CudaDevice;
 use super::result::module;
 use super::stream::CudaStream;
 use super::Cuda;
-use crate::auxil::{aligned_code_image, deferred};
+use crate::auxil::aligned_code_image;
 use crate::{Error, LaunchConfig, ModuleApi, Result};
 use cudarc::driver::sys;
 use std::ffi::{c_void, CString};
@@ -32,22 +32,9 @@ pub struct CudaKernel {
     params: Arc<Vec<(usize, usize)>>,
 }
 
-// SAFETY: module and function handles may be used from any thread.
-unsafe impl Send for ModuleInner {}
-// SAFETY: as above.
-unsafe impl Sync for ModuleInner {}
-// SAFETY: as above.
-unsafe impl Send for CudaKernel {}
-// SAFETY: as above.
-unsafe impl Sync for CudaKernel {}
-
-impl Drop for ModuleInner {
-    fn drop(&mut self) {
-        // SAFETY: raw came from cuModuleLoadData and is unloaded once; every kernel of it
-        // holds this Arc, so none is left.
-        deferred::release(self.dev.bind(), || unsafe { module::unload(self.raw) });
-    }
-}
+// Thread-safe: module and function handles may be used from any thread.
+owned_handle!(ModuleInner, module::unload);
+thread_safe!(CudaKernel);
 
 impl ModuleApi for Cuda {
     fn load_module(dev: &CudaDevice, code: &[u8]) -> Result<CudaModule> {

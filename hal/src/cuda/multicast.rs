@@ -21,6 +21,7 @@ use crate::auxil::deferred;
 use crate::auxil::fdpass::{self, host_id, FdRegistration, FD_FETCH_TIMEOUT};
 use crate::multicast::{
     check_bind, check_create, check_map, decode_params, encode_params, round_up, Kind, Live,
+    BIND_WAIT,
 };
 use crate::{
     Buffer, Error, IpcDescriptor, IpcKind, MulticastApi, MulticastGranularity, MulticastInfo,
@@ -29,10 +30,7 @@ use crate::{
 use cudarc::driver::sys;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// How long a bind waits for every device to be added (the driver call itself has no limit).
-const BIND_WAIT: Duration = Duration::from_secs(60);
 const FABRIC_HANDLE_BYTES: usize = 64;
 
 /// A process's handle of a multicast object. Clones share it; the last releases it.
@@ -109,10 +107,8 @@ pub struct CudaMulticastMapping {
     _live: Live,
 }
 
-// SAFETY: device addresses may be used from any thread.
-unsafe impl Send for CudaMulticastMapping {}
-// SAFETY: as above; immutable after creation.
-unsafe impl Sync for CudaMulticastMapping {}
+// Thread-safe: device addresses may be used from any thread; immutable after creation.
+thread_safe!(CudaMulticastMapping);
 
 impl Buffer for CudaMulticastMapping {
     fn device_ptr(&self) -> u64 {
@@ -292,78 +288,6 @@ fn add_device(permit: NvlsPermit, mc: &CudaMulticast, dev: &CudaDevice) -> Resul
     Ok(())
 }
 
-fn bind(
-    permit: NvlsPermit,
-    mc: &CudaMulticast,
-    dev: &CudaDevice,
-    mc_offset: usize,
-    mem: &CudaMemory,
-    mem_offset: usize,
-    size: usize,
-) -> Result<CudaMulticastBinding> {
-    const OP: &str = "multicast_bind(cuda)";
-    let m = &mc.inner;
-    if *m.added.lock().unwrap_or_else(|p| p.into_inner()) != Some(dev.ordinal()) {
-        return Err(Error::invalid(
-            OP,
-            format!("device {} added through this handle first", dev.ordinal()),
-            "a device this handle did not add",
-        ));
-    }
-    let Backing::Physical {
-        handle: mem_handle,
-        mapped_len,
-        ..
-    } = mem.backing
-    else {
-        return Err(Error::invalid(
-            OP,
-            "memory allocated as MemoryKind::Physical (cuMem)",
-            format!("{:?} memory", mem.kind()),
-        ));
-    };
-    check_bind(OP, &m.info, mc_offset, mapped_len, mem_offset, size)?;
-    // The driver blocks until every device was added: run it on a helper thread so a peer that
-    // never adds its device becomes a timeout. A bind that completes after the timeout is undone
-    // by the helper itself.
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (keep, d, mc_handle) = (mc.clone(), dev.clone(), m.handle);
-    std::thread::Builder::new()
-        .name("mscclpp-hal-mcbind".into())
-        .spawn(move || {
-            // SAFETY: both handles are live (`keep` holds the object; the caller keeps `mem`
-            // allocated while bound, per the trait's contract).
-            let r = d.bind().and_then(|()| unsafe {
-                mcr::bind_mem(permit, mc_handle, mc_offset, mem_handle, mem_offset, size)
-            });
-            if let Err(std::sync::mpsc::SendError(Ok(()))) = tx.send(r) {
-                // SAFETY: bound just above; nobody else knows of this binding.
-                let _ = unsafe { mcr::unbind(permit, mc_handle, d.cu_device(), mc_offset, size) };
-            }
-            drop(keep);
-        })
-        .map_err(|source| Error::Os {
-            op: "spawn multicast bind thread",
-            source,
-        })?;
-    match rx.recv_timeout(BIND_WAIT) {
-        Ok(r) => r?,
-        Err(_) => {
-            return Err(Error::Timeout {
-                op: "cuMulticastBindMem (waiting for every device to be added)",
-                waited: BIND_WAIT,
-            })
-        }
-    }
-    Ok(CudaMulticastBinding {
-        mc: mc.clone(),
-        dev: dev.clone(),
-        mc_offset,
-        size,
-        _live: Live::new(Kind::Binding),
-    })
-}
-
 fn map(
     mc: &CudaMulticast,
     dev: &CudaDevice,
@@ -433,9 +357,70 @@ impl MulticastApi for Cuda {
         mem_offset: usize,
         size: usize,
     ) -> Result<CudaMulticastBinding> {
-        let permit = NvlsPermit::check("multicast_bind(cuda)")?;
+        const OP: &str = "multicast_bind(cuda)";
+        let permit = NvlsPermit::check(OP)?;
         dev.enter()?;
-        bind(permit, mc, dev, mc_offset, mem, mem_offset, size)
+        let m = &mc.inner;
+        if *m.added.lock().unwrap_or_else(|p| p.into_inner()) != Some(dev.ordinal()) {
+            return Err(Error::invalid(
+                OP,
+                format!("device {} added through this handle first", dev.ordinal()),
+                "a device this handle did not add",
+            ));
+        }
+        let Backing::Physical {
+            handle: mem_handle,
+            mapped_len,
+            ..
+        } = mem.backing
+        else {
+            return Err(Error::invalid(
+                OP,
+                "memory allocated as MemoryKind::Physical (cuMem)",
+                format!("{:?} memory", mem.kind()),
+            ));
+        };
+        check_bind(OP, &m.info, mc_offset, mapped_len, mem_offset, size)?;
+        // The driver blocks until every device was added: run it on a helper thread so a peer that
+        // never adds its device becomes a timeout. A bind that completes after the timeout is undone
+        // by the helper itself.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (keep, d, mc_handle) = (mc.clone(), dev.clone(), m.handle);
+        std::thread::Builder::new()
+            .name("mscclpp-hal-mcbind".into())
+            .spawn(move || {
+                // SAFETY: both handles are live (`keep` holds the object; the caller keeps `mem`
+                // allocated while bound, per the trait's contract).
+                let r = d.bind().and_then(|()| unsafe {
+                    mcr::bind_mem(permit, mc_handle, mc_offset, mem_handle, mem_offset, size)
+                });
+                if let Err(std::sync::mpsc::SendError(Ok(()))) = tx.send(r) {
+                    // SAFETY: bound just above; nobody else knows of this binding.
+                    let _ =
+                        unsafe { mcr::unbind(permit, mc_handle, d.cu_device(), mc_offset, size) };
+                }
+                drop(keep);
+            })
+            .map_err(|source| Error::Os {
+                op: "spawn multicast bind thread",
+                source,
+            })?;
+        match rx.recv_timeout(BIND_WAIT) {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Timeout {
+                    op: "cuMulticastBindMem (waiting for every device to be added)",
+                    waited: BIND_WAIT,
+                })
+            }
+        }
+        Ok(CudaMulticastBinding {
+            mc: mc.clone(),
+            dev: dev.clone(),
+            mc_offset,
+            size,
+            _live: Live::new(Kind::Binding),
+        })
     }
     fn multicast_map(
         mc: &CudaMulticast,

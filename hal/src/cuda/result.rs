@@ -9,6 +9,7 @@
 //! then promises what the `# Safety` section says.
 
 use crate::auxil::count_driver_call;
+use crate::c_string;
 use crate::Result;
 use cudarc::driver::sys;
 use std::ffi::{c_char, c_void};
@@ -28,20 +29,33 @@ fn check(op: &'static str, r: sys::CUresult) -> Result<()> {
     }
 }
 
+/// [`checked`] for a call that writes a NUL-terminated string into a buffer of `N` chars
+/// (given to `f` as pointer and length); the string (all `N` chars without a NUL).
+fn checked_str<const N: usize>(
+    op: &'static str,
+    f: impl FnOnce(*mut c_char, i32) -> sys::CUresult,
+) -> Result<String> {
+    let mut buf = [0 as c_char; N];
+    checked(op, || f(buf.as_mut_ptr(), N as i32))?;
+    Ok(c_string(&buf))
+}
+
 /// Runs `f` through [`call`] and checks its status.
 /// Runs one driver call through the counting choke point and turns its status into `Result`.
 pub(in crate::cuda) fn checked(op: &'static str, f: impl FnOnce() -> sys::CUresult) -> Result<()> {
     check(op, call(f))
 }
 
-/// Reads a NUL-terminated name the driver wrote into `buf`.
-fn c_string(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+/// [`checked`] for a call that returns its result through an out pointer: `f` gets `init` to
+/// write into; its value once the call succeeded.
+pub(in crate::cuda) fn checked_out<T>(
+    op: &'static str,
+    init: T,
+    f: impl FnOnce(&mut T) -> sys::CUresult,
+) -> Result<T> {
+    let mut out = init;
+    checked(op, || f(&mut out))?;
+    Ok(out)
 }
 
 /// Initialization. <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__INITIALIZE.html>
@@ -56,12 +70,10 @@ pub(super) mod init {
 
     /// `cuDriverGetVersion` (e.g. 13000 for CUDA 13.0).
     pub(in crate::cuda) fn driver_version() -> Result<i32> {
-        let mut v = 0i32;
         // SAFETY: valid out pointer.
-        checked("cuDriverGetVersion", || unsafe {
-            sys::cuDriverGetVersion(&mut v)
-        })?;
-        Ok(v)
+        checked_out("cuDriverGetVersion", 0i32, |v| unsafe {
+            sys::cuDriverGetVersion(v)
+        })
     }
 }
 
@@ -72,22 +84,18 @@ pub(super) mod device {
 
     /// `cuDeviceGetCount`.
     pub(in crate::cuda) fn count() -> Result<i32> {
-        let mut n = 0i32;
         // SAFETY: valid out pointer.
-        checked("cuDeviceGetCount", || unsafe {
-            sys::cuDeviceGetCount(&mut n)
-        })?;
-        Ok(n)
+        checked_out("cuDeviceGetCount", 0i32, |n| unsafe {
+            sys::cuDeviceGetCount(n)
+        })
     }
 
     /// `cuDeviceGet`.
     pub(in crate::cuda) fn get(ordinal: i32) -> Result<sys::CUdevice> {
-        let mut dev: sys::CUdevice = 0;
         // SAFETY: valid out pointer; an out-of-range ordinal is an error status.
-        checked("cuDeviceGet", || unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal)
-        })?;
-        Ok(dev)
+        checked_out("cuDeviceGet", 0, |dev| unsafe {
+            sys::cuDeviceGet(dev, ordinal)
+        })
     }
 
     /// `cuDeviceGetAttribute`; `op` names the attribute in errors.
@@ -96,33 +104,27 @@ pub(super) mod device {
         attr: sys::CUdevice_attribute,
         op: &'static str,
     ) -> Result<i32> {
-        let mut v = 0i32;
         // SAFETY: valid out pointer; a bad device or attribute is an error status.
-        checked(op, || unsafe {
-            sys::cuDeviceGetAttribute(&mut v, attr, dev)
-        })?;
-        Ok(v)
+        checked_out(op, 0i32, |v| unsafe {
+            sys::cuDeviceGetAttribute(v, attr, dev)
+        })
     }
 
     /// `cuDeviceGetName`.
     pub(in crate::cuda) fn name(dev: sys::CUdevice) -> Result<String> {
-        let mut buf = [0 as c_char; 256];
-        // SAFETY: the buffer holds 256 chars; the driver NUL-terminates within that length.
-        checked("cuDeviceGetName", || unsafe {
-            sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, dev)
-        })?;
-        Ok(c_string(&buf))
+        // SAFETY: a buffer of 256 chars; the driver NUL-terminates within that length.
+        checked_str::<256>("cuDeviceGetName", |p, n| unsafe {
+            sys::cuDeviceGetName(p, n, dev)
+        })
     }
 
     /// `cuDeviceGetPCIBusId` (documented with memory management:
     /// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__MEM.html>).
     pub(in crate::cuda) fn pci_bus_id(dev: sys::CUdevice) -> Result<String> {
-        let mut buf = [0 as c_char; 64];
         // SAFETY: as for the name: 64 chars, NUL-terminated by the driver.
-        checked("cuDeviceGetPCIBusId", || unsafe {
-            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev)
-        })?;
-        Ok(c_string(&buf))
+        checked_str::<64>("cuDeviceGetPCIBusId", |p, n| unsafe {
+            sys::cuDeviceGetPCIBusId(p, n, dev)
+        })
     }
 }
 
@@ -134,12 +136,12 @@ pub(super) mod ctx {
 
     /// `cuDevicePrimaryCtxRetain`.
     pub(in crate::cuda) fn primary_retain(dev: sys::CUdevice) -> Result<sys::CUcontext> {
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: valid out pointer; a bad device is an error status.
-        checked("cuDevicePrimaryCtxRetain", || unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
-        })?;
-        Ok(ctx)
+        checked_out(
+            "cuDevicePrimaryCtxRetain",
+            std::ptr::null_mut(),
+            |ctx| unsafe { sys::cuDevicePrimaryCtxRetain(ctx, dev) },
+        )
     }
 
     /// `cuDevicePrimaryCtxRelease`.
@@ -167,18 +169,17 @@ pub(super) mod ctx {
     /// context, `None` without one.
     /// <https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__CTX.html>
     pub(in crate::cuda) fn current_device() -> Result<Option<sys::CUdevice>> {
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("cuCtxGetCurrent", || unsafe {
-            sys::cuCtxGetCurrent(&mut ctx)
-        })?;
+        let ctx: sys::CUcontext =
+            checked_out("cuCtxGetCurrent", std::ptr::null_mut(), |ctx| unsafe {
+                sys::cuCtxGetCurrent(ctx)
+            })?;
         if ctx.is_null() {
             return Ok(None);
         }
-        let mut dev: sys::CUdevice = 0;
         // SAFETY: valid out pointer; a context is current.
-        checked("cuCtxGetDevice", || unsafe {
-            sys::cuCtxGetDevice(&mut dev)
+        let dev: sys::CUdevice = checked_out("cuCtxGetDevice", 0, |dev| unsafe {
+            sys::cuCtxGetDevice(dev)
         })?;
         Ok(Some(dev))
     }
@@ -196,10 +197,9 @@ pub(super) mod peer {
 
     /// `cuDeviceCanAccessPeer`.
     pub(in crate::cuda) fn can_access(dev: sys::CUdevice, peer: sys::CUdevice) -> Result<bool> {
-        let mut v = 0i32;
         // SAFETY: valid out pointer; bad devices are an error status.
-        checked("cuDeviceCanAccessPeer", || unsafe {
-            sys::cuDeviceCanAccessPeer(&mut v, dev, peer)
+        let v = checked_out("cuDeviceCanAccessPeer", 0i32, |v| unsafe {
+            sys::cuDeviceCanAccessPeer(v, dev, peer)
         })?;
         Ok(v != 0)
     }
@@ -236,12 +236,10 @@ pub(super) mod stream {
 
     /// `cuStreamCreate(NON_BLOCKING)` in the current context.
     pub(in crate::cuda) fn create_non_blocking() -> Result<sys::CUstream> {
-        let mut s: sys::CUstream = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("cuStreamCreate", || unsafe {
-            sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        })?;
-        Ok(s)
+        checked_out("cuStreamCreate", std::ptr::null_mut(), |s| unsafe {
+            sys::cuStreamCreate(s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })
     }
 
     /// `cuStreamDestroy`.
@@ -303,12 +301,10 @@ pub(super) mod event {
 
     /// `cuEventCreate(DEFAULT)` in the current context (timing enabled).
     pub(in crate::cuda) fn create() -> Result<sys::CUevent> {
-        let mut e: sys::CUevent = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("cuEventCreate", || unsafe {
-            sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
-        })?;
-        Ok(e)
+        checked_out("cuEventCreate", std::ptr::null_mut(), |e| unsafe {
+            sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32)
+        })
     }
 
     /// `cuEventDestroy`.
@@ -346,12 +342,10 @@ pub(super) mod event {
         start: sys::CUevent,
         end: sys::CUevent,
     ) -> Result<f32> {
-        let mut ms = 0f32;
         // SAFETY: valid out pointer; the caller vouches for the events.
-        checked("cuEventElapsedTime", || unsafe {
-            sys::cuEventElapsedTime_v2(&mut ms, start, end)
-        })?;
-        Ok(ms)
+        checked_out("cuEventElapsedTime", 0f32, |ms| unsafe {
+            sys::cuEventElapsedTime_v2(ms, start, end)
+        })
     }
 }
 
@@ -366,12 +360,10 @@ pub(super) mod module {
     /// # Safety
     /// `image` points at a complete code object, suitably aligned (8 bytes), alive for the call.
     pub(in crate::cuda) unsafe fn load_data(image: *const c_void) -> Result<sys::CUmodule> {
-        let mut m: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: valid out pointer; the caller vouches for the image.
-        checked("cuModuleLoadData", || unsafe {
-            sys::cuModuleLoadData(&mut m, image)
-        })?;
-        Ok(m)
+        checked_out("cuModuleLoadData", std::ptr::null_mut(), |m| unsafe {
+            sys::cuModuleLoadData(m, image)
+        })
     }
 
     /// Every function of `m` loaded now (`cuModuleGetFunctionCount`, `cuModuleEnumerateFunctions`,
@@ -380,10 +372,9 @@ pub(super) mod module {
     /// # Safety
     /// `m` is a live module.
     pub(in crate::cuda) unsafe fn load_all_functions(m: sys::CUmodule) -> Result<usize> {
-        let mut n: std::ffi::c_uint = 0;
         // SAFETY: valid out pointer; the caller vouches for the module.
-        checked("cuModuleGetFunctionCount", || unsafe {
-            sys::cuModuleGetFunctionCount(&mut n, m)
+        let n: std::ffi::c_uint = checked_out("cuModuleGetFunctionCount", 0, |n| unsafe {
+            sys::cuModuleGetFunctionCount(n, m)
         })?;
         let mut funcs: Vec<sys::CUfunction> = vec![std::ptr::null_mut(); n as usize];
         // SAFETY: `funcs` holds `n` entries.
@@ -415,12 +406,10 @@ pub(super) mod module {
         m: sys::CUmodule,
         name: &CStr,
     ) -> Result<sys::CUfunction> {
-        let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: valid out pointer; NUL-terminated name; the caller vouches for the module.
-        checked("cuModuleGetFunction", || unsafe {
-            sys::cuModuleGetFunction(&mut f, m, name.as_ptr())
-        })?;
-        Ok(f)
+        checked_out("cuModuleGetFunction", std::ptr::null_mut(), |f| unsafe {
+            sys::cuModuleGetFunction(f, m, name.as_ptr())
+        })
     }
 
     /// `cuFuncGetParamInfo`: (offset, size) of parameter `index`, `None` past the last one.

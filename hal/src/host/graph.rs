@@ -5,20 +5,10 @@ use std::mem::ManuallyDrop;
 
 use super::{Host, HostDevice, HostStream};
 use crate::graph::StreamInterop;
-use crate::{Error, Result};
 
 /// Never constructed: the host backend has no graphs.
 #[derive(Debug)]
 pub struct HostGraph(());
-
-fn unsupported<T>(op: &'static str) -> Result<T> {
-    Err(Error::Unsupported {
-        op,
-        backend: "host",
-        reason: "host streams complete every operation at once; there is no graph to capture"
-            .into(),
-    })
-}
 
 impl StreamInterop for Host {
     type Graph = HostGraph;
@@ -28,16 +18,10 @@ impl StreamInterop for Host {
     fn raw_stream(_stream: &HostStream) -> u64 {
         0
     }
-    fn is_capturing(_stream: &HostStream) -> Result<bool> {
-        Ok(false)
-    }
-    fn begin_capture(_stream: &HostStream) -> Result<()> {
-        unsupported("begin_capture")
-    }
-    fn end_capture(_stream: &HostStream) -> Result<HostGraph> {
-        unsupported("end_capture")
-    }
-    fn launch_graph(_graph: &HostGraph, _stream: &HostStream) -> Result<()> {
-        unsupported("launch_graph")
-    }
+    no_graph_capture!(
+        "host",
+        "host streams complete every operation at once; there is no graph to capture",
+        HostStream,
+        HostGraph
+    );
 }

@@ -21,36 +21,10 @@ mod module;
 mod multicast;
 mod stream;
 
-pub use device::HostDevice;
-pub use graph::HostGraph;
-pub use ipc::HostImported;
-pub use memory::{HostMemory, HostRegistration};
-pub use module::{HostKernel, HostModule};
-pub use multicast::{
-    multicast_members, HostMulticast, HostMulticastBinding, HostMulticastExport,
-    HostMulticastMapping, MulticastMembers,
-};
-pub use stream::{HostEvent, HostStream};
+pub use multicast::{multicast_members, MulticastMembers};
 
-use crate::Api;
-
-/// The host backend type (`mscclpp_hal::api::Host`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Host;
-
-impl Api for Host {
-    const NAME: &'static str = "host";
-    const HOST_ADDRESSABLE: bool = true;
-    type Device = HostDevice;
-    type Memory = HostMemory;
-    type Imported = HostImported;
-    type Stream = HostStream;
-    type Event = HostEvent;
-    type Module = HostModule;
-    type Kernel = HostKernel;
-    type HostRegistration = HostRegistration;
-    type Multicast = HostMulticast;
-    type MulticastExport = HostMulticastExport;
-    type MulticastBinding = HostMulticastBinding;
-    type MulticastMapping = HostMulticastMapping;
-}
+backend_api! { Host, "host", host_addressable: true, graph: graph::HostGraph,
+device::HostDevice, memory::HostMemory, ipc::HostImported, stream::HostStream,
+stream::HostEvent, module::HostModule, module::HostKernel, memory::HostRegistration,
+multicast::HostMulticast, multicast::HostMulticastExport, multicast::HostMulticastBinding,
+multicast::HostMulticastMapping, }

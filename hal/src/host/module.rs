@@ -2,7 +2,7 @@
 //! ([`crate::ModuleApi`] for [`Host`]).
 
 use super::{Host, HostStream};
-use crate::{Error, LaunchConfig, ModuleApi, Result};
+use crate::{LaunchConfig, ModuleApi, Result};
 
 /// Never constructed: the host backend loads no code objects.
 #[derive(Debug)]
@@ -13,11 +13,7 @@ pub struct HostModule(());
 pub struct HostKernel(());
 
 fn unsupported<T>(op: &'static str) -> Result<T> {
-    Err(Error::Unsupported {
-        op,
-        backend: "host",
-        reason: "the host backend runs no device code".into(),
-    })
+    crate::unsupported(op, "host", "the host backend runs no device code")
 }
 
 impl ModuleApi for Host {

@@ -19,26 +19,23 @@ mod table;
 
 pub use members::{multicast_members, MulticastMembers};
 
-use self::members::MappedObject;
+use self::members::{fetch_memfd, MappedObject};
 use self::table::{Binding, McObject, MAGIC, TABLE_BYTES};
 use super::{Host, HostDevice, HostMemory};
-use crate::auxil::fdpass::{self, host_id, FdRegistration, FD_FETCH_TIMEOUT};
+use crate::auxil::fdpass::{self, host_id, FdRegistration};
 use crate::auxil::os::{self, Mapping};
 use crate::auxil::poll_until;
 use crate::multicast::{
     check_bind, check_create, check_map, decode_params, encode_params, round_up, Kind, Live,
+    BIND_WAIT,
 };
 use crate::{
     Buffer, Error, IpcApi, IpcDescriptor, IpcKind, MulticastApi, MulticastGranularity,
     MulticastInfo, Result,
 };
-use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// How long a bind waits for every device to be added (the driver waits without a limit).
-const BIND_WAIT: Duration = Duration::from_secs(60);
 /// Recommended granularity in pages.
 const RECOMMENDED_PAGES: usize = 16;
 
@@ -184,22 +181,14 @@ fn import(desc: &IpcDescriptor) -> Result<HostMulticast> {
         ));
     }
     let (info, _) = decode_params(desc, 0)?;
-    let fd = fdpass::fetch(desc.host_id, desc.pid, desc.fd_id, FD_FETCH_TIMEOUT)?;
-    let file = std::fs::File::from(fd);
-    let len = file
-        .metadata()
-        .map_err(|source| Error::Os {
-            op: "fstat(multicast memfd)",
-            source,
-        })?
-        .len();
+    let (fd, len) = fetch_memfd(desc.host_id, desc.pid, desc.fd_id, "fstat(multicast memfd)")?;
     if len != TABLE_BYTES as u64 {
         return Err(Error::BadDescriptor(format!(
             "multicast object of pid {}: expected a {TABLE_BYTES}-byte control memfd, got {len}",
             desc.pid
         )));
     }
-    let map = Mapping::shared(&OwnedFd::from(file), TABLE_BYTES)?;
+    let map = Mapping::shared(&fd, TABLE_BYTES)?;
     let obj = McObject {
         map,
         fd: Mutex::new(None),

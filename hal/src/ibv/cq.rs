@@ -22,10 +22,8 @@ pub struct CompletionQueue {
     raw: NonNull<sys::ibv_cq>,
 }
 
-// SAFETY: verbs CQs are thread-safe; the pointer is only passed to verbs calls.
-unsafe impl Send for CompletionQueue {}
-// SAFETY: as above.
-unsafe impl Sync for CompletionQueue {}
+// Thread-safe: verbs CQs are thread-safe; the pointer is only passed to verbs calls.
+thread_safe!(CompletionQueue);
 
 impl std::fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

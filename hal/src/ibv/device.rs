@@ -17,11 +17,9 @@ pub struct Context {
     name: String,
 }
 
-// SAFETY: verbs contexts are thread-safe per the libibverbs API; the pointer is only used
+// Thread-safe: verbs contexts are thread-safe per the libibverbs API; the pointer is only used
 // through verbs calls.
-unsafe impl Send for Context {}
-// SAFETY: as above.
-unsafe impl Sync for Context {}
+thread_safe!(Context);
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

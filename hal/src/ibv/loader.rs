@@ -139,9 +139,7 @@ impl IbvLib {
         }
         // SAFETY: as above; ibv_reg_dmabuf_mr is optional (older libraries and test providers).
         let reg_dmabuf_mr: Option<RegDmabufMr> =
-            unsafe { lib.get::<RegDmabufMr>(b"ibv_reg_dmabuf_mr\0") }
-                .ok()
-                .map(|s| *s);
+            unsafe { crate::optional_symbol::<RegDmabufMr>(&lib, b"ibv_reg_dmabuf_mr\0") };
         Ok(IbvLib {
             get_device_list: sym!("ibv_get_device_list"),
             free_device_list: sym!("ibv_free_device_list"),

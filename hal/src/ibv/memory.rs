@@ -63,10 +63,8 @@ pub struct ProtectionDomain {
     raw: NonNull<sys::ibv_pd>,
 }
 
-// SAFETY: verbs objects are thread-safe; the pointer is only passed to verbs calls.
-unsafe impl Send for ProtectionDomain {}
-// SAFETY: as above.
-unsafe impl Sync for ProtectionDomain {}
+// Thread-safe: verbs objects are thread-safe; the pointer is only passed to verbs calls.
+thread_safe!(ProtectionDomain);
 
 impl std::fmt::Debug for ProtectionDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,10 +167,9 @@ pub struct MemoryRegion {
     raw: NonNull<sys::ibv_mr>,
 }
 
-// SAFETY: the MR is only read (addr/len/keys) and passed to verbs calls, which are thread-safe.
-unsafe impl Send for MemoryRegion {}
-// SAFETY: as above.
-unsafe impl Sync for MemoryRegion {}
+// Thread-safe: the MR is only read (addr/len/keys) and passed to verbs calls, which are thread-
+// safe.
+thread_safe!(MemoryRegion);
 
 impl std::fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -106,17 +106,14 @@ impl Mlx5Lib {
     fn resolve(lib: libloading::Library, path: String) -> Mlx5Lib {
         const SYSFS: &[u8] = b"mlx5dv_get_data_direct_sysfs_path\0";
         // SAFETY: (each) the type matches the prototype in mlx5dv.h; a missing symbol is None.
-        let get_data_direct_sysfs_path = unsafe { lib.get::<GetDataDirectSysfsPath>(SYSFS) }
-            .ok()
-            .map(|s| *s);
+        let get_data_direct_sysfs_path =
+            unsafe { crate::optional_symbol::<GetDataDirectSysfsPath>(&lib, SYSFS) };
         // SAFETY: as above.
-        let reg_dmabuf_mr = unsafe { lib.get::<RegDmabufMr>(b"mlx5dv_reg_dmabuf_mr\0") }
-            .ok()
-            .map(|s| *s);
+        let reg_dmabuf_mr =
+            unsafe { crate::optional_symbol::<RegDmabufMr>(&lib, b"mlx5dv_reg_dmabuf_mr\0") };
         // SAFETY: as above.
-        let is_supported = unsafe { lib.get::<IsSupported>(b"mlx5dv_is_supported\0") }
-            .ok()
-            .map(|s| *s);
+        let is_supported =
+            unsafe { crate::optional_symbol::<IsSupported>(&lib, b"mlx5dv_is_supported\0") };
         Mlx5Lib {
             path,
             get_data_direct_sysfs_path,

@@ -228,11 +228,9 @@ pub struct QueuePair {
     raw: NonNull<sys::ibv_qp>,
 }
 
-// SAFETY: verbs QPs are thread-safe (providers lock their queues); the pointer is only passed
+// Thread-safe: verbs QPs are thread-safe (providers lock their queues); the pointer is only passed
 // to verbs calls.
-unsafe impl Send for QueuePair {}
-// SAFETY: as above.
-unsafe impl Sync for QueuePair {}
+thread_safe!(QueuePair);
 
 impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -5,19 +5,10 @@ use std::mem::ManuallyDrop;
 
 use super::{Rocm, RocmDevice, RocmStream};
 use crate::graph::StreamInterop;
-use crate::{Error, Result};
 
 /// Never constructed: graph capture is not wired up on ROCm yet.
 #[derive(Debug)]
 pub struct RocmGraph(());
-
-fn unsupported<T>(op: &'static str) -> Result<T> {
-    Err(Error::Unsupported {
-        op,
-        backend: "rocm",
-        reason: "HIP graph capture is not wired up in this backend yet".into(),
-    })
-}
 
 impl StreamInterop for Rocm {
     type Graph = RocmGraph;
@@ -30,16 +21,10 @@ impl StreamInterop for Rocm {
     fn raw_stream(stream: &RocmStream) -> u64 {
         stream.raw as usize as u64
     }
-    fn is_capturing(_stream: &RocmStream) -> Result<bool> {
-        Ok(false)
-    }
-    fn begin_capture(_stream: &RocmStream) -> Result<()> {
-        unsupported("begin_capture")
-    }
-    fn end_capture(_stream: &RocmStream) -> Result<RocmGraph> {
-        unsupported("end_capture")
-    }
-    fn launch_graph(_graph: &RocmGraph, _stream: &RocmStream) -> Result<()> {
-        unsupported("launch_graph")
-    }
+    no_graph_capture!(
+        "rocm",
+        "HIP graph capture is not wired up in this backend yet",
+        RocmStream,
+        RocmGraph
+    );
 }

@@ -24,36 +24,10 @@ mod result;
 mod stream;
 mod sys;
 
-pub use device::RocmDevice;
-pub use graph::RocmGraph;
 pub use ipc::HipOpener;
-pub use ipc::RocmImported;
-pub use memory::{RocmHostRegistration, RocmMemory};
-pub use module::{RocmKernel, RocmModule};
-pub use multicast::{
-    RocmMulticast, RocmMulticastBinding, RocmMulticastExport, RocmMulticastMapping,
-};
-pub use stream::{RocmEvent, RocmStream};
 
-use crate::Api;
-
-/// The ROCm backend type (`mscclpp_hal::api::Rocm`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Rocm;
-
-impl Api for Rocm {
-    const NAME: &'static str = "rocm";
-    const HOST_ADDRESSABLE: bool = false;
-    type Device = RocmDevice;
-    type Memory = RocmMemory;
-    type Imported = RocmImported;
-    type Stream = RocmStream;
-    type Event = RocmEvent;
-    type Module = RocmModule;
-    type Kernel = RocmKernel;
-    type HostRegistration = RocmHostRegistration;
-    type Multicast = RocmMulticast;
-    type MulticastExport = RocmMulticastExport;
-    type MulticastBinding = RocmMulticastBinding;
-    type MulticastMapping = RocmMulticastMapping;
-}
+backend_api! { Rocm, "rocm", host_addressable: false, graph: graph::RocmGraph,
+device::RocmDevice, memory::RocmMemory, ipc::RocmImported, stream::RocmStream,
+stream::RocmEvent, module::RocmModule, module::RocmKernel, memory::RocmHostRegistration,
+multicast::RocmMulticast, multicast::RocmMulticastExport, multicast::RocmMulticastBinding,
+multicast::RocmMulticastMapping, }

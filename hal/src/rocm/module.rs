@@ -6,7 +6,7 @@ use super::result::module;
 use super::stream::RocmStream;
 use super::sys::{HipFunction, HipModule};
 use super::Rocm;
-use crate::auxil::{aligned_code_image, deferred};
+use crate::auxil::aligned_code_image;
 use crate::{Error, LaunchConfig, ModuleApi, Result};
 use std::ffi::CString;
 use std::sync::Arc;
@@ -30,22 +30,9 @@ pub struct RocmKernel {
     func: HipFunction,
 }
 
-// SAFETY: module and function handles may be used from any thread.
-unsafe impl Send for ModuleInner {}
-// SAFETY: as above.
-unsafe impl Sync for ModuleInner {}
-// SAFETY: as above.
-unsafe impl Send for RocmKernel {}
-// SAFETY: as above.
-unsafe impl Sync for RocmKernel {}
-
-impl Drop for ModuleInner {
-    fn drop(&mut self) {
-        // SAFETY: raw came from hipModuleLoadData and is unloaded once; every kernel of it
-        // holds this Arc, so none is left.
-        deferred::release(self.dev.bind(), || unsafe { module::unload(self.raw) });
-    }
-}
+// Thread-safe: module and function handles may be used from any thread.
+owned_handle!(ModuleInner, module::unload);
+thread_safe!(RocmKernel);
 
 impl ModuleApi for Rocm {
     fn load_module(dev: &RocmDevice, code: &[u8]) -> Result<RocmModule> {

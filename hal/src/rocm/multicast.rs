@@ -7,8 +7,7 @@ use super::device::RocmDevice;
 use super::memory::RocmMemory;
 use super::Rocm;
 use crate::{
-    Buffer, Error, IpcDescriptor, MulticastApi, MulticastGranularity, MulticastInfo, NvlsPermit,
-    Result,
+    Buffer, IpcDescriptor, MulticastApi, MulticastGranularity, MulticastInfo, NvlsPermit, Result,
 };
 
 /// No multicast handle exists on ROCm.
@@ -38,11 +37,7 @@ impl Buffer for RocmMulticastMapping {
 
 fn unsupported<T>(op: &'static str) -> Result<T> {
     NvlsPermit::check(op)?;
-    Err(Error::Unsupported {
-        op,
-        backend: "rocm",
-        reason: "AMD GPUs have no NVLink multicast objects".into(),
-    })
+    crate::unsupported(op, "rocm", "AMD GPUs have no NVLink multicast objects")
 }
 
 impl MulticastApi for Rocm {
@@ -98,6 +93,7 @@ impl MulticastApi for Rocm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     #[test]
     fn refused_without_hip_calls() {

@@ -14,6 +14,7 @@ use super::conv::{
 };
 use super::sys::{hip, Hip, HipEvent, HipFunction, HipModule, HipStream};
 use crate::auxil::count_driver_call;
+use crate::c_string;
 use crate::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -55,6 +56,29 @@ fn checked(op: &'static str, f: impl FnOnce(&'static Hip) -> c_int) -> Result<()
     check(op, call(f)?)
 }
 
+/// [`checked`] for a call that returns its result through an out pointer: `f` gets `init` to
+/// write into; its value once the call succeeded.
+fn checked_out<T>(
+    op: &'static str,
+    init: T,
+    f: impl FnOnce(&'static Hip, &mut T) -> c_int,
+) -> Result<T> {
+    let mut out = init;
+    checked(op, |h| f(h, &mut out))?;
+    Ok(out)
+}
+
+/// [`checked`] for a call that writes a NUL-terminated string into a buffer of `N` chars
+/// (given to `f` as pointer and length); the string (all `N` chars without a NUL).
+fn checked_str<const N: usize>(
+    op: &'static str,
+    f: impl FnOnce(&'static Hip, *mut c_char, i32) -> c_int,
+) -> Result<String> {
+    let mut buf = [0 as c_char; N];
+    checked(op, |h| f(h, buf.as_mut_ptr(), N as i32))?;
+    Ok(c_string(&buf))
+}
+
 /// `hipErrorNotReady` is `Ok(false)`, success `Ok(true)`, anything else an error.
 fn ready(op: &'static str, rc: c_int) -> Result<bool> {
     if rc == HIP_ERROR_NOT_READY {
@@ -62,15 +86,6 @@ fn ready(op: &'static str, rc: c_int) -> Result<bool> {
     } else {
         check(op, rc).map(|_| true)
     }
-}
-
-fn c_string(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn ptr(addr: u64) -> *mut c_void {
@@ -85,20 +100,16 @@ pub(super) mod device {
 
     /// `hipGetDeviceCount`.
     pub(in crate::rocm) fn count() -> Result<i32> {
-        let mut n = 0;
         // SAFETY: valid out pointer.
-        checked("hipGetDeviceCount", |h| unsafe {
-            (h.hipGetDeviceCount)(&mut n)
-        })?;
-        Ok(n)
+        checked_out("hipGetDeviceCount", 0, |h, n| unsafe {
+            (h.hipGetDeviceCount)(n)
+        })
     }
 
     /// `hipGetDevice`: the calling thread's device (HIP always has one, device 0 by default).
     pub(in crate::rocm) fn current() -> Result<i32> {
-        let mut d = 0;
         // SAFETY: valid out pointer.
-        checked("hipGetDevice", |h| unsafe { (h.hipGetDevice)(&mut d) })?;
-        Ok(d)
+        checked_out("hipGetDevice", 0, |h, d| unsafe { (h.hipGetDevice)(d) })
     }
 
     /// `hipSetDevice`.
@@ -109,40 +120,33 @@ pub(super) mod device {
 
     /// `hipDeviceGetAttribute`; `op` names the attribute in errors.
     pub(in crate::rocm) fn attribute(ordinal: i32, attr: i32, op: &'static str) -> Result<i32> {
-        let mut v = 0;
         // SAFETY: valid out pointer.
-        checked(op, |h| unsafe {
-            (h.hipDeviceGetAttribute)(&mut v, attr, ordinal)
-        })?;
-        Ok(v)
+        checked_out(op, 0, |h, v| unsafe {
+            (h.hipDeviceGetAttribute)(v, attr, ordinal)
+        })
     }
 
     /// `hipDeviceGetName`.
     pub(in crate::rocm) fn name(ordinal: i32) -> Result<String> {
-        let mut buf = [0 as c_char; 256];
-        // SAFETY: the buffer holds 256 chars.
-        checked("hipDeviceGetName", |h| unsafe {
-            (h.hipDeviceGetName)(buf.as_mut_ptr(), buf.len() as i32, ordinal)
-        })?;
-        Ok(c_string(&buf))
+        // SAFETY: a buffer of 256 chars.
+        checked_str::<256>("hipDeviceGetName", |h, p, n| unsafe {
+            (h.hipDeviceGetName)(p, n, ordinal)
+        })
     }
 
     /// `hipDeviceGetPCIBusId`.
     pub(in crate::rocm) fn pci_bus_id(ordinal: i32) -> Result<String> {
-        let mut buf = [0 as c_char; 64];
-        // SAFETY: the buffer holds 64 chars.
-        checked("hipDeviceGetPCIBusId", |h| unsafe {
-            (h.hipDeviceGetPCIBusId)(buf.as_mut_ptr(), buf.len() as i32, ordinal)
-        })?;
-        Ok(c_string(&buf))
+        // SAFETY: a buffer of 64 chars.
+        checked_str::<64>("hipDeviceGetPCIBusId", |h, p, n| unsafe {
+            (h.hipDeviceGetPCIBusId)(p, n, ordinal)
+        })
     }
 
     /// `hipDeviceCanAccessPeer`.
     pub(in crate::rocm) fn can_access_peer(ordinal: i32, peer: i32) -> Result<bool> {
-        let mut v = 0;
         // SAFETY: valid out pointer.
-        checked("hipDeviceCanAccessPeer", |h| unsafe {
-            (h.hipDeviceCanAccessPeer)(&mut v, ordinal, peer)
+        let v = checked_out("hipDeviceCanAccessPeer", 0, |h, v| unsafe {
+            (h.hipDeviceCanAccessPeer)(v, ordinal, peer)
         })?;
         Ok(v != 0)
     }
@@ -174,10 +178,10 @@ pub(super) mod mem {
 
     /// `hipMalloc` on the current device.
     pub(in crate::rocm) fn malloc(size: usize) -> Result<*mut c_void> {
-        let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("hipMalloc", |h| unsafe { (h.hipMalloc)(&mut p, size) })?;
-        Ok(p)
+        checked_out("hipMalloc", std::ptr::null_mut(), |h, p| unsafe {
+            (h.hipMalloc)(p, size)
+        })
     }
 
     /// `hipExtMallocWithFlags(size, flags)`; `op` names the flags in errors.
@@ -186,12 +190,10 @@ pub(super) mod mem {
         size: usize,
         flags: u32,
     ) -> Result<*mut c_void> {
-        let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked(op, |h| unsafe {
-            (h.hipExtMallocWithFlags)(&mut p, size, flags)
-        })?;
-        Ok(p)
+        checked_out(op, std::ptr::null_mut(), |h, p| unsafe {
+            (h.hipExtMallocWithFlags)(p, size, flags)
+        })
     }
 
     /// `hipFree`.
@@ -205,12 +207,10 @@ pub(super) mod mem {
 
     /// `hipHostMalloc(size, flags)`.
     pub(in crate::rocm) fn host_malloc(size: usize, flags: u32) -> Result<*mut c_void> {
-        let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("hipHostMalloc", |h| unsafe {
-            (h.hipHostMalloc)(&mut p, size, flags)
-        })?;
-        Ok(p)
+        checked_out("hipHostMalloc", std::ptr::null_mut(), |h, p| unsafe {
+            (h.hipHostMalloc)(p, size, flags)
+        })
     }
 
     /// `hipHostFree`.
@@ -227,12 +227,12 @@ pub(super) mod mem {
     /// # Safety
     /// `p` is live host memory allocated or registered as mapped.
     pub(in crate::rocm) unsafe fn host_device_pointer(p: *mut c_void) -> Result<*mut c_void> {
-        let mut d: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer; the caller vouches for `p`; flags must be 0.
-        checked("hipHostGetDevicePointer", |h| unsafe {
-            (h.hipHostGetDevicePointer)(&mut d, p, 0)
-        })?;
-        Ok(d)
+        checked_out(
+            "hipHostGetDevicePointer",
+            std::ptr::null_mut(),
+            |h, d| unsafe { (h.hipHostGetDevicePointer)(d, p, 0) },
+        )
     }
 
     /// `hipHostRegister(p, len, flags)`.
@@ -306,12 +306,12 @@ pub(super) mod stream {
 
     /// `hipStreamCreateWithFlags(NonBlocking)` on the current device.
     pub(in crate::rocm) fn create_non_blocking() -> Result<HipStream> {
-        let mut s: HipStream = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("hipStreamCreateWithFlags", |h| unsafe {
-            (h.hipStreamCreateWithFlags)(&mut s, HIP_STREAM_NON_BLOCKING)
-        })?;
-        Ok(s)
+        checked_out(
+            "hipStreamCreateWithFlags",
+            std::ptr::null_mut(),
+            |h, s| unsafe { (h.hipStreamCreateWithFlags)(s, HIP_STREAM_NON_BLOCKING) },
+        )
     }
 
     /// `hipStreamDestroy`.
@@ -362,10 +362,10 @@ pub(super) mod event {
 
     /// `hipEventCreate`.
     pub(in crate::rocm) fn create() -> Result<HipEvent> {
-        let mut e: HipEvent = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        checked("hipEventCreate", |h| unsafe { (h.hipEventCreate)(&mut e) })?;
-        Ok(e)
+        checked_out("hipEventCreate", std::ptr::null_mut(), |h, e| unsafe {
+            (h.hipEventCreate)(e)
+        })
     }
 
     /// `hipEventDestroy`.
@@ -400,12 +400,10 @@ pub(super) mod event {
     /// # Safety
     /// Both events are live.
     pub(in crate::rocm) unsafe fn elapsed_ms(start: HipEvent, end: HipEvent) -> Result<f32> {
-        let mut ms = 0f32;
         // SAFETY: valid out pointer; the caller vouches for the events.
-        checked("hipEventElapsedTime", |h| unsafe {
-            (h.hipEventElapsedTime)(&mut ms, start, end)
-        })?;
-        Ok(ms)
+        checked_out("hipEventElapsedTime", 0f32, |h, ms| unsafe {
+            (h.hipEventElapsedTime)(ms, start, end)
+        })
     }
 }
 
@@ -419,12 +417,10 @@ pub(super) mod module {
     /// # Safety
     /// `image` points at a complete, 8-byte-aligned code object alive for the call.
     pub(in crate::rocm) unsafe fn load_data(image: *const c_void) -> Result<HipModule> {
-        let mut m: HipModule = std::ptr::null_mut();
         // SAFETY: valid out pointer; the caller vouches for the image.
-        checked("hipModuleLoadData", |h| unsafe {
-            (h.hipModuleLoadData)(&mut m, image)
-        })?;
-        Ok(m)
+        checked_out("hipModuleLoadData", std::ptr::null_mut(), |h, m| unsafe {
+            (h.hipModuleLoadData)(m, image)
+        })
     }
 
     /// `hipModuleUnload`.
@@ -441,12 +437,12 @@ pub(super) mod module {
     /// # Safety
     /// `m` is live.
     pub(in crate::rocm) unsafe fn get_function(m: HipModule, name: &CStr) -> Result<HipFunction> {
-        let mut f: HipFunction = std::ptr::null_mut();
         // SAFETY: valid out pointer; NUL-terminated name; the caller vouches for the module.
-        checked("hipModuleGetFunction", |h| unsafe {
-            (h.hipModuleGetFunction)(&mut f, m, name.as_ptr())
-        })?;
-        Ok(f)
+        checked_out(
+            "hipModuleGetFunction",
+            std::ptr::null_mut(),
+            |h, f| unsafe { (h.hipModuleGetFunction)(f, m, name.as_ptr()) },
+        )
     }
 
     /// `hipModuleLaunchKernel` with the packed argument buffer passed through `extra`
@@ -503,21 +499,21 @@ pub(super) mod ipc {
     /// `hipIpcGetMemHandle` of the allocation that starts at `base`.
     pub(in crate::rocm) fn get_handle(base: u64) -> Result<hipIpcMemHandle_t> {
         // SAFETY: plain C struct; all-zero is a valid value.
-        let mut handle: hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
         // SAFETY: valid out pointer; a pointer that is no allocation base is an error status.
-        checked("hipIpcGetMemHandle", |h| unsafe {
-            (h.hipIpcGetMemHandle)(&mut handle, ptr(base))
-        })?;
-        Ok(handle)
+        checked_out(
+            "hipIpcGetMemHandle",
+            unsafe { std::mem::zeroed() },
+            |h, handle| unsafe { (h.hipIpcGetMemHandle)(handle, ptr(base)) },
+        )
     }
 
     /// `hipIpcOpenMemHandle(handle, flags)`.
     pub(in crate::rocm) fn open_handle(handle: hipIpcMemHandle_t, flags: u32) -> Result<u64> {
-        let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer; handle bytes naming no exported memory are an error status.
-        checked("hipIpcOpenMemHandle", |h| unsafe {
-            (h.hipIpcOpenMemHandle)(&mut p, handle, flags)
-        })?;
+        let p: *mut c_void =
+            checked_out("hipIpcOpenMemHandle", std::ptr::null_mut(), |h, p| unsafe {
+                (h.hipIpcOpenMemHandle)(p, handle, flags)
+            })?;
         Ok(p as usize as u64)
     }
 

@@ -80,6 +80,23 @@ pub fn skip_reason() -> Option<String> {
     }
 }
 
+/// GPU 0 and kernel `kernel` of the embedded hal_test code object for test `test`; `None`
+/// (after printing why) where the test cannot run.
+pub fn gpu_and_kernel(
+    test: &str,
+    kernel: &str,
+) -> Option<(<Gpu as Api>::Device, <Gpu as Api>::Kernel)> {
+    if let Some(reason) = skip_reason() {
+        println!("SKIPPED {test}: {reason}");
+        return None;
+    }
+    let dev = Gpu::open_device(0).expect("open GPU 0");
+    let code = mscclpp_test_kernels::object("hal_test").expect("hal_test code object");
+    let module = Gpu::load_module(&dev, code).expect("load hal_test");
+    let k = Gpu::get_kernel(&module, kernel).unwrap_or_else(|e| panic!("{kernel}: {e}"));
+    Some((dev, k))
+}
+
 /// Process B: import, fill through the imported pointer, synchronize.
 pub fn child() -> Result<(), String> {
     let get = |k: &str| std::env::var(k).map_err(|_| format!("child: {k} not set"));

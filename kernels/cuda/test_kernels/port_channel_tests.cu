@@ -56,14 +56,7 @@ extern "C" __global__ void __launch_bounds__(1024) port_channel_ping_pong(PortCh
       }
     } else {
       if (threadIdx.x == 0) {
-        if (usePoll) {
-          int64_t spins = 0;
-          while (!ch.poll()) {
-            MSCCLPP_DEVICE_CHECK(++spins < MSCCLPP_DEFAULT_MAX_SPIN, "port_channel_ping_pong: poll never succeeded");
-          }
-        } else {
-          ch.wait();
-        }
+        waitOrPoll(ch, usePoll, "port_channel_ping_pong: poll never succeeded");
       }
       __syncthreads();
       if (check) checkPattern(buff, nElem, seed, (uint32_t)r, errorCount);

@@ -26,6 +26,8 @@
 // observed inbound token to *seen (for checking the counting on the host).
 #include <mscclpp/semaphore_device.hpp>
 
+#include "test_pattern.hpp"
+
 using mscclpp::MemoryDevice2DeviceSemaphoreDeviceHandle;
 
 __device__ __forceinline__ void storeSignal(MemoryDevice2DeviceSemaphoreDeviceHandle& h, uint64_t* outbound) {
@@ -73,14 +75,7 @@ extern "C" __global__ void semaphore_wait_n(MemoryDevice2DeviceSemaphoreDeviceHa
                                             uint64_t* seen) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   for (int i = 0; i < n; ++i) {
-    if (usePoll) {
-      int64_t spins = 0;
-      while (!h.poll()) {
-        MSCCLPP_DEVICE_CHECK(++spins < MSCCLPP_DEFAULT_MAX_SPIN, "semaphore_wait_n: poll never succeeded");
-      }
-    } else {
-      h.wait();
-    }
+    waitOrPoll(h, usePoll, "semaphore_wait_n: poll never succeeded");
   }
   *seen = mscclpp::loadAcquireSys(h.inboundToken);
 }

@@ -1,4 +1,5 @@
-// Test data shared by the test kernels (not compiled on its own: build.rs compiles *.cu only).
+// Test data and helpers shared by the test kernels (not compiled on its own: build.rs compiles *.cu
+// only).
 //
 // testPattern(seed, round, i): the u32 that element i of a buffer holds in round `round`:
 //   x = (uint32_t)seed ^ (uint32_t)(seed >> 32) ^ (round * 0x9E3779B9u) ^ (i * 0x85EBCA6Bu)   (u32 wrap)
@@ -33,6 +34,20 @@ __device__ inline void checkPattern(const uint32_t* buff, uint64_t nElem, uint64
     if (buff[i] != testPattern(seed, round, i)) ++errors;
   }
   if (errors) atomicAdd(errorCount, errors);
+}
+
+/// Waits for the peer's signal on `h` (a semaphore or channel handle): spins on poll() when
+/// `usePoll` (a device check naming `what` fails after MSCCLPP_DEFAULT_MAX_SPIN spins), else wait().
+template <typename Handle>
+__device__ inline void waitOrPoll(Handle& h, int usePoll, const char* what) {
+  if (usePoll) {
+    int64_t spins = 0;
+    while (!h.poll()) {
+      MSCCLPP_DEVICE_CHECK(++spins < MSCCLPP_DEFAULT_MAX_SPIN, what);
+    }
+  } else {
+    h.wait();
+  }
 }
 #endif
 

@@ -49,7 +49,7 @@ mod cq;
 use cq::{tp_poll_cq, tp_req_notify_cq};
 mod pd;
 mod qp;
-use qp::{tp_post_recv, tp_post_send};
+use qp::tp_post;
 pub mod state;
 pub mod wire;
 
@@ -253,8 +253,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
     ibv.cmd_fd = -1;
     ibv.async_fd = -1;
     ibv.num_comp_vectors = 1;
-    ibv.ops.post_send = Some(tp_post_send);
-    ibv.ops.post_recv = Some(tp_post_recv);
+    ibv.ops.post_send = Some(tp_post::<sys::ibv_send_wr>);
+    ibv.ops.post_recv = Some(tp_post::<sys::ibv_recv_wr>);
     ibv.ops.poll_cq = Some(tp_poll_cq);
     ibv.ops.req_notify_cq = Some(tp_req_notify_cq);
     Box::into_raw(Box::new(ProvContext {
@@ -265,17 +265,27 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
     .cast()
 }
 
+/// Takes back an object this provider handed out as a `*mut U` that is a leaked `Box<T>`; `None`
+/// for null.
+///
+/// # Safety
+/// `p` is null or came from `Box::<T>::into_raw` (cast to `U`), and is taken back once.
+pub(crate) unsafe fn unbox<T, U>(p: *mut U) -> Option<Box<T>> {
+    let p = p.cast::<T>();
+    // SAFETY: non-null, and a leaked Box<T> per the caller's contract.
+    (!p.is_null()).then(|| unsafe { Box::from_raw(p) })
+}
+
 /// `ibv_close_device`: stops the listener; the context memory is freed.
 ///
 /// # Safety
 /// `ctx` was opened by this provider and is closed once.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut sys::ibv_context) -> c_int {
-    if ctx.is_null() {
+    // SAFETY: allocated as Box<ProvContext> in ibv_open_device, closed once.
+    let Some(b) = (unsafe { unbox::<ProvContext, _>(ctx) }) else {
         return EINVAL;
-    }
-    // SAFETY: allocated as Box<ProvContext> in ibv_open_device.
-    let b = unsafe { Box::from_raw(ctx.cast::<ProvContext>()) };
+    };
     b.shared.close();
     0
 }

@@ -220,12 +220,10 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
 /// `mr` is a live MR of this provider.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
-    let p = mr.cast::<ProvMr>();
-    if p.is_null() {
+    // SAFETY: allocated as Box<ProvMr>, taken back once.
+    let Some(b) = (unsafe { crate::unbox::<ProvMr, _>(mr) }) else {
         return EINVAL;
-    }
-    // SAFETY: allocated as Box<ProvMr>.
-    let b = unsafe { Box::from_raw(p) };
+    };
     b.shared
         .mrs
         .write()

@@ -272,12 +272,10 @@ pub unsafe extern "C" fn ibv_query_qp(
 /// `qp` is a live QP of this provider, destroyed once.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
-    let p = qp.cast::<ProvQp>();
-    if p.is_null() {
+    // SAFETY: allocated as Box<ProvQp>, taken back once.
+    let Some(b) = (unsafe { crate::unbox::<ProvQp, _>(qp) }) else {
         return EINVAL;
-    }
-    // SAFETY: allocated as Box<ProvQp>.
-    let b = unsafe { Box::from_raw(p) };
+    };
     let s = b.shared.clone();
     lock(&s.ctx.qps)[s.index] = None;
     s.destroy();
@@ -330,36 +328,49 @@ unsafe fn decode_send(wr: &sys::ibv_send_wr) -> Result<SendReq, i32> {
     })
 }
 
-pub(crate) unsafe extern "C" fn tp_post_send(
-    qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_send_wr,
-    bad_wr: *mut *mut sys::ibv_send_wr,
-) -> c_int {
-    // SAFETY: called through our ops table with one of our QPs.
-    let Some(q) = (unsafe { qp.cast::<ProvQp>().as_ref() }) else {
-        return EINVAL;
-    };
-    let mut cur = wr;
-    // SAFETY: the caller passes a valid NULL-terminated chain.
-    while let Some(w) = unsafe { cur.as_ref() } {
-        // SAFETY: w is a valid work request.
-        let res = unsafe { decode_send(w) }.and_then(|r| q.shared.post_send(r));
-        if let Err(e) = res {
-            if !bad_wr.is_null() {
-                // SAFETY: writable per the caller's contract.
-                unsafe { *bad_wr = cur };
-            }
-            return e;
-        }
-        cur = w.next;
-    }
-    0
+/// A work request of a NULL-terminated chain, and how a QP takes it.
+pub(crate) trait Chained {
+    fn next(&self) -> *mut Self;
+    /// Posts this request to `q`.
+    ///
+    /// # Safety
+    /// `self` is a valid work request (its scatter/gather list included).
+    unsafe fn post(&self, q: &ProvQp) -> Result<(), c_int>;
 }
 
-pub(crate) unsafe extern "C" fn tp_post_recv(
+impl Chained for sys::ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    unsafe fn post(&self, q: &ProvQp) -> Result<(), c_int> {
+        // SAFETY: forwarded from the caller.
+        unsafe { decode_send(self) }.and_then(|r| q.shared.post_send(r))
+    }
+}
+
+impl Chained for sys::ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+    unsafe fn post(&self, q: &ProvQp) -> Result<(), c_int> {
+        if self.num_sge < 0 {
+            return Err(EINVAL);
+        }
+        q.shared.post_recv(self.wr_id, self.num_sge as usize)
+    }
+}
+
+/// `post_send` / `post_recv` of the ops table: posts the requests of the chain `wr` to `qp`, in
+/// order; at the first failure `*bad_wr` (when not null) is that request and its error is
+/// returned.
+///
+/// # Safety
+/// `qp` is one of our QPs (or null); `wr` a valid NULL-terminated chain; `bad_wr` null or
+/// writable.
+pub(crate) unsafe extern "C" fn tp_post<W: Chained>(
     qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_recv_wr,
-    bad_wr: *mut *mut sys::ibv_recv_wr,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
 ) -> c_int {
     // SAFETY: called through our ops table with one of our QPs.
     let Some(q) = (unsafe { qp.cast::<ProvQp>().as_ref() }) else {
@@ -368,19 +379,15 @@ pub(crate) unsafe extern "C" fn tp_post_recv(
     let mut cur = wr;
     // SAFETY: the caller passes a valid NULL-terminated chain.
     while let Some(w) = unsafe { cur.as_ref() } {
-        let res = if w.num_sge < 0 {
-            Err(EINVAL)
-        } else {
-            q.shared.post_recv(w.wr_id, w.num_sge as usize)
-        };
-        if let Err(e) = res {
+        // SAFETY: w is a valid work request of the chain.
+        if let Err(e) = unsafe { w.post(q) } {
             if !bad_wr.is_null() {
                 // SAFETY: writable per the caller's contract.
                 unsafe { *bad_wr = cur };
             }
             return e;
         }
-        cur = w.next;
+        cur = w.next();
     }
     0
 }

@@ -120,6 +120,12 @@ fn setup(ctx: &TestContext, bytes: usize) -> P2p {
 }
 
 impl P2p {
+    /// Writes the first `size` bytes of the data buffer to the peer's.
+    fn write(&self, size: usize) -> mscclpp::Result<()> {
+        self.conn
+            .write(&self.peer_data, 0, &self.data_reg, 0, size as u64)
+    }
+
     fn signal(&self, value: u64) -> mscclpp::Result<()> {
         self.conn
             .update_and_sync(&self.peer_token, 0, &self.outbound, value)
@@ -143,10 +149,7 @@ TEST!(IbPeerToPeerTest, SimpleSendRecv, |ctx| {
                     .map(|i| byte_pattern(s.pair.seed, round, i))
                     .collect();
                 ok!(s.data.write(0, &bytes), "filling the source");
-                ok!(
-                    s.conn.write(&s.peer_data, 0, &s.data_reg, 0, size as u64),
-                    "writing {size} bytes"
-                );
+                ok!(s.write(size), "writing {size} bytes");
                 ok!(s.signal(round), "signalling round {round}");
                 ok!(s.conn.flush(t), "flushing round {round}");
             } else {
@@ -176,10 +179,7 @@ PERF_TEST!(IbPeerToPeerTest, SimpleSendRecvPerf, |ctx| {
         let start = Instant::now();
         if s.pair.initiator {
             for _ in 0..n {
-                ok!(
-                    s.conn.write(&s.peer_data, 0, &s.data_reg, 0, size as u64),
-                    "writing"
-                );
+                ok!(s.write(size), "writing");
             }
             ok!(s.signal(round), "signalling");
             ok!(s.conn.flush(t), "flushing");

@@ -76,25 +76,22 @@ TEST!(MultiNodeTest, Topology, |_ctx| {
     }
 });
 
-TEST!(MultiNodeTest, AllReduceHierRsagPort, |_ctx| {
-    spanning_nodes();
-    matrix(CollectiveKind::AllReduce, "hier_rsag_port")
-});
+/// One test a hierarchical algorithm: the collective matrix through it, across nodes.
+macro_rules! hier_matrix_tests {
+    ($($test:ident: $kind:ident $algo:literal;)+) => {$(
+        TEST!(MultiNodeTest, $test, |_ctx| {
+            spanning_nodes();
+            matrix(CollectiveKind::$kind, $algo)
+        });
+    )+};
+}
 
-TEST!(MultiNodeTest, AllGatherHierPort, |_ctx| {
-    spanning_nodes();
-    matrix(CollectiveKind::AllGather, "hier_port")
-});
-
-TEST!(MultiNodeTest, ReduceScatterHierPort, |_ctx| {
-    spanning_nodes();
-    matrix(CollectiveKind::ReduceScatter, "hier_port")
-});
-
-TEST!(MultiNodeTest, BroadcastHierAllreduce, |_ctx| {
-    spanning_nodes();
-    matrix(CollectiveKind::Broadcast, "hier_allreduce")
-});
+hier_matrix_tests! {
+    AllReduceHierRsagPort: AllReduce "hier_rsag_port";
+    AllGatherHierPort: AllGather "hier_port";
+    ReduceScatterHierPort: ReduceScatter "hier_port";
+    BroadcastHierAllreduce: Broadcast "hier_allreduce";
+}
 
 TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
     spanning_nodes();
@@ -108,40 +105,38 @@ TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
     let calls = if per_node > 2 { 1 } else { 2 };
     for call in 0..calls {
         let seed = 0x5eed + u64::from(call);
-        let count = 9 * per_node * (64 << 10) / 4 - 5 + call as usize;
-        bad += one_call(
-            CollectiveKind::AllReduce,
-            DataType::I32,
-            ReduceOp::Sum,
-            call % 2 == 0,
-            count,
-            0,
-            seed,
-            call,
-            &mut errors,
-        );
-        bad += one_call(
-            CollectiveKind::AllGather,
-            DataType::U8,
-            ReduceOp::Sum,
-            call % 2 == 1,
-            9 * (64 << 10) - 7 + call as usize,
-            0,
-            seed,
-            call,
-            &mut errors,
-        );
-        bad += one_call(
-            CollectiveKind::ReduceScatter,
-            DataType::I32,
-            ReduceOp::Sum,
-            call % 2 == 0,
-            9 * (64 << 10) / 4 - 3 + call as usize,
-            0,
-            seed,
-            call,
-            &mut errors,
-        );
+        for (kind, dtype, in_place, count) in [
+            (
+                CollectiveKind::AllReduce,
+                DataType::I32,
+                call % 2 == 0,
+                9 * per_node * (64 << 10) / 4 - 5,
+            ),
+            (
+                CollectiveKind::AllGather,
+                DataType::U8,
+                call % 2 == 1,
+                9 * (64 << 10) - 7,
+            ),
+            (
+                CollectiveKind::ReduceScatter,
+                DataType::I32,
+                call % 2 == 0,
+                9 * (64 << 10) / 4 - 3,
+            ),
+        ] {
+            bad += one_call(
+                kind,
+                dtype,
+                ReduceOp::Sum,
+                in_place,
+                count + call as usize,
+                0,
+                seed,
+                call,
+                &mut errors,
+            );
+        }
     }
     EXPECT_EQ!(bad, 0, "{}", errors.join("; "));
 });

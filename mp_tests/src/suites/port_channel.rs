@@ -153,6 +153,16 @@ impl PcSetup {
         self.device.kind == DeviceType::Gpu
     }
 
+    /// Kernel `name` of port_channel_tests, with the error counter zeroed.
+    fn kernel(&self, name: &str) -> GpuKernel {
+        load_zeroing_errors(self.pair.device, "port_channel_tests", name, &self.errors)
+    }
+
+    /// The kernels' error counter.
+    fn error_count(&self) -> *mut i32 {
+        self.errors.data() as usize as *mut i32
+    }
+
     /// Stops the proxy (surfacing any failed request) after both ranks are done.
     pub(crate) fn finish(mut self) {
         self.pair.sync();
@@ -294,12 +304,7 @@ fn ping_pong_on(
     ASSERT_LE!(n as usize, s.n_max);
     s.pair.sync();
     if s.on_gpu() {
-        let k = load_zeroing_errors(
-            s.pair.device,
-            "port_channel_tests",
-            "port_channel_ping_pong",
-            &s.errors,
-        );
+        let k = s.kernel("port_channel_ping_pong");
         let a = PingPongArgs {
             ch: s.channel.device_handle(),
             buff: s.data.data() as usize as *mut u32,
@@ -309,7 +314,7 @@ fn ping_pong_on(
             use_poll: use_poll as i32,
             seed: s.pair.seed,
             check: check as i32,
-            error_count: s.errors.data() as usize as *mut i32,
+            error_count: s.error_count(),
         };
         // SAFETY: PingPongArgs mirrors the kernel's parameters; the setup outlives the launch.
         let ms = ok!(
@@ -408,12 +413,7 @@ pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
     for n in [2u64, 1000, 1 << 14] {
         s.pair.sync();
         let errors = if s.on_gpu() {
-            let k = load_zeroing_errors(
-                s.pair.device,
-                "port_channel_tests",
-                "port_channel_packet_ping_pong",
-                &s.errors,
-            );
+            let k = s.kernel("port_channel_packet_ping_pong");
             let a = PacketArgs {
                 ch: s.packet_channel.device_handle(),
                 buff: s.data.data() as usize as *mut u32,
@@ -424,7 +424,7 @@ pub(crate) fn packet_ping_pong(ctx: &TestContext, cfg: EndpointConfig) {
                 flag_base,
                 seed: s.pair.seed,
                 check: 1,
-                error_count: s.errors.data() as usize as *mut i32,
+                error_count: s.error_count(),
             };
             ok!(
                 // SAFETY: PacketArgs mirrors the kernel's parameters.

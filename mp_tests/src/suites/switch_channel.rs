@@ -22,6 +22,11 @@ use crate::world::mp_env;
 /// Threads of a host "block" playing the device.
 const HOST_THREADS: u32 = 4;
 
+/// Runs `f(thread)` on HOST_THREADS CPU threads playing one block's threads.
+fn on_host_threads(f: impl Fn(u32) -> mscclpp::Result<()> + Sync) -> mscclpp::Result<u64> {
+    run_block(HOST_THREADS, |t, _| f(t).map(|()| 0))
+}
+
 /// The world's ranks, their device and a communicator.
 pub(crate) struct Nvls {
     pub device: Device,
@@ -126,32 +131,25 @@ pub(crate) trait Elem:
     fn from_f32(x: f32) -> Self;
 }
 
-impl Elem for f32 {
-    type V = F32x4;
-    const LANES: usize = 4;
-    const KIND: i32 = 0;
-    const NAME: &'static str = "f32";
-    fn from_f32(x: f32) -> f32 {
-        x
-    }
+/// The `Elem` impls: type, vector, lanes, kernel kind, conversion from f32.
+macro_rules! elems {
+    ($($t:ident: $v:ty, $lanes:literal, $kind:literal, $from:expr;)+) => {$(
+        impl Elem for $t {
+            type V = $v;
+            const LANES: usize = $lanes;
+            const KIND: i32 = $kind;
+            const NAME: &'static str = stringify!($t);
+            fn from_f32(x: f32) -> $t {
+                $from(x)
+            }
+        }
+    )+};
 }
-impl Elem for f16 {
-    type V = F16x8;
-    const LANES: usize = 8;
-    const KIND: i32 = 1;
-    const NAME: &'static str = "f16";
-    fn from_f32(x: f32) -> f16 {
-        f16::from_f32(x)
-    }
-}
-impl Elem for bf16 {
-    type V = Bf16x8;
-    const LANES: usize = 8;
-    const KIND: i32 = 2;
-    const NAME: &'static str = "bf16";
-    fn from_f32(x: f32) -> bf16 {
-        bf16::from_f32(x)
-    }
+
+elems! {
+    f32: F32x4, 4, 0, std::convert::identity;
+    f16: F16x8, 8, 1, f16::from_f32;
+    bf16: Bf16x8, 8, 2, bf16::from_f32;
 }
 
 /// Rank `r`'s value of element `i` under `salt`: small integers, so every sum over up to 16
@@ -197,10 +195,8 @@ pub(crate) fn all_reduce<E: Elem>(s: &Nvls, ch: &SwitchChannel, first: u64, coun
         );
     } else {
         ok!(
-            run_block(HOST_THREADS, |t, _| {
-                // SAFETY: the channel lives for the call; the threads split the range.
-                unsafe { h.all_reduce::<E::V>(first, count, t, HOST_THREADS) }.map(|()| 0)
-            }),
+            // SAFETY: the channel lives for the call; the threads split the range.
+            on_host_threads(|t| unsafe { h.all_reduce::<E::V>(first, count, t, HOST_THREADS) }),
             "all_reduce of {} vectors at {first} ({})",
             count,
             E::NAME
@@ -350,10 +346,9 @@ TEST!(SwitchChannelTest, ReduceToAndBroadcastFrom, |ctx| {
     let mut local = vec![Vector([0.0f32; 4]); count as usize];
     let dst = local.as_mut_ptr() as usize;
     ok!(
-        run_block(HOST_THREADS, |t, _| {
-            // SAFETY: `local` holds count vectors; each thread writes its own share.
-            unsafe { h.reduce_to::<F32x4>(dst as *mut F32x4, first, count, t, HOST_THREADS) }
-                .map(|()| 0)
+        // SAFETY: `local` holds count vectors; each thread writes its own share.
+        on_host_threads(|t| unsafe {
+            h.reduce_to::<F32x4>(dst as *mut F32x4, first, count, t, HOST_THREADS)
         }),
         "reduce_to"
     );
@@ -362,10 +357,9 @@ TEST!(SwitchChannelTest, ReduceToAndBroadcastFrom, |ctx| {
     }
     let src = local.as_ptr() as usize;
     ok!(
-        run_block(HOST_THREADS, |t, _| {
-            // SAFETY: `local` holds count vectors, read only.
-            unsafe { h.broadcast_from::<F32x4>(src as *const F32x4, first, count, t, HOST_THREADS) }
-                .map(|()| 0)
+        // SAFETY: `local` holds count vectors, read only.
+        on_host_threads(|t| unsafe {
+            h.broadcast_from::<F32x4>(src as *const F32x4, first, count, t, HOST_THREADS)
         }),
         "broadcast_from"
     );

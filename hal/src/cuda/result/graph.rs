@@ -8,11 +8,12 @@ use super::*;
 /// # Safety
 /// `s` is a live stream or null (the legacy default stream).
 pub(in crate::cuda) unsafe fn is_capturing(s: sys::CUstream) -> Result<bool> {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: valid out pointer; the caller vouches for the stream.
-    checked("cuStreamIsCapturing", || unsafe {
-        sys::cuStreamIsCapturing(s, &mut status)
-    })?;
+    let status = checked_out(
+        "cuStreamIsCapturing",
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        |status| unsafe { sys::cuStreamIsCapturing(s, status) },
+    )?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
@@ -35,12 +36,10 @@ pub(in crate::cuda) unsafe fn begin_capture(s: sys::CUstream) -> Result<()> {
 /// # Safety
 /// `s` is a live stream in capture.
 pub(in crate::cuda) unsafe fn end_capture(s: sys::CUstream) -> Result<sys::CUgraph> {
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: valid out pointer; the caller vouches for the stream.
-    checked("cuStreamEndCapture", || unsafe {
-        sys::cuStreamEndCapture(s, &mut graph)
-    })?;
-    Ok(graph)
+    checked_out("cuStreamEndCapture", std::ptr::null_mut(), |graph| unsafe {
+        sys::cuStreamEndCapture(s, graph)
+    })
 }
 
 /// `cuGraphInstantiateWithFlags(graph, 0)`.
@@ -48,12 +47,12 @@ pub(in crate::cuda) unsafe fn end_capture(s: sys::CUstream) -> Result<sys::CUgra
 /// # Safety
 /// `graph` is live.
 pub(in crate::cuda) unsafe fn instantiate(graph: sys::CUgraph) -> Result<sys::CUgraphExec> {
-    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     // SAFETY: valid out pointer; the caller vouches for the graph.
-    checked("cuGraphInstantiateWithFlags", || unsafe {
-        sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0)
-    })?;
-    Ok(exec)
+    checked_out(
+        "cuGraphInstantiateWithFlags",
+        std::ptr::null_mut(),
+        |exec| unsafe { sys::cuGraphInstantiateWithFlags(exec, graph, 0) },
+    )
 }
 
 /// `cuGraphLaunch(exec, s)`.

@@ -6,27 +6,25 @@ use super::*;
 /// `cuIpcGetMemHandle` of the allocation that starts at `ptr`.
 pub(in crate::cuda) fn get_handle(ptr: sys::CUdeviceptr) -> Result<sys::CUipcMemHandle> {
     // SAFETY: a plain C struct; all-zero is a valid value.
-    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
     // SAFETY: valid out pointer; a pointer that is no allocation base is an error status.
-    checked("cuIpcGetMemHandle", || unsafe {
-        sys::cuIpcGetMemHandle(&mut h, ptr)
-    })?;
-    Ok(h)
+    checked_out(
+        "cuIpcGetMemHandle",
+        unsafe { std::mem::zeroed() },
+        |h| unsafe { sys::cuIpcGetMemHandle(h, ptr) },
+    )
 }
 
 /// `cuIpcOpenMemHandle(LAZY_ENABLE_PEER_ACCESS)`.
 pub(in crate::cuda) fn open_handle(h: sys::CUipcMemHandle) -> Result<sys::CUdeviceptr> {
-    let mut base: sys::CUdeviceptr = 0;
     // SAFETY: valid out pointer; handle bytes that name no exported memory are an error
     // status.
-    checked("cuIpcOpenMemHandle", || unsafe {
+    checked_out("cuIpcOpenMemHandle", 0, |base| unsafe {
         sys::cuIpcOpenMemHandle_v2(
-            &mut base,
+            base,
             h,
             sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
         )
-    })?;
-    Ok(base)
+    })
 }
 
 /// `cuIpcCloseMemHandle`.

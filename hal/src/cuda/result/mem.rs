@@ -5,10 +5,8 @@ use super::*;
 
 /// `cuMemAlloc` in the current context.
 pub(in crate::cuda) fn alloc(size: usize) -> Result<sys::CUdeviceptr> {
-    let mut p: sys::CUdeviceptr = 0;
     // SAFETY: valid out pointer.
-    checked("cuMemAlloc", || unsafe { sys::cuMemAlloc_v2(&mut p, size) })?;
-    Ok(p)
+    checked_out("cuMemAlloc", 0, |p| unsafe { sys::cuMemAlloc_v2(p, size) })
 }
 
 /// `cuMemFree`.
@@ -22,12 +20,10 @@ pub(in crate::cuda) unsafe fn free(ptr: sys::CUdeviceptr) -> Result<()> {
 
 /// `cuMemHostAlloc(size, flags)` in the current context.
 pub(in crate::cuda) fn host_alloc(size: usize, flags: u32) -> Result<*mut c_void> {
-    let mut h: *mut c_void = std::ptr::null_mut();
     // SAFETY: valid out pointer.
-    checked("cuMemHostAlloc", || unsafe {
-        sys::cuMemHostAlloc(&mut h, size, flags)
-    })?;
-    Ok(h)
+    checked_out("cuMemHostAlloc", std::ptr::null_mut(), |h| unsafe {
+        sys::cuMemHostAlloc(h, size, flags)
+    })
 }
 
 /// `cuMemFreeHost`.
@@ -44,12 +40,10 @@ pub(in crate::cuda) unsafe fn free_host(p: *mut c_void) -> Result<()> {
 /// # Safety
 /// `p` is live host memory allocated or registered with DEVICEMAP.
 pub(in crate::cuda) unsafe fn host_device_pointer(p: *mut c_void) -> Result<sys::CUdeviceptr> {
-    let mut d: sys::CUdeviceptr = 0;
     // SAFETY: valid out pointer; the caller vouches for `p`; flags must be 0.
-    checked("cuMemHostGetDevicePointer", || unsafe {
-        sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0)
-    })?;
-    Ok(d)
+    checked_out("cuMemHostGetDevicePointer", 0, |d| unsafe {
+        sys::cuMemHostGetDevicePointer_v2(d, p, 0)
+    })
 }
 
 /// `cuMemHostRegister(p, len, flags)`.
@@ -146,17 +140,19 @@ pub(in crate::cuda) unsafe fn copy_async(
 /// # Safety
 /// `ptr..ptr+size` lies inside live device memory of the current context.
 pub(in crate::cuda) unsafe fn dmabuf_fd(ptr: sys::CUdeviceptr, size: usize) -> Result<i32> {
-    let mut fd: i32 = -1;
     // SAFETY: the out pointer is a valid int (the driver writes an int fd); the caller vouches
     // for the range.
-    checked("cuMemGetHandleForAddressRange(DMA_BUF_FD)", || unsafe {
-        sys::cuMemGetHandleForAddressRange(
-            (&mut fd as *mut i32).cast::<c_void>(),
-            ptr,
-            size,
-            sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-            0,
-        )
-    })?;
-    Ok(fd)
+    checked_out(
+        "cuMemGetHandleForAddressRange(DMA_BUF_FD)",
+        -1,
+        |fd| unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (fd as *mut i32).cast::<c_void>(),
+                ptr,
+                size,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        },
+    )
 }

@@ -17,12 +17,10 @@ pub(in crate::cuda) fn granularity(
     } else {
         sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_MINIMUM
     };
-    let mut g = 0usize;
     // SAFETY: valid out pointer and property struct.
-    checked("cuMulticastGetGranularity", || unsafe {
-        sys::cuMulticastGetGranularity(&mut g, prop, option)
-    })?;
-    Ok(g)
+    checked_out("cuMulticastGetGranularity", 0usize, |g| unsafe {
+        sys::cuMulticastGetGranularity(g, prop, option)
+    })
 }
 
 /// `cuMulticastCreate(prop)`: a new handle the caller releases with `vmm::release`.
@@ -30,12 +28,10 @@ pub(in crate::cuda) fn create(
     _permit: NvlsPermit,
     prop: &sys::CUmulticastObjectProp,
 ) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: valid out pointer and property struct.
-    checked("cuMulticastCreate", || unsafe {
-        sys::cuMulticastCreate(&mut handle, prop)
-    })?;
-    Ok(handle)
+    checked_out("cuMulticastCreate", 0, |handle| unsafe {
+        sys::cuMulticastCreate(handle, prop)
+    })
 }
 
 /// `cuMulticastAddDevice(mc, dev)`.

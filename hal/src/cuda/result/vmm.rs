@@ -5,16 +5,14 @@ use super::*;
 
 /// `cuMemGetAllocationGranularity(prop, MINIMUM)`.
 pub(in crate::cuda) fn min_granularity(prop: &sys::CUmemAllocationProp) -> Result<usize> {
-    let mut g = 0usize;
     // SAFETY: valid out pointer and property struct.
-    checked("cuMemGetAllocationGranularity", || unsafe {
+    checked_out("cuMemGetAllocationGranularity", 0usize, |g| unsafe {
         sys::cuMemGetAllocationGranularity(
-            &mut g,
+            g,
             prop,
             sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
-    })?;
-    Ok(g)
+    })
 }
 
 /// `cuMemCreate(len, prop, 0)`.
@@ -22,12 +20,10 @@ pub(in crate::cuda) fn create(
     len: usize,
     prop: &sys::CUmemAllocationProp,
 ) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: valid out pointer and property struct.
-    checked("cuMemCreate", || unsafe {
-        sys::cuMemCreate(&mut handle, len, prop, 0)
-    })?;
-    Ok(handle)
+    checked_out("cuMemCreate", 0, |handle| unsafe {
+        sys::cuMemCreate(handle, len, prop, 0)
+    })
 }
 
 /// `cuMemRelease`.
@@ -41,12 +37,10 @@ pub(in crate::cuda) unsafe fn release(handle: sys::CUmemGenericAllocationHandle)
 
 /// `cuMemAddressReserve(len, align, 0, 0)`: a fresh range chosen by the driver.
 pub(in crate::cuda) fn address_reserve(len: usize, align: usize) -> Result<sys::CUdeviceptr> {
-    let mut ptr: sys::CUdeviceptr = 0;
     // SAFETY: valid out pointer; no fixed address requested.
-    checked("cuMemAddressReserve", || unsafe {
-        sys::cuMemAddressReserve(&mut ptr, len, align, 0, 0)
-    })?;
-    Ok(ptr)
+    checked_out("cuMemAddressReserve", 0, |ptr| unsafe {
+        sys::cuMemAddressReserve(ptr, len, align, 0, 0)
+    })
 }
 
 /// `cuMemAddressFree`.
@@ -101,18 +95,16 @@ pub(in crate::cuda) unsafe fn set_access(
 
 /// `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`: a new fd the caller owns.
 pub(in crate::cuda) fn export_posix_fd(handle: sys::CUmemGenericAllocationHandle) -> Result<i32> {
-    let mut fd: i32 = -1;
     // SAFETY: for POSIX_FILE_DESCRIPTOR the out parameter is an int; a bad handle is an
     // error status.
-    checked("cuMemExportToShareableHandle(POSIX_FD)", || unsafe {
+    checked_out("cuMemExportToShareableHandle(POSIX_FD)", -1, |fd| unsafe {
         sys::cuMemExportToShareableHandle(
-            (&mut fd as *mut i32).cast(),
+            (fd as *mut i32).cast(),
             handle,
             sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
             0,
         )
-    })?;
-    Ok(fd)
+    })
 }
 
 /// `cuMemExportToShareableHandle(FABRIC)`.
@@ -120,17 +112,19 @@ pub(in crate::cuda) fn export_fabric(
     handle: sys::CUmemGenericAllocationHandle,
 ) -> Result<sys::CUmemFabricHandle> {
     // SAFETY: a plain C struct; all-zero is a valid value.
-    let mut fh: sys::CUmemFabricHandle = unsafe { std::mem::zeroed() };
     // SAFETY: for FABRIC the out parameter is a CUmemFabricHandle.
-    checked("cuMemExportToShareableHandle(FABRIC)", || unsafe {
-        sys::cuMemExportToShareableHandle(
-            (&mut fh as *mut sys::CUmemFabricHandle).cast(),
-            handle,
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-            0,
-        )
-    })?;
-    Ok(fh)
+    checked_out(
+        "cuMemExportToShareableHandle(FABRIC)",
+        unsafe { std::mem::zeroed() },
+        |fh| unsafe {
+            sys::cuMemExportToShareableHandle(
+                (fh as *mut sys::CUmemFabricHandle).cast(),
+                handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+                0,
+            )
+        },
+    )
 }
 
 /// `cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)`; the driver does not take
@@ -141,31 +135,35 @@ pub(in crate::cuda) fn export_fabric(
 pub(in crate::cuda) unsafe fn import_posix_fd(
     fd: i32,
 ) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: the driver takes the fd value itself as the "pointer" argument.
-    checked("cuMemImportFromShareableHandle(POSIX_FD)", || unsafe {
-        sys::cuMemImportFromShareableHandle(
-            &mut handle,
-            fd as usize as *mut c_void,
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        )
-    })?;
-    Ok(handle)
+    checked_out(
+        "cuMemImportFromShareableHandle(POSIX_FD)",
+        0,
+        |handle| unsafe {
+            sys::cuMemImportFromShareableHandle(
+                handle,
+                fd as usize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        },
+    )
 }
 
 /// `cuMemImportFromShareableHandle(FABRIC)`.
 pub(in crate::cuda) fn import_fabric(
     fh: &sys::CUmemFabricHandle,
 ) -> Result<sys::CUmemGenericAllocationHandle> {
-    let mut handle: sys::CUmemGenericAllocationHandle = 0;
     let mut copy = *fh;
     // SAFETY: for FABRIC the os handle is a pointer to a live fabric handle.
-    checked("cuMemImportFromShareableHandle(FABRIC)", || unsafe {
-        sys::cuMemImportFromShareableHandle(
-            &mut handle,
-            (&mut copy as *mut sys::CUmemFabricHandle).cast(),
-            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-        )
-    })?;
-    Ok(handle)
+    checked_out(
+        "cuMemImportFromShareableHandle(FABRIC)",
+        0,
+        |handle| unsafe {
+            sys::cuMemImportFromShareableHandle(
+                handle,
+                (&mut copy as *mut sys::CUmemFabricHandle).cast(),
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+            )
+        },
+    )
 }

@@ -14,6 +14,7 @@ use crate::auxil::fdpass::{self, FD_FETCH_TIMEOUT};
 use crate::auxil::os::{Mapping, Reservation};
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -134,19 +135,26 @@ impl Drop for MappedObject {
     }
 }
 
-fn map_member(b: &Binding) -> Result<PeerMap> {
-    let fd = fdpass::fetch(b.host_id, b.pid, b.fd_id, FD_FETCH_TIMEOUT)?;
-    let file = std::fs::File::from(fd);
+/// Memfd `fd_id` of process `pid` on host `host_id`, fetched from that process's fd server,
+/// and its length (`what` names the fstat in its error).
+pub(super) fn fetch_memfd(
+    host_id: u64,
+    pid: u32,
+    fd_id: u64,
+    what: &'static str,
+) -> Result<(OwnedFd, u64)> {
+    let file = std::fs::File::from(fdpass::fetch(host_id, pid, fd_id, FD_FETCH_TIMEOUT)?);
     let len = file
         .metadata()
-        .map_err(|source| Error::Os {
-            op: "fstat(multicast member memfd)",
-            source,
-        })?
+        .map_err(|source| Error::Os { op: what, source })?
         .len();
+    Ok((OwnedFd::from(file), len))
+}
+
+fn map_member(b: &Binding) -> Result<PeerMap> {
+    let (fd, len) = fetch_memfd(b.host_id, b.pid, b.fd_id, "fstat(multicast member memfd)")?;
     let map_len = usize::try_from(len)
         .map_err(|_| Error::BadDescriptor(format!("member memfd of {len} bytes")))?;
-    let fd = std::os::fd::OwnedFd::from(file);
     // The mapping keeps the pages; the fd is closed when this function returns.
     let map = Mapping::shared(&fd, map_len)?;
     Ok(PeerMap { map, len })
@@ -165,11 +173,9 @@ pub struct MulticastMembers {
     _maps: Vec<Arc<PeerMap>>,
 }
 
-// SAFETY: plain addresses of shared mappings kept alive by `_maps`; access is the caller's
+// Thread-safe: plain addresses of shared mappings kept alive by `_maps`; access is the caller's
 // (device code's) business, as for device memory.
-unsafe impl Send for MulticastMembers {}
-// SAFETY: as above.
-unsafe impl Sync for MulticastMembers {}
+thread_safe!(MulticastMembers);
 
 impl MulticastMembers {
     /// One pointer per device, each to the first byte of the resolved range in that device's

@@ -134,10 +134,8 @@ pub(super) struct Table {
     base: *mut u8,
 }
 
-// SAFETY: the view is a pointer to shared memory accessed only through atomics.
-unsafe impl Send for Table {}
-// SAFETY: as above.
-unsafe impl Sync for Table {}
+// Thread-safe: the view is a pointer to shared memory accessed only through atomics.
+thread_safe!(Table);
 
 impl Table {
     /// A view of the control block at `base`.

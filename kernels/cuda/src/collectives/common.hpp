@@ -79,18 +79,17 @@ struct Elem<bf16_t> {
   }
 };
 #if defined(MSCCLPP_COLL_HAS_FP8)
-template <>
-struct Elem<__nv_fp8_e4m3> {
+/// The fp8 types: accumulated in float through their own conversions.
+template <typename T>
+struct FloatConvElem {
   using Acc = float;
-  MSCCLPP_DEVICE_INLINE static float up(__nv_fp8_e4m3 v) { return float(v); }
-  MSCCLPP_DEVICE_INLINE static __nv_fp8_e4m3 down(float v) { return __nv_fp8_e4m3(v); }
+  MSCCLPP_DEVICE_INLINE static float up(T v) { return float(v); }
+  MSCCLPP_DEVICE_INLINE static T down(float v) { return T(v); }
 };
 template <>
-struct Elem<__nv_fp8_e5m2> {
-  using Acc = float;
-  MSCCLPP_DEVICE_INLINE static float up(__nv_fp8_e5m2 v) { return float(v); }
-  MSCCLPP_DEVICE_INLINE static __nv_fp8_e5m2 down(float v) { return __nv_fp8_e5m2(v); }
-};
+struct Elem<__nv_fp8_e4m3> : FloatConvElem<__nv_fp8_e4m3> {};
+template <>
+struct Elem<__nv_fp8_e5m2> : FloatConvElem<__nv_fp8_e5m2> {};
 #endif
 
 /// The unsigned type integers are combined in (wrap-around instead of signed overflow).
@@ -156,6 +155,15 @@ struct AccPack {
 #pragma unroll
     for (int i = 0; i < N; ++i) a[i] = combine<OP>(a[i], Elem<T>::up(p.v[i]));
   }
+  /// Source `i` of a reduction taken in source order: source 0 loads, the others combine.
+  template <int OP>
+  MSCCLPP_DEVICE_INLINE void fold(int i, W w) {
+    if (i == 0) {
+      load(w);
+    } else {
+      add<OP>(w);
+    }
+  }
   template <int OP>
   MSCCLPP_DEVICE_INLINE W store(int nranks) const {
     Pack<T, W> p;
@@ -216,22 +224,18 @@ MSCCLPP_DEVICE_INLINE char* llHalf(const CollArgs& a, uint64_t base, uint32_t fl
 }  // namespace coll
 }  // namespace mscclpp
 
-#define MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, TYPE, TNAME)                                                 \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_sum(mscclpp::coll::CollArgs a) {       \
-    TEMPLATE<TYPE, mscclpp::coll::OpSum>(a);                                                                  \
-  }                                                                                                           \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_prod(mscclpp::coll::CollArgs a) {      \
-    TEMPLATE<TYPE, mscclpp::coll::OpProd>(a);                                                                 \
-  }                                                                                                           \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_min(mscclpp::coll::CollArgs a) {       \
-    TEMPLATE<TYPE, mscclpp::coll::OpMin>(a);                                                                  \
-  }                                                                                                           \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_max(mscclpp::coll::CollArgs a) {       \
-    TEMPLATE<TYPE, mscclpp::coll::OpMax>(a);                                                                  \
-  }                                                                                                           \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_##TNAME##_avg(mscclpp::coll::CollArgs a) {       \
-    TEMPLATE<TYPE, mscclpp::coll::OpAvg>(a);                                                                  \
+/// One `extern "C"` kernel `KNAME(CollArgs)` running `TEMPLATE<TYPE, mscclpp::coll::OP>`.
+#define MSCCLPP_COLL_KERNEL(KNAME, TEMPLATE, TYPE, OP)                                       \
+  extern "C" __global__ void __launch_bounds__(1024) KNAME(mscclpp::coll::CollArgs a) { \
+    TEMPLATE<TYPE, mscclpp::coll::OP>(a);                                                  \
   }
+
+#define MSCCLPP_COLL_OP_INSTANCES(NAME, TEMPLATE, TYPE, TNAME)              \
+  MSCCLPP_COLL_KERNEL(NAME##_##TNAME##_sum, TEMPLATE, TYPE, OpSum)   \
+  MSCCLPP_COLL_KERNEL(NAME##_##TNAME##_prod, TEMPLATE, TYPE, OpProd) \
+  MSCCLPP_COLL_KERNEL(NAME##_##TNAME##_min, TEMPLATE, TYPE, OpMin)   \
+  MSCCLPP_COLL_KERNEL(NAME##_##TNAME##_max, TEMPLATE, TYPE, OpMax)   \
+  MSCCLPP_COLL_KERNEL(NAME##_##TNAME##_avg, TEMPLATE, TYPE, OpAvg)
 
 #if defined(MSCCLPP_COLL_HAS_FP8)
 #define MSCCLPP_COLL_FP8_INSTANCES(NAME, TEMPLATE)                     \

@@ -62,19 +62,53 @@ MSCCLPP_DEVICE_INLINE const SwitchChannelDeviceHandle& nvlsHandle(const CollArgs
   return *reinterpret_cast<const SwitchChannelDeviceHandle*>(a.extra[k]);
 }
 
+/// What the pipelined NVLS all-reduces (nvls_warp_pipeline, nvls_block_pipeline) work on: the
+/// scratch's switch channel (extra[0]), the input cut in chunks of `piece` bytes (extra[1]), and
+/// the input and output.
+struct NvlsChunks {
+  const SwitchChannelDeviceHandle& h;
+  uint64_t piece;
+  uint64_t total;
+  uint64_t chunks;
+  const char* send;
+  char* recv;
+};
+
+MSCCLPP_DEVICE_INLINE NvlsChunks nvlsChunks(const CollArgs& a, uint64_t elemBytes) {
+  const uint64_t piece = a.extra[1], total = a.count * elemBytes;
+  return NvlsChunks{nvlsHandle(a, 0), piece, total, (total + piece - 1) / piece,
+                    reinterpret_cast<const char*>(a.send), reinterpret_cast<char*>(a.recv)};
+}
+
+/// All threads of the block copy `len` bytes of `src` into this rank's copy `local` of the
+/// scratch and zero the rest of the last 16-byte vector; returns the vectors (16 bytes each).
+MSCCLPP_DEVICE_INLINE uint64_t nvlsStage(char* local, const char* src, uint64_t len) {
+  const uint64_t nv = (len + 15) / 16;
+  blockCopy(local, src, len);
+  nvlsZero(local, len, nv * 16);
+  return nv;
+}
+
+#if defined(MSCCLPP_DEVICE_CUDA)
+/// This rank's share of the `nv` vectors from vector `first` of the scratch: load-reduced over
+/// every rank's copy and the sums stored into every copy (multimem), then fenced for the peers.
+template <typename T>
+MSCCLPP_DEVICE_INLINE void nvlsReduceShare(const CollArgs& a, const SwitchChannelDeviceHandle& h, uint64_t first,
+                                           uint64_t nv) {
+  uint64_t v0, v1;
+  nvlsSplit(nv, a.nranks, a.rank, v0, v1);
+  h.allReduce<typename NvlsVec<T>::V>(first + v0, v1 - v0, threadIdx.x, blockDim.x);
+  __threadfence_system();
+}
+#endif
+
 }  // namespace coll
 }  // namespace mscclpp
 
 /// `NAME_<dtype>_sum` for f32, f16 and bf16: the types and op multimem reduces.
-#define MSCCLPP_NVLS_INSTANCES(NAME, TEMPLATE)                                                              \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_f32_sum(mscclpp::coll::CollArgs a) {           \
-    TEMPLATE<float, mscclpp::coll::OpSum>(a);                                                             \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_f16_sum(mscclpp::coll::CollArgs a) {           \
-    TEMPLATE<__half, mscclpp::coll::OpSum>(a);                                                            \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(1024) NAME##_bf16_sum(mscclpp::coll::CollArgs a) {          \
-    TEMPLATE<mscclpp::coll::bf16_t, mscclpp::coll::OpSum>(a);                                             \
-  }
+#define MSCCLPP_NVLS_INSTANCES(NAME, TEMPLATE)                    \
+  MSCCLPP_COLL_KERNEL(NAME##_f32_sum, TEMPLATE, float, OpSum)   \
+  MSCCLPP_COLL_KERNEL(NAME##_f16_sum, TEMPLATE, __half, OpSum) \
+  MSCCLPP_COLL_KERNEL(NAME##_bf16_sum, TEMPLATE, mscclpp::coll::bf16_t, OpSum)
 
 #endif  // MSCCLPP_COLLECTIVES_NVLS_HPP_

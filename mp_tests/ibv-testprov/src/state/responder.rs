@@ -54,28 +54,22 @@ fn accept_one(ctx: &Arc<CtxShared>, mut stream: TcpStream) -> Result<(), String>
 }
 
 impl QpShared {
-    /// Waits (bounded) until the QP can receive (RTR or RTS). Returns the status to answer
-    /// with when it cannot.
-    fn wait_receivable(&self, src_qpn: u32) -> Result<u32, u32> {
+    /// Waits (bounded, the RNR timeout) until `check` on the QP's state answers; `Err(late)`
+    /// when the time is up first.
+    fn wait_for<T>(
+        &self,
+        late: u32,
+        mut check: impl FnMut(&QpInner) -> Option<Result<T, u32>>,
+    ) -> Result<T, u32> {
         let deadline = Instant::now() + self.ctx.config.rnr_timeout;
         let mut inner = lock(&self.inner);
         loop {
-            if self.destroyed.load(Ordering::SeqCst) {
-                return Err(wcs::IBV_WC_RETRY_EXC_ERR);
-            }
-            match inner.state {
-                qps::IBV_QPS_RTR | qps::IBV_QPS_RTS => {
-                    if inner.dest_qpn != src_qpn {
-                        return Err(wcs::IBV_WC_REM_INV_REQ_ERR);
-                    }
-                    return Ok(inner.access);
-                }
-                qps::IBV_QPS_RESET | qps::IBV_QPS_INIT => {}
-                _ => return Err(wcs::IBV_WC_RETRY_EXC_ERR),
+            if let Some(answer) = check(&inner) {
+                return answer;
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(wcs::IBV_WC_RETRY_EXC_ERR);
+                return Err(late);
             }
             inner = self
                 .cond
@@ -85,27 +79,35 @@ impl QpShared {
         }
     }
 
+    /// Waits (bounded) until the QP can receive (RTR or RTS). Returns the status to answer
+    /// with when it cannot.
+    fn wait_receivable(&self, src_qpn: u32) -> Result<u32, u32> {
+        self.wait_for(wcs::IBV_WC_RETRY_EXC_ERR, |inner| {
+            if self.destroyed.load(Ordering::SeqCst) {
+                return Some(Err(wcs::IBV_WC_RETRY_EXC_ERR));
+            }
+            match inner.state {
+                qps::IBV_QPS_RTR | qps::IBV_QPS_RTS if inner.dest_qpn != src_qpn => {
+                    Some(Err(wcs::IBV_WC_REM_INV_REQ_ERR))
+                }
+                qps::IBV_QPS_RTR | qps::IBV_QPS_RTS => Some(Ok(inner.access)),
+                qps::IBV_QPS_RESET | qps::IBV_QPS_INIT => None,
+                _ => Some(Err(wcs::IBV_WC_RETRY_EXC_ERR)),
+            }
+        })
+    }
+
     /// Waits (bounded, the RNR timeout) for a posted receive; does not take it.
     fn wait_recv_posted(&self) -> Result<(), u32> {
-        let deadline = Instant::now() + self.ctx.config.rnr_timeout;
-        let mut inner = lock(&self.inner);
-        loop {
+        self.wait_for(wcs::IBV_WC_RNR_RETRY_EXC_ERR, |inner| {
             if self.destroyed.load(Ordering::SeqCst) || inner.state == qps::IBV_QPS_ERR {
-                return Err(wcs::IBV_WC_RETRY_EXC_ERR);
+                Some(Err(wcs::IBV_WC_RETRY_EXC_ERR))
+            } else if !inner.recvs.is_empty() {
+                Some(Ok(()))
+            } else {
+                None
             }
-            if !inner.recvs.is_empty() {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(wcs::IBV_WC_RNR_RETRY_EXC_ERR);
-            }
-            inner = self
-                .cond
-                .wait_timeout(inner, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        })
     }
 
     /// Checks a remote write against the MR table: key, PD, access, bounds.

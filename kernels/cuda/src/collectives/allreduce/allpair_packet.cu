@@ -37,11 +37,7 @@ MSCCLPP_DEVICE_INLINE void allpairPacket(const CollArgs& a) {
     AccPack<T, W> acc;
     for (int r = 0; r < n; ++r) {
       const W v = (r == rank) ? loadWord<W>(a.send, idx, total) : mine[(uint64_t)r * nWords + idx].read(flag);
-      if (r == 0) {
-        acc.load(v);
-      } else {
-        acc.template add<OP>(v);
-      }
+      acc.template fold<OP>(r, v);
     }
     storeWord<W>(a.recv, idx, total, acc.template store<OP>(n));
   }

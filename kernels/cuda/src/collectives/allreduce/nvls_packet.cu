@@ -36,11 +36,7 @@ MSCCLPP_DEVICE_INLINE void nvlsPacket(const CollArgs& a) {
     AccPack<T, uint2> acc;
     for (int r = 0; r < n; ++r) {
       const uint2 w = mine[(uint64_t)r * W + j].read(flag);
-      if (r == 0) {
-        acc.load(w);
-      } else {
-        acc.template add<OP>(w);
-      }
+      acc.template fold<OP>(r, w);
     }
     storeWord<uint2>(a.recv, j, total, acc.template store<OP>(n));
   }

@@ -12,28 +12,18 @@ namespace coll {
 template <typename T, int OP>
 MSCCLPP_DEVICE_INLINE void nvlsWarpPipeline(const CollArgs& a) {
 #if defined(MSCCLPP_DEVICE_CUDA)
-  using V = typename NvlsVec<T>::V;
-  const SwitchChannelDeviceHandle& h = nvlsHandle(a, 0);
-  const uint64_t region = a.extra[1];
-  const uint64_t total = a.count * sizeof(T);
-  const uint64_t chunks = (total + region - 1) / region;
+  const NvlsChunks c = nvlsChunks(a, sizeof(T));
+  const uint64_t region = c.piece;
   const uint64_t base = (uint64_t)blockIdx.x * region;
-  char* local = reinterpret_cast<char*>(h.devicePtr) + base;
-  const char* send = reinterpret_cast<const char*>(a.send);
-  char* recv = reinterpret_cast<char*>(a.recv);
-  for (uint64_t j = blockIdx.x; j < chunks; j += gridDim.x) {
+  char* local = reinterpret_cast<char*>(c.h.devicePtr) + base;
+  for (uint64_t j = blockIdx.x; j < c.chunks; j += gridDim.x) {
     const uint64_t o = j * region;
-    const uint64_t l = total - o < region ? total - o : region;
-    const uint64_t nv = (l + 15) / 16;
-    blockCopy(local, send + o, l);
-    nvlsZero(local, l, nv * 16);
+    const uint64_t l = c.total - o < region ? c.total - o : region;
+    const uint64_t nv = nvlsStage(local, c.send + o, l);
     meshBarrier(a, blockIdx.x);
-    uint64_t v0, v1;
-    nvlsSplit(nv, a.nranks, a.rank, v0, v1);
-    h.allReduce<V>(base / 16 + v0, v1 - v0, threadIdx.x, blockDim.x);
-    __threadfence_system();
+    nvlsReduceShare<T>(a, c.h, base / 16, nv);
     meshBarrier(a, blockIdx.x);
-    blockCopy(recv + o, local, l);
+    blockCopy(c.recv + o, local, l);
   }
 #else
   (void)a;

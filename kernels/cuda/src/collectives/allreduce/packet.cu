@@ -39,11 +39,7 @@ MSCCLPP_DEVICE_INLINE void packetAllreduce(const CollArgs& a) {
     AccPack<T, W> acc;
     for (int r = 0; r < n; ++r) {
       const W v = (r == rank) ? loadWord<W>(a.send, (uint64_t)rank * sw + j, total) : mine[(uint64_t)r * sw + j].read(flag);
-      if (r == 0) {
-        acc.load(v);
-      } else {
-        acc.template add<OP>(v);
-      }
+      acc.template fold<OP>(r, v);
     }
     const W res = acc.template store<OP>(n);
     storeWord<W>(a.recv, (uint64_t)rank * sw + j, total, res);

@@ -59,11 +59,7 @@ MSCCLPP_DEVICE_INLINE void rsagAllreduce(const CollArgs& a) {
       AccPack<T, V> acc;
       for (int r = 0; r < n; ++r) {
         const V x = reinterpret_cast<const V*>(reinterpret_cast<const char*>(a.peerBases[r]) + a.plainOffset)[v];
-        if (r == 0) {
-          acc.load(x);
-        } else {
-          acc.template add<OP>(x);
-        }
+        acc.template fold<OP>(r, x);
       }
       const V res = acc.template store<OP>(n);
       storeWord<V>(recv, v, bytes, res);
