@@ -157,6 +157,7 @@ TEST!(BroadcastTest, EveryRoot, |_ctx| {
                 call += 1;
                 let mut errors = Vec::new();
                 let bad = one_call(
+                    env,
                     kind,
                     dtype,
                     ReduceOp::Sum,

@@ -126,6 +126,7 @@ TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
             ),
         ] {
             bad += one_call(
+                env,
                 kind,
                 dtype,
                 ReduceOp::Sum,
