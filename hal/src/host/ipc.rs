@@ -111,7 +111,11 @@ fn import(desc: &IpcDescriptor) -> Result<HostImported> {
     }
     let fits = |what: &str, v: u64| {
         usize::try_from(v).map_err(|_| {
-            Error::invalid("import(host)", format!("{what} that fits usize"), v.to_string())
+            Error::invalid(
+                "import(host)",
+                format!("{what} that fits usize"),
+                v.to_string(),
+            )
         })
     };
     let offset = fits("an offset", desc.offset)?;

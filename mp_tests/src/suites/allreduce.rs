@@ -25,7 +25,7 @@ fn one_ar(
     call: u32,
     errors: &mut Vec<String>,
 ) -> usize {
-    one_call(coll_env(), AR, dtype, op, in_place, count, 0, seed, call, errors)
+    one_call(AR, dtype, op, in_place, count, 0, seed, call, errors)
 }
 
 fn algo_test(_ctx: &TestContext, algo: &str) {

@@ -73,7 +73,7 @@ fn nvls_test(algo: &str) {
             call += 1;
             ran += 1;
             let mut errors = Vec::new();
-            let bad = one_call(env, AR, dtype, op, in_place, count, 0, seed, call, &mut errors);
+            let bad = one_call(AR, dtype, op, in_place, count, 0, seed, call, &mut errors);
             EXPECT_EQ!(
                 bad,
                 0,

@@ -24,9 +24,37 @@ fn extents(kind: CollectiveKind, count: usize, n: usize) -> (usize, usize) {
     }
 }
 
+/// One call of `kind` (`count` as the API means it; `root` for broadcast); returns the
+/// mismatches (the guard zone counts as one).
+#[allow(clippy::too_many_arguments)] // one call: kind, type, op, size, root, seed
+pub(crate) fn one_call(
+    kind: CollectiveKind,
+    dtype: DataType,
+    op: ReduceOp,
+    in_place: bool,
+    count: usize,
+    root: usize,
+    seed: u64,
+    call: u32,
+    errors: &mut Vec<String>,
+) -> usize {
+    one_call_on(
+        coll_env(),
+        kind,
+        dtype,
+        op,
+        in_place,
+        count,
+        root,
+        seed,
+        call,
+        errors,
+    )
+}
+
 /// The next call of a test loop: counts it in `call`, takes root `call % nranks` and runs
-/// [`one_call`]; returns the mismatches, the root and the errors joined by "; ".
-#[allow(clippy::too_many_arguments)] // as one_call, with the call counter
+/// [`one_call_on`]; returns the mismatches, the root and the errors joined by "; ".
+#[allow(clippy::too_many_arguments)] // as one_call_on, with the call counter
 pub(crate) fn next_call(
     env: &CollEnv,
     kind: CollectiveKind,
@@ -40,7 +68,7 @@ pub(crate) fn next_call(
     *call += 1;
     let root = *call as usize % env.coll.nranks();
     let mut errors = Vec::new();
-    let bad = one_call(
+    let bad = one_call_on(
         env,
         kind,
         dtype,
@@ -55,10 +83,9 @@ pub(crate) fn next_call(
     (bad, root, errors.join("; "))
 }
 
-/// One call of `kind` on the collectives of `env` (`count` as the API means it; `root` for
-/// broadcast); returns the mismatches (the guard zone counts as one).
-#[allow(clippy::too_many_arguments)] // one call: collectives, kind, type, op, size, root, seed
-pub(crate) fn one_call(
+/// [`one_call`] on the collectives of `env`.
+#[allow(clippy::too_many_arguments)] // as one_call, plus the collectives it runs on
+pub(crate) fn one_call_on(
     env: &CollEnv,
     kind: CollectiveKind,
     dtype: DataType,
@@ -299,7 +326,6 @@ pub(crate) fn repeated_calls_test(kind: CollectiveKind) {
         let (dtype, count) = cases[(call as usize / algos.len()) % cases.len()];
         let root = call as usize % n;
         bad += one_call(
-            env,
             kind,
             dtype,
             ReduceOp::Sum,

@@ -157,7 +157,6 @@ TEST!(BroadcastTest, EveryRoot, |_ctx| {
                 call += 1;
                 let mut errors = Vec::new();
                 let bad = one_call(
-                    env,
                     kind,
                     dtype,
                     ReduceOp::Sum,

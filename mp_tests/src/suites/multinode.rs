@@ -126,7 +126,6 @@ TEST!(MultiNodeTest, RepeatedCallsPipelined, |_ctx| {
             ),
         ] {
             bad += one_call(
-                env,
                 kind,
                 dtype,
                 ReduceOp::Sum,

@@ -122,14 +122,7 @@ pub static SCATTER: PointToPoint = PointToPoint {
 /// A call between the root `a.root` and every rank: each rank's one message with the root
 /// (its buffer of `per` bytes) and, on the root, one per rank in direction `at_root` (block
 /// `p` of the root's buffer of `n * per` bytes with rank `p`). Sends are listed first.
-fn rooted(
-    at_root: Dir,
-    call: &str,
-    a: &CArgs,
-    me: usize,
-    n: usize,
-    per: usize,
-) -> NResult<Parts> {
+fn rooted(at_root: Dir, call: &str, a: &CArgs, me: usize, n: usize, per: usize) -> NResult<Parts> {
     let total = byte_len(call, a.count, a.dtype, n)?;
     let root = check_rank("root", a.root, n)?;
     let at_rank = match at_root {
