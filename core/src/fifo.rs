@@ -187,11 +187,7 @@ pub struct FifoDeviceHandle {
     pub pad: u32,
 }
 
-// SAFETY: the handle is plain addresses; the memory it points to is shared by design and is
-// only accessed through atomics (see `device_emu::fifo`).
-unsafe impl Send for FifoDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for FifoDeviceHandle {}
+device_handle_thread_safe!(FifoDeviceHandle);
 
 /// The host half of the FIFO: owns its memory, polls and pops triggers.
 #[derive(Debug)]

@@ -107,6 +107,19 @@
 // No unwrap() a peer, a file or the environment could make panic (tests may).
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+/// `Send` and `Sync` for device handles: `#[repr(C)]` plain addresses and ids that kernels
+/// (or the emulated device threads) use. The memory they name is shared by design and accessed
+/// only with the protocol's atomics or multimem operations; the host never dereferences it
+/// through these types, so moving a handle between threads is what device threads do with it.
+macro_rules! device_handle_thread_safe {
+    ($($t:ty),+ $(,)?) => {$(
+        // SAFETY: see the macro's documentation.
+        unsafe impl Send for $t {}
+        // SAFETY: as above.
+        unsafe impl Sync for $t {}
+    )+};
+}
+
 pub mod backoff;
 pub mod bootstrap;
 pub mod collectives;

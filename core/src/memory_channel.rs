@@ -34,15 +34,7 @@ pub struct MemoryChannelDeviceHandle {
     pub packet_buffer: *mut c_void,
 }
 
-// SAFETY: the handle is plain addresses into shared memory that device code accesses with the
-// protocol's atomics; moving it between threads is what device threads do with it.
-unsafe impl Send for MemoryChannelDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for MemoryChannelDeviceHandle {}
-// SAFETY: as above (the semaphore handle is pointers only).
-unsafe impl Send for BaseMemoryChannelDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for BaseMemoryChannelDeviceHandle {}
+device_handle_thread_safe!(MemoryChannelDeviceHandle, BaseMemoryChannelDeviceHandle);
 
 /// A channel with only a semaphore: signal/wait between two devices.
 pub struct BaseMemoryChannel {

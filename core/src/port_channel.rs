@@ -43,15 +43,7 @@ pub struct PortChannelDeviceHandle {
     pub src: MemoryId,
 }
 
-// SAFETY: plain addresses and ids; the memory they name is shared by design and accessed with
-// the protocol's atomics.
-unsafe impl Send for BasePortChannelDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for BasePortChannelDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Send for PortChannelDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for PortChannelDeviceHandle {}
+device_handle_thread_safe!(BasePortChannelDeviceHandle, PortChannelDeviceHandle);
 
 /// A semaphore of a proxy service plus its FIFO: put/signal/flush with explicit memory ids.
 #[derive(Clone)]

@@ -197,38 +197,45 @@ impl ProxyService {
 
     /// Adds a semaphore; its connection carries the Data/Flag/Sync requests of channels on it.
     pub fn add_semaphore(&self, semaphore: Host2DeviceSemaphore) -> Result<SemaphoreId> {
-        let mut v = self
-            .shared
-            .semaphores
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let id = v.len() as u32;
-        if id > MAX_SEMAPHORE_ID {
-            return Err(Error::invalid(format!(
-                "ProxyService::add_semaphore: at most {} semaphores fit in a trigger",
-                MAX_SEMAPHORE_ID + 1
-            )));
-        }
-        v.push(Arc::new(semaphore));
-        self.shared.generation.fetch_add(1, Ordering::Release);
-        Ok(id)
+        self.add_entry(
+            &self.shared.semaphores,
+            Arc::new(semaphore),
+            MAX_SEMAPHORE_ID,
+            "add_semaphore",
+            "semaphores",
+        )
     }
 
     /// Adds a memory (local source or remote destination of puts).
     pub fn add_memory(&self, memory: RegisteredMemory) -> Result<MemoryId> {
-        let mut v = self
-            .shared
-            .memories
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        self.add_entry(
+            &self.shared.memories,
+            memory,
+            MAX_MEMORY_ID,
+            "add_memory",
+            "memories",
+        )
+    }
+
+    /// Appends `item` to `table` and returns its id, which must fit in a trigger (at most
+    /// `max_id`); a new entry bumps the generation the proxy thread's caches compare against.
+    fn add_entry<T>(
+        &self,
+        table: &Mutex<Vec<T>>,
+        item: T,
+        max_id: u32,
+        call: &str,
+        what: &str,
+    ) -> Result<u32> {
+        let mut v = table.lock().unwrap_or_else(|p| p.into_inner());
         let id = v.len() as u32;
-        if id > MAX_MEMORY_ID {
+        if id > max_id {
             return Err(Error::invalid(format!(
-                "ProxyService::add_memory: at most {} memories fit in a trigger",
-                MAX_MEMORY_ID + 1
+                "ProxyService::{call}: at most {} {what} fit in a trigger",
+                max_id + 1
             )));
         }
-        v.push(memory);
+        v.push(item);
         self.shared.generation.fetch_add(1, Ordering::Release);
         Ok(id)
     }

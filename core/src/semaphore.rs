@@ -132,15 +132,10 @@ pub struct MemoryDevice2DeviceSemaphoreDeviceHandle {
     pub expected_inbound_token: *mut u64,
 }
 
-// SAFETY: the handles are plain device addresses handed to kernels; the host never
-// dereferences them through these types, so moving them between threads is harmless.
-unsafe impl Send for Host2DeviceSemaphoreDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for Host2DeviceSemaphoreDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Send for MemoryDevice2DeviceSemaphoreDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for MemoryDevice2DeviceSemaphoreDeviceHandle {}
+device_handle_thread_safe!(
+    Host2DeviceSemaphoreDeviceHandle,
+    MemoryDevice2DeviceSemaphoreDeviceHandle
+);
 
 /// Allocates the expected-token counter of a device-waited semaphore on `device`.
 fn expected_token(device: Device) -> Result<LocalMemory> {

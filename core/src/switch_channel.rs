@@ -23,11 +23,7 @@ pub struct SwitchChannelDeviceHandle {
     pub buffer_size: u64,
 }
 
-// SAFETY: plain addresses that device code accesses with the multimem operations; moving the
-// handle between threads is what device threads do with it.
-unsafe impl Send for SwitchChannelDeviceHandle {}
-// SAFETY: as above.
-unsafe impl Sync for SwitchChannelDeviceHandle {}
+device_handle_thread_safe!(SwitchChannelDeviceHandle);
 
 /// A buffer bound to a multicast object at some offset, with its multicast address. Made by
 /// [`crate::NvlsConnection::bind_allocated_memory`]; dropping the last clone unmaps the

@@ -43,6 +43,12 @@ impl Outcome {
             .map(str::to_owned)
             .collect()
     }
+    /// Checks the exit code, the tests that ran (in order) and the summary line.
+    fn assert_ran(&self, code: i32, ran: &[&str], summary: &str) {
+        assert_eq!(self.code, code, "{}", self.stdout);
+        assert_eq!(self.ran(), ran, "{}", self.stdout);
+        assert_eq!(self.last_line(), summary);
+    }
     fn log_has(&self, event: &str) -> bool {
         self.log.iter().any(|l| l == event)
     }
@@ -51,6 +57,13 @@ impl Outcome {
             .iter()
             .position(|l| l == event)
             .unwrap_or_else(|| panic!("event '{event}' missing from log {:?}", self.log))
+    }
+}
+
+/// Asserts that `text` contains every one of `parts`.
+fn assert_contains(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{part:?} missing from:\n{text}");
     }
 }
 
@@ -222,12 +235,13 @@ fn full_run_reports_every_outcome() {
     assert!(fail_text < fail_line);
 
     // Perf block, then the failed list, then the counts.
-    assert!(o
-        .stdout
-        .contains("[   PERF   ] Perf.Latency: signal_ping_pong = 1.32 us/iter\n"));
-    assert!(o
-        .stdout
-        .contains("[   PERF   ] Fx.PerfWithFixture: bandwidth = 350.00 GB/s\n"));
+    assert_contains(
+        &o.stdout,
+        &[
+            "[   PERF   ] Perf.Latency: signal_ping_pong = 1.32 us/iter\n",
+            "[   PERF   ] Fx.PerfWithFixture: bandwidth = 350.00 GB/s\n",
+        ],
+    );
     let failed_list: Vec<&str> = o
         .stdout
         .lines()
@@ -320,32 +334,30 @@ fn failed_environment_setup_fails_the_run() {
 #[test]
 fn positive_filters_select_substrings() {
     let o = run_fixture("filter1", &["--filter=Pass.,Skip."], &[]);
-    assert_eq!(o.code, 0);
-    assert_eq!(
-        o.ran(),
-        [
+    o.assert_ran(
+        0,
+        &[
             "Pass.Simple",
             "Pass.AllMacros",
             "Pass.Context",
-            "Skip.Reasoned"
-        ]
+            "Skip.Reasoned",
+        ],
+        "3 passed, 0 failed, 1 skipped",
     );
-    assert_eq!(o.last_line(), "3 passed, 0 failed, 1 skipped");
 
     let o = run_fixture("filter2", &["--filter", "Fx."], &[]);
-    assert_eq!(o.code, 1);
-    assert_eq!(
-        o.ran(),
-        [
+    o.assert_ran(
+        1,
+        &[
             "Fx.Passes",
             "Fx.BodyFails",
             "Fx.BodyPanics",
             "Fx.BodySkips",
             "BadFx.SetupFails",
-            "Fx.PerfWithFixture"
-        ]
+            "Fx.PerfWithFixture",
+        ],
+        "2 passed, 3 failed, 1 skipped",
     );
-    assert_eq!(o.last_line(), "2 passed, 3 failed, 1 skipped");
 }
 
 #[test]
@@ -355,17 +367,16 @@ fn negative_filter_excludes_substrings() {
         &["--filter=-Expect,Assert,Panic,Fail,Threaded,Fx,Skip"],
         &[],
     );
-    assert_eq!(o.code, 0);
-    assert_eq!(
-        o.ran(),
-        [
+    o.assert_ran(
+        0,
+        &[
             "Pass.Simple",
             "Pass.AllMacros",
             "Pass.Context",
-            "Perf.Latency"
-        ]
+            "Perf.Latency",
+        ],
+        "4 passed, 0 failed, 0 skipped",
     );
-    assert_eq!(o.last_line(), "4 passed, 0 failed, 0 skipped");
 }
 
 #[test]
@@ -397,9 +408,11 @@ fn list_prints_selected_tests_and_runs_nothing() {
 #[test]
 fn perf_selection_flags() {
     let o = run_fixture("perfonly", &["--only-perf-tests"], &[]);
-    assert_eq!(o.code, 0);
-    assert_eq!(o.ran(), ["Perf.Latency", "Fx.PerfWithFixture"]);
-    assert_eq!(o.last_line(), "2 passed, 0 failed, 0 skipped");
+    o.assert_ran(
+        0,
+        &["Perf.Latency", "Fx.PerfWithFixture"],
+        "2 passed, 0 failed, 0 skipped",
+    );
 
     let o = run_fixture(
         "perfexcl",
@@ -424,7 +437,7 @@ fn bad_arguments_exit_2() {
     }
     let o = run_fixture("help", &["--help"], &[]);
     assert_eq!(o.code, 0);
-    assert!(o.stdout.contains("--filter") && o.stdout.contains("--only-perf-tests"));
+    assert_contains(&o.stdout, &["--filter", "--only-perf-tests"]);
 }
 
 #[test]
@@ -455,7 +468,7 @@ fn a_selection_matching_nothing_exits_2_with_a_message() {
     // --help still answers whatever the filter.
     let o = run_fixture("nomatch-help", &["--filter=NoSuch", "--help"], &[]);
     assert_eq!(o.code, 0);
-    assert!(o.stdout.contains("--filter") && o.stdout.contains("--only-perf-tests"));
+    assert_contains(&o.stdout, &["--filter", "--only-perf-tests"]);
 }
 
 #[test]
@@ -472,13 +485,14 @@ fn nonzero_rank_prints_failures_and_skips_on_stderr_only() {
         "[rank 1] framework/tests/fixture/framework_fixture.rs:{}: Failure\n",
         marker_line("expect_eq")
     );
-    assert!(o.stderr.contains(&head), "{}", o.stderr);
-    assert!(o
-        .stderr
-        .contains("[rank 1] Actual: 2 vs 3\n[rank 1] round 7\n"));
-    assert!(o
-        .stderr
-        .contains("[rank 1] [  SKIPPED ] Skip.Reasoned: needs 2 GPUs\n"));
+    assert_contains(
+        &o.stderr,
+        &[
+            &head,
+            "[rank 1] Actual: 2 vs 3\n[rank 1] round 7\n",
+            "[rank 1] [  SKIPPED ] Skip.Reasoned: needs 2 GPUs\n",
+        ],
+    );
 }
 
 #[test]
@@ -488,10 +502,11 @@ fn a_failure_on_another_rank_fails_the_test_here() {
         &["--filter=Pass.Simple"],
         &[("FW_PEER_FAILS", "1"), ("FW_SIZE", "2")],
     );
-    assert_eq!(o.code, 1);
-    assert!(o.stdout.contains("Failed on another rank"));
-    assert!(o.stdout.contains("[  FAILED  ] Pass.Simple ("));
-    assert_eq!(o.last_line(), "0 passed, 1 failed, 0 skipped");
+    o.assert_ran(1, &["Pass.Simple"], "0 passed, 1 failed, 0 skipped");
+    assert_contains(
+        &o.stdout,
+        &["Failed on another rank", "[  FAILED  ] Pass.Simple ("],
+    );
 }
 
 #[test]
@@ -501,14 +516,16 @@ fn a_combine_error_fails_the_test_and_stops_the_run() {
         &["--filter=Pass."],
         &[("FW_COMBINE_FAIL_AT", "2"), ("FW_SIZE", "2")],
     );
-    assert_eq!(o.code, 1);
-    assert_eq!(o.ran(), ["Pass.Simple", "Pass.AllMacros"]);
+    o.assert_ran(
+        1,
+        &["Pass.Simple", "Pass.AllMacros"],
+        "1 passed, 1 failed, 0 skipped",
+    );
     assert!(o.stdout.contains("[  FAILED  ] Pass.AllMacros ("));
     assert!(
         o.stderr.contains("peer 1 closed the connection"),
         "{}",
         o.stderr
     );
-    assert_eq!(o.last_line(), "1 passed, 1 failed, 0 skipped");
     assert_eq!(o.log.last().map(String::as_str), Some("env one teardown"));
 }

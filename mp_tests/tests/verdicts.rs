@@ -14,6 +14,19 @@ fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     output_without(cmd, &LAUNCHER_VARS, envs)
 }
 
+/// [`run`], checking that it exits with `code`; returns its stdout and stderr.
+fn run_exiting(args: &[&str], envs: &[(&str, &str)], code: i32) -> (String, String) {
+    let out = run(args, envs);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
 fn summary_lines(stdout: &str) -> Vec<&str> {
     stdout
         .lines()
@@ -23,16 +36,10 @@ fn summary_lines(stdout: &str) -> Vec<&str> {
 
 #[test]
 fn failure_on_rank_2_fails_everywhere() {
-    let out = run(
+    let (stdout, stderr) = run_exiting(
         &["--np=4", "--filter=MultiProcessTest.InjectedFailure"],
         &[("MSCCLPP_TEST_INJECT_FAILURE_RANK", "2")],
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+        1,
     );
     assert!(
         stdout.contains("[  FAILED  ] MultiProcessTest.InjectedFailure"),
@@ -60,14 +67,7 @@ fn failure_on_rank_2_fails_everywhere() {
 
 #[test]
 fn passing_run_prints_one_summary() {
-    let out = run(&["--np=4", "--filter=MultiProcessTest"], &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let (stdout, _) = run_exiting(&["--np=4", "--filter=MultiProcessTest"], &[], 0);
     let lines = summary_lines(&stdout);
     assert_eq!(lines.len(), 1, "only rank 0 prints the summary:\n{stdout}");
     assert_eq!(lines[0], "3 passed, 0 failed, 2 skipped");

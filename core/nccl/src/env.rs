@@ -76,6 +76,13 @@ pub struct FallbackName {
     pub aliases: &'static [&'static str],
 }
 
+impl FallbackName {
+    /// An operation known by `name` alone.
+    pub const fn single(name: &'static str) -> FallbackName {
+        FallbackName { name, aliases: &[] }
+    }
+}
+
 /// The operations [`FORCE_FALLBACK`] names (their [`FallbackName::name`]s).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ForcedOps(Vec<&'static str>);
@@ -139,18 +146,9 @@ mod tests {
     use super::*;
 
     const KNOWN: [FallbackName; 4] = [
-        FallbackName {
-            name: "allreduce",
-            aliases: &[],
-        },
-        FallbackName {
-            name: "allgather",
-            aliases: &[],
-        },
-        FallbackName {
-            name: "reducescatter",
-            aliases: &[],
-        },
+        FallbackName::single("allreduce"),
+        FallbackName::single("allgather"),
+        FallbackName::single("reducescatter"),
         FallbackName {
             name: "sendrecv",
             aliases: &["send", "recv"],

@@ -109,27 +109,18 @@ fn import(desc: &IpcDescriptor) -> Result<HostImported> {
             format!("{end}"),
         ));
     }
-    let offset = usize::try_from(desc.offset).map_err(|_| {
-        Error::invalid(
-            "import(host)",
-            "an offset that fits usize",
-            desc.offset.to_string(),
-        )
-    })?;
-    let size = usize::try_from(desc.size).map_err(|_| {
-        Error::invalid(
-            "import(host)",
-            "a size that fits usize",
-            desc.size.to_string(),
-        )
-    })?;
-    let map_len = usize::try_from(file_len).map_err(|_| {
-        Error::invalid(
-            "import(host)",
-            "a file length that fits usize",
-            file_len.to_string(),
-        )
-    })?;
+    let fits = |what: &str, v: u64| {
+        usize::try_from(v).map_err(|_| {
+            Error::invalid(
+                "import(host)",
+                format!("{what} that fits usize"),
+                v.to_string(),
+            )
+        })
+    };
+    let offset = fits("an offset", desc.offset)?;
+    let size = fits("a size", desc.size)?;
+    let map_len = fits("a file length", file_len)?;
     let map = Mapping::shared(&fd, map_len)?;
     Ok(HostImported {
         map,

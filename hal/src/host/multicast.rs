@@ -23,7 +23,7 @@ use self::members::{fetch_memfd, MappedObject};
 use self::table::{Binding, McObject, MAGIC, TABLE_BYTES};
 use super::{Host, HostDevice, HostMemory};
 use crate::auxil::fdpass::{self, host_id, FdRegistration};
-use crate::auxil::os::{self, Mapping};
+use crate::auxil::os;
 use crate::auxil::poll_until;
 use crate::multicast::{
     check_bind, check_create, check_map, decode_params, encode_params, round_up, Kind, Live,
@@ -34,7 +34,7 @@ use crate::{
     MulticastInfo, Result,
 };
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Recommended granularity in pages.
 const RECOMMENDED_PAGES: usize = 16;
@@ -108,15 +108,7 @@ fn create(size: usize, ndevices: usize) -> Result<HostMulticast> {
         granularity: g.minimum,
     };
     let fd = os::memfd(c"mscclpp-hal-multicast", TABLE_BYTES)?;
-    let map = Mapping::shared(&fd, TABLE_BYTES)?;
-    let obj = McObject {
-        map,
-        fd: Mutex::new(Some(fd)),
-        info,
-        device: Mutex::new(None),
-        bind_lock: Mutex::new(()),
-        _live: Live::new(Kind::Handle),
-    };
+    let obj = McObject::map(fd, true, info)?;
     let h = obj.table();
     let hdr = h.header();
     hdr.size.store(info.size as u64, Ordering::Relaxed);
@@ -188,15 +180,7 @@ fn import(desc: &IpcDescriptor) -> Result<HostMulticast> {
             desc.pid
         )));
     }
-    let map = Mapping::shared(&fd, TABLE_BYTES)?;
-    let obj = McObject {
-        map,
-        fd: Mutex::new(None),
-        info,
-        device: Mutex::new(None),
-        bind_lock: Mutex::new(()),
-        _live: Live::new(Kind::Handle),
-    };
+    let obj = McObject::map(fd, false, info)?;
     let t = obj.table();
     let hdr = t.header();
     let matches = hdr.magic.load(Ordering::Acquire) == MAGIC

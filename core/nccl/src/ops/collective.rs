@@ -109,13 +109,9 @@ pub static ALL: [&Collective; 5] = [
     &REDUCE,
 ];
 
-const fn name(name: &'static str) -> FallbackName {
-    FallbackName { name, aliases: &[] }
-}
-
 /// `ncclAllReduce`.
 pub static ALL_REDUCE: Collective = Collective {
-    name: name("allreduce"),
+    name: FallbackName::single("allreduce"),
     kind: CollectiveKind::AllReduce,
     shape: Shape {
         reduces: true,
@@ -131,7 +127,7 @@ pub static ALL_REDUCE: Collective = Collective {
 
 /// `ncclAllGather`.
 pub static ALL_GATHER: Collective = Collective {
-    name: name("allgather"),
+    name: FallbackName::single("allgather"),
     kind: CollectiveKind::AllGather,
     shape: Shape {
         recv: Blocks::PerRank,
@@ -147,7 +143,7 @@ pub static ALL_GATHER: Collective = Collective {
 
 /// `ncclReduceScatter`.
 pub static REDUCE_SCATTER: Collective = Collective {
-    name: name("reducescatter"),
+    name: FallbackName::single("reducescatter"),
     kind: CollectiveKind::ReduceScatter,
     shape: Shape {
         send: Blocks::PerRank,
@@ -164,7 +160,7 @@ pub static REDUCE_SCATTER: Collective = Collective {
 
 /// `ncclBroadcast` and `ncclBcast`.
 pub static BROADCAST: Collective = Collective {
-    name: name("broadcast"),
+    name: FallbackName::single("broadcast"),
     kind: CollectiveKind::Broadcast,
     shape: Shape {
         rooted: true,
@@ -181,7 +177,7 @@ pub static BROADCAST: Collective = Collective {
 
 /// `ncclReduce`.
 pub static REDUCE: Collective = Collective {
-    name: name("reduce"),
+    name: FallbackName::single("reduce"),
     kind: CollectiveKind::AllReduce,
     shape: Shape {
         rooted: true,

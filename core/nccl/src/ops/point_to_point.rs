@@ -56,22 +56,30 @@ pub static ALL: [&PointToPoint; 4] = [&SEND, &ALL_TO_ALL, &GATHER, &SCATTER];
 /// `ncclSend`.
 pub static SEND: PointToPoint = PointToPoint {
     name: SEND_RECV,
-    parts: |_, a, _, n, per| {
-        let peer = check_rank("peer", a.root, n)?;
-        need_ptr("sendbuff", a.send, per)?;
-        Ok(Parts::of(vec![(Dir::Send, peer, a.send)]))
-    },
+    parts: |_, a, _, n, per| one_message(Dir::Send, a, n, per),
 };
 
 /// `ncclRecv`.
 pub static RECV: PointToPoint = PointToPoint {
     name: SEND_RECV,
-    parts: |_, a, _, n, per| {
-        let peer = check_rank("peer", a.root, n)?;
-        need_ptr("recvbuff", a.recv, per)?;
-        Ok(Parts::of(vec![(Dir::Recv, peer, a.recv)]))
-    },
+    parts: |_, a, _, n, per| one_message(Dir::Recv, a, n, per),
 };
+
+/// The C name and the address of `a`'s buffer of direction `dir`.
+fn buffer(dir: Dir, a: &CArgs) -> (&'static str, u64) {
+    match dir {
+        Dir::Send => ("sendbuff", a.send),
+        Dir::Recv => ("recvbuff", a.recv),
+    }
+}
+
+/// `ncclSend` (`dir` Send) or `ncclRecv` (Recv): one message with peer `a.root`.
+fn one_message(dir: Dir, a: &CArgs, n: usize, per: usize) -> NResult<Parts> {
+    let peer = check_rank("peer", a.root, n)?;
+    let (name, buf) = buffer(dir, a);
+    need_ptr(name, buf, per)?;
+    Ok(Parts::of(vec![(dir, peer, buf)]))
+}
 
 /// Block `i` of `base` (blocks of `per` bytes).
 fn block(base: u64, i: usize, per: usize) -> u64 {
@@ -82,10 +90,7 @@ fn block(base: u64, i: usize, per: usize) -> u64 {
 /// from it. In place (one buffer) too: core's point-to-point holds each receive behind the send
 /// out of the same block.
 pub static ALL_TO_ALL: PointToPoint = PointToPoint {
-    name: FallbackName {
-        name: "alltoall",
-        aliases: &[],
-    },
+    name: FallbackName::single("alltoall"),
     parts: |call, a, _, n, per| {
         let total = byte_len(call, a.count, a.dtype, n)?;
         need_ptr("sendbuff", a.send, total)?;
@@ -104,42 +109,41 @@ pub static ALL_TO_ALL: PointToPoint = PointToPoint {
 
 /// `ncclGather`: every rank's buffer to block `rank` of the root's.
 pub static GATHER: PointToPoint = PointToPoint {
-    name: FallbackName {
-        name: "gather",
-        aliases: &[],
-    },
-    parts: |call, a, me, n, per| {
-        let total = byte_len(call, a.count, a.dtype, n)?;
-        let root = check_rank("root", a.root, n)?;
-        need_ptr("sendbuff", a.send, per)?;
-        let mut list = vec![(Dir::Send, root, a.send)];
-        if me == root {
-            need_ptr("recvbuff", a.recv, total)?;
-            list.extend((0..n).map(|p| (Dir::Recv, p, block(a.recv, p, per))));
-        }
-        Ok(Parts::of(list))
-    },
+    name: FallbackName::single("gather"),
+    parts: |call, a, me, n, per| rooted(Dir::Recv, call, a, me, n, per),
 };
 
 /// `ncclScatter`: block `rank` of the root's buffer to every rank.
 pub static SCATTER: PointToPoint = PointToPoint {
-    name: FallbackName {
-        name: "scatter",
-        aliases: &[],
-    },
-    parts: |call, a, me, n, per| {
-        let total = byte_len(call, a.count, a.dtype, n)?;
-        let root = check_rank("root", a.root, n)?;
-        need_ptr("recvbuff", a.recv, per)?;
-        let mut list = Vec::new();
-        if me == root {
-            need_ptr("sendbuff", a.send, total)?;
-            list.extend((0..n).map(|p| (Dir::Send, p, block(a.send, p, per))));
-        }
-        list.push((Dir::Recv, root, a.recv));
-        Ok(Parts::of(list))
-    },
+    name: FallbackName::single("scatter"),
+    parts: |call, a, me, n, per| rooted(Dir::Send, call, a, me, n, per),
 };
+
+/// A call between the root `a.root` and every rank: each rank's one message with the root
+/// (its buffer of `per` bytes) and, on the root, one per rank in direction `at_root` (block
+/// `p` of the root's buffer of `n * per` bytes with rank `p`). Sends are listed first.
+fn rooted(at_root: Dir, call: &str, a: &CArgs, me: usize, n: usize, per: usize) -> NResult<Parts> {
+    let total = byte_len(call, a.count, a.dtype, n)?;
+    let root = check_rank("root", a.root, n)?;
+    let at_rank = match at_root {
+        Dir::Send => Dir::Recv,
+        Dir::Recv => Dir::Send,
+    };
+    let (name, buf) = buffer(at_rank, a);
+    need_ptr(name, buf, per)?;
+    let mine = (at_rank, root, buf);
+    let mut fan = Vec::new();
+    if me == root {
+        let (name, buf) = buffer(at_root, a);
+        need_ptr(name, buf, total)?;
+        fan.extend((0..n).map(|p| (at_root, p, block(buf, p, per))));
+    }
+    let list = match at_rank {
+        Dir::Send => [vec![mine], fan].concat(),
+        Dir::Recv => [fan, vec![mine]].concat(),
+    };
+    Ok(Parts::of(list))
+}
 
 impl PointToPoint {
     /// Checks the C arguments `a` of `call` on `handle` (NULL buffers with a non-zero count,

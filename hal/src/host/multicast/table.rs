@@ -21,7 +21,7 @@
 
 use crate::auxil::os::Mapping;
 use crate::auxil::Backoff;
-use crate::multicast::Live;
+use crate::multicast::{Kind, Live};
 use crate::{Error, MulticastInfo, Result};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -44,6 +44,20 @@ pub(super) struct McObject {
 }
 
 impl McObject {
+    /// A new handle on the control memfd `fd` (of TABLE_BYTES): maps it, and keeps `fd` open
+    /// when `keep_fd` (the creator, until it exports) or closes it (an import).
+    pub(super) fn map(fd: OwnedFd, keep_fd: bool, info: MulticastInfo) -> Result<Self> {
+        let map = Mapping::shared(&fd, TABLE_BYTES)?;
+        Ok(McObject {
+            map,
+            fd: Mutex::new(keep_fd.then_some(fd)),
+            info,
+            device: Mutex::new(None),
+            bind_lock: Mutex::new(()),
+            _live: Live::new(Kind::Handle),
+        })
+    }
+
     /// The binding table in the mapping.
     pub(super) fn table(&self) -> Table {
         // SAFETY: `map` is a live mapping of TABLE_BYTES (checked at create/import) that lives

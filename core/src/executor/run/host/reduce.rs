@@ -40,47 +40,41 @@ pub(crate) unsafe fn reduce(
 mod tests {
     use super::*;
 
+    /// `op(a, b)` over the bytes of two equal-length inputs.
+    fn reduce2(dtype: DataType, op: PlanReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
+        assert_eq!(a.len(), b.len());
+        let mut out = vec![0u8; a.len()];
+        // SAFETY: `out`, `a` and `b` all hold `a.len()` bytes.
+        unsafe {
+            reduce(
+                dtype,
+                op,
+                out.as_mut_ptr(),
+                &[a.as_ptr(), b.as_ptr()],
+                a.len(),
+            )
+        };
+        out
+    }
+
     #[test]
     fn sums_and_extremes() {
-        let a: [f32; 2] = [1.5, -2.0];
-        let b: [f32; 2] = [2.0, 5.0];
-        let mut out = [0f32; 2];
-        // SAFETY: arrays of 8 bytes.
-        unsafe {
-            reduce(
-                DataType::F32,
-                PlanReduceOp::Sum,
-                out.as_mut_ptr().cast(),
-                &[a.as_ptr().cast(), b.as_ptr().cast()],
-                8,
-            )
-        };
-        assert_eq!(out, [3.5, 3.0]);
-        let (a, b) = (7u32.to_le_bytes(), 3u32.to_le_bytes());
-        let mut out = [0u8; 4];
-        // SAFETY: 4-byte arrays.
-        unsafe {
-            reduce(
-                DataType::U32,
-                PlanReduceOp::Min,
-                out.as_mut_ptr(),
-                &[a.as_ptr(), b.as_ptr()],
-                4,
-            )
-        };
-        assert_eq!(u32::from_le_bytes(out), 3);
-        let (a, b) = ([1u8, 250], [2u8, 10]);
-        let mut out = [0u8; 2];
-        // SAFETY: 2-byte arrays.
-        unsafe {
-            reduce(
-                DataType::U8,
-                PlanReduceOp::Sum,
-                out.as_mut_ptr(),
-                &[a.as_ptr(), b.as_ptr()],
-                2,
-            )
-        };
+        let f32s = |v: [f32; 2]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let out = reduce2(
+            DataType::F32,
+            PlanReduceOp::Sum,
+            &f32s([1.5, -2.0]),
+            &f32s([2.0, 5.0]),
+        );
+        assert_eq!(out, f32s([3.5, 3.0]));
+        let out = reduce2(
+            DataType::U32,
+            PlanReduceOp::Min,
+            &7u32.to_le_bytes(),
+            &3u32.to_le_bytes(),
+        );
+        assert_eq!(out, 3u32.to_le_bytes());
+        let out = reduce2(DataType::U8, PlanReduceOp::Sum, &[1, 250], &[2, 10]);
         assert_eq!(out, [3, 4], "integers wrap");
     }
 }
