@@ -158,7 +158,14 @@ impl Error {
     /// `invalid usage: `) kept once: `invalid usage: X=y: allreduce algorithm ...` rather than
     /// a new error around the old one's text (`invalid usage: X=y: invalid usage: ...`).
     pub fn context(self, what: impl std::fmt::Display) -> Self {
-        let add = |m: String| format!("{what}: {m}");
+        // An unnamed operation (`op` empty: `From<hal::Error>`) becomes `what` itself.
+        let add = |m: String| {
+            if m.is_empty() {
+                what.to_string()
+            } else {
+                format!("{what}: {m}")
+            }
+        };
         match self {
             Error::InvalidUsage(m) => Error::InvalidUsage(add(m)),
             Error::Timeout { what: w, after } => Error::Timeout {
@@ -166,10 +173,6 @@ impl Error {
                 after,
             },
             Error::Remote { peer, what: w } => Error::Remote { peer, what: add(w) },
-            Error::Io { op, source } if op.is_empty() => Error::Io {
-                op: what.to_string(),
-                source,
-            },
             Error::Io { op, source } => Error::Io {
                 op: add(op),
                 source,
@@ -177,10 +180,6 @@ impl Error {
             Error::Internal(m) => Error::Internal(add(m)),
             Error::Aborted(m) => Error::Aborted(add(m)),
             Error::Executor(m) => Error::Executor(add(m)),
-            Error::Hal { op, source } if op.is_empty() => Error::Hal {
-                op: what.to_string(),
-                source,
-            },
             Error::Hal { op, source } => Error::Hal {
                 op: add(op),
                 source,

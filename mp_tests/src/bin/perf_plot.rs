@@ -190,6 +190,42 @@ fn bounds(all: &[Series], f: impl Fn(&Point) -> f64) -> (f64, f64) {
     (lo, hi.max(lo * 1.01))
 }
 
+/// Draws `s` (its points' `y`) on `chart` as a line with dots, in colour `i`, with a legend entry.
+fn add_series<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, Y>>,
+    s: &Series,
+    i: usize,
+    y: fn(&Point) -> f64,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let color = Palette99::pick(i).to_rgba();
+    let style = color.stroke_width(2);
+    chart
+        .draw_series(LineSeries::new(
+            s.points.iter().map(|p| (p.bytes, y(p))),
+            style,
+        ))?
+        .label(s.label.clone())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+    chart.draw_series(
+        s.points
+            .iter()
+            .map(|p| Circle::new((p.bytes, y(p)), 3, color.filled())),
+    )?;
+    Ok(())
+}
+
+/// The legend box of `chart`, upper left.
+fn legend<'a, DB: DrawingBackend + 'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, Y>>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+}
+
 fn draw(out: &str, title: &str, all: &[Series]) -> Result<(), String> {
     let e = |x: DrawingAreaErrorKind<std::io::Error>| format!("drawing {out}: {x}");
     let root = SVGBackend::new(out, (1200, 500)).into_drawing_area();
@@ -228,48 +264,11 @@ fn draw(out: &str, title: &str, all: &[Series]) -> Result<(), String> {
         .draw()
         .map_err(e)?;
     for (i, s) in all.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let style = color.stroke_width(2);
-        let legend = move |(x, y): (i32, i32)| PathElement::new(vec![(x, y), (x + 20, y)], style);
-        time.draw_series(LineSeries::new(
-            s.points.iter().map(|p| (p.bytes, p.time_us)),
-            style,
-        ))
-        .map_err(e)?
-        .label(s.label.clone())
-        .legend(legend);
-        time.draw_series(
-            s.points
-                .iter()
-                .map(|p| Circle::new((p.bytes, p.time_us), 3, color.filled())),
-        )
-        .map_err(e)?;
-        bw.draw_series(LineSeries::new(
-            s.points.iter().map(|p| (p.bytes, p.busbw)),
-            style,
-        ))
-        .map_err(e)?
-        .label(s.label.clone())
-        .legend(legend);
-        bw.draw_series(
-            s.points
-                .iter()
-                .map(|p| Circle::new((p.bytes, p.busbw), 3, color.filled())),
-        )
-        .map_err(e)?;
+        add_series(&mut time, s, i, |p| p.time_us).map_err(e)?;
+        add_series(&mut bw, s, i, |p| p.busbw).map_err(e)?;
     }
-    time.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
-    bw.configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
+    legend(&mut time).map_err(e)?;
+    legend(&mut bw).map_err(e)?;
     root.present().map_err(e)
 }
 
