@@ -153,6 +153,39 @@ impl Error {
             what: what.into(),
         }
     }
+
+    /// The same error with `what` in front of its message, its class (and so its prefix, e.g.
+    /// `invalid usage: `) kept once: `invalid usage: X=y: allreduce algorithm ...` rather than
+    /// a new error around the old one's text (`invalid usage: X=y: invalid usage: ...`).
+    pub fn context(self, what: impl std::fmt::Display) -> Self {
+        // An unnamed operation (`op` empty: `From<hal::Error>`) becomes `what` itself.
+        let add = |m: String| {
+            if m.is_empty() {
+                what.to_string()
+            } else {
+                format!("{what}: {m}")
+            }
+        };
+        match self {
+            Error::InvalidUsage(m) => Error::InvalidUsage(add(m)),
+            Error::Timeout { what: w, after } => Error::Timeout {
+                what: add(w),
+                after,
+            },
+            Error::Remote { peer, what: w } => Error::Remote { peer, what: add(w) },
+            Error::Io { op, source } => Error::Io {
+                op: add(op),
+                source,
+            },
+            Error::Internal(m) => Error::Internal(add(m)),
+            Error::Aborted(m) => Error::Aborted(add(m)),
+            Error::Executor(m) => Error::Executor(add(m)),
+            Error::Hal { op, source } => Error::Hal {
+                op: add(op),
+                source,
+            },
+        }
+    }
 }
 
 /// `Result` with this crate's [`Error`].
@@ -195,5 +228,28 @@ mod tests {
         assert_eq!(e.to_string(), "stream sync: timed out after 1s");
         let e: Error = mscclpp_hal::Error::BadDescriptor("short".into()).into();
         assert_eq!(e.code(), ErrorCode::InvalidUsage);
+    }
+
+    #[test]
+    fn context_prefixes_the_message_and_keeps_the_class_once() {
+        let e = Error::invalid("allreduce algorithm 'bogus': expected one of a, b")
+            .context("MSCCLPP_ALLREDUCE_ALGO=bogus");
+        assert_eq!(e.code(), ErrorCode::InvalidUsage);
+        assert_eq!(
+            e.to_string(),
+            "invalid usage: MSCCLPP_ALLREDUCE_ALGO=bogus: allreduce algorithm 'bogus': expected one of a, b"
+        );
+        let e = Error::timeout("recv", Duration::from_secs(1)).context("rank 2");
+        assert_eq!(e.to_string(), "timed out after 1s: rank 2: recv");
+        let e = Error::remote(1, "closed").context("allgather");
+        assert_eq!(e.to_string(), "remote rank 1: allgather: closed");
+        let e: Error = mscclpp_hal::Error::BadDescriptor("short".into()).into();
+        let e = e.context("open handle");
+        assert!(e.to_string().starts_with("open handle: "), "{e}");
+        assert_eq!(e.code(), ErrorCode::InvalidUsage);
+        let e = Error::io("", std::io::Error::from(std::io::ErrorKind::NotFound)).context("read x");
+        assert!(e.to_string().starts_with("read x: "), "{e}");
+        let e = Error::Executor("bad plan".into()).context("plan p.json");
+        assert_eq!(e.to_string(), "executor error: plan p.json: bad plan");
     }
 }

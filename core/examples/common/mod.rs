@@ -164,10 +164,23 @@ pub fn check<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) 
 /// Runs `body` as every rank of the example `name` (see the module docs) and exits: status 0
 /// when every rank succeeded, 1 otherwise.
 pub fn run(name: &str, nranks: usize, port: u16, body: fn(&Rank) -> Res) -> ! {
+    launch(name, nranks, port, |rank, n, addr| {
+        run_rank(rank, n, addr, body)
+    })
+}
+
+/// As [`run`], for an example that builds its own bootstrap: `rank_main(rank, nranks, addr)`
+/// runs as every rank (join the bootstrap at `addr`, with [`job_key`] when there is one).
+pub fn launch(
+    name: &str,
+    nranks: usize,
+    port: u16,
+    rank_main: impl FnOnce(usize, usize, &str) -> Res,
+) -> ! {
     let addr =
         std::env::var("MSCCLPP_EXAMPLE_ADDR").unwrap_or_else(|_| format!("127.0.0.1:{port}"));
     let result = match rank_from_env() {
-        Some(r) => r.and_then(|(rank, n)| run_rank(rank, n, &addr, body)),
+        Some(r) => r.and_then(|(rank, n)| rank_main(rank, n, &addr)),
         None => spawn_ranks(nranks, &addr),
     };
     match result {
@@ -198,8 +211,7 @@ fn rank_from_env() -> Option<Res<(usize, usize)>> {
 /// One rank: bootstrap, communicator, then the example's body.
 fn run_rank(rank: usize, nranks: usize, addr: &str, body: fn(&Rank) -> Res) -> Res {
     let mut bootstrap = TcpBootstrap::new(rank, nranks).ctx("creating the bootstrap")?;
-    if let Ok(key) = std::env::var("MSCCLPP_EXAMPLE_KEY") {
-        // Self-spawned ranks: the parent's key keeps other jobs on the same port out.
+    if let Some(key) = job_key() {
         bootstrap.set_job_key(&key).ctx("setting the job key")?;
     }
     bootstrap
@@ -208,6 +220,11 @@ fn run_rank(rank: usize, nranks: usize, addr: &str, body: fn(&Rank) -> Res) -> R
     let context = Context::new().ctx("creating a context")?;
     let comm = Arc::new(Communicator::new(Arc::new(bootstrap), context));
     body(&Rank { rank, nranks, comm }).map_err(|e| format!("rank {rank}: {e}"))
+}
+
+/// The job key of self-spawned ranks: the parent's key keeps other jobs on the same port out.
+pub fn job_key() -> Option<String> {
+    std::env::var("MSCCLPP_EXAMPLE_KEY").ok()
 }
 
 /// Starts this binary once per rank and waits for them all.

@@ -199,20 +199,3 @@ pub fn type_name(v: c_int) -> &'static str {
         _ => "an unknown ncclDataType_t",
     }
 }
-
-/// `ncclGetErrorString`'s text for `r`.
-pub fn error_string(r: NcclResult) -> &'static std::ffi::CStr {
-    match r {
-        SUCCESS => c"no error",
-        UNHANDLED_CUDA_ERROR => {
-            c"unhandled cuda error (run with MSCCLPP_LOG_LEVEL=INFO for details)"
-        }
-        SYSTEM_ERROR => c"unhandled system error (run with MSCCLPP_LOG_LEVEL=INFO for details)",
-        INTERNAL_ERROR => c"internal error - please report this issue to the mscclpp-rs developers",
-        INVALID_ARGUMENT => c"invalid argument (run with MSCCLPP_LOG_LEVEL=WARN for details)",
-        INVALID_USAGE => c"invalid usage (run with MSCCLPP_LOG_LEVEL=WARN for details)",
-        REMOTE_ERROR => c"remote process exited or there was a network error",
-        IN_PROGRESS => c"NCCL operation in progress",
-        _ => c"unknown result code",
-    }
-}

@@ -88,6 +88,23 @@ impl From<mscclpp::Error> for NcclError {
     }
 }
 
+/// `ncclGetErrorString`: NCCL's text for a result code, with no detail (the detail of the last
+/// failure is `ncclGetLastError`'s, and the log's: WARN for system, remote and internal errors,
+/// INFO for bad arguments and usage).
+pub fn result_string(r: NcclResult) -> &'static std::ffi::CStr {
+    match r {
+        abi::SUCCESS => c"no error",
+        abi::UNHANDLED_CUDA_ERROR => c"unhandled cuda error",
+        abi::SYSTEM_ERROR => c"unhandled system error",
+        abi::INTERNAL_ERROR => c"internal error",
+        abi::INVALID_ARGUMENT => c"invalid argument",
+        abi::INVALID_USAGE => c"invalid usage",
+        abi::REMOTE_ERROR => c"remote process exited or there was a network error",
+        abi::IN_PROGRESS => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    }
+}
+
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 thread_local! {
@@ -119,4 +136,44 @@ pub fn last_error_ptr() -> *const c_char {
         *slot = c;
         slot.as_ptr()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_strings_are_nccls_without_detail() {
+        let cases = [
+            (abi::SUCCESS, "no error"),
+            (abi::UNHANDLED_CUDA_ERROR, "unhandled cuda error"),
+            (abi::SYSTEM_ERROR, "unhandled system error"),
+            (abi::INTERNAL_ERROR, "internal error"),
+            (abi::INVALID_ARGUMENT, "invalid argument"),
+            (abi::INVALID_USAGE, "invalid usage"),
+            (
+                abi::REMOTE_ERROR,
+                "remote process exited or there was a network error",
+            ),
+            (abi::IN_PROGRESS, "NCCL operation in progress"),
+            (12345, "unknown result code"),
+        ];
+        for (code, want) in cases {
+            assert_eq!(result_string(code).to_str(), Ok(want), "code {code}");
+        }
+    }
+
+    #[test]
+    fn the_detail_is_the_last_errors() {
+        set_last_error(
+            abi::INVALID_USAGE,
+            "ncclAllReduce: count 3 is not a multiple of 4",
+        );
+        // SAFETY: last_error_ptr returns a NUL-terminated string owned by this thread.
+        let got = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) };
+        assert_eq!(
+            got.to_str(),
+            Ok("ncclAllReduce: count 3 is not a multiple of 4")
+        );
+    }
 }

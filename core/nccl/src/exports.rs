@@ -202,7 +202,7 @@ nccl_export! {
     /// The text of a result code (a static string).
     fn ncclGetErrorString, pncclGetErrorString(result: NcclResult) -> *const c_char {
         guard_value("ncclGetErrorString", c"unknown result code".as_ptr(), || {
-            abi::error_string(result).as_ptr()
+            crate::error::result_string(result).as_ptr()
         })
     }
 }

@@ -144,10 +144,14 @@ fn build_ready(p: &InitParams) -> NResult<Arc<Ready>> {
     let (fallback, note) = init_fallback(&bootstrap, p)?;
     mscclpp::log_info!(
         "NCCL",
-        "libmscclpp_nccl: rank {} of {} on device {} (native collectives: {}; fallback NCCL: {})",
+        "libmscclpp_nccl: rank {} of {} on {} (native collectives: {}; fallback NCCL: {})",
         p.rank,
         p.nranks,
-        p.device,
+        if crate::HOST_BACKEND {
+            "the host backend (CPU threads play the GPU)".to_string()
+        } else {
+            format!("device {}", p.device)
+        },
         native
             .available()
             .map_or_else(|why| format!("none: {why}"), |()| "yes".into()),

@@ -122,7 +122,7 @@ fn forced_from_env(
     for f in env.forced_algorithms()? {
         let a = algos
             .get(f.kind, &f.name)
-            .map_err(|e| Error::invalid(format!("{}={}: {e}", f.var, f.value)))?;
+            .map_err(|e| e.context(format!("{}={}", f.var, f.value)))?;
         forced.insert(f.kind, a.name());
     }
     Ok(forced)
@@ -801,6 +801,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("allpair_packet") && e.contains("bogus"), "{e}");
+        assert_eq!(e.matches("invalid usage").count(), 1, "one prefix: {e}");
         let f =
             forced_from_env(&env(&[("MSCCLPP_ALGORITHM", "allreduce=allpair_packet")])).unwrap();
         assert_eq!(f.len(), 1);

@@ -26,13 +26,16 @@ const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
   -b, --minbytes SIZE     smallest size (default 32M; K/M/G suffixes)
   -e, --maxbytes SIZE     largest size (default 32M)
   -f, --stepfactor F      multiply the size by F each step (default 2)
-  -d, --datatype TYPE     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2 (default float)
+  -d, --datatype TYPE     int8 uint8 int32 uint32 int64 uint64 half float double bfloat16 f8e4m3 f8e5m2
+                          (default float; also fp16/f16/float16, bf16, fp32/f32, fp64/f64, int/i32,
+                          i8/u8/i64/u64, fp8_e4m3/e4m3, fp8_e5m2/e5m2)
   -o, --op OP             sum prod min max avg (default sum)
   -r, --root R            broadcast root (default 0)
-  -n, --iters N           timed iterations (default 20)
+  -n, --iters N           timed iterations, at least 1 (default 20)
   -w, --warmup_iters N    warm-up iterations (default 5)
   -c, --check 0|1         check results (default 1)
-  -G, --cudagraph N       capture the iterations in a CUDA graph and launch it N times (GPU only)
+  -G, --cudagraph N       capture the iterations in a CUDA graph and launch it N times (GPU builds
+                          only; the host backend refuses -G above 0)
       --op-kind / --coll  allreduce | allgather | reducescatter | broadcast | sendrecv | alltoall
                           (default allreduce; sendrecv: each rank sends SIZE bytes to rank+1 and
                           receives from rank-1, busbw = algbw; alltoall: SIZE = the whole send
@@ -40,13 +43,16 @@ const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
                           have no in-place form: the in-place columns repeat the out-of-place
                           measurement)
       --algo NAME         force the algorithm
-      --json FILE         also write the rows as JSON
+      --json FILE         also write the rows as JSON (perf_plot draws them)
       --plan FILE         run an execution plan (its collective and in/out-of-place) through the
                           executor, each size next to the native algorithm of the same call
       --plan FILE --check only parse and validate the plan (every rank's part); no ranks needed
       --np N / --ip_port=IP:PORT / --timeout=S   launcher options (as mp_unit_tests)
 Sizes are total bytes as in nccl-tests (all-gather: the gathered buffer; reduce-scatter: the
-send buffer). Exit code 1 when any value is wrong.";
+send buffer); every size of the sweep must hold at least one element per rank. On the host
+backend CPU threads play the GPU: times are wall-clock per call (memory copies between
+processes on this machine), not a GPU's or a link's bandwidth. Exit code 1 when any value is
+wrong, 2 on bad arguments.";
 
 #[derive(Clone, Debug)]
 struct Opts {
@@ -164,12 +170,31 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                 }
             }
             "-r" | "--root" => o.root = num(value()?, "-r")?,
-            "-n" | "--iters" => o.iters = num(value()?, "-n")?.max(1),
+            "-n" | "--iters" => {
+                o.iters = num(value()?, "-n")?;
+                if o.iters == 0 {
+                    return Err("-n 0: expected at least 1 timed iteration".into());
+                }
+            }
             "-w" | "--warmup_iters" => o.warmup = num(value()?, "-w")?,
             // `--check` with no 0/1 after it: validate the plan only (`-c 0|1` checks results).
             "--check" if inline.is_none() && !next_is_flag_value => o.plan_check_only = true,
-            "-c" | "--check" => o.check = num(value()?, "-c")? != 0,
-            "-G" | "--cudagraph" => o.graph = num(value()?, "-G")?,
+            "-c" | "--check" => {
+                o.check = match value()?.as_str() {
+                    "0" => false,
+                    "1" => true,
+                    v => return Err(format!("-c `{v}`: expected 0 (no check) or 1 (check)")),
+                }
+            }
+            "-G" | "--cudagraph" => {
+                o.graph = num(value()?, "-G")?;
+                if o.graph > 0 && Gpu::NAME == "host" {
+                    return Err(format!(
+                        "-G {}: CUDA graphs need a GPU build (--features cuda); this coll_perf is the host backend's: leave -G out",
+                        o.graph
+                    ));
+                }
+            }
             "--op-kind" | "--coll" | "--collective" => match value()?.as_str() {
                 "sendrecv" => o.p2p = Some(P2pKind::SendRecv),
                 "alltoall" => o.p2p = Some(P2pKind::AllToAll),
@@ -187,7 +212,18 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         i += 1;
     }
     if o.minb > o.maxb {
-        return Err(format!("-b {} is above -e {}", o.minb, o.maxb));
+        return Err(format!(
+            "-b {} is above -e {}: the smallest size must not exceed the largest",
+            o.minb, o.maxb
+        ));
+    }
+    let elem = o.dtype.size_in_bytes();
+    if o.minb < elem {
+        return Err(format!(
+            "-b {}: below one {} element ({elem} bytes), so the size measures nothing; give -b {elem} or more",
+            o.minb,
+            o.dtype.nccl_name()
+        ));
     }
     if o.p2p.is_some() && (o.plan.is_some() || o.algo.is_some()) {
         return Err("--coll sendrecv/alltoall take no --plan or --algo".into());
@@ -242,6 +278,25 @@ impl Opts {
                 .min(self.maxb),
         )
     }
+}
+
+/// A GB/s cell: two decimals as nccl-tests prints them, more below 10 GB/s so that a slow
+/// (host backend) figure keeps three significant digits instead of reading `0.00`.
+fn bw_cell(v: f64) -> String {
+    let decimals = if v >= 10.0 || v <= 0.0 || !v.is_finite() {
+        2
+    } else {
+        // 3 significant digits: 1.23, 0.123, 0.0123, ... (at most 6 decimals).
+        (2 - v.log10().floor() as i64).clamp(2, 6) as usize
+    };
+    format!("{v:.decimals$}")
+}
+
+/// Pushes what was printed so far out now (the rows of a long sweep appear as measured).
+fn flush_stdout() {
+    use std::io::Write;
+    // Nothing to do about a closed stdout here: the next println! reports it.
+    let _ = std::io::stdout().flush();
 }
 
 /// The report's line of how many values were wrong, as nccl-tests prints it.
@@ -650,6 +705,9 @@ fn run(
     };
     if rank == 0 {
         println!("# coll_perf: {} nranks {n} ({} backend) dtype {} op {redop} iters {} warmup {} graph {} check {}", o.kind_name(), Gpu::NAME, o.dtype, o.iters, o.warmup, o.graph, o.check as u8);
+        if !gpu {
+            println!("# host backend: CPU threads play the GPU; time is wall-clock per call (memory copies between processes on this machine), GB/s with 3 significant digits");
+        }
         println!("#{:>75}{:>34}", "out-of-place", "in-place");
         println!(
             "#{:>11} {:>12} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}  algorithm",
@@ -694,6 +752,16 @@ fn run(
         }
         _ => o.dtype.size_in_bytes(),
     };
+    if o.minb < unit {
+        return Err(format!(
+            "-b {}: below one {} element per rank ({unit} bytes at {n} ranks), so the size measures nothing; give -b {unit} or more",
+            o.minb,
+            o.dtype.nccl_name()
+        ));
+    }
+    if rank == 0 {
+        flush_stdout();
+    }
     let (mut wrong_total, mut bus_sum) = (0u64, 0.0);
     loop {
         let bytes = size / unit * unit;
@@ -723,9 +791,11 @@ fn run(
             if rank == 0 {
                 let w = |m: &Measure| o.wrong_cell(m);
                 println!(
-                    "{:>12} {:>12} {:>9} {:>7} {:>7} {:>8.2} {:>7.2} {:>7.2} {:>6} {:>8.2} {:>7.2} {:>7.2} {:>6}  {algo}",
-                    bytes, elems, o.dtype.nccl_name(), redop, root, oop.time_us, oop.algbw, oop.busbw, w(&oop), ip.time_us, ip.algbw, ip.busbw, w(&ip)
+                    "{:>12} {:>12} {:>9} {:>7} {:>7} {:>8.2} {:>7} {:>7} {:>6} {:>8.2} {:>7} {:>7} {:>6}  {algo}",
+                    bytes, elems, o.dtype.nccl_name(), redop, root, oop.time_us, bw_cell(oop.algbw), bw_cell(oop.busbw), w(&oop), ip.time_us, bw_cell(ip.algbw), bw_cell(ip.busbw), w(&ip)
                 );
+                // Each row as it is measured, also when stdout is a pipe or a file.
+                flush_stdout();
             }
             rows.push(Row {
                 collective: o.kind_name(),
@@ -822,21 +892,161 @@ fn real_main() -> i32 {
             return 1;
         }
     };
-    let code = match run(&o, &placement, boot.clone(), mp.timeout) {
+    let outcome = run(&o, &placement, boot.clone(), mp.timeout);
+    finish(placement.rank, boot.as_ref(), outcome)
+}
+
+/// A rank's outcome as sent to the others at the end: `0` passed, `1` wrong values, `2` and
+/// the error message.
+fn encode_outcome(outcome: &Result<bool, String>) -> Vec<u8> {
+    match outcome {
+        Ok(true) => vec![0],
+        Ok(false) => vec![1],
+        Err(e) => [&[2u8][..], e.as_bytes()].concat(),
+    }
+}
+
+/// The error report of a job from every rank's [`encode_outcome`]: one line per distinct
+/// message naming its ranks ("all N ranks" when every rank failed alike); `None` when no rank
+/// failed with an error.
+fn job_errors(all: &[Vec<u8>]) -> Option<String> {
+    let mut distinct: Vec<(String, Vec<usize>)> = Vec::new();
+    for (rank, b) in all.iter().enumerate() {
+        let msg = match b.split_first() {
+            Some((2, m)) => String::from_utf8_lossy(m).into_owned(),
+            Some((0 | 1, _)) => continue,
+            _ => "sent a malformed outcome".to_string(),
+        };
+        match distinct.iter_mut().find(|(m, _)| *m == msg) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => distinct.push((msg, vec![rank])),
+        }
+    }
+    let lines: Vec<String> = distinct
+        .into_iter()
+        .map(|(msg, ranks)| {
+            let who = match ranks.len() {
+                n if n == all.len() && n > 1 => format!("all {n} ranks"),
+                1 => format!("rank {}", ranks[0]),
+                _ => {
+                    let r: Vec<String> = ranks.iter().map(usize::to_string).collect();
+                    format!("ranks {}", r.join(","))
+                }
+            };
+            format!("coll_perf: {who}: {msg}")
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// Ends the job: every rank's outcome is gathered (this is also the final barrier) and rank 0
+/// prints each distinct error once, naming the ranks it came from; a rank that cannot reach
+/// the others prints its own. Exit status 1 on every rank when any rank failed.
+fn finish(rank: usize, boot: &dyn Bootstrap, outcome: Result<bool, String>) -> i32 {
+    let own = match &outcome {
         Ok(true) => 0,
-        Ok(false) => 1,
+        _ => 1,
+    };
+    match boot.all_gather(&encode_outcome(&outcome)) {
+        Ok(all) => {
+            let errors = job_errors(&all);
+            if let (0, Some(report)) = (rank, &errors) {
+                eprintln!("{report}");
+            }
+            let any_failed = all.iter().any(|b| b.first() != Some(&0));
+            i32::from(any_failed).max(own)
+        }
         Err(e) => {
-            eprintln!("coll_perf: rank {}: {e}", placement.rank);
+            if let Err(mine) = &outcome {
+                eprintln!("coll_perf: rank {rank}: {mine}");
+            }
+            eprintln!("coll_perf: rank {rank}: collecting the ranks' outcomes: {e}");
             1
         }
-    };
-    if let Err(e) = boot.barrier() {
-        eprintln!("coll_perf: final barrier: {e}");
-        return code.max(1);
     }
-    code
 }
 
 fn main() {
     std::process::exit(real_main());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn bw_cell_keeps_three_significant_digits_below_ten() {
+        assert_eq!(bw_cell(123.456), "123.46");
+        assert_eq!(bw_cell(12.345), "12.35");
+        assert_eq!(bw_cell(1.2345), "1.23");
+        assert_eq!(bw_cell(0.12345), "0.123");
+        assert_eq!(bw_cell(0.012345), "0.0123");
+        assert_eq!(bw_cell(0.0000012345), "0.000001");
+        assert_eq!(bw_cell(0.0), "0.00");
+    }
+
+    #[test]
+    fn runs_that_measure_nothing_are_refused() {
+        for (a, want) in [
+            ("-b 3 -e 3 -d float", "below one float element (4 bytes)"),
+            ("-b 0 -e 1K", "-b 0: below one float element"),
+            ("-n 0", "-n 0: expected at least 1"),
+            ("-c 2", "-c `2`: expected 0"),
+            (
+                "-b 1M -e 1K",
+                "the smallest size must not exceed the largest",
+            ),
+            ("-d fp4", "data type `fp4`"),
+        ] {
+            let e = parse(&args(a)).expect_err(a);
+            assert!(e.contains(want), "{a}: {e:?} must say {want:?}");
+        }
+    }
+
+    #[test]
+    fn accepted_aliases_parse() {
+        let o = parse(&args("-b 2 -e 2 -d fp16 -c 0 -n 1")).expect("fp16");
+        assert_eq!(o.dtype, DataType::F16);
+        assert!(!o.check);
+        assert_eq!(o.iters, 1);
+    }
+
+    #[test]
+    fn errors_are_reported_once_with_their_ranks() {
+        let err = |m: &str| encode_outcome(&Err(m.to_string()));
+        let ok = encode_outcome(&Ok(true));
+        assert_eq!(job_errors(&[ok.clone(), encode_outcome(&Ok(false))]), None);
+        assert_eq!(
+            job_errors(&[err("bad algo"), err("bad algo"), err("bad algo")]).as_deref(),
+            Some("coll_perf: all 3 ranks: bad algo")
+        );
+        assert_eq!(
+            job_errors(&[err("x"), ok.clone(), err("x"), err("y")]).as_deref(),
+            Some("coll_perf: ranks 0,2: x\ncoll_perf: rank 3: y")
+        );
+        assert_eq!(
+            job_errors(&[err("x")]).as_deref(),
+            Some("coll_perf: rank 0: x")
+        );
+        assert_eq!(
+            job_errors(&[ok, vec![]]).as_deref(),
+            Some("coll_perf: rank 1: sent a malformed outcome")
+        );
+    }
+
+    #[test]
+    fn graphs_are_refused_on_the_host_backend() {
+        let r = parse(&args("-G 10"));
+        if Gpu::NAME == "host" {
+            assert!(r
+                .expect_err("-G")
+                .contains("-G 10: CUDA graphs need a GPU build"));
+        } else {
+            assert_eq!(r.expect("-G on a GPU build").graph, 10);
+        }
+    }
 }
