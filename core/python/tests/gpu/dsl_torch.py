@@ -25,8 +25,17 @@ def main() -> None:
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     backend = dist.group.WORLD._get_backend(dev)
-    pool = torch.cuda.MemPool(backend.mem_allocator)
-    with torch.cuda.use_mem_pool(pool):
+    try:
+        pool = torch.cuda.MemPool(backend.mem_allocator)
+    except RuntimeError as e:
+        # PyTorch builds without NCCL's allocator hook ("not supported in this NCCL version"):
+        # plain caching-allocator tensors, which the library registers on first use.
+        print(f"rank {rank}: NCCL memory pool unavailable ({e}); plain torch tensors")
+        pool = None
+    if pool is not None:
+        with torch.cuda.use_mem_pool(pool):
+            bufs = {b: torch.empty(b // 4, device=dev, dtype=torch.float32) for b in SIZES}
+    else:
         bufs = {b: torch.empty(b // 4, device=dev, dtype=torch.float32) for b in SIZES}
     ok = True
     for b, x in bufs.items():
