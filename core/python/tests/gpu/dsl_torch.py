@@ -10,6 +10,7 @@ then the time per call. Prints ``DSL_TORCH rank=R ok=0|1`` and ``DSL_TORCH_TIME 
 lines.
 """
 
+import contextlib
 import os
 import time
 
@@ -32,10 +33,7 @@ def main() -> None:
         # plain caching-allocator tensors, which the library registers on first use.
         print(f"rank {rank}: NCCL memory pool unavailable ({e}); plain torch tensors")
         pool = None
-    if pool is not None:
-        with torch.cuda.use_mem_pool(pool):
-            bufs = {b: torch.empty(b // 4, device=dev, dtype=torch.float32) for b in SIZES}
-    else:
+    with torch.cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext():
         bufs = {b: torch.empty(b // 4, device=dev, dtype=torch.float32) for b in SIZES}
     ok = True
     for b, x in bufs.items():
