@@ -12,8 +12,8 @@
 //! argument block (by value): no allocation, no synchronisation, so a stream capturing a graph
 //! records the launch and replays stay correct (all counters are on the device).
 //!
-//! Kernels: `p2p_ll` when every op of a launch is an LL message (at most [`SMALL_OPS`] ops,
-//! one block per (peer, direction) pair, per-thread packet waits), else `p2p_batch_small` /
+//! Kernels: `p2p_ll` / `p2p_ll_big` when every op of a launch is an LL message (one block per
+//! (peer, direction) pair, per-thread packet waits), else `p2p_batch_small` /
 //! `p2p_batch` (chunks of a sixteenth of the message, 16-128 KiB, over up to [`CHANNELS`]
 //! channels; a copy to self spreads over twice the channels). A batch of more than
 //! [`MAX_OPS_PER_LAUNCH`] ops is split into launches by matching index ([`launches`]), so
@@ -162,8 +162,8 @@ struct Plan {
     /// `v >> 1`).
     tasks: usize,
     /// Whether `p2p_ll` may run the launch (one block per pair): every op at most [`LL_MAX`]
-    /// bytes, at most [`SMALL_OPS`] ops, and a pair that both sends and receives (in place)
-    /// sends at most twice (more could wait on the peer's block in a circle).
+    /// bytes, and a pair that both sends and receives (in place) sends at most twice (more
+    /// could wait on the peer's block in a circle).
     ll: bool,
 }
 
@@ -247,8 +247,7 @@ fn plan(part: &[&P2pOp], rank: usize) -> Plan {
             Dir::Recv => recvs[d.pair as usize] += 1,
         }
     }
-    let ll = part.len() <= SMALL_OPS
-        && part.iter().all(|o| o.bytes <= LL_MAX)
+    let ll = part.iter().all(|o| o.bytes <= LL_MAX)
         && (0..npairs).all(|p| recvs[p] == 0 || sends[p] <= 2);
     Plan {
         ops,
@@ -306,8 +305,9 @@ pub(super) struct GpuP2p {
     kernel: <Gpu as Api>::Kernel,
     /// `p2p_batch_small`.
     kernel_small: <Gpu as Api>::Kernel,
-    /// `p2p_ll` (launches of LL messages only).
+    /// `p2p_ll` (launches of LL messages only) and `p2p_ll_big` (more than [`SMALL_OPS`]).
     kernel_ll: <Gpu as Api>::Kernel,
+    kernel_ll_big: <Gpu as Api>::Kernel,
     _module: <Gpu as Api>::Module,
     _registered: RegisteredMemory,
     _peers: Vec<Option<RegisteredMemory>>,
@@ -356,6 +356,8 @@ impl GpuP2p {
             .map_err(|e| hal_err("look up p2p_batch_small", e))?;
         let kernel_ll = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL.name())
             .map_err(|e| hal_err("look up p2p_ll", e))?;
+        let kernel_ll_big = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL_BIG.name())
+            .map_err(|e| hal_err("look up p2p_ll_big", e))?;
 
         let layout = GpuLayout { nranks };
         let kind = crate::gpu_buffer::communication_memory_kind(device);
@@ -423,6 +425,7 @@ impl GpuP2p {
             kernel,
             kernel_small,
             kernel_ll,
+            kernel_ll_big,
             _module: module,
             _registered: registered,
             _peers: peers,
@@ -473,10 +476,19 @@ impl GpuP2p {
         list.extend(remote);
         for part in launches(&list, self.nranks) {
             let plan = plan(&part, self.rank);
+            // p2p_ll: every block of the launch resident at once (its blocks wait only on
+            // peers, never on each other, but every rank's must fit together).
             if plan.ll && plan.npairs <= self.max_blocks {
-                let args = self.args::<SMALL_OPS>(&plan, timeout);
-                // SAFETY: as below (p2p_ll takes the small argument block).
-                unsafe { self.launch(&self.kernel_ll, plan.npairs as u32, &s, &args) }?;
+                let blocks = plan.npairs as u32;
+                if part.len() <= SMALL_OPS {
+                    let args = self.args::<SMALL_OPS>(&plan, timeout);
+                    // SAFETY: as below (p2p_ll takes the small argument block).
+                    unsafe { self.launch(&self.kernel_ll, blocks, &s, &args) }?;
+                } else {
+                    let args = self.args::<MAX_OPS_PER_LAUNCH>(&plan, timeout);
+                    // SAFETY: as below.
+                    unsafe { self.launch(&self.kernel_ll_big, blocks, &s, &args) }?;
+                }
                 continue;
             }
             let blocks = plan.tasks.clamp(1, self.max_blocks) as u32;
@@ -636,10 +648,12 @@ mod tests {
             (Dir::Recv, 1, 0x2000, 1024),
         ]);
         assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        // Many ops (p2p_ll_big), one block per pair.
         let many: Vec<P2pOp> = (0..SMALL_OPS + 1)
-            .map(|i| P2pOp::new(Dir::Send, 1, 0x1000 * i as u64, 8))
+            .map(|i| P2pOp::new(Dir::Send, 1 + i % 3, 0x1000 * i as u64, 8))
             .collect();
-        assert!(!plan(&many.iter().collect::<Vec<_>>(), 0).ll);
+        let p = plan(&many.iter().collect::<Vec<_>>(), 0);
+        assert!(p.ll && p.npairs == 3);
         // In place: a pair that sends and receives may send at most twice.
         let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 64)]);
         assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);

@@ -342,7 +342,9 @@ TEST!(P2pTest, Scatter, |_ctx| {
 // More operations than one GPU launch takes (128): 70 messages to the next rank and 70 from
 // the previous one, LL-sized and chunked mixed, plus 10 to and from every other rank; the GPU
 // splits the batch by matching index (every message's match in the launch of the same number
-// on its peer), the host backend runs it as one. Per-pair order must hold throughout.
+// on its peer), the host backend runs it as one. Per-pair order must hold throughout. Then a
+// batch of 12 LL-sized messages per ring neighbour (24 ops: the GPU's `p2p_ll_big`, each pair's
+// messages in order on one block).
 TEST!(P2pTest, MoreOperationsThanOneLaunch, |_ctx| {
     let n = n();
     let mut msgs = Vec::new();
@@ -358,7 +360,10 @@ TEST!(P2pTest, MoreOperationsThanOneLaunch, |_ctx| {
             }
         }
     }
-    run_batches(&[msgs])
+    let small: Vec<Msg> = (0..n)
+        .flat_map(|r| (0..12).map(move |i| (r, (r + 1) % n, 1 + i * 1000)))
+        .collect();
+    run_batches(&[msgs, small])
 });
 
 // A captured batch of LL messages only (the GPU's `p2p_ll` kernel: 1 byte, 1 KiB + 1 and

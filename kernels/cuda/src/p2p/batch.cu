@@ -4,7 +4,7 @@
 // extern "C" __global__ void p2p_batch(P2pArgs args);        // up to P2P_MAX_OPS operations
 // extern "C" __global__ void p2p_batch_small(P2pArgsSmall args);  // up to P2P_SMALL_OPS: the
 //   same code with a 240-byte argument block instead of 3 KiB (a launch copies its arguments).
-// extern "C" __global__ void p2p_ll(P2pArgsSmall args);  // every op an LL message (or a copy to
+// extern "C" __global__ void p2p_ll(P2pArgsSmall args);  // (p2p_ll_big: P2pArgs) every op an LL message (or a copy to
 //   self of at most P2P_LL_MAX bytes): one block per (peer, direction) pair, each thread waits
 //   for its own packets (llBatch below); the host picks it (core/src/p2p/gpu.rs, `Plan::ll`).
 //
@@ -507,6 +507,8 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
   uint64_t peer = a.rank;
   uint64_t sent0 = 0, recvd0 = 0;
   for (int pass = 0; pass < 2; ++pass) {
+    // Every send of the block read its buffer before a receive may overwrite it (in place).
+    if (pass == 1) __syncthreads();
     for (uint32_t k = 0; k < a.nops; ++k) {
       const P2pOpDev& op = a.ops[k];
       if (op.pair != pair || op.recv != pass) continue;
@@ -587,3 +589,5 @@ extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch_small(P2pArg
 /// Launches whose every operation is an LL message (or a copy to self of at most P2P_LL_MAX
 /// bytes): one block per (peer, direction) pair (llBatch).
 extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_ll(P2pArgsSmall a) { llBatch(a); }
+/// p2p_ll for launches of more than P2P_SMALL_OPS operations.
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_ll_big(P2pArgs a) { llBatch(a); }
