@@ -269,6 +269,18 @@ impl Comm {
     /// point-to-point call would wait for the failed peer until its timeout (on GPUs, a kernel
     /// spinning to its bound). `ncclCommShrink`, the queries and destroy/abort stay usable.
     pub fn check_usable(&self) -> NResult<()> {
+        // A peer the bootstrap saw die: on GPUs the kernels of earlier calls ended their waits
+        // early (the abort word), so nothing else would report it to a caller that does not
+        // poll ncclCommGetAsyncError. One lock in the common case (no dead peer).
+        if self.remote_failure.get().is_none() {
+            if let Some(Ok(r)) = self.state.get() {
+                if let Some((p, _)) = r.bootstrap.first_peer_failure() {
+                    if let Err(e) = r.peers.check_peer(p) {
+                        self.set_async_error(&e);
+                    }
+                }
+            }
+        }
         match self.remote_failure.get() {
             None => Ok(()),
             Some(m) => Err(NcclError::remote(format!(

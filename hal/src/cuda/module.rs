@@ -78,8 +78,14 @@ unsafe fn install_abort_word(dev: &CudaDevice, m: sys::CUmodule) -> Result<()> {
     let host = mapped_abort_word()?;
     // SAFETY: a live DEVICEMAP allocation.
     let word: u64 = unsafe { mem::host_device_pointer(host as *mut c_void) }?;
-    // SAFETY: `global` is the module's 8-byte global; the source is a local u64.
-    unsafe { mem::copy_htod(global, (&word as *const u64).cast(), 8) }?;
+    // On the device's own non-blocking stream: a synchronous copy would wait for the legacy
+    // default stream, where a kernel may be waiting for this very load on another rank.
+    let bytes = word.to_le_bytes();
+    super::memory::on_sync_stream(dev, "cuMemcpyHtoDAsync(mscclppAbortWord)", |s| {
+        // SAFETY: `global` is the module's live 8-byte global; `bytes` outlives the copy
+        // (the stream is synchronised before `on_sync_stream` returns).
+        unsafe { mem::copy_htod_async(global, &bytes, s) }
+    })?;
     let keep = dev.clone();
     crate::abort::add_drain(dev.ordinal(), move || {
         // The word stays up meanwhile, so every wait of ours ends; bounded all the same.

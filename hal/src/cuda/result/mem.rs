@@ -46,21 +46,6 @@ pub(in crate::cuda) unsafe fn host_device_pointer(p: *mut c_void) -> Result<sys:
     })
 }
 
-/// `cuMemcpyHtoD`: `len` bytes from host `src` to device `dst`, synchronously.
-///
-/// # Safety
-/// `src..src+len` is readable host memory and `dst..dst+len` live device memory.
-pub(in crate::cuda) unsafe fn copy_htod(
-    dst: sys::CUdeviceptr,
-    src: *const c_void,
-    len: usize,
-) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    checked("cuMemcpyHtoD", || unsafe {
-        sys::cuMemcpyHtoD_v2(dst, src, len)
-    })
-}
-
 /// `cuMemHostRegister(p, len, flags)`.
 ///
 /// # Safety
