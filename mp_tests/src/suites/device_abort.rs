@@ -8,6 +8,8 @@
 //!   wait with the flag set completes normally.
 //! - RaisedWordEndsAnEmulatedWait (every build): the host emulation's counterpart, a
 //!   `device_emu` semaphore wait on a token nobody signals.
+//! - CommunicatorAbortRaisesTheWordUntilDropped (every build): `Communicator::abort` raises it
+//!   (an emulated wait ends as aborted) and dropping the communicator lowers it.
 
 use std::time::{Duration, Instant};
 
@@ -185,3 +187,41 @@ TEST!(DeviceAbortTest, RaisedWordEndsAnEmulatedWait, |_ctx| {
         unsafe { device_emu::semaphore::wait(&mut token, &mut expected, Duration::from_secs(5)) };
     ok!(r, "a signalled wait after the word went down");
 });
+
+TEST!(
+    DeviceAbortTest,
+    CommunicatorAbortRaisesTheWordUntilDropped,
+    |_ctx| {
+        word_down_first();
+        let env = mp_env();
+        let ctx = ok!(mscclpp::Context::new(), "context");
+        let comm = mscclpp::Communicator::new(env.bootstrap.clone(), ctx);
+        EXPECT_FALSE!(comm.is_aborted());
+        comm.abort("DeviceAbortTest");
+        EXPECT_TRUE!(comm.is_aborted());
+        let r = match abort::raised() {
+            Some(r) => r,
+            None => FAIL!("Communicator::abort left the word down"),
+        };
+        EXPECT_EQ!(r.peer, None);
+        EXPECT_TRUE!(r.why.contains("Communicator::abort on rank"), "{}", r.why);
+        // An emulated device wait ends at once, as aborted.
+        let (mut token, mut expected) = (0u64, 0u64);
+        let t0 = Instant::now();
+        // SAFETY: both words are live locals private to this wait.
+        let e = unsafe {
+            device_emu::semaphore::wait(&mut token, &mut expected, Duration::from_secs(30))
+        };
+        EXPECT_LT!(t0.elapsed(), Duration::from_secs(1));
+        match e {
+            Err(e) => EXPECT_EQ!(e.code(), ErrorCode::Aborted, "{}", e),
+            Ok(()) => FAIL!("the wait succeeded with nobody signalling"),
+        }
+        comm.abort("twice is once");
+        drop(comm);
+        ASSERT_TRUE!(
+            abort::wait_lowered(Duration::from_secs(15)),
+            "the word stayed up after the communicator was dropped"
+        );
+    }
+);
