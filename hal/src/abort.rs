@@ -3,7 +3,7 @@
 //!
 //! Device code waits by spinning on memory a peer writes (a semaphore token, a packet flag).
 //! When the peer dies or the communicator is aborted, nothing will ever write it, and the
-//! kernel would spin until its spin bound traps (tens of seconds), holding the stream, the
+//! kernel would spin until its spin bound traps, holding the stream, the
 //! launch queue and the process's exit. The abort word is one 32-bit word of host memory that
 //! every module's waits poll:
 //!
@@ -91,7 +91,7 @@ fn store_word(v: u32) {
     }
 }
 
-/// Raises the word (ending every device wait of this process within a few thousand spins)
+/// Raises the word (ending every device wait of this process at its next read of the word)
 /// for as long as the returned [`Hold`] lives; `peer` names the rank whose death raised it.
 pub fn raise(peer: Option<usize>, why: impl Into<String>) -> Hold {
     let why = why.into();
