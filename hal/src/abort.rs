@@ -210,7 +210,7 @@ pub fn wait_lowered(timeout: Duration) -> bool {
 ///
 /// # Safety
 /// `p` is a 4-byte aligned, live allocation the device can read, never freed.
-#[cfg_attr(not(any(hal_cuda, hal_rocm)), allow(dead_code))]
+#[cfg_attr(not(hal_cuda), allow(dead_code))]
 pub(crate) unsafe fn set_mapped_word(p: *mut u32) {
     let st = state();
     MAPPED_WORD.store(p, Ordering::Release);
@@ -218,7 +218,7 @@ pub(crate) unsafe fn set_mapped_word(p: *mut u32) {
 }
 
 /// Registers the drain of device `ordinal` (once per device; later calls for it are ignored).
-#[cfg_attr(not(any(hal_cuda, hal_rocm)), allow(dead_code))]
+#[cfg_attr(not(hal_cuda), allow(dead_code))]
 pub(crate) fn add_drain(ordinal: usize, drain: impl Fn() + Send + Sync + 'static) {
     let mut st = state();
     if st.drains.iter().any(|(o, _)| *o == ordinal) {
@@ -228,7 +228,7 @@ pub(crate) fn add_drain(ordinal: usize, drain: impl Fn() + Send + Sync + 'static
 }
 
 /// How long one device drain may take.
-#[cfg_attr(not(any(hal_cuda, hal_rocm)), allow(dead_code))]
+#[cfg_attr(not(hal_cuda), allow(dead_code))]
 pub(crate) fn drain_limit() -> Duration {
     DRAIN_LIMIT
 }
