@@ -11,6 +11,7 @@ mod coll_matrix;
 mod coll_plans;
 mod coll_scratch;
 mod communicator;
+mod device_abort;
 mod executor;
 mod executor_bad;
 mod fifo;

@@ -451,7 +451,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
         recordError(a, kErrStall, a.ops[pendingOp].recv, a.ops[pendingOp].peer, pendingOp);
         sStop = 1;
       } else {
-        sStop = (*errWord != 0) ? 1 : 0;  // another block failed
+        sStop = (*errWord != 0 || mscclpp::abortRaised()) ? 1 : 0;  // another block failed, or aborted
       }
     }
     __syncthreads();
