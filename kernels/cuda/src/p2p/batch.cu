@@ -474,7 +474,7 @@ MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t t0, uint64_t rec
   for (uint32_t spin = 1;; ++spin) {
     if (ready()) return true;
     if ((spin & 1023) == 0) {
-      if (*(volatile int*)sFailed || *errWord != 0) return false;
+      if (*(volatile int*)sFailed || *errWord != 0 || mscclpp::abortRaised()) return false;  // or aborted
       if (nowNs() - t0 > a.timeoutNs) {
         if (atomicExch(sFailed, 1) == 0) recordError(a, kErrStall, recv, peer, k);
         return false;
