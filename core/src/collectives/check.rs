@@ -314,15 +314,16 @@ impl P2pCheck {
         }
     }
 
-    /// Checks the batch `ops` when the check is on ([`P2pCheck::check`]).
-    pub fn check_ops(&self, ops: &[crate::p2p::P2pOp]) -> Result<()> {
+    /// Checks a batch when the check is on ([`P2pCheck::check`]): `ops()` lists its
+    /// operations as (peer, is a send, bytes); not called when the check is off.
+    pub fn check_ops<I: IntoIterator<Item = (usize, bool, usize)>>(
+        &self,
+        ops: impl FnOnce() -> I,
+    ) -> Result<()> {
         let Some(b) = &self.bootstrap else {
             return Ok(());
         };
-        let prints: Vec<(usize, bool, usize)> = ops
-            .iter()
-            .map(|o| (o.peer, o.dir == crate::p2p::Dir::Send, o.bytes))
-            .collect();
+        let prints: Vec<(usize, bool, usize)> = ops().into_iter().collect();
         self.check(b.as_ref(), &prints)
     }
 

@@ -205,7 +205,8 @@ impl PointToPoint {
             }
         }
         let pairs = self_pairs(ops, self.rank)?;
-        self.check.check_ops(ops)?;
+        let prints = || ops.iter().map(|o| (o.peer, o.dir == Dir::Send, o.bytes));
+        self.check.check_ops(prints)?;
         match &self.inner {
             Inner::Host(h) => {
                 for (s, r) in pairs {
