@@ -69,9 +69,11 @@ pub struct Fingerprint {
     pub root: usize,
     /// World size of the communicator.
     pub nranks: usize,
+    /// The rank refused the call itself (its arguments or algorithm check failed there).
+    pub refused: bool,
 }
 
-const FP_BYTES: usize = 35;
+const FP_BYTES: usize = 36;
 
 impl Fingerprint {
     /// The fingerprint of `call`, the `seq`-th call of a communicator of `nranks`.
@@ -84,6 +86,7 @@ impl Fingerprint {
             op: call.op,
             root: call.root,
             nranks,
+            refused: false,
         }
     }
 
@@ -96,6 +99,7 @@ impl Fingerprint {
         b[32] = kind_code(self.kind);
         b[33] = dtype_code(self.dtype);
         b[34] = op_code(self.op);
+        b[35] = u8::from(self.refused);
         b
     }
 
@@ -112,6 +116,7 @@ impl Fingerprint {
             kind: *CollectiveKind::ALL.get(b[32] as usize)?,
             dtype: *DataType::ALL.get(b[33] as usize)?,
             op: *ReduceOp::ALL.get(b[34] as usize)?,
+            refused: b[35] != 0,
         })
     }
 
@@ -139,6 +144,9 @@ impl Fingerprint {
         if self.nranks != other.nranks {
             d.push("communicator size");
         }
+        if self.refused != other.refused {
+            d.push("refusing the call (that rank's own error says why)");
+        }
         d
     }
 }
@@ -158,7 +166,11 @@ impl std::fmt::Display for Fingerprint {
         if self.root != 0 && self.kind != CollectiveKind::Broadcast {
             write!(f, " root {}", self.root)?;
         }
-        write!(f, " on a communicator of {} ranks", self.nranks)
+        write!(f, " on a communicator of {} ranks", self.nranks)?;
+        if self.refused {
+            f.write_str(" and refused it")?;
+        }
+        Ok(())
     }
 }
 
@@ -257,10 +269,20 @@ impl CallCheck {
 
     /// Compares `call`, the `seq`-th call of this communicator, with every rank's (collective:
     /// every rank of `bootstrap` calls it for the same call). An error naming the diverging
-    /// ranks and both calls on a mismatch.
-    pub fn check(&self, bootstrap: &dyn Bootstrap, call: &Call, seq: u64) -> Result<()> {
+    /// ranks and both calls on a mismatch. `refused`: this rank cannot run the call (it
+    /// fails it anyway; the others learn it and fail too instead of waiting for it).
+    pub fn check(
+        &self,
+        bootstrap: &dyn Bootstrap,
+        call: &Call,
+        seq: u64,
+        refused: bool,
+    ) -> Result<()> {
         let n = bootstrap.nranks();
-        let own = Fingerprint::of(call, seq, n);
+        let own = Fingerprint {
+            refused,
+            ..Fingerprint::of(call, seq, n)
+        };
         let all = exchange(bootstrap, &own.encode(), TAG_COLL).map_err(|e| {
             e.context(format!(
                 "{}: exchanging the fingerprint of {own}",

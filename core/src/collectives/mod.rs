@@ -631,7 +631,7 @@ impl Collectives {
     fn checked(&self, call: &Call, seq: u64) -> Result<()> {
         if self.check.enabled() {
             self.check
-                .check(self.res.comm().bootstrap().as_ref(), call, seq)
+                .check(self.res.comm().bootstrap().as_ref(), call, seq, false)
         } else {
             Ok(())
         }
@@ -646,6 +646,21 @@ impl Collectives {
         let r = self.checked(call, seq);
         self.recorder.finish(seq, r.is_ok());
         r
+    }
+
+    /// With the call check on: tells the other ranks this rank refused `call` (its arguments
+    /// or its algorithm's check failed here), so that they fail it too instead of waiting.
+    fn refused_call(&self, call: &Call) {
+        if !self.check.enabled() {
+            return;
+        }
+        let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.recorder.start(call, "none");
+        // This rank fails with its own error; a mismatch here only repeats it.
+        let _ = self
+            .check
+            .check(self.res.comm().bootstrap().as_ref(), call, seq, true);
+        self.recorder.finish(seq, false);
     }
 
     /// The last calls of this communicator, oldest first (recorder.rs).
@@ -739,7 +754,9 @@ impl Collectives {
         if call.count == 0 {
             return self.empty_call(&call);
         }
-        let choice = self.choose(&call)?;
+        let choice = self
+            .choose(&call)
+            .inspect_err(|_| self.refused_call(&call))?;
         // SAFETY: forwarded from the caller.
         unsafe { self.run_choice(&choice, stream) }
     }

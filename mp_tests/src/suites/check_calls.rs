@@ -226,6 +226,48 @@ TEST!(CheckCallsTest, SkippedCall, |_ctx| {
     );
 });
 
+TEST!(CheckCallsTest, RefusedOnOneRank, |_ctx| {
+    // The last rank passes a null receive buffer: it refuses the call itself, and the others,
+    // told so by the check, fail too instead of waiting for it.
+    let e = checked();
+    let (rank, n) = (e.env.coll.rank(), e.env.coll.nranks());
+    ok!(issue(e, MATCHING), "a matching call");
+    let odd = n - 1;
+    let recv = if rank == odd { 0 } else { e.recv.data() };
+    ok!(mp_env().bootstrap.barrier(), "barrier");
+    let t = Instant::now();
+    // SAFETY: buffers of BYTES that live for the process (the null one is refused).
+    let r = unsafe {
+        e.env.coll.all_reduce(
+            e.send.data(),
+            recv,
+            256,
+            DataType::F32,
+            ReduceOp::Sum,
+            e.env.raw_stream(),
+        )
+    };
+    let took = t.elapsed();
+    let msg = match r {
+        Ok(()) => FAIL!("rank {rank}: the call succeeded"),
+        Err(err) => err.to_string(),
+    };
+    EXPECT_TRUE!(took < WITHIN, "rank {rank} failed after {took:?}: {msg}");
+    let want = if rank == odd {
+        "expected non-null buffers".to_string()
+    } else {
+        format!("rank {odd} diverged")
+    };
+    EXPECT_TRUE!(
+        msg.contains(&want),
+        "rank {rank}: the error says `{want}`: {msg}"
+    );
+    if rank != odd {
+        EXPECT_TRUE!(msg.contains("refused it"), "rank {rank}: {msg}");
+    }
+    ok!(issue(e, MATCHING), "a matching call after the refusal");
+});
+
 TEST!(CheckCallsTest, PointToPointSizeMismatch, |_ctx| {
     let e = checked();
     let (rank, n) = (e.env.coll.rank(), e.env.coll.nranks());
