@@ -199,7 +199,7 @@ fn bitwise(kind: CollectiveKind) {
             }
         }
     }
-    EXPECT_GT!(ran, DTYPES.len(), "calls that ran");
+    EXPECT_GE!(ran, DTYPES.len(), "calls that ran");
     if rank == 0 {
         println!(
             "{kind}: {ran} calls bitwise-checked, through {}",
