@@ -30,6 +30,28 @@ fn det_env() -> &'static CollEnv {
     e
 }
 
+/// The largest count of the tests.
+const MAX_COUNT: usize = 40_003;
+
+/// Two device buffers (send, recv) for the whole process, big enough for every call here
+/// (allocated once: the zero-copy algorithm maps the ranks' buffers at their first use).
+fn buffers(env: &CollEnv, bytes: usize) -> (&'static GpuBuffer<u8>, &'static GpuBuffer<u8>) {
+    type Pair = (GpuBuffer<u8>, GpuBuffer<u8>);
+    static BUFS: OnceLock<Result<Pair, String>> = OnceLock::new();
+    let cap = MAX_COUNT * env.coll.nranks() * 4;
+    if bytes > cap {
+        FAIL!("{bytes} bytes: the test buffers hold {cap}");
+    }
+    let r = BUFS.get_or_init(|| {
+        let a = || GpuBuffer::<u8>::new(env.device, cap).map_err(|e| e.to_string());
+        Ok((a()?, a()?))
+    });
+    match r {
+        Ok((s, r)) => (s, r),
+        Err(m) => FAIL!("allocating the test buffers: {m}"),
+    }
+}
+
 /// A value of rank `rank`, element `i`: random sign, mantissa and exponent in [-8, 8].
 fn value(seed: u64, rank: usize, i: usize) -> f32 {
     let mut x = seed
@@ -131,7 +153,7 @@ fn bitwise(kind: CollectiveKind) {
     let counts: &[usize] = if at_scale(n) {
         &[4099]
     } else {
-        &[1027, 40_003]
+        &[1027, MAX_COUNT]
     };
     let mut ran = 0;
     let mut ran_names: Vec<&str> = Vec::new();
@@ -159,8 +181,7 @@ fn bitwise(kind: CollectiveKind) {
                     .filter(|&i| fold(dtype, &ins, i, (0..n).rev()) != fold(dtype, &ins, i, 0..n))
                     .count();
             }
-            let send: GpuBuffer<u8> = ok!(GpuBuffer::new(env.device, total * s), "allocating");
-            let recv: GpuBuffer<u8> = ok!(GpuBuffer::new(env.device, count * s), "allocating");
+            let (send, recv) = buffers(env, total * s);
             for name in &names {
                 ok!(send.copy_from_host(0, &ins[rank]), "writing the input");
                 ok!(recv.copy_from_host(0, &vec![0xA5; count * s]), "poisoning");
