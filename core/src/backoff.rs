@@ -124,6 +124,45 @@ pub fn spin_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// [`spin_until`] for an emulated device wait (`crate::device_emu`): it also ends, with an
+/// error naming the peer when a peer's death raised it, once the process's abort word is up
+/// ([`mscclpp_hal::abort`]; what `MSCCLPP_SPIN_UNTIL` polls on a GPU).
+pub fn spin_until_device(
+    what: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> Result<()> {
+    let mut aborted = false;
+    spin_until(what, timeout, || {
+        if cond() {
+            return true;
+        }
+        aborted = mscclpp_hal::abort::abort_raised();
+        aborted
+    })?;
+    if aborted {
+        return Err(abort_word_error(what));
+    }
+    Ok(())
+}
+
+/// The error of a wait the abort word ended: naming the peer whose death raised it.
+pub fn abort_word_error(what: &str) -> Error {
+    match mscclpp_hal::abort::raised() {
+        Some(mscclpp_hal::abort::Raised { peer: Some(p), why }) => Error::remote(
+            p,
+            format!("{why} (the abort word ended the wait for {what})"),
+        ),
+        Some(r) => Error::Aborted(format!(
+            "{} (the abort word ended the wait for {what})",
+            r.why
+        )),
+        None => Error::Aborted(format!(
+            "the abort word was raised while waiting for {what}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

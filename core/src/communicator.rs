@@ -64,6 +64,24 @@ struct Inner {
     keys: Mutex<KeyMap>,
     to_self: Mutex<HashMap<u64, VecDeque<Vec<u8>>>>,
     connections: Mutex<HashMap<u64, (usize, u64)>>,
+    /// Set by [`Communicator::abort`]: the process's abort word, raised until the
+    /// communicator is dropped.
+    aborted: Mutex<Option<mscclpp_hal::abort::Hold>>,
+}
+
+/// Raises the process's abort word ([`mscclpp_hal::abort`]) for the kernels of a GPU build,
+/// which poll it in every device wait; `None` on the host backend, whose waits end through
+/// their watches and connection liveness (a word there would end the waits of every
+/// communicator of the process). Held until the returned hold is dropped.
+pub fn raise_device_abort(
+    peer: Option<usize>,
+    why: impl Into<String>,
+) -> Option<mscclpp_hal::abort::Hold> {
+    use mscclpp_hal::Api;
+    if <mscclpp_hal::Gpu as Api>::NAME == <mscclpp_hal::api::Host as Api>::NAME {
+        return None;
+    }
+    Some(mscclpp_hal::abort::raise(peer, why))
 }
 
 impl Inner {
@@ -187,8 +205,35 @@ impl Communicator {
                 keys: Mutex::new(HashMap::new()),
                 to_self: Mutex::new(HashMap::new()),
                 connections: Mutex::new(HashMap::new()),
+                aborted: Mutex::new(None),
             }),
         }
+    }
+
+    /// Aborts: raises the process's abort word ([`mscclpp_hal::abort`]), so every device-side
+    /// wait of this process (kernels on GPUs, `device_emu` waits on the host backend) ends
+    /// within milliseconds instead of at its spin bound or timeout, and a later stream or event
+    /// synchronisation of that work returns an aborted error. The word stays up until this
+    /// communicator (every clone) is dropped; then the devices drain and it is lowered. Its
+    /// scope is the process: waits of other communicators end too (docs/reliability.md).
+    pub fn abort(&self, why: &str) {
+        let mut a = self.inner.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        if a.is_none() {
+            let rank = self.inner.bootstrap.rank();
+            *a = Some(mscclpp_hal::abort::raise(
+                None,
+                format!("Communicator::abort on rank {rank}: {why}"),
+            ));
+        }
+    }
+
+    /// Whether [`Communicator::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.inner
+            .aborted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     /// The bootstrap.

@@ -120,6 +120,8 @@ impl Error {
                 | mscclpp_hal::Error::BadDescriptor(_)
                 | mscclpp_hal::Error::NvlsDisabled { .. } => ErrorCode::InvalidUsage,
                 mscclpp_hal::Error::PeerGone { .. } => ErrorCode::RemoteError,
+                mscclpp_hal::Error::Aborted { peer: Some(_), .. } => ErrorCode::RemoteError,
+                mscclpp_hal::Error::Aborted { peer: None, .. } => ErrorCode::Aborted,
                 _ => ErrorCode::SystemError,
             },
         }

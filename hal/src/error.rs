@@ -66,6 +66,17 @@ pub enum Error {
         /// What came.
         got: String,
     },
+    /// The work waited for may have ended its device waits early: the abort word
+    /// ([`crate::abort`]) was raised while it ran, by an abort or by `peer`'s death.
+    #[error("{op}: aborted{}: {why}", peer.map(|p| format!(" (rank {p} failed)")).unwrap_or_default())]
+    Aborted {
+        /// The synchronisation that saw it.
+        op: &'static str,
+        /// The rank whose death raised the word (`None`: an abort call).
+        peer: Option<usize>,
+        /// What raised it.
+        why: String,
+    },
     /// IPC descriptor bytes could not be decoded.
     #[error("bad IPC descriptor: {0}")]
     BadDescriptor(String),

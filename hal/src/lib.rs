@@ -43,6 +43,7 @@
 #[macro_use]
 mod macros;
 
+pub mod abort;
 pub mod auxil;
 pub mod dmabuf;
 pub mod env;

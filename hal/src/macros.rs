@@ -89,10 +89,14 @@ macro_rules! gpu_stream_api {
 
                 fn stream_synchronize(s: &$S, timeout: Duration) -> Result<()> {
                     s.dev.enter()?;
+                    // Work that ran while the abort word was up may have left its waits
+                    // early: reported as aborted, naming the peer (crate::abort).
+                    let epoch = crate::abort::epoch();
                     // SAFETY: the stream is live while `s` is borrowed.
                     crate::auxil::poll_until($stream_sync, timeout, || unsafe {
                         stream::query(s.raw)
-                    })
+                    })?;
+                    crate::abort::check_since($stream_sync, epoch)
                 }
 
                 fn create_event(dev: &$D) -> Result<$E> {
@@ -111,10 +115,12 @@ macro_rules! gpu_stream_api {
 
                 fn event_synchronize(e: &$E, timeout: Duration) -> Result<()> {
                     e.dev.enter()?;
+                    let epoch = crate::abort::epoch();
                     // SAFETY: the event is live while `e` is borrowed.
                     crate::auxil::poll_until($event_sync, timeout, || unsafe {
                         event::query(e.raw)
-                    })
+                    })?;
+                    crate::abort::check_since($event_sync, epoch)
                 }
 
                 fn event_elapsed_ms(start: &$E, end: &$E) -> Result<f32> {

@@ -54,6 +54,9 @@ pub struct Comm {
     /// Set by `ncclCommAbort`: blocking loops stop and every later call fails (shared with the
     /// [`Comm::watch`] of calls in progress).
     aborted: Arc<AtomicBool>,
+    /// GPU builds: the process's abort word, raised by `ncclCommRevoke` (so kernels of this
+    /// communicator waiting for peers end) until the communicator is destroyed or aborted.
+    device_abort: Mutex<Option<mscclpp_hal::abort::Hold>>,
     /// Set by `ncclCommFinalize`.
     finalized: AtomicBool,
     /// The first asynchronous error seen (`ncclSuccess` while none).
@@ -159,6 +162,7 @@ impl Comm {
             nonblocking,
             state: OnceLock::new(),
             aborted: Arc::new(AtomicBool::new(false)),
+            device_abort: Mutex::new(None),
             finalized: AtomicBool::new(false),
             async_error: AtomicI32::new(abi::SUCCESS),
             remote_failure: OnceLock::new(),
@@ -204,9 +208,22 @@ impl Comm {
         }
     }
 
-    /// `ncclCommRevoke`: later calls fail and blocking loops stop; destroy still works.
+    /// `ncclCommRevoke`: later calls fail and blocking loops stop (on GPUs the kernels' waits
+    /// too: the abort word is raised until the communicator is destroyed); destroy still works.
     pub fn revoke(&self) {
         self.aborted.store(true, Ordering::Release);
+        self.raise_device_abort("ncclCommRevoke");
+    }
+
+    /// Raises the abort word for this communicator's kernels (GPU builds), once.
+    fn raise_device_abort(&self, call: &str) {
+        let mut a = self.device_abort.lock().unwrap_or_else(|p| p.into_inner());
+        if a.is_none() {
+            *a = mscclpp::communicator::raise_device_abort(
+                None,
+                format!("{call} on rank {} of {}", self.rank, self.nranks),
+            );
+        }
     }
 
     /// Whether `ncclCommAbort` or `ncclCommRevoke` was called.
@@ -252,6 +269,18 @@ impl Comm {
     /// point-to-point call would wait for the failed peer until its timeout (on GPUs, a kernel
     /// spinning to its bound). `ncclCommShrink`, the queries and destroy/abort stay usable.
     pub fn check_usable(&self) -> NResult<()> {
+        // A peer the bootstrap saw die: on GPUs the kernels of earlier calls ended their waits
+        // early (the abort word), so nothing else would report it to a caller that does not
+        // poll ncclCommGetAsyncError. One lock in the common case (no dead peer).
+        if self.remote_failure.get().is_none() {
+            if let Some(Ok(r)) = self.state.get() {
+                if let Some((p, _)) = r.bootstrap.first_peer_failure() {
+                    if let Err(e) = r.peers.check_peer(p) {
+                        self.set_async_error(&e);
+                    }
+                }
+            }
+        }
         match self.remote_failure.get() {
             None => Ok(()),
             Some(m) => Err(NcclError::remote(format!(
@@ -438,6 +467,9 @@ pub fn destroy(handle: *const Comm) -> NResult<NcclResult> {
 pub fn abort(handle: *const Comm) -> NResult<NcclResult> {
     let comm = unregister(handle)?;
     comm.aborted.store(true, Ordering::Release);
+    // GPU builds: kernels waiting for peers leave their waits within milliseconds; the word is
+    // lowered once the teardown below dropped the communicator and the device drained.
+    comm.raise_device_abort("ncclCommAbort");
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("mscclpp-nccl-abort".into())

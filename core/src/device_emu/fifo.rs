@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::backoff::spin_until;
+use crate::backoff::spin_until_device as spin_until;
 use crate::error::Result;
 use crate::fifo::{parity_bit, FifoDeviceHandle, ProxyTrigger, TRIGGER_COMMIT_BIT};
 

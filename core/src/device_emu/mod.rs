@@ -22,5 +22,6 @@ pub mod port_channel;
 pub mod semaphore;
 pub mod switch_channel;
 
-/// The condition-with-timeout wait every operation here uses (it lives in [`crate::backoff`]).
-pub use crate::backoff::spin_until;
+/// The condition-with-timeout wait every operation here uses (it lives in [`crate::backoff`]):
+/// as a GPU wait polls the abort word, it ends once the word is up.
+pub use crate::backoff::spin_until_device as spin_until;

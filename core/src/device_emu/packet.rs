@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::backoff::spin_until;
+use crate::backoff::spin_until_device as spin_until;
 use crate::error::{Error, Result};
 use crate::packet::{LL16Packet, LL8Packet, Packet};
 

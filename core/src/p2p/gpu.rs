@@ -12,11 +12,13 @@
 //! argument block (by value): no allocation, no synchronisation, so a stream capturing a graph
 //! records the launch and replays stay correct (all counters are on the device).
 //!
-//! Limits: at most [`MAX_OPS_PER_LAUNCH`] operations with other ranks per launch; a larger
-//! batch is split into several launches in call order, which can deadlock when the peers'
-//! matching operations fall into launches that wait on each other (e.g. a batch with more than
-//! 64 sends and 64 receives per peer pattern); sends to self are driver copies on the stream
-//! before the launch. Peers on other nodes are refused.
+//! Kernels: `p2p_ll` / `p2p_ll_big` when every op of a launch is an LL message (one block per
+//! (peer, direction) pair, per-thread packet waits), else `p2p_batch_small` /
+//! `p2p_batch` (chunks of a sixteenth of the message, 16-128 KiB, over up to [`CHANNELS`]
+//! channels; a copy to self spreads over twice the channels). A batch of more than
+//! [`MAX_OPS_PER_LAUNCH`] ops is split into launches by matching index ([`launches`]), so
+//! matched messages always share a launch number on both ends. Peers on other nodes are
+//! refused.
 
 use std::time::Duration;
 
@@ -38,17 +40,21 @@ pub const MAX_OPS_PER_LAUNCH: usize = 128;
 pub const CHANNELS: usize = 16;
 /// Slots per ring (`P2P_SLOTS`).
 pub const SLOTS: usize = 4;
-/// Payload bytes per slot (`P2P_CHUNK`).
+/// Payload bytes per slot (`P2P_CHUNK`): the largest chunk.
 pub const CHUNK: usize = 128 * 1024;
+/// The smallest chunk (`P2P_MIN_CHUNK`): a chunked message is cut into chunks of a sixteenth
+/// of it (a multiple of 4 KiB) clamped to `[MIN_CHUNK, CHUNK]` ([`chunk_of`]).
+pub const MIN_CHUNK: usize = 16 * 1024;
 /// Header bytes in front of a slot's payload (`P2P_HEADER`).
 const HEADER: usize = 16;
 /// Messages of at most this many bytes travel as LL packets (`P2P_LL_MAX`; measured on one
 /// H200, 2 ranks: LL took 6.2 us at 1 KiB, 7.6 at 16 KiB, 13.4 at 64 KiB, where one chunk
 /// took 10.4).
 pub const LL_MAX: usize = 16 * 1024;
-/// Launches of at most this many operations use `p2p_batch_small` (`P2P_SMALL_OPS`): the same
-/// kernel with a 240-byte argument block instead of 3 KiB (on one H200 under MPS a 1 KiB
-/// exchange took the same 6.2 us either way: the argument copy is not its fixed cost).
+/// Launches of at most this many operations use `p2p_batch_small` or `p2p_ll`
+/// (`P2P_SMALL_OPS`): a 240-byte argument block instead of 3 KiB (on one H200 under MPS a 1 KiB
+/// exchange took the same 6.2 us either way through `p2p_batch`: the argument copy is not its
+/// fixed cost).
 const SMALL_OPS: usize = 8;
 /// Bytes of one LL buffer: a header packet and 16-byte packets of 8 data bytes each
 /// (`P2P_LL_BUF_BYTES`).
@@ -125,14 +131,25 @@ const _: () =
     assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
 const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 48 + 24 * SMALL_OPS);
 
-/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one LL message up to
-/// [`LL_MAX`], else one per chunk up to [`CHANNELS`].
-fn channels_of(bytes: usize) -> usize {
+/// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a sixteenth of it rounded down to
+/// 4 KiB, clamped to `[MIN_CHUNK, CHUNK]`.
+pub fn chunk_of(bytes: usize) -> usize {
+    ((bytes / CHANNELS) & !4095).clamp(MIN_CHUNK, CHUNK)
+}
+
+/// Chunks of a message (batch.cu's `chunksOf`): one LL message up to [`LL_MAX`].
+fn chunks_of(bytes: usize) -> usize {
     if bytes <= LL_MAX {
         1
     } else {
-        bytes.div_ceil(CHUNK).min(CHANNELS)
+        bytes.div_ceil(chunk_of(bytes))
     }
+}
+
+/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one per chunk up to
+/// [`CHANNELS`].
+fn channels_of(bytes: usize) -> usize {
+    chunks_of(bytes).min(CHANNELS)
 }
 
 /// One launch's operations as the kernel takes them.
@@ -140,8 +157,14 @@ struct Plan {
     ops: Vec<OpDev>,
     /// (peer, direction) pairs.
     npairs: usize,
-    /// Blocks that own a task: task (op, channel) is block `pair + channel * npairs`.
+    /// Blocks that own a task: task (op, channel) is block `pair + channel * npairs` (a copy
+    /// to self: virtual channel `v` of `2 * CHANNELS` on the pair of op `k + (v & 1)`, channel
+    /// `v >> 1`).
     tasks: usize,
+    /// Whether `p2p_ll` may run the launch (one block per pair): every op at most [`LL_MAX`]
+    /// bytes, and a pair that both sends and receives (in place) sends at most twice (more
+    /// could wait on the peer's block in a circle).
+    ll: bool,
 }
 
 /// Packs `part` (at most [`MAX_OPS_PER_LAUNCH`] ops with other ranks): each op's (peer,
@@ -150,7 +173,7 @@ struct Plan {
 /// (in place: same address and size), every receive from that peer takes the sends' pair for
 /// its blocks, so the same blocks own both and the kernel can hold the receive behind the send
 /// (batch.cu finds the send alike).
-fn plan(part: &[&P2pOp]) -> Plan {
+fn plan(part: &[&P2pOp], rank: usize) -> Plan {
     // (peer, direction, last op of the pair so far)
     let mut pairs: Vec<(usize, Dir, usize)> = Vec::new();
     let mut ops = Vec::with_capacity(part.len());
@@ -200,13 +223,72 @@ fn plan(part: &[&P2pOp]) -> Plan {
         }
     }
     let npairs = pairs.len();
-    let tasks = part
-        .iter()
-        .zip(&ops)
-        .map(|(op, d)| d.pair as usize + (channels_of(op.bytes) - 1) * npairs + 1)
-        .max()
-        .unwrap_or(0);
-    Plan { ops, npairs, tasks }
+    let mut tasks = 0;
+    for (k, (op, d)) in part.iter().zip(&ops).enumerate() {
+        if op.peer == rank {
+            if op.dir == Dir::Send {
+                // Its receive is op k + 1 (run puts it there).
+                let nv = chunks_of(op.bytes).min(2 * CHANNELS);
+                for v in 0..nv {
+                    let p = ops.get(k + (v & 1)).map_or(d.pair, |o| o.pair);
+                    tasks = tasks.max(p as usize + (v >> 1) * npairs + 1);
+                }
+            }
+        } else {
+            tasks = tasks.max(d.pair as usize + (channels_of(op.bytes) - 1) * npairs + 1);
+        }
+    }
+    tasks = tasks.max(npairs.min(1));
+    let mut sends = vec![0usize; npairs];
+    let mut recvs = vec![0usize; npairs];
+    for (op, d) in part.iter().zip(&ops) {
+        match op.dir {
+            Dir::Send => sends[d.pair as usize] += 1,
+            Dir::Recv => recvs[d.pair as usize] += 1,
+        }
+    }
+    let ll = part.iter().all(|o| o.bytes <= LL_MAX)
+        && (0..npairs).all(|p| recvs[p] == 0 || sends[p] <= 2);
+    Plan {
+        ops,
+        npairs,
+        tasks,
+        ll,
+    }
+}
+
+/// Splits a batch of more than [`MAX_OPS_PER_LAUNCH`] operations into launches by matching
+/// index: op `m` of its (peer, direction) pair (in call order) goes to launch
+/// `m / (MAX_OPS_PER_LAUNCH / (2 * nranks))`, and its peer puts the matching op (also number
+/// `m` of its pair) into the launch of the same number, so every launch's messages are matched
+/// within the launches of the same number on both ends (no launch waits on a later one of a
+/// peer) and per-pair order is kept. A level above [`MAX_OPS_PER_LAUNCH`] ops (only past 64
+/// ranks) is cut further in order. Order within a launch is `list`'s, so a copy to self (a send
+/// followed by its receive, both number `m`) stays adjacent.
+fn launches<'a>(list: &[&'a P2pOp], nranks: usize) -> Vec<Vec<&'a P2pOp>> {
+    if list.len() <= MAX_OPS_PER_LAUNCH {
+        return vec![list.to_vec()];
+    }
+    let per = (MAX_OPS_PER_LAUNCH / (2 * nranks.max(1))).max(1);
+    let mut seen: std::collections::HashMap<(usize, Dir), usize> = Default::default();
+    let mut levels: Vec<Vec<&P2pOp>> = Vec::new();
+    for &op in list {
+        let m = seen.entry((op.peer, op.dir)).or_insert(0);
+        let l = *m / per;
+        *m += 1;
+        if levels.len() <= l {
+            levels.resize_with(l + 1, Vec::new);
+        }
+        levels[l].push(op);
+    }
+    levels
+        .into_iter()
+        .flat_map(|l| {
+            l.chunks(MAX_OPS_PER_LAUNCH)
+                .map(<[&P2pOp]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 pub(super) struct GpuP2p {
@@ -223,6 +305,9 @@ pub(super) struct GpuP2p {
     kernel: <Gpu as Api>::Kernel,
     /// `p2p_batch_small`.
     kernel_small: <Gpu as Api>::Kernel,
+    /// `p2p_ll` (launches of LL messages only) and `p2p_ll_big` (more than [`SMALL_OPS`]).
+    kernel_ll: <Gpu as Api>::Kernel,
+    kernel_ll_big: <Gpu as Api>::Kernel,
     _module: <Gpu as Api>::Module,
     _registered: RegisteredMemory,
     _peers: Vec<Option<RegisteredMemory>>,
@@ -269,6 +354,10 @@ impl GpuP2p {
             Gpu::get_kernel(&module, k.name()).map_err(|e| hal_err("look up p2p_batch", e))?;
         let kernel_small = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_BATCH_SMALL.name())
             .map_err(|e| hal_err("look up p2p_batch_small", e))?;
+        let kernel_ll = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL.name())
+            .map_err(|e| hal_err("look up p2p_ll", e))?;
+        let kernel_ll_big = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL_BIG.name())
+            .map_err(|e| hal_err("look up p2p_ll_big", e))?;
 
         let layout = GpuLayout { nranks };
         let kind = crate::gpu_buffer::communication_memory_kind(device);
@@ -335,6 +424,8 @@ impl GpuP2p {
             dev,
             kernel,
             kernel_small,
+            kernel_ll,
+            kernel_ll_big,
             _module: module,
             _registered: registered,
             _peers: peers,
@@ -380,12 +471,26 @@ impl GpuP2p {
             return Ok(());
         }
         // Copies to self run in the kernel beside the transfers, each as its send followed by
-        // its receive; they come first, so no launch boundary (a multiple of
-        // MAX_OPS_PER_LAUNCH, even) falls between the two.
+        // its receive (both the same matching index, so `launches` keeps them together).
         let mut list: Vec<&P2pOp> = copies.flat_map(|(snd, rcv)| [snd, rcv]).collect();
         list.extend(remote);
-        for part in list.chunks(MAX_OPS_PER_LAUNCH) {
-            let plan = plan(part);
+        for part in launches(&list, self.nranks) {
+            let plan = plan(&part, self.rank);
+            // p2p_ll: every block of the launch resident at once (its blocks wait only on
+            // peers, never on each other, but every rank's must fit together).
+            if plan.ll && plan.npairs <= self.max_blocks {
+                let blocks = plan.npairs as u32;
+                if part.len() <= SMALL_OPS {
+                    let args = self.args::<SMALL_OPS>(&plan, timeout);
+                    // SAFETY: as below (p2p_ll takes the small argument block).
+                    unsafe { self.launch(&self.kernel_ll, blocks, &s, &args) }?;
+                } else {
+                    let args = self.args::<MAX_OPS_PER_LAUNCH>(&plan, timeout);
+                    // SAFETY: as below.
+                    unsafe { self.launch(&self.kernel_ll_big, blocks, &s, &args) }?;
+                }
+                continue;
+            }
             let blocks = plan.tasks.clamp(1, self.max_blocks) as u32;
             if part.len() <= SMALL_OPS {
                 let args = self.args::<SMALL_OPS>(&plan, timeout);
@@ -482,7 +587,7 @@ mod tests {
     #[test]
     fn small_exchange_runs_on_one_block_per_pair() {
         let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
-        let p = plan(&o.iter().collect::<Vec<_>>());
+        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
         assert_eq!((p.npairs, p.tasks), (2, 2));
         assert_eq!((p.ops[0].pair, p.ops[1].pair), (0, 1));
     }
@@ -494,11 +599,11 @@ mod tests {
             (Dir::Send, 1, 0x1000, big),
             (Dir::Recv, 1, 0x9000_0000, big),
         ]);
-        let p = plan(&o.iter().collect::<Vec<_>>());
+        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
         assert_eq!(p.tasks, 2 * CHANNELS);
-        // Just above the LL limit: one chunk on channel 0.
+        // Just above the LL limit: two chunks of at most 16 KiB, on channels 0 and 1.
         let o = ops(&[(Dir::Send, 1, 0x1000, LL_MAX + 1)]);
-        assert_eq!(plan(&o.iter().collect::<Vec<_>>()).tasks, 1);
+        assert_eq!(plan(&o.iter().collect::<Vec<_>>(), 0).tasks, 2);
     }
 
     #[test]
@@ -511,7 +616,7 @@ mod tests {
             (Dir::Recv, 2, 0x140, 64),
             (Dir::Recv, 1, 0x500, 64),
         ]);
-        let p = plan(&o.iter().collect::<Vec<_>>());
+        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
         assert_eq!(p.npairs, 4);
         assert_eq!(p.ops[1].pair, p.ops[0].pair);
         assert_eq!(p.ops[3].pair, p.ops[2].pair);
@@ -519,7 +624,113 @@ mod tests {
         assert_eq!((p.ops[4].pair, p.ops[4].pred), (0, 1));
         // A receive of another size from the same address is not in place.
         let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 32)]);
-        assert_eq!(plan(&o.iter().collect::<Vec<_>>()).ops[1].pair, 1);
+        assert_eq!(plan(&o.iter().collect::<Vec<_>>(), 0).ops[1].pair, 1);
+    }
+
+    #[test]
+    fn chunks_are_a_sixteenth_clamped() {
+        assert_eq!(chunk_of(LL_MAX + 1), MIN_CHUNK);
+        assert_eq!(chunk_of(1 << 20), 64 << 10);
+        assert_eq!(chunk_of(64 << 20), CHUNK);
+        assert_eq!(chunk_of((1 << 20) + 3) % 4096, 0);
+        // 1 MiB: 16 chunks of 64 KiB, every channel.
+        assert_eq!((chunks_of(1 << 20), channels_of(1 << 20)), (16, CHANNELS));
+        assert_eq!(chunks_of(LL_MAX), 1);
+        assert_eq!(chunks_of(LL_MAX + 1), 2);
+    }
+
+    #[test]
+    fn ll_launch_only_for_small_messages() {
+        let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
+        assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        let o = ops(&[
+            (Dir::Send, 1, 0x1000, LL_MAX + 1),
+            (Dir::Recv, 1, 0x2000, 1024),
+        ]);
+        assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        // Many ops (p2p_ll_big), one block per pair.
+        let many: Vec<P2pOp> = (0..SMALL_OPS + 1)
+            .map(|i| P2pOp::new(Dir::Send, 1 + i % 3, 0x1000 * i as u64, 8))
+            .collect();
+        let p = plan(&many.iter().collect::<Vec<_>>(), 0);
+        assert!(p.ll && p.npairs == 3);
+        // In place: a pair that sends and receives may send at most twice.
+        let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 64)]);
+        assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        let o = ops(&[
+            (Dir::Send, 1, 0x100, 64),
+            (Dir::Send, 1, 0x200, 64),
+            (Dir::Send, 1, 0x300, 64),
+            (Dir::Recv, 1, 0x100, 64),
+        ]);
+        assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+    }
+
+    #[test]
+    fn copy_to_self_uses_its_receive_s_blocks_too() {
+        // Rank 0: a 4 MiB copy to itself (32 chunks of 128 KiB) and an exchange with rank 1.
+        let big = 4 << 20;
+        let o = ops(&[
+            (Dir::Send, 0, 0x1000_0000, big),
+            (Dir::Recv, 0, 0x2000_0000, big),
+            (Dir::Send, 1, 0x3000_0000, big),
+            (Dir::Recv, 1, 0x4000_0000, big),
+        ]);
+        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        assert_eq!(p.npairs, 4);
+        // Every pair's 16 channels have a block: 64, the copy's half on the receive's pair.
+        assert_eq!(p.tasks, 4 * CHANNELS);
+        assert!(!p.ll);
+    }
+
+    #[test]
+    fn long_batches_split_by_matching_index() {
+        // 100 sends to and 100 receives from each of 2 peers (rank 0 of 3).
+        let mut o = Vec::new();
+        for i in 0..100u64 {
+            for peer in [1, 2] {
+                o.push(P2pOp::new(Dir::Send, peer, 0x1000 + i, 8));
+                o.push(P2pOp::new(Dir::Recv, peer, 0x9000 + i, 8));
+            }
+        }
+        let refs: Vec<&P2pOp> = o.iter().collect();
+        let l = launches(&refs, 3);
+        // 128 / (2 * 3) = 21 messages per pair and launch.
+        assert_eq!(l.len(), 100usize.div_ceil(21));
+        assert!(l.iter().all(|p| p.len() <= MAX_OPS_PER_LAUNCH));
+        for (n, part) in l.iter().enumerate() {
+            for peer in [1, 2] {
+                for dir in [Dir::Send, Dir::Recv] {
+                    let bufs: Vec<u64> = part
+                        .iter()
+                        .filter(|x| x.peer == peer && x.dir == dir)
+                        .map(|x| x.buf)
+                        .collect();
+                    let base = if dir == Dir::Send { 0x1000 } else { 0x9000 };
+                    let want: Vec<u64> = (n * 21..((n + 1) * 21).min(100))
+                        .map(|i| base + i as u64)
+                        .collect();
+                    assert_eq!(bufs, want, "launch {n}, peer {peer}, {dir:?}");
+                }
+            }
+        }
+        // Copies to self (send, receive) stay adjacent in their launch.
+        let mut o = Vec::new();
+        for i in 0..70u64 {
+            o.push(P2pOp::new(Dir::Send, 0, 0x1000 + i, 8));
+            o.push(P2pOp::new(Dir::Recv, 0, 0x9000 + i, 8));
+        }
+        let refs: Vec<&P2pOp> = o.iter().collect();
+        for part in launches(&refs, 2) {
+            for w in part.chunks(2) {
+                assert_eq!(
+                    (w[0].dir, w[1].dir, w[1].buf - w[0].buf),
+                    (Dir::Send, Dir::Recv, 0x8000)
+                );
+            }
+        }
+        // Short batches are one launch, as given.
+        assert_eq!(launches(&refs[..10], 2).len(), 1);
     }
 
     #[test]

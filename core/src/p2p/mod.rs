@@ -47,14 +47,14 @@ use crate::communicator::Communicator;
 use crate::error::{Error, Result};
 use crate::transport::{Device, DeviceType};
 
-pub use gpu::{GpuLayout, CHANNELS, CHUNK, MAX_OPS_PER_LAUNCH, SLOTS};
+pub use gpu::{chunk_of, GpuLayout, CHANNELS, CHUNK, MAX_OPS_PER_LAUNCH, MIN_CHUNK, SLOTS};
 
 /// Bound on a batch that makes no progress (host: the calling thread gives up; GPU: the
 /// kernel records an error and returns). Change it with [`PointToPoint::set_timeout`].
 pub const P2P_STALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Direction of a point-to-point operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Dir {
     /// Send `bytes` from `buf` to `peer`.
     Send,

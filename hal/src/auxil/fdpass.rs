@@ -17,8 +17,9 @@
 //! Access control: an fd is a capability to the exporter's memory, so the server answers only
 //! clients whose kernel-reported credentials (`SO_PEERCRED`) show the server's effective uid
 //! (or root), and ids are random 64-bit values (not a counter), so a process of the same user
-//! that was not given the id cannot guess one (56 random bits below the instance byte). Clients are answered by a pool of `WORKERS`
-//! threads, so one client that connects and sends nothing delays nobody else.
+//! that was not given the id cannot guess one (56 random bits below the instance byte). Clients are served by one
+//! poll loop (no thread per client, no worker pool), so clients that connect and send nothing
+//! delay nobody else, however many they are.
 
 use super::os;
 use crate::{Error, Result};
@@ -28,7 +29,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
 
 const REQ_MAGIC: &[u8; 4] = b"MFDQ";
 const REP_MAGIC: &[u8; 4] = b"MFDR";
@@ -39,8 +42,9 @@ const REP_LEN: usize = 7;
 pub(crate) const FD_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for a client's request, and a client for the reply.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Worker threads answering clients (a silent client holds one for at most [`IO_TIMEOUT`]).
-const WORKERS: usize = 8;
+/// Clients the server loop keeps waiting for their request at once (beyond it the oldest is
+/// dropped: it reconnects and retries until its own deadline).
+const MAX_CLIENTS: usize = 4096;
 
 /// This host's id: FNV-1a of `MSCCLPP_HOSTID` if set ([`crate::env::hostid`]), else of the
 /// hostname and boot id.
@@ -137,41 +141,122 @@ fn start_server() -> Result<Server> {
     Ok(Server { table, instance })
 }
 
+/// A client of the server loop: its connection, the request bytes so far, and when it must
+/// have sent the rest.
+struct Client {
+    stream: UnixStream,
+    req: [u8; REQ_LEN],
+    got: usize,
+    deadline: Instant,
+}
+
 fn serve(listener: UnixListener, table: Arc<Table>) {
-    // A fixed pool of workers started with the server (not a thread per client: each dead
-    // thread's stack would stay cached as one more mapping of the process, which the leak
-    // tests count).
-    let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
-    let rx = Arc::new(Mutex::new(rx));
-    let mut workers = 0;
-    for _ in 0..WORKERS {
-        let (rx, t) = (Arc::clone(&rx), Arc::clone(&table));
-        let spawned = std::thread::Builder::new()
-            .name("mscclpp-hal-fd-worker".into())
-            .spawn(move || loop {
-                let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                match next {
-                    Ok(stream) => {
-                        let _ = answer(stream, &t);
-                    }
-                    Err(_) => break,
-                }
-            });
-        if spawned.is_ok() {
-            workers += 1;
-        }
+    // One thread and one poll loop over the listener and every client (it was a pool of 8
+    // workers: 8 silent clients held them all and imports failed): a client is answered as soon
+    // as its 14 request bytes are in, whatever the others do; one that stays silent is dropped
+    // at its deadline; beyond MAX_CLIENTS the oldest waiting one is dropped.
+    if listener.set_nonblocking(true).is_err() {
+        return serve_blocking(listener, &table);
     }
-    for conn in listener.incoming() {
-        match conn {
-            // A misbehaving client must not stop the server; its error is its own problem.
-            Ok(stream) => {
-                if workers == 0 {
-                    let _ = answer(stream, &table);
-                } else if let Err(std::sync::mpsc::SendError(stream)) = tx.send(stream) {
-                    let _ = answer(stream, &table);
+    let mut clients: Vec<Client> = Vec::new();
+    loop {
+        let now = Instant::now();
+        clients.retain(|c| c.deadline > now);
+        let wait = clients
+            .iter()
+            .map(|c| c.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        let ready: Vec<bool> = {
+            let mut fds = Vec::with_capacity(clients.len() + 1);
+            fds.push(PollFd::new(&listener, PollFlags::IN));
+            fds.extend(
+                clients
+                    .iter()
+                    .map(|c| PollFd::new(&c.stream, PollFlags::IN)),
+            );
+            let ts = Timespec {
+                tv_sec: wait.as_secs() as _,
+                tv_nsec: wait.subsec_nanos() as _,
+            };
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(_) => fds.iter().map(|f| !f.revents().is_empty()).collect(),
+                Err(_) => {
+                    // EINTR or a transient failure: back off instead of spinning.
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
                 }
             }
-            // Accept failures (e.g. out of fds) are transient: back off instead of spinning.
+        };
+        // Clients first (their indexes are those polled), then new connections.
+        let mut i = clients.len();
+        while i > 0 {
+            i -= 1;
+            if ready[i + 1] && !read_request(&mut clients[i]) {
+                let c = clients.swap_remove(i);
+                if c.got == REQ_LEN {
+                    // A misbehaving client must not stop the server; its error is its own.
+                    let _ = c.stream.set_nonblocking(false);
+                    let _ = answer_request(c.stream, &c.req, &table);
+                }
+            }
+        }
+        if ready[0] {
+            loop {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        if stream.set_nonblocking(true).is_err() {
+                            continue;
+                        }
+                        if clients.len() >= MAX_CLIENTS {
+                            clients.remove(0);
+                        }
+                        clients.push(Client {
+                            stream,
+                            req: [0; REQ_LEN],
+                            got: 0,
+                            deadline: Instant::now() + IO_TIMEOUT,
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    // Accept failures (e.g. out of fds) are transient: back off.
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(10));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads what `c` sent; `true` while it should stay (its request is incomplete), `false` when
+/// it is complete (`c.got == REQ_LEN`) or the client closed or failed.
+fn read_request(c: &mut Client) -> bool {
+    loop {
+        match c.stream.read(&mut c.req[c.got..]) {
+            Ok(0) => return false,
+            Ok(n) => {
+                c.got += n;
+                if c.got == REQ_LEN {
+                    return false;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// The loop without non-blocking sockets (never expected): one client at a time.
+fn serve_blocking(listener: UnixListener, table: &Table) {
+    for conn in listener.incoming() {
+        match conn {
+            Ok(stream) => {
+                let _ = answer(stream, table);
+            }
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
@@ -183,9 +268,18 @@ fn answer(mut stream: UnixStream, table: &Table) -> Result<()> {
         source,
     };
     stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
-    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     let mut req = [0u8; REQ_LEN];
     stream.read_exact(&mut req).map_err(io)?;
+    answer_request(stream, &req, table)
+}
+
+/// Answers the complete request `req` of `stream` (a blocking socket).
+fn answer_request(mut stream: UnixStream, req: &[u8; REQ_LEN], table: &Table) -> Result<()> {
+    let io = |source| Error::Os {
+        op: "fd server io",
+        source,
+    };
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     let mut reply = [0u8; REP_LEN];
     reply[..4].copy_from_slice(REP_MAGIC);
     reply[4..6].copy_from_slice(&VERSION.to_le_bytes());
@@ -406,13 +500,17 @@ mod tests {
     }
 
     #[test]
-    fn a_silent_client_does_not_delay_others() {
+    fn silent_clients_do_not_delay_others() {
         let reg = register(os::memfd(c"fdpass-silent", 8).unwrap()).unwrap();
         let name = socket_name(host_id(), std::process::id(), instance_of(reg.id()));
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
-        // Connects and never sends its request: a serial server would wait IO_TIMEOUT (10 s)
-        // on it before answering anyone else.
-        let silent = UnixStream::connect_addr(&addr).unwrap();
+        // Clients that connect and never send their request (more than the 8 workers the
+        // server had: with them all held, imports failed after 10 s), and one that sends half:
+        // a serial or pooled server would wait IO_TIMEOUT (10 s) on them.
+        let mut silent: Vec<UnixStream> = (0..16)
+            .map(|_| UnixStream::connect_addr(&addr).unwrap())
+            .collect();
+        silent[0].write_all(&REQ_MAGIC[..]).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let t = std::time::Instant::now();
         let got = fetch(

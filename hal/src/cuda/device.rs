@@ -98,6 +98,13 @@ impl CudaDevice {
 /// Loads libcuda (checked first, so a missing driver is an error and not a panic) and runs
 /// `cuInit` once per process; then surfaces deferred failures like [`CudaDevice::enter`].
 pub(super) fn enter_driver() -> Result<()> {
+    load_driver()?;
+    deferred::check()
+}
+
+/// Loads libcuda and runs `cuInit` once per process (an error, never a panic, without a
+/// driver); unlike [`enter_driver`] it leaves deferred failures for later.
+fn load_driver() -> Result<()> {
     static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     let r = READY.get_or_init(|| {
         // SAFETY: only tries to dlopen the candidate library names.
@@ -107,7 +114,7 @@ pub(super) fn enter_driver() -> Result<()> {
         init::init().map_err(|e| e.to_string())
     });
     match r {
-        Ok(()) => deferred::check(),
+        Ok(()) => Ok(()),
         Err(msg) if msg.is_empty() => Err(Error::NoDriver {
             backend: "cuda",
             tried: ["cuda", "nvcuda"]
@@ -162,6 +169,8 @@ impl DeviceApi for Cuda {
     }
 
     fn current_ordinal() -> Result<Option<usize>> {
+        // Without a loaded driver a driver call would panic (cudarc's dynamic loading).
+        load_driver()?;
         // A CUdevice is the device's ordinal.
         Ok(ctx::current_device()?.and_then(|d| usize::try_from(d).ok()))
     }

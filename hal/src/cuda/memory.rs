@@ -313,7 +313,7 @@ fn alloc_physical(
 /// until the kernel gave up). Transports that must not depend on copy engines while kernels
 /// wait for them (Ethernet to GPU memory) need host-mapped memory instead.
 /// <https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html>
-fn on_sync_stream(
+pub(super) fn on_sync_stream(
     dev: &CudaDevice,
     op: &'static str,
     issue: impl FnOnce(sys::CUstream) -> Result<()>,

@@ -3,7 +3,7 @@
 //! ([`crate::ModuleApi`] for [`Cuda`]).
 
 use super::device::CudaDevice;
-use super::result::module;
+use super::result::{mem, module};
 use super::stream::CudaStream;
 use super::Cuda;
 use crate::auxil::aligned_code_image;
@@ -36,6 +36,64 @@ pub struct CudaKernel {
 owned_handle!(ModuleInner, module::unload);
 thread_safe!(CudaKernel);
 
+/// The device global every module that polls the abort word defines (`mscclpp/device.hpp`).
+const ABORT_WORD_GLOBAL: &std::ffi::CStr = c"mscclppAbortWord";
+
+/// The process's abort word (`crate::abort`): pinned host memory mapped for every device,
+/// allocated by the first module that asks for it and never freed. Its host address.
+fn mapped_abort_word() -> Result<usize> {
+    static WORD: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+    let mut w = WORD.lock().unwrap_or_else(|p| p.into_inner());
+    if *w == 0 {
+        // One cache line; PORTABLE: mapped in every context, not only the current one.
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        let p = mem::host_alloc(64, flags)?;
+        // SAFETY: a fresh 64-byte allocation, suitably aligned; zeroed before any device
+        // reads it (no module has its address yet).
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, 64) };
+        // SAFETY: aligned, live and never freed.
+        unsafe { crate::abort::set_mapped_word(p.cast::<u32>()) };
+        *w = p as usize;
+    }
+    Ok(*w)
+}
+
+/// Writes the abort word's device address into the module's `mscclppAbortWord`, when it has
+/// one, and registers the device's drain (run before the word is lowered).
+///
+/// # Safety
+/// `m` is a live module of `dev`, whose context is current.
+unsafe fn install_abort_word(dev: &CudaDevice, m: sys::CUmodule) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    let Some((global, size)) = (unsafe { module::get_global(m, ABORT_WORD_GLOBAL) })? else {
+        return Ok(());
+    };
+    if size != std::mem::size_of::<u64>() {
+        return Err(Error::invalid(
+            "load_module(cuda): mscclppAbortWord",
+            "a pointer (8 bytes)",
+            format!("{size} bytes"),
+        ));
+    }
+    let host = mapped_abort_word()?;
+    // SAFETY: a live DEVICEMAP allocation.
+    let word: u64 = unsafe { mem::host_device_pointer(host as *mut c_void) }?;
+    // On the device's own non-blocking stream: a synchronous copy would wait for the legacy
+    // default stream, where a kernel may be waiting for this very load on another rank.
+    let bytes = word.to_le_bytes();
+    super::memory::on_sync_stream(dev, "cuMemcpyHtoDAsync(mscclppAbortWord)", |s| {
+        // SAFETY: `global` is the module's live 8-byte global; `bytes` outlives the copy
+        // (the stream is synchronised before `on_sync_stream` returns).
+        unsafe { mem::copy_htod_async(global, &bytes, s) }
+    })?;
+    let keep = dev.clone();
+    crate::abort::add_drain(dev.ordinal(), move || {
+        // The word stays up meanwhile, so every wait of ours ends; bounded all the same.
+        let _ = <Cuda as crate::DeviceApi>::synchronize(&keep, crate::abort::drain_limit());
+    });
+    Ok(())
+}
+
 impl ModuleApi for Cuda {
     fn load_module(dev: &CudaDevice, code: &[u8]) -> Result<CudaModule> {
         // An 8-byte-aligned, NUL-terminated copy (fatbins want alignment, PTX a NUL).
@@ -55,6 +113,12 @@ impl ModuleApi for Cuda {
                 let _ = unsafe { module::unload(raw) };
                 return Err(e);
             }
+        }
+        // SAFETY: `raw` is the live module just loaded, its device's context current.
+        if let Err(e) = unsafe { install_abort_word(dev, raw) } {
+            // SAFETY: nothing uses the module yet.
+            let _ = unsafe { module::unload(raw) };
+            return Err(e);
         }
         Ok(CudaModule {
             inner: Arc::new(ModuleInner {

@@ -398,6 +398,25 @@ pub(super) mod module {
         checked("cuModuleUnload", || unsafe { sys::cuModuleUnload(m) })
     }
 
+    /// `cuModuleGetGlobal`: the address and size of the module's global `name`, `None` when
+    /// the module has no such global.
+    ///
+    /// # Safety
+    /// `m` is a live module.
+    pub(in crate::cuda) unsafe fn get_global(
+        m: sys::CUmodule,
+        name: &CStr,
+    ) -> Result<Option<(sys::CUdeviceptr, usize)>> {
+        let (mut p, mut n): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out pointers; NUL-terminated name; the caller vouches for the module.
+        let r = call(|| unsafe { sys::cuModuleGetGlobal_v2(&mut p, &mut n, m, name.as_ptr()) });
+        if r == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            return Ok(None);
+        }
+        check("cuModuleGetGlobal", r)?;
+        Ok(Some((p, n)))
+    }
+
     /// `cuModuleGetFunction`.
     ///
     /// # Safety

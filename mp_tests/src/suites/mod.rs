@@ -13,6 +13,7 @@ mod coll_plans;
 mod coll_scratch;
 mod communicator;
 mod determinism;
+mod device_abort;
 mod executor;
 mod executor_bad;
 mod fifo;

@@ -320,7 +320,8 @@ TEST!(P2pTest, AllToAll, |_ctx| {
 });
 
 // In place: every block is sent before the block from that peer lands on it, also when a
-// message spans several chunks (host: 512 KiB; GPU: 128 KiB over 16 channels, LL up to 64 KiB).
+// message spans several chunks (host: 512 KiB; GPU: a sixteenth of the message, 16-128 KiB,
+// over 16 channels; LL up to 16 KiB).
 TEST!(P2pTest, AllToAllInPlace, |_ctx| {
     helper_case("alltoall_in_place", 1);
     helper_case("alltoall_in_place", 4099);
@@ -336,6 +337,107 @@ TEST!(P2pTest, Gather, |_ctx| {
 TEST!(P2pTest, Scatter, |_ctx| {
     helper_case("scatter", 1);
     helper_case("scatter", 70_001);
+});
+
+// More operations than one GPU launch takes (128): 70 messages to the next rank and 70 from
+// the previous one, LL-sized and chunked mixed, plus 10 to and from every other rank; the GPU
+// splits the batch by matching index (every message's match in the launch of the same number
+// on its peer), the host backend runs it as one. Per-pair order must hold throughout. Then a
+// batch of 12 LL-sized messages per ring neighbour (24 ops: the GPU's `p2p_ll_big`, each pair's
+// messages in order on one block).
+TEST!(P2pTest, MoreOperationsThanOneLaunch, |_ctx| {
+    let n = n();
+    let mut msgs = Vec::new();
+    for r in 0..n {
+        let d = (r + 1) % n;
+        for i in 0..70 {
+            let bytes = if i % 9 == 4 { 20_000 + i } else { 100 + 3 * i };
+            msgs.push((r, d, bytes));
+        }
+        for d in (0..n).filter(|&d| d != r && d != (r + 1) % n) {
+            for i in 0..10 {
+                msgs.push((r, d, 50 + i));
+            }
+        }
+    }
+    let small: Vec<Msg> = (0..n)
+        .flat_map(|r| (0..12).map(move |i| (r, (r + 1) % n, 1 + i * 1000)))
+        .collect();
+    run_batches(&[msgs, small])
+});
+
+// A captured batch of LL messages only (the GPU's `p2p_ll` kernel: 1 byte, 1 KiB + 1 and
+// 16 KiB to the next rank and from the previous one; then, captured in the same graph, an
+// in-place all-to-all of 64 bytes per rank), replayed 5 times with new data: its flags and
+// counters move on per replay.
+TEST!(P2pTest, GraphReplayLl, |_ctx| {
+    let e = env();
+    let Some(stream) = e.stream.as_ref() else {
+        SKIP!("graph capture needs a GPU stream (the host backend has none)")
+    };
+    let (me, n) = (e.p2p.rank(), e.p2p.nranks());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let sizes = [1usize, 1025, 16 << 10];
+    let sends: Vec<GpuBuffer<u8>> = sizes.iter().map(|&b| filled(e.device, b, |_| 0)).collect();
+    let recvs: Vec<GpuBuffer<u8>> = sizes
+        .iter()
+        .map(|&b| filled(e.device, b, |_| POISON))
+        .collect();
+    let mut ops = Vec::new();
+    for (k, &bytes) in sizes.iter().enumerate() {
+        ops.push(P2pOp::new(Dir::Send, next, sends[k].data(), bytes));
+        ops.push(P2pOp::new(Dir::Recv, prev, recvs[k].data(), bytes));
+    }
+    const PER: usize = 64;
+    let a2a = filled(e.device, n * PER, |_| 0);
+    ok!(Gpu::begin_capture(stream), "beginning the capture");
+    // SAFETY: the buffers outlive every replay (synchronised below).
+    let r = unsafe { e.p2p.run(&ops, raw_stream_of(&e.stream)) };
+    // SAFETY: as above.
+    let r2 = unsafe {
+        e.p2p
+            .all_to_all(a2a.data(), a2a.data(), PER, raw_stream_of(&e.stream))
+    };
+    let graph = ok!(Gpu::end_capture(stream), "ending the capture");
+    ok!(r, "capturing the batch");
+    ok!(r2, "capturing the in-place all-to-all");
+    for replay in 0..5 {
+        for (k, &bytes) in sizes.iter().enumerate() {
+            let seq = replay * 3 + k;
+            let data: Vec<u8> = (0..bytes).map(|i| pattern(me, next, seq, i)).collect();
+            ok!(sends[k].copy_from_host(0, &data), "writing");
+        }
+        let blocks: Vec<u8> = (0..n * PER)
+            .map(|i| pattern(me, i / PER, 100 + replay, i % PER))
+            .collect();
+        ok!(a2a.copy_from_host(0, &blocks), "writing");
+        ok!(mp_env().bootstrap.barrier(), "barrier");
+        ok!(Gpu::launch_graph(&graph, stream), "replaying");
+        ok!(sync_stream(&e.stream), "waiting for replay {replay}");
+        ok!(e.p2p.device_error(), "replay {replay} on the device");
+        for (k, &bytes) in sizes.iter().enumerate() {
+            let seq = replay * 3 + k;
+            let mut got = vec![0u8; bytes];
+            ok!(recvs[k].copy_to_host(0, &mut got), "reading");
+            let bad = (0..bytes).find(|&i| got[i] != pattern(prev, me, seq, i));
+            EXPECT_TRUE!(
+                bad.is_none(),
+                "replay {replay}, LL message of {bytes} bytes: first wrong byte at {bad:?}"
+            );
+            EXPECT_TRUE!(
+                guard_intact(&recvs[k], bytes),
+                "replay {replay}: the receive of {bytes} bytes wrote past its end"
+            );
+        }
+        let mut got = vec![0u8; n * PER];
+        ok!(a2a.copy_to_host(0, &mut got), "reading");
+        let bad = (0..n * PER).find(|&i| got[i] != pattern(i / PER, me, 100 + replay, i % PER));
+        EXPECT_TRUE!(
+            bad.is_none(),
+            "replay {replay}, in-place all-to-all: first wrong byte at {bad:?}"
+        );
+        ok!(mp_env().bootstrap.barrier(), "barrier");
+    }
 });
 
 // One captured batch of a chunked message (300 KiB + 9) and an LL one (1001 bytes) per

@@ -3,7 +3,9 @@
 // FAULTS_MODE:
 //   kill   rank NRANKS-1 enqueues an all-reduce its peers wait in, then SIGKILLs itself; every
 //          survivor polls its stream and ncclCommGetAsyncError (PyTorch's watchdog pattern) and
-//          prints "SURVIVOR rank=R error_at_us=T code=C" when the error shows, then aborts.
+//          prints "SURVIVOR rank=R error_at_us=T code=C" when the error shows, then aborts. Its
+//          kernels leave their waits on the death (the abort word), so a completed stream
+//          without an error is the failure.
 //   abort  rank 0 enqueues an all-reduce the other ranks never join; another thread calls
 //          ncclCommAbort after 1 s; prints "ABORT rank=0 abort_at_us=A done_at_us=D" when the
 //          stream finished (D=0: not within 10 s).
@@ -112,13 +114,17 @@ int main(void) {
         _exit(0);
       }
     }
+    // The kernels waiting for the dead rank end their waits (the abort word), so the stream
+    // completes too: the error is what ncclCommGetAsyncError reports, checked also after the
+    // stream completed (as PyTorch's work completion checks it).
     long long start = now_us();
     while (now_us() - start < 30000000LL) {
-      if (cudaStreamQuery(s) == cudaSuccess) {
-        printf("SURVIVOR rank=%d error_at_us=0 code=0 (all-reduces completed)\n", rank);
+      int completed = cudaStreamQuery(s) == cudaSuccess;
+      ncclResult_t async;
+      if (completed && !(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess)) {
+        printf("SURVIVOR rank=%d error_at_us=0 code=0 (all-reduces completed, no error reported)\n", rank);
         return 1;
       }
-      ncclResult_t async;
       if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess) {
         printf("SURVIVOR rank=%d error_at_us=%lld code=%d %s\n", rank, now_us(), (int)async, ncclGetLastError(comm));
         fflush(stdout);

@@ -9,6 +9,12 @@
 #   2. PyTorch (tests/gpu/torch_p2p.py) at 2 and 4 ranks: every check on every rank must pass.
 #   3. A table of the nccl-tests runs: time per call and bus bandwidth per size.
 # The last line is "N passed, N failed, 0 skipped" (one count per verdict); exit 1 on a failure.
+# P2P_PERF=1 (.ci/gpu-check's `p2pperf` part) runs the speed check instead: nccl-tests
+# sendrecv_perf, alltoall_perf, all_gather_perf and all_reduce_perf at 1 KiB and 64 MiB
+# (-b 1K -e 64M -f 65536 -d half -G 10) at each P2P_NPS, each a PASS/FAIL verdict (exit 0, 0
+# wrong, our init logged), then a table against issue 27's targets (2 ranks): sendrecv's 1 KiB
+# time no more than all_reduce's, sendrecv's and alltoall's 64 MiB bus bandwidth at least 80 %
+# of all_gather's; each "TARGET met" or "TARGET missed" (reported, not counted as failures).
 # Usage (repository root, the .so built by
 #   cargo build --release -p mscclpp-nccl --features cuda):
 #   bash core/nccl/tests/gpu/gpu_p2p_run.sh
@@ -30,6 +36,54 @@ LIM=${P2P_TIMEOUT:-120}
 PORT=${P2P_PORT:-29581}
 say "library: $LIB ($(stat -c %s "$LIB" 2>/dev/null) bytes); ranks share: $(nvidia-smi -L 2>/dev/null | head -1)"
 [ -f "$LIB" ] || { verdict "libmscclpp_nccl.so exists" 0 "($LIB)"; say "$PASSES passed, $FAILS failed, 0 skipped"; exit 1; }
+
+# ---- speed check (P2P_PERF=1) --------------------------------------------------------------
+if [ "${P2P_PERF:-0}" = 1 ]; then
+  PTESTS="sendrecv alltoall all_gather all_reduce"
+  PARGS=${P2P_PERF_ARGS:--b 1K -e 64M -f 65536 -d half -G 10}
+  build_mpi_nccl_tests "$PTESTS"
+  mpi_x_list
+  # field N (counted from the end, out of place) of the row of BYTES in LOG, "-" if none
+  field() { awk -v b="$2" -v f="$3" '$1 == b && NF >= 12 { v = $(NF - f) } END { print (v == "" ? "-" : v) }' "$1"; }
+  if [ $built = 1 ]; then
+    for np in $NPS; do
+      for t in $PTESTS; do
+        name=perf_${t}_np$np
+        # shellcheck disable=SC2086 # PARGS is a list of flags
+        timeout "$LIM" mpirun --oversubscribe -np "$np" ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0 -x LD_PRELOAD="$LIB" \
+          -x MSCCLPP_LOG_LEVEL=INFO -x MSCCLPP_LOG_SUBSYS=NCCL "$B/${t}_perf" $PARGS -g 1 >"$OUT/$name.log" 2>&1
+        rc=$?
+        w=$(wrong_of "$OUT/$name.log")
+        used=$(grep -cE "libmscclpp_nccl: rank [0-9]+ of $np " "$OUT/$name.log")
+        verdict "${t}_perf -np $np ($PARGS)" $([ $rc = 0 ] && [ "$w" = 0 ] && [ "$used" -ge "$np" ] && echo 1 || echo 0) \
+          "(exit $rc, wrong $w, our init logged by $used of $np ranks; log $name.log)"
+      done
+      L=$OUT/perf_%s_np$np.log
+      # shellcheck disable=SC2059 # L is the log name pattern
+      sr_t=$(field "$(printf "$L" sendrecv)" 1024 7) ar_t=$(field "$(printf "$L" all_reduce)" 1024 7)
+      # shellcheck disable=SC2059
+      sr_b=$(field "$(printf "$L" sendrecv)" 67108864 5) a2a_b=$(field "$(printf "$L" alltoall)" 67108864 5)
+      # shellcheck disable=SC2059
+      ag_b=$(field "$(printf "$L" all_gather)" 67108864 5)
+      say ""
+      say "p2pperf -np $np (out of place, graph mode; ranks share one GPU):"
+      say "  sendrecv 1 KiB: $sr_t us   all_reduce 1 KiB: $ar_t us"
+      say "  64 MiB busbw GB/s: sendrecv $sr_b, alltoall $a2a_b, all_gather $ag_b"
+      ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.0f", 100 * a / b; else print "-" }'; }
+      r_sr=$(ratio "$sr_b" "$ag_b") r_a2a=$(ratio "$a2a_b" "$ag_b") r_t=$(ratio "$sr_t" "$ar_t")
+      say "  sendrecv 1 KiB time = ${r_t}% of all_reduce's; 64 MiB busbw: sendrecv ${r_sr}%, alltoall ${r_a2a}% of all_gather's"
+      if [ "$np" = 2 ]; then
+        tgt() { if [ "$2" = 1 ]; then say "  TARGET met     $1"; else say "  TARGET missed  $1"; fi; }
+        tgt "sendrecv 1 KiB ($sr_t us) <= all_reduce 1 KiB ($ar_t us)" $([ "$r_t" != - ] && [ "$r_t" -le 100 ] && echo 1 || echo 0)
+        tgt "sendrecv 64 MiB busbw >= 80% of all_gather's (${r_sr}%)" $([ "$r_sr" != - ] && [ "$r_sr" -ge 80 ] && echo 1 || echo 0)
+        tgt "alltoall 64 MiB busbw >= 80% of all_gather's (${r_a2a}%)" $([ "$r_a2a" != - ] && [ "$r_a2a" -ge 80 ] && echo 1 || echo 0)
+      fi
+    done
+  fi
+  say "$PASSES passed, $FAILS failed, 0 skipped"
+  [ $FAILS -eq 0 ]
+  exit
+fi
 
 # ---- 1. nccl-tests, MPI build -------------------------------------------------------------
 # An MPI_HOME with include/mpi.h and lib/libmpi.so (the directories mpicc names, else found).

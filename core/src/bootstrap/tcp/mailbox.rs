@@ -20,6 +20,9 @@ struct MailState {
     /// purpose, so their closed connection is not a failure.
     departed: HashSet<usize>,
     closing: bool,
+    /// The process's abort word raised for the first failed peer (GPU builds: kernels waiting
+    /// for it leave their waits), lowered when this mailbox (the bootstrap) is dropped.
+    device_abort: Option<mscclpp_hal::abort::Hold>,
 }
 
 #[derive(Default)]
@@ -63,7 +66,11 @@ impl Mailbox {
         if st.closing {
             return;
         }
-        st.dead.entry(peer).or_insert(reason);
+        let why = st.dead.entry(peer).or_insert(reason).clone();
+        if !st.departed.contains(&peer) && st.device_abort.is_none() {
+            // A failure, not a goodbye: no kernel will ever see this peer's signals.
+            st.device_abort = crate::communicator::raise_device_abort(Some(peer), why);
+        }
         drop(st);
         self.arrived.notify_all();
     }

@@ -13,6 +13,7 @@
 mod chunk;
 mod gpu;
 mod op;
+mod progress;
 mod shape;
 mod sync;
 
@@ -37,6 +38,7 @@ pub(crate) fn resolve(plan: &PlanJson) -> Result<Vec<RankPlan>, PlanError> {
     add_sends(plan, &mut ranks);
     add_unpaired(&mut ranks);
     sync::check_signals(&ranks)?;
+    progress::check_progress(&ranks)?;
     Ok(ranks)
 }
 

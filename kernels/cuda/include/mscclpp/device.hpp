@@ -13,7 +13,18 @@
 //                               (default 100'000'000 polls: tens of seconds on H100/H200)
 //   MSCCLPP_SPIN_UNTIL(cond, maxSpin, what)  poll until `cond` holds; with checks on, print a message
 //                               naming `what`, file, line, block and thread, then trap, once
-//                               `maxSpin` polls (or the default bound if negative) went by
+//                               `maxSpin` polls (or the default bound if negative) went by.
+//                               Every MSCCLPP_ABORT_POLL_SPINS polls it also reads the abort
+//                               word and, once the host raised it (a peer died, the communicator
+//                               was aborted), leaves the wait with `cond` still false (no trap:
+//                               that would end the context for every process sharing it)
+//   MSCCLPP_ABORT_POLL_SPINS    spins between two reads of the abort word (1024)
+//
+// The abort word: `mscclppAbortWord`, a device global every module including this header
+// defines; the HAL writes the address of the process's abort word (pinned host memory mapped
+// for the device) into it when it loads the module (null: never aborts). `abortRaised()` reads
+// it, `pollAbort(polls)` reads it every MSCCLPP_ABORT_POLL_SPINS-th call (hand-written wait
+// loops use these); the host side is `mscclpp_hal::abort`.
 #ifndef MSCCLPP_DEVICE_HPP_
 #define MSCCLPP_DEVICE_HPP_
 
@@ -49,8 +60,31 @@
 #define MSCCLPP_DEFAULT_MAX_SPIN 100000000LL
 #endif
 
+#if !defined(MSCCLPP_ABORT_POLL_SPINS)
+#define MSCCLPP_ABORT_POLL_SPINS 1024
+#endif
+
 #if defined(MSCCLPP_DEVICE_COMPILE)
+/// The process's abort word (set by the HAL at module load; null until then). One per module:
+/// every translation unit is its own module, so a plain definition in the header is one
+/// definition per module.
+__device__ volatile int* mscclppAbortWord = nullptr;
+
 namespace mscclpp {
+
+/// Whether the host raised the abort word (a peer died or the communicator was aborted): a
+/// wait that cannot finish any more should be left.
+MSCCLPP_DEVICE_INLINE bool abortRaised() {
+  volatile int* w = mscclppAbortWord;
+  return w != nullptr && *w != 0;
+}
+
+/// `abortRaised()` on every MSCCLPP_ABORT_POLL_SPINS-th call (`polls` counts the caller's
+/// spins), false on the others: the word is host memory, too slow to read on every spin.
+MSCCLPP_DEVICE_INLINE bool pollAbort(int64_t polls) {
+  return (polls % MSCCLPP_ABORT_POLL_SPINS) == (MSCCLPP_ABORT_POLL_SPINS - 1) && abortRaised();
+}
+
 namespace detail {
 
 /// Ends the kernel after a failed device check. Kept out of line so the polling loops stay small.
@@ -82,7 +116,9 @@ static __device__ __attribute__((noinline, unused)) void deviceCheckFailed(const
     int64_t mscclppSpins_ = 0;                                                                     \
     (void)mscclppSpinLimit_;                                                                       \
     (void)mscclppSpins_;                                                                           \
+    int64_t mscclppAbortPolls_ = 0;                                                                \
     while (!(cond)) {                                                                              \
+      if (::mscclpp::pollAbort(mscclppAbortPolls_++)) break;                                       \
       if (MSCCLPP_DEVICE_CHECKS && mscclppSpins_++ >= mscclppSpinLimit_) {                          \
         ::mscclpp::detail::deviceCheckFailed("spin bound exceeded waiting for " what, __FILE__, __LINE__); \
       }                                                                                            \

@@ -423,7 +423,7 @@ __device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, u
         int32_t* s = r.a.semaphores + o.semaphoreIds[k];
         volatile int32_t* vs = s;
         bool done = false;
-        while (!done) {
+        for (int64_t polls = 0; !done && !mscclpp::pollAbort(polls); ++polls) {  // the abort word ends it
           const int32_t v = *vs;
           done = v > 0 && atomicCAS(s, v, v - 1) == v;
         }

@@ -4,6 +4,9 @@
 // extern "C" __global__ void p2p_batch(P2pArgs args);        // up to P2P_MAX_OPS operations
 // extern "C" __global__ void p2p_batch_small(P2pArgsSmall args);  // up to P2P_SMALL_OPS: the
 //   same code with a 240-byte argument block instead of 3 KiB (a launch copies its arguments).
+// extern "C" __global__ void p2p_ll(P2pArgsSmall args);  // (p2p_ll_big: P2pArgs) every op an LL message (or a copy to
+//   self of at most P2P_LL_MAX bytes): one block per (peer, direction) pair, each thread waits
+//   for its own packets (llBatch below); the host picks it (core/src/p2p/gpu.rs, `Plan::ll`).
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
 // P2pLayout below): counters, then two LL buffers per sending peer, then one receive ring per
@@ -19,14 +22,16 @@
 // a message that fits costs one one-way trip. Flags come from the monotonic counters, so a
 // captured graph replays correctly.
 //
-// Larger messages are cut into chunks of CHUNK; chunk i of a message goes to channel i % nch
-// (nch = min(CHANNELS, chunks), computed alike on both sides).
+// Larger messages are cut into chunks of chunkOf(bytes) (a sixteenth of the message, a multiple
+// of 4 KiB, 16-128 KiB); chunk i of a message goes to channel i % nch (nch = min(CHANNELS,
+// chunks), computed alike on both sides).
 // Per (sender -> receiver, channel), counters count chunks since the buffers were created
 // (monotonic, device-only, so a captured graph replays correctly):
 //   sender:   n = sent[r][c]; waits until n - consumed[r][c] < SLOTS (consumed: written by the
 //             receiver into the sender's buffer), writes header {total bytes, chunk index, magic}
-//             + payload into the receiver's slot n % SLOTS, fences, stores ready[me][c] = n + 1 in
-//             the receiver's buffer (release, system scope), sent = n + 1.
+//             + payload into the receiver's slot n % SLOTS, and after a block barrier one thread
+//             stores ready[me][c] = n + 1 in the receiver's buffer (release, system scope; no
+//             separate fence), sent = n + 1.
 //   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), checks the header (a total
 //             that differs from its own size is an error), copies the payload out, stores
 //             consumed[me][c] = n + 1 in the sender's buffer (release), recvd = n + 1.
@@ -38,7 +43,9 @@
 // without blocking on any of them, so matched sends and receives complete in any order.
 // Copies to this rank itself (an all-to-all's own block) run in the launch too, beside the
 // transfers: a send to self at op k is followed by its receive at op k + 1; the send's tasks
-// copy chunk by chunk.
+// copy chunk by chunk, over up to 2 * CHANNELS virtual channels: even ones on the blocks of
+// op k's pair, odd ones on those of op k + 1's (which have nothing else to do). Copies to self
+// are not ordered among themselves (their buffers are the caller's, distinct in practice).
 // In place: a receive into the very buffer a send of this launch to the same peer reads (same
 // address and size: an in-place all-to-all's block) gets that send's pair from the host (same
 // blocks) and writes chunk j of a channel only after the send has read its chunk j there (LL:
@@ -55,6 +62,7 @@
 #define P2P_CHANNELS 16
 #define P2P_SLOTS 4
 #define P2P_CHUNK (128 * 1024)
+#define P2P_MIN_CHUNK (16 * 1024)
 #define P2P_HEADER 16
 #define P2P_SLOT_BYTES (P2P_CHUNK + P2P_HEADER)
 #define P2P_MAGIC 0x3250434eu  // "NCP2"
@@ -125,9 +133,16 @@ MSCCLPP_DEVICE_INLINE uint64_t nowNs() {
 #endif
 }
 
+/// Chunk bytes of a chunked message (above P2P_LL_MAX): a sixteenth of it (so mid-sized
+/// messages still spread over every channel), a multiple of 4 KiB, clamped to
+/// [P2P_MIN_CHUNK, P2P_CHUNK] (the slot size); both ends compute it from the size alike.
+MSCCLPP_DEVICE_INLINE uint64_t chunkOf(uint64_t bytes) {
+  const uint64_t c = (bytes / P2P_CHANNELS) & ~(uint64_t)4095;
+  return c < P2P_MIN_CHUNK ? P2P_MIN_CHUNK : c > P2P_CHUNK ? P2P_CHUNK : c;
+}
 /// A message of at most P2P_LL_MAX bytes travels as one LL message (one task, channel 0).
 MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes) {
-  return bytes <= P2P_LL_MAX ? 1 : (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
+  return bytes <= P2P_LL_MAX ? 1 : (bytes + chunkOf(bytes) - 1) / chunkOf(bytes);
 }
 MSCCLPP_DEVICE_INLINE uint32_t channelsOf(uint64_t bytes) {
   const uint64_t k = chunksOf(bytes);
@@ -140,22 +155,25 @@ MSCCLPP_DEVICE_INLINE uint64_t chunksOn(uint64_t bytes, uint32_t c) {
   return c < nch ? (k - c + nch - 1) / nch : 0;
 }
 
-/// Block-wide copy of len bytes (16-byte vectors when both ends are aligned).
+/// Block-wide copy of len bytes (16-byte vectors when both ends are aligned, 8 loads in flight
+/// per thread).
 MSCCLPP_DEVICE_INLINE void blockCopy(char* dst, const char* src, uint64_t len) {
   uint64_t done = 0;
   if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
+    constexpr int kUnroll = 8;
     const uint64_t n = len / 16;
     uint4* d4 = reinterpret_cast<uint4*>(dst);
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
+    const uint64_t step = blockDim.x;
     uint64_t i = threadIdx.x;
-    for (; i + 3 * blockDim.x < n; i += 4 * blockDim.x) {
-      uint4 r0 = s4[i], r1 = s4[i + blockDim.x], r2 = s4[i + 2 * blockDim.x], r3 = s4[i + 3 * blockDim.x];
-      d4[i] = r0;
-      d4[i + blockDim.x] = r1;
-      d4[i + 2 * blockDim.x] = r2;
-      d4[i + 3 * blockDim.x] = r3;
+    for (; i + (kUnroll - 1) * step < n; i += kUnroll * step) {
+      uint4 r[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) r[u] = s4[i + u * step];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) d4[i + u * step] = r[u];
     }
-    for (; i < n; i += blockDim.x) d4[i] = s4[i];
+    for (; i < n; i += step) d4[i] = s4[i];
     done = n * 16;
   }
   for (uint64_t i = done + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
@@ -303,34 +321,41 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
     bool allDone = true, progressed = false;
     for (uint32_t k = 0; k < a.nops; ++k) {
       const P2pOpDev& op = a.ops[k];
-      const uint32_t nch = channelsOf(op.bytes);
+      if (op.recv && op.peer == a.rank) continue;  // done by its send (below)
+      const bool self = op.peer == a.rank;
+      const uint64_t K = chunksOf(op.bytes);
+      // A copy to self spreads its chunks over twice the channels: even ones on the blocks of
+      // its own pair, odd ones on those of its receive's pair (otherwise idle).
+      const uint32_t nch = self ? (uint32_t)(K < 2 * P2P_CHANNELS ? K : 2 * P2P_CHANNELS) : channelsOf(op.bytes);
+      const uint64_t cs = op.bytes <= P2P_LL_MAX ? op.bytes : chunkOf(op.bytes);
       for (uint32_t c = 0; c < nch; ++c) {
-        if ((op.pair + c * P) % G != blockIdx.x) continue;
-        const uint64_t total = chunksOn(op.bytes, c);
-        if (prog[k * P2P_CHANNELS + c] >= total) continue;
-        if (op.recv && op.peer == a.rank) continue;  // done by its send (below)
+        const uint32_t side = self ? (c & 1) : 0;
+        const uint32_t ch = self ? (c >> 1) : c;
+        if ((a.ops[k + side].pair + ch * P) % G != blockIdx.x) continue;
+        const uint64_t total = (K - c + nch - 1) / nch;
+        uint32_t* pr = &prog[(k + side) * P2P_CHANNELS + ch];
+        if (*pr >= total) continue;
         allDone = false;
         pendingOp = k;
+        const uint64_t peer = op.peer;
+        if (self) {
+          // A copy to this rank itself: the send (op k) copies into its receive (op k + 1,
+          // placed there by the host), chunk by chunk, no protocol; the receive has no steps.
+          const uint64_t j = *pr;
+          const uint64_t off = (j * nch + c) * cs;
+          const uint64_t len = op.bytes - off < cs ? op.bytes - off : cs;
+          blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf + off), reinterpret_cast<const char*>(op.buf + off), len);
+          __syncthreads();
+          if (threadIdx.x == 0) *pr = (uint32_t)(j + 1);
+          __syncthreads();
+          progressed = true;
+          continue;
+        }
         // The last earlier op of the same pair with chunks on this channel must be done (its
         // own predecessors were done before it started).
         int pred = op.pred;
         while (pred >= 0 && chunksOn(a.ops[pred].bytes, c) == 0) pred = a.ops[pred].pred;
         if (pred >= 0 && prog[pred * P2P_CHANNELS + c] < chunksOn(a.ops[pred].bytes, c)) continue;
-        const uint64_t peer = op.peer;
-        if (peer == a.rank) {
-          // A copy to this rank itself: the send (op k) copies into its receive (op k + 1,
-          // placed there by the host), chunk by chunk, no protocol; the receive has no steps.
-          if (op.recv) continue;
-          const uint64_t j = prog[k * P2P_CHANNELS + c];
-          const uint64_t off = (j * nch + c) * P2P_CHUNK;
-          const uint64_t len = op.bytes - off < P2P_CHUNK ? op.bytes - off : P2P_CHUNK;
-          blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf + off), reinterpret_cast<const char*>(op.buf + off), len);
-          __syncthreads();
-          if (threadIdx.x == 0) prog[k * P2P_CHANNELS + c] = (uint32_t)(j + 1);
-          __syncthreads();
-          progressed = true;
-          continue;
-        }
         const int dep = after[k];
         if (op.bytes <= P2P_LL_MAX) {
           if (dep >= 0 && prog[dep * P2P_CHANNELS] == 0) continue;
@@ -347,8 +372,8 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
           // In place: the send must have read chunk j of this channel out of the buffer first.
           if (dep >= 0 && prog[dep * P2P_CHANNELS + c] <= j) break;
           const uint64_t idx = j * nch + c;  // chunk index in the message
-          const uint64_t off = idx * P2P_CHUNK;
-          const uint64_t len = op.bytes - off < P2P_CHUNK ? op.bytes - off : P2P_CHUNK;
+          const uint64_t off = idx * cs;
+          const uint64_t len = op.bytes - off < cs ? op.bytes - off : cs;
           uint64_t n = 0;
           if (op.recv) {
             uint64_t* recvd = reinterpret_cast<uint64_t*>(base + L.recvd(peer, c));
@@ -379,7 +404,8 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             blockCopy(reinterpret_cast<char*>(op.buf + off), src, len);
             __syncthreads();
             if (threadIdx.x == 0) {
-              __threadfence_system();
+              // One release store (no extra fence): it orders the block's reads above (the
+              // barrier) before the sender may reuse the slot.
               mscclpp::storeReleaseSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.consumed(a.rank, c)), n + 1);
               *recvd = n + 1;
             }
@@ -404,7 +430,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             blockCopy(reinterpret_cast<char*>(dst + P2P_HEADER), reinterpret_cast<const char*>(op.buf + off), len);
             __syncthreads();
             if (threadIdx.x == 0) {
-              __threadfence_system();
+              // One release store: the block's payload writes (ordered by the barrier) before it.
               mscclpp::storeReleaseSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.ready(a.rank, c)), n + 1);
               *sent = n + 1;
             }
@@ -425,7 +451,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
         recordError(a, kErrStall, a.ops[pendingOp].recv, a.ops[pendingOp].peer, pendingOp);
         sStop = 1;
       } else {
-        sStop = (*errWord != 0) ? 1 : 0;  // another block failed
+        sStop = (*errWord != 0 || mscclpp::abortRaised()) ? 1 : 0;  // another block failed, or aborted
       }
     }
     __syncthreads();
@@ -437,6 +463,131 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
 
 }  // namespace
 
+namespace {
+
+/// Spins until `ready()` holds; false (error recorded once per block in `sFailed`) on a stall
+/// past the timeout or when another block failed.
+template <class A, class F>
+MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t t0, uint64_t recv, uint64_t peer, uint64_t k,
+                                  int* sFailed) {
+  const volatile uint64_t* errWord = reinterpret_cast<const volatile uint64_t*>(a.base + P2pLayout{a.nranks}.error());
+  for (uint32_t spin = 1;; ++spin) {
+    if (ready()) return true;
+    if ((spin & 1023) == 0) {
+      if (*(volatile int*)sFailed || *errWord != 0 || mscclpp::abortRaised()) return false;  // or aborted
+      if (nowNs() - t0 > a.timeoutNs) {
+        if (atomicExch(sFailed, 1) == 0) recordError(a, kErrStall, recv, peer, k);
+        return false;
+      }
+    }
+  }
+}
+
+/// The LL kernel (every operation at most P2P_LL_MAX bytes, at most one block per (peer,
+/// direction) pair: the host checks): block b runs the operations of pair b, sends before
+/// receives (an in-place receive thus lands after its send read the buffer; the host puts at
+/// most 2 sends in a pair that also receives, so no two such blocks wait on each other), each
+/// in order. Same LL protocol as llStep, without a block-wide barrier per attempt: every thread
+/// writes or waits for its own packets; a receive ends with one barrier before its
+/// llConsumed store.
+template <class A>
+MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
+  __shared__ int sFailed;
+  P2pLayout L{a.nranks};
+  const uint64_t base = a.base;
+  if (threadIdx.x == 0) sFailed = (*reinterpret_cast<volatile uint64_t*>(base + L.error()) != 0);
+  __syncthreads();
+  if (sFailed) return;
+  const uint64_t t0 = nowNs();
+  const uint32_t pair = blockIdx.x;
+  uint32_t nSent = 0, nRecvd = 0;
+  // A thread whose wait failed (error recorded) skips the rest of the work but still meets
+  // every barrier: the block leaves together at the next one.
+  bool dead = false;
+  uint64_t peer = a.rank;
+  uint64_t sent0 = 0, recvd0 = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    // Every send of the block read its buffer before a receive may overwrite it (in place).
+    if (pass == 1) __syncthreads();
+    for (uint32_t k = 0; k < a.nops; ++k) {
+      const P2pOpDev& op = a.ops[k];
+      if (op.pair != pair || op.recv != pass) continue;
+      if (op.peer == a.rank) {
+        // A copy to this rank itself (op k + 1 is its receive, which has no steps).
+        if (!op.recv) blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf), reinterpret_cast<const char*>(op.buf), op.bytes);
+        continue;
+      }
+      if (peer == a.rank) {
+        // The pair's peer (every op of a pair has the same one): its counters, read by every
+        // thread before the final barrier (this block alone writes them, after it).
+        peer = op.peer;
+        sent0 = *reinterpret_cast<const uint64_t*>(base + L.llSent(peer));
+        recvd0 = *reinterpret_cast<const uint64_t*>(base + L.llRecvd(peer));
+      }
+      const uint64_t npk = 1 + (op.bytes + 7) / 8;  // header packet + data packets
+      if (!op.recv) {
+        const uint64_t n = sent0 + nSent++;
+        const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.llConsumed(peer));
+        // Room: message n - 2, the buffer's last user, was read (every thread checks itself).
+        if (dead || (n >= 2 && !llWait(a, [&] { return mscclpp::loadAcquireSys(consumed) + 1 >= n; }, t0, 0, peer, k,
+                                        &sFailed))) {
+          dead = true;
+          continue;
+        }
+        const uint32_t flag = (uint32_t)(n + 1);
+        mscclpp::LL16Packet* pk = reinterpret_cast<mscclpp::LL16Packet*>(a.peerBases[peer] + L.ll(a.rank, n & 1));
+        const char* src = reinterpret_cast<const char*>(op.buf);
+        for (uint64_t i = threadIdx.x; i < npk; i += blockDim.x) {
+          if (i == 0) {
+            pk[0].write((uint32_t)op.bytes, P2P_MAGIC, flag);
+          } else {
+            pk[i].write(loadPayload(src, (i - 1) * 8, op.bytes), flag);
+          }
+        }
+        continue;
+      }
+      const uint64_t n = recvd0 + nRecvd++;
+      const uint32_t flag = (uint32_t)(n + 1);
+      const mscclpp::LL16Packet* pk = reinterpret_cast<const mscclpp::LL16Packet*>(base + L.ll(peer, n & 1));
+      char* dst = reinterpret_cast<char*>(op.buf);
+      bool bad = dead;
+      // Each thread waits for its own packets only (one per thread up to 8 KiB).
+      for (uint64_t i = threadIdx.x; i < npk && !bad; i += blockDim.x) {
+        uint2 v;
+        if (!llWait(a, [&] { return pk[i].readOnce(flag, v); }, t0, 1, peer, k, &sFailed)) {
+          bad = true;
+        } else if (i == 0) {
+          if (v.x != (uint32_t)op.bytes || v.y != P2P_MAGIC) {
+            if (atomicExch(&sFailed, 1) == 0)
+              recordError(a, v.y != P2P_MAGIC ? kErrHeader : kErrSize, 1, peer, v.y != P2P_MAGIC ? v.y : v.x);
+            bad = true;
+          }
+        } else {
+          storePayload(dst, (i - 1) * 8, op.bytes, v);
+        }
+      }
+      if (__syncthreads_or(bad)) return;
+      // Relaxed (no fence): every packet read above has returned its value (stored out before
+      // the barrier), so the sender's next use of the buffer cannot reach those reads.
+      if (threadIdx.x == 0)
+        mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.llConsumed(a.rank)), n + 1);
+    }
+  }
+  if (__syncthreads_or(dead) || peer == a.rank) return;  // every thread read the counters
+  if (threadIdx.x == 0) {
+    if (nSent) *reinterpret_cast<uint64_t*>(base + L.llSent(peer)) = sent0 + nSent;
+    if (nRecvd) *reinterpret_cast<uint64_t*>(base + L.llRecvd(peer)) = recvd0 + nRecvd;
+  }
+}
+
+}  // namespace
+
 extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) { batch(a); }
 
 extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch_small(P2pArgsSmall a) { batch(a); }
+
+/// Launches whose every operation is an LL message (or a copy to self of at most P2P_LL_MAX
+/// bytes): one block per (peer, direction) pair (llBatch).
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_ll(P2pArgsSmall a) { llBatch(a); }
+/// p2p_ll for launches of more than P2P_SMALL_OPS operations.
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_ll_big(P2pArgs a) { llBatch(a); }
