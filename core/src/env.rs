@@ -132,6 +132,12 @@ pub const ALGORITHM: &str = "MSCCLPP_ALGORITHM";
 pub const NVLS_EMULATION: &str = "MSCCLPP_NVLS_EMULATION";
 /// `MSCCLPP_COLL_NET_TRANSPORT`: the collectives' network transport between nodes.
 pub const COLL_NET_TRANSPORT: &str = "MSCCLPP_COLL_NET_TRANSPORT";
+/// `MSCCLPP_CHECK_CALLS`: every collective and point-to-point call is compared across the
+/// ranks before it runs (collectives/check.rs).
+pub const CHECK_CALLS: &str = "MSCCLPP_CHECK_CALLS";
+/// `MSCCLPP_DETERMINISTIC`: only algorithms that fold the ranks' values in rank order
+/// (collectives/deterministic.rs).
+pub const DETERMINISTIC: &str = "MSCCLPP_DETERMINISTIC";
 /// `MSCCLPP_COPY_DRIVER_MAX_BYTES`: the largest world-size-1 copy done by the driver.
 pub const COPY_DRIVER_MAX_BYTES: &str = "MSCCLPP_COPY_DRIVER_MAX_BYTES";
 /// The default of [`COPY_DRIVER_MAX_BYTES`]: 256 MiB.
@@ -274,6 +280,16 @@ pub const VARS: &[Var] = &[
         "256M",
         "byte count (K, M, G suffixes)",
     ),
+    var(
+        CHECK_CALLS,
+        "0",
+        "boolean: compare every call's fingerprint across the ranks before it runs",
+    ),
+    var(
+        DETERMINISTIC,
+        "0",
+        "boolean: reductions fold the ranks in rank order (bitwise reproducible)",
+    ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
     var(
         "OMPI_MCA_ess_base_jobid",
@@ -360,6 +376,8 @@ pub struct Env {
     nvls_emulation: Parsed<bool>,
     coll_net_transport: Parsed<Option<NetTransport>>,
     copy_driver_max_bytes: Parsed<usize>,
+    check_calls: Parsed<bool>,
+    deterministic: Parsed<bool>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -580,6 +598,8 @@ impl Env {
             nvls_emulation: parse_nvls_emulation(lookup(NVLS_EMULATION)),
             coll_net_transport: parse_net_transport(lookup(COLL_NET_TRANSPORT)),
             copy_driver_max_bytes: parse_copy_driver_max(lookup(COPY_DRIVER_MAX_BYTES)),
+            check_calls: parse_bool(CHECK_CALLS, lookup(CHECK_CALLS).as_deref()),
+            deterministic: parse_bool(DETERMINISTIC, lookup(DETERMINISTIC).as_deref()),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -617,6 +637,7 @@ impl Env {
             err(&self.force_disable_gdr), err(&self.cudaipc_use_default_stream),
             err(&self.forced_algorithms), err(&self.nvls_emulation),
             err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
+            err(&self.check_calls), err(&self.deterministic),
         ];
         level
             .into_iter()
@@ -700,6 +721,16 @@ impl Env {
     /// backend's multicast emulation; `0`, empty or unset (the default) only when forced.
     pub fn nvls_emulation(&self) -> Result<bool> {
         Self::typed(&self.nvls_emulation)
+    }
+    /// `MSCCLPP_CHECK_CALLS`: every call is compared across the ranks before it runs (default
+    /// off).
+    pub fn check_calls(&self) -> Result<bool> {
+        Self::typed(&self.check_calls)
+    }
+    /// `MSCCLPP_DETERMINISTIC`: reductions only by algorithms that fold the ranks in rank order
+    /// (default off).
+    pub fn deterministic(&self) -> Result<bool> {
+        Self::typed(&self.deterministic)
     }
     /// `MSCCLPP_COLL_NET_TRANSPORT`: `ib` or `ethernet` (any case); `None` when unset, and the
     /// collectives then take IB when a device is available, else Ethernet.

@@ -179,7 +179,9 @@ impl Native {
             .as_ref()
             .map_err(|why| NcclError::usage(why.clone()))?;
         let Some(chosen) = &choice.chosen else {
-            return Ok(());
+            // A call of no elements: recorded, and compared across the ranks with
+            // MSCCLPP_CHECK_CALLS=1 (core's collectives/check.rs).
+            return coll.empty_call(&choice.call).map_err(NcclError::from);
         };
         // SAFETY: the caller's buffers and stream, checked by the exported function.
         unsafe { coll.run_choice(chosen, stream) }.map_err(NcclError::from)

@@ -243,6 +243,28 @@ impl Collectives {
         self.inner.algorithm_for(kind_of(collective)?, nbytes).py()
     }
 
+    /// The last calls of this communicator (at most 64), oldest first, as dicts: `seq`,
+    /// `collective`, `count`, `dtype`, `op`, `root`, `algorithm`, `state` (`"running"`,
+    /// `"done"`, `"failed"`): the flight recorder (core/src/collectives/recorder.rs).
+    fn recent_calls<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        self.inner
+            .recent_calls()
+            .into_iter()
+            .map(|c| {
+                let d = pyo3::types::PyDict::new(py);
+                d.set_item("seq", c.seq)?;
+                d.set_item("collective", c.kind.to_string())?;
+                d.set_item("count", c.count)?;
+                d.set_item("dtype", c.dtype.to_string())?;
+                d.set_item("op", c.op.to_string())?;
+                d.set_item("root", c.root)?;
+                d.set_item("algorithm", c.algorithm)?;
+                d.set_item("state", c.state.name())?;
+                Ok(d)
+            })
+            .collect()
+    }
+
     /// Forces `name` for every later call of `collective` on this rank (`None` un-forces);
     /// every rank must do the same.
     #[pyo3(signature = (collective, name))]

@@ -156,6 +156,13 @@ def case_algorithms(g: mscclpp.CommGroup, *args: str) -> None:
     assert g.collectives.algorithm_for("allreduce", 1 << 20) == ran["allreduce"][-1]
     ar(ran["allreduce"][-1])
     g.collectives.force_algorithm("allreduce", None)
+    # The flight recorder: the last call, an all-reduce by the forced algorithm, done.
+    calls = g.collectives.recent_calls()
+    assert 0 < len(calls) <= 64, calls
+    last = calls[-1]
+    assert last["collective"] == "allreduce" and last["state"] == "done", last
+    assert last["algorithm"] == ran["allreduce"][-1], last
+    assert [c["seq"] for c in calls] == list(range(calls[0]["seq"], last["seq"] + 1)), calls
 
 
 def case_bootstrap(g: mscclpp.CommGroup, *args: str) -> None:

@@ -38,6 +38,8 @@
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 256M; K/M/G suffixes; `0`: none) use the driver's copy, larger ones the copy kernel |
 //! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
+//! | `MSCCLPP_CHECK_CALLS` | any, and point-to-point | `1`: every call is compared across the ranks before it runs; a mismatch fails it on every rank naming the ranks and calls ([`check`]) |
+//! | `MSCCLPP_DETERMINISTIC` | all-reduce, reduce-scatter | `1`: only algorithms that fold the ranks in rank order, bitwise reproducible ([`deterministic`]) |
 //!
 //! The NVLS all-reduces ([`nvls`]) are picked by the selector only where NVLS is usable for the
 //! communicator's device (`nvls_usable`; never while `MSCCLPP_FORCE_DISABLE_NVLS=1` or
@@ -61,8 +63,10 @@ pub mod algorithm;
 pub mod allgather;
 pub mod allreduce;
 pub mod broadcast;
+pub mod check;
 pub mod collection;
 pub mod copy;
+pub mod deterministic;
 pub mod gpu;
 pub(crate) mod hier;
 pub(crate) mod host_ll;
@@ -72,6 +76,7 @@ pub mod net;
 pub mod nvls;
 pub mod plan;
 pub(crate) mod port;
+pub mod recorder;
 pub mod reduce_scatter;
 pub mod selector;
 pub mod setup;
@@ -275,7 +280,14 @@ impl CollectivesBuilder {
             }
         }
         let forced = forced_from_env(&env, &algos)?;
+        // The call check, flight recorder and deterministic mode (check.rs, recorder.rs,
+        // deterministic.rs).
+        let check = check::CallCheck::new(env.check_calls()?);
+        let det = deterministic::Deterministic::new(env.deterministic()?, comm.bootstrap());
         Ok(Collectives {
+            check,
+            recorder: recorder::Recorder::default(),
+            det,
             res,
             gpu,
             algos,
@@ -303,6 +315,12 @@ pub struct Collectives {
     launch: Mutex<()>,
     /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
     nvls: bool,
+    /// `MSCCLPP_CHECK_CALLS` (check.rs).
+    check: check::CallCheck,
+    /// The last calls (recorder.rs).
+    recorder: recorder::Recorder,
+    /// `MSCCLPP_DETERMINISTIC` (deterministic.rs).
+    det: deterministic::Deterministic,
 }
 
 impl std::fmt::Debug for Collectives {
@@ -401,9 +419,53 @@ impl Collectives {
         Ok(self.select(&probe, false)?.name())
     }
 
-    /// Forced, else the user's selector, else the default one (a matching plan, else the
-    /// native rules); `registered`: the caller says the buffers are registered on every rank.
+    /// [`Collectives::select_any`], restricted in the deterministic mode (deterministic.rs):
+    /// a forced algorithm that does not fold in rank order is an error, any other choice is
+    /// replaced by the native rules' without NVLS, and across nodes `gather_fold` runs.
     fn select(&self, call: &Call, registered: bool) -> Result<Arc<dyn Algorithm>> {
+        if !self.det.on() || !deterministic::restricts(call.kind) || self.res.nranks() == 1 {
+            return self.select_any(call, registered, self.nvls);
+        }
+        if self.res.topo().nnodes > 1 {
+            if let Some(a) = self.det.gather_fold(call.kind) {
+                return Ok(a);
+            }
+        }
+        let algo = self.select_any(call, registered, false)?;
+        if deterministic::folds_in_rank_order(algo.as_ref()) {
+            return Ok(algo);
+        }
+        let forced = self
+            .forced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&call.kind);
+        if forced {
+            return Err(deterministic::refused(algo.as_ref()));
+        }
+        let name = selector::select(&self.query(call, registered, false), &self.algos)?;
+        self.algos.get(call.kind, name).cloned()
+    }
+
+    /// What the selectors learn of `call`.
+    fn query(&self, call: &Call, registered: bool, nvls: bool) -> selector::Query {
+        selector::Query {
+            kind: call.kind,
+            bytes: call.bytes(),
+            nranks: self.res.nranks(),
+            nranks_per_node: self.res.nranks_per_node(),
+            nnodes: self.res.topo().nnodes,
+            arch: self.res.arch(),
+            host: self.gpu.is_none(),
+            nvls,
+            registered,
+        }
+    }
+
+    /// Forced, else the user's selector, else the default one (a matching plan, else the
+    /// native rules); `registered`: the caller says the buffers are registered on every rank;
+    /// `nvls`: the NVLS variants may be picked.
+    fn select_any(&self, call: &Call, registered: bool, nvls: bool) -> Result<Arc<dyn Algorithm>> {
         if self.res.nranks() == 1 {
             return self.algos.get(call.kind, "copy").cloned();
         }
@@ -418,17 +480,7 @@ impl Collectives {
         }
         let ctx = SelectContext {
             call,
-            query: selector::Query {
-                kind: call.kind,
-                bytes: call.bytes(),
-                nranks: self.res.nranks(),
-                nranks_per_node: self.res.nranks_per_node(),
-                nnodes: self.res.topo().nnodes,
-                arch: self.res.arch(),
-                host: self.gpu.is_none(),
-                nvls: self.nvls,
-                registered,
-            },
+            query: self.query(call, registered, nvls),
             rank: self.res.rank(),
             algos: &self.algos,
             plans: &self.plans,
@@ -554,9 +606,107 @@ impl Collectives {
     pub unsafe fn run_choice(&self, choice: &Choice, stream: RawStream) -> Result<()> {
         let (call, algo) = (&choice.call, &choice.algorithm);
         if call.count == 0 {
-            return Ok(());
+            return self.empty_call(call);
         }
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.recorder.start(call, algo.name());
+        // SAFETY: forwarded from the caller.
+        let r = self
+            .checked(call, seq)
+            .and_then(|()| unsafe { self.launch_choice(call, algo, stream) });
+        let r = match r {
+            // A host-side wait reached its bound: say which call every peer last reached (this
+            // call still recorded as running).
+            Err(Error::Timeout { what, after }) if self.gpu.is_none() => Err(Error::Timeout {
+                what: format!("{what}; last calls: {}", self.hang_report()),
+                after,
+            }),
+            r => r,
+        };
+        self.recorder.finish(seq, r.is_ok());
+        r
+    }
+
+    /// The call check of the `seq`-th call (check.rs); one relaxed load when it is off.
+    fn checked(&self, call: &Call, seq: u64) -> Result<()> {
+        if self.check.enabled() {
+            self.check
+                .check(self.res.comm().bootstrap().as_ref(), call, seq, false)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A call of no elements: nothing runs, but it is recorded and, with the call check on,
+    /// compared like any other (a rank passing 0 where the others pass a count fails at once).
+    /// The NCCL library calls it for the calls it answers without choosing an algorithm.
+    pub fn empty_call(&self, call: &Call) -> Result<()> {
+        let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.recorder.start(call, "none");
+        let r = self.checked(call, seq);
+        self.recorder.finish(seq, r.is_ok());
+        r
+    }
+
+    /// With the call check on: tells the other ranks this rank refused `call` (its arguments
+    /// or its algorithm's check failed here), so that they fail it too instead of waiting.
+    fn refused_call(&self, call: &Call) {
+        if !self.check.enabled() {
+            return;
+        }
+        let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.recorder.start(call, "none");
+        // This rank fails with its own error; a mismatch here only repeats it.
+        let _ = self
+            .check
+            .check(self.res.comm().bootstrap().as_ref(), call, seq, true);
+        self.recorder.finish(seq, false);
+    }
+
+    /// The last calls of this communicator, oldest first (recorder.rs).
+    pub fn recent_calls(&self) -> Vec<recorder::CallRecord> {
+        self.recorder.recent()
+    }
+
+    /// Whether calls are compared across the ranks before they run (`MSCCLPP_CHECK_CALLS`).
+    pub fn check_calls(&self) -> bool {
+        self.check.enabled()
+    }
+
+    /// Turns the call check on or off (every rank alike, between calls).
+    pub fn set_check_calls(&self, on: bool) {
+        self.check.set(on)
+    }
+
+    /// Whether the deterministic mode is on (`MSCCLPP_DETERMINISTIC`).
+    pub fn deterministic(&self) -> bool {
+        self.det.on()
+    }
+
+    /// Turns the deterministic mode on or off (every rank alike, between calls).
+    pub fn set_deterministic(&self, on: bool) {
+        self.det.set(on)
+    }
+
+    /// Sends this rank's last call to every peer and collects theirs for up to
+    /// [`recorder::REPORT_WAIT`] (what a timed-out host wait appends to its error; a watchdog
+    /// may call it when it thinks the job hangs, while the other ranks' calls time out or
+    /// they call it too): "rank 0 (this rank) reached call #7 allreduce ...; rank 1 reached
+    /// ...".
+    pub fn hang_report(&self) -> String {
+        recorder::peer_report(self.res.comm().bootstrap(), &self.recorder)
+    }
+
+    /// Runs `algo` for `call` (the launch lock held).
+    ///
+    /// # Safety
+    /// As [`Collectives::run_choice`].
+    unsafe fn launch_choice(
+        &self,
+        call: &Call,
+        algo: &Arc<dyn Algorithm>,
+        stream: RawStream,
+    ) -> Result<()> {
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             if last.insert(call.kind, algo.name()) != Some(algo.name()) {
@@ -602,9 +752,11 @@ impl Collectives {
     /// As the public collectives.
     unsafe fn run(&self, call: Call, stream: RawStream) -> Result<()> {
         if call.count == 0 {
-            return Ok(());
+            return self.empty_call(&call);
         }
-        let choice = self.choose(&call)?;
+        let choice = self
+            .choose(&call)
+            .inspect_err(|_| self.refused_call(&call))?;
         // SAFETY: forwarded from the caller.
         unsafe { self.run_choice(&choice, stream) }
     }

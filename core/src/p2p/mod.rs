@@ -127,6 +127,8 @@ pub struct PointToPoint {
     device: Device,
     timeout: Duration,
     inner: Inner,
+    /// `MSCCLPP_CHECK_CALLS` (collectives/check.rs).
+    check: crate::collectives::check::P2pCheck,
 }
 
 impl PointToPoint {
@@ -145,6 +147,7 @@ impl PointToPoint {
             device,
             timeout: P2P_STALL_TIMEOUT,
             inner,
+            check: crate::collectives::check::P2pCheck::new(&comm),
         })
     }
 
@@ -202,6 +205,8 @@ impl PointToPoint {
             }
         }
         let pairs = self_pairs(ops, self.rank)?;
+        let prints = || ops.iter().map(|o| (o.peer, o.dir == Dir::Send, o.bytes));
+        self.check.check_ops(prints)?;
         match &self.inner {
             Inner::Host(h) => {
                 for (s, r) in pairs {

@@ -181,6 +181,9 @@ class Collectives:
         """Algorithm names of ``"allreduce"``, ``"allgather"``, ``"reducescatter"``, ``"broadcast"``."""
     def algorithm_for(self, collective: str, nbytes: int) -> str:
         """The algorithm the default (or forced) choice takes for ``nbytes``."""
+    def recent_calls(self) -> list[dict[str, Any]]:
+        """The last calls (at most 64), oldest first: ``seq``, ``collective``, ``count``,
+        ``dtype``, ``op``, ``root``, ``algorithm``, ``state``."""
     def force_algorithm(self, collective: str, name: str | None) -> None:
         """Forces ``name`` for later calls (None un-forces)."""
     def collective(
