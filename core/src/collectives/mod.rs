@@ -78,6 +78,7 @@ pub mod setup;
 pub mod topology;
 pub mod types;
 pub mod user_buffers;
+pub mod zero_copy;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -282,9 +283,10 @@ impl CollectivesBuilder {
             plans,
             selector: self.selector.or_else(selector::global_selector),
             forced: Mutex::new(forced),
-            last: Mutex::new(HashMap::new()),
+            last: Mutex::new([None; CollectiveKind::ALL.len()]),
             launch: Mutex::new(()),
             nvls,
+            liveness: peer_liveness(comm.bootstrap()),
         })
     }
 }
@@ -298,11 +300,14 @@ pub struct Collectives {
     plans: Vec<Arc<PlanAlgorithm>>,
     selector: Option<Arc<dyn Selector>>,
     forced: Mutex<HashMap<CollectiveKind, &'static str>>,
-    /// The algorithm that ran the last call of each collective (an INFO line when it changes).
-    last: Mutex<HashMap<CollectiveKind, &'static str>>,
+    /// The algorithm that ran the last call of each collective, by `CollectiveKind as usize`
+    /// (an INFO line when it changes; an array: a map's insert may allocate on every call).
+    last: Mutex<[Option<&'static str>; CollectiveKind::ALL.len()]>,
     launch: Mutex<()>,
     /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
     nvls: bool,
+    /// [`peer_liveness`] of the communicator, made once (a host call allocates nothing).
+    liveness: crate::backoff::Watch,
 }
 
 impl std::fmt::Debug for Collectives {
@@ -559,7 +564,8 @@ impl Collectives {
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-            if last.insert(call.kind, algo.name()) != Some(algo.name()) {
+            let slot = &mut last[call.kind as usize];
+            if slot.replace(algo.name()) != Some(algo.name()) {
                 crate::log_info!(
                     "COLL",
                     "rank {}: {} of {} bytes runs {}",
@@ -590,9 +596,9 @@ impl Collectives {
             Some(gpu) => algo.launch_gpu(&self.res, gpu, call, stream),
             // The host "kernels" wait on peers' memory: a peer the bootstrap lost ends those
             // waits at once, naming it, instead of at their timeout.
-            None => crate::backoff::watching(peer_liveness(self.res.comm().bootstrap()), || {
-                algo.run_host(&self.res, call)
-            }),
+            None => {
+                crate::backoff::watching(self.liveness.clone(), || algo.run_host(&self.res, call))
+            }
         }
     }
 
