@@ -31,10 +31,10 @@
 //! | variable | collective | values |
 //! |---|---|---|
 //! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `hier_rsag_port`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy`, `nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`, `nvls_block_pipeline` |
-//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel` |
+//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel`, `zero_copy` |
 //! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
-//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port` |
-//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
+//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port`, `zero_copy` |
+//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh`, `zero_copy` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 256M; K/M/G suffixes; `0`: none) use the driver's copy, larger ones the copy kernel |
 //! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
@@ -496,7 +496,8 @@ impl Collectives {
     /// [`Collectives::choose`] for a call whose buffers the caller registered on every rank
     /// (with [`crate::Communicator::register_memory`], `ncclCommRegister`, or memory of this
     /// library): the default choice then prefers an algorithm that works straight between the
-    /// user buffers (zero-copy; today all-reduce's `rsag_zero_copy` above 1 MiB) and maps every
+    /// user buffers (zero-copy: all-reduce's `rsag_zero_copy` above 1 MiB, the `zero_copy` of
+    /// all-gather, reduce-scatter and broadcast at every size, [`zero_copy`]) and maps every
     /// rank's buffer at its first use (collectively; a buffer some rank cannot export makes
     /// every rank take a copying algorithm). A forced algorithm or a selector still decides
     /// first. Every rank must call it alike for the same call.

@@ -55,6 +55,20 @@ impl UserBufferCache {
         Self::larger(&entries, ptr, size)
     }
 
+    /// What [`UserBufferCache::get_or_register`] would answer without registering or talking
+    /// to the peers: `Some(entry)` for a cached `(ptr, size)` whose memory is still there
+    /// (positive or negative) or a live larger registration at `ptr`; `None` when only a
+    /// registration could tell. A launch asks this first and queries graph capture (a driver
+    /// call) only when it returns `None`.
+    pub fn cached(&self, ptr: u64, size: usize) -> Option<Option<Arc<UserBuffer>>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        match entries.get(&(ptr, size)) {
+            Some(Some(ub)) if !ub.local.is_current() => None,
+            Some(e) => Some(e.clone()),
+            None => Self::larger(&entries, ptr, size).map(Some),
+        }
+    }
+
     fn larger(entries: &Entries, ptr: u64, size: usize) -> Option<Arc<UserBuffer>> {
         let from = size.checked_add(1)?;
         entries

@@ -58,6 +58,21 @@ fn registered(
         .get_or_register(res.comm(), res.device(), ptr, size, capturing)
 }
 
+/// [`registered`] for a GPU launch on `stream`: the cache first, graph capture queried (a
+/// driver call) only when the cache cannot answer alone.
+fn registered_gpu(
+    res: &Resources,
+    gpu: &super::gpu::GpuCtx,
+    stream: super::types::RawStream,
+    ptr: u64,
+    size: usize,
+) -> Result<Option<Arc<UserBuffer>>> {
+    if let Some(entry) = res.user_buffers().cached(ptr, size) {
+        return Ok(entry);
+    }
+    registered(res, ptr, size, gpu.is_capturing(stream)?)
+}
+
 /// The grid of a launch moving `bytes` per rank.
 fn grid(bytes: usize) -> Grid {
     Grid {
@@ -106,7 +121,7 @@ native_algorithm! {
     launch_gpu(self, res, gpu, call, stream) {
         let b = call.bytes();
         let n = res.nranks();
-        let Some(outs) = registered(res, call.recv, n * b, gpu.is_capturing(stream)?)? else {
+        let Some(outs) = registered_gpu(res, gpu, stream, call.recv, n * b)? else {
             return allgather::fullmesh::Fullmesh.launch_gpu(res, gpu, call, stream);
         };
         let k = kernels::collectives::allgather::ZERO_COPY;
@@ -135,7 +150,7 @@ native_algorithm! {
 
     launch_gpu(self, res, gpu, call, stream) {
         let b = call.bytes();
-        let Some(outs) = registered(res, call.recv, b, gpu.is_capturing(stream)?)? else {
+        let Some(outs) = registered_gpu(res, gpu, stream, call.recv, b)? else {
             return broadcast::fullmesh::Fullmesh.launch_gpu(res, gpu, call, stream);
         };
         let k = kernels::collectives::allgather::ZERO_COPY;
@@ -164,7 +179,7 @@ native_algorithm! {
     launch_gpu(self, res, gpu, call, stream) {
         let b = call.bytes();
         let n = res.nranks();
-        let Some(ins) = registered(res, call.send, n * b, gpu.is_capturing(stream)?)? else {
+        let Some(ins) = registered_gpu(res, gpu, stream, call.send, n * b)? else {
             return reduce_scatter::fullmesh::Fullmesh.launch_gpu(res, gpu, call, stream);
         };
         let k = kernels::collectives::reduce_scatter::ZERO_COPY.instance(call.dtype, call.op)?;

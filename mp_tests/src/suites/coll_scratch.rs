@@ -455,8 +455,14 @@ TEST!(
         let seed = agreed_seed();
         let mut call = 1000u32;
         let (dtype, op) = (DataType::I32, ReduceOp::Sum);
+        // The 1 MiB case spans 64 chunks of the small scratch: not at scale (coll_common).
+        let sizes: &[usize] = if super::coll_common::at_scale(env.coll.nranks()) {
+            &[1 << 10, 8 << 10, 64 << 10]
+        } else {
+            &[1 << 10, 8 << 10, 16 << 10, 64 << 10, (1 << 20) + 16]
+        };
         for kind in CollectiveKind::ALL {
-            for bytes in [1 << 10, 8 << 10, 16 << 10, 64 << 10, (1 << 20) + 16] {
+            for &bytes in sizes {
                 let count = bytes / dtype.size_in_bytes();
                 let probe = mscclpp::collectives::Call {
                     kind,
