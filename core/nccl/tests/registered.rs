@@ -113,11 +113,13 @@ fn grouped(comms: &[Comm], what: &str, f: impl Fn(usize, *mut c_void) -> c_int) 
 
 fn run(n: usize, log: &std::path::Path) {
     let comms = grouped_init(n);
-    let big = 5000;
+    // i32 per rank: both sizes above the 256 KiB from which registered buffers take zero_copy
+    // (mscclpp::collectives::selector::ZERO_COPY_MIN_BYTES).
+    let big = 100_000;
     let ins: Vec<Buf> = comms.iter().map(|&c| Buf::new(c, n * big)).collect();
     let outs: Vec<Buf> = comms.iter().map(|&c| Buf::new(c, n * big)).collect();
     let mut k = 0;
-    for count in [big, 1001] {
+    for count in [big, 65_537] {
         for in_place in [false, true] {
             // All-gather: rank r's `count` elements at block r of every output.
             k += 1;

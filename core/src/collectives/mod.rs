@@ -497,7 +497,8 @@ impl Collectives {
     /// (with [`crate::Communicator::register_memory`], `ncclCommRegister`, or memory of this
     /// library): the default choice then prefers an algorithm that works straight between the
     /// user buffers (zero-copy: all-reduce's `rsag_zero_copy` above 1 MiB, the `zero_copy` of
-    /// all-gather, reduce-scatter and broadcast at every size, [`zero_copy`]) and maps every
+    /// all-gather, reduce-scatter and broadcast above [`selector::ZERO_COPY_MIN_BYTES`] per
+    /// rank, [`zero_copy`]) and maps every
     /// rank's buffer at its first use (collectively; a buffer some rank cannot export makes
     /// every rank take a copying algorithm). A forced algorithm or a selector still decides
     /// first. Every rank must call it alike for the same call.

@@ -88,6 +88,20 @@ pub fn select_where(
     first_registered(algos, q.kind, prefs)
 }
 
+/// Bytes per rank (all-gather: sent, reduce-scatter: received, broadcast: the buffer) above
+/// which registered buffers take the `zero_copy` all-gather, reduce-scatter and broadcast.
+/// Below, the scratch copy of `fullmesh` costs little next to the handshakes both make, while
+/// a buffer's first use in `zero_copy` costs a registration (a bootstrap exchange): PyTorch's
+/// allocator hook registers every segment, and many small tensors would each pay it. A guess to
+/// be measured (nccl-tests `-R` on the H200, `bash .ci/gpu-check reg`); every size the
+/// issue-28 target covers (4 MiB and up in total at 2 to 4 ranks) is above it.
+pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
+
+/// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
+fn zero_copy(q: &Query) -> bool {
+    q.registered && q.bytes > ZERO_COPY_MIN_BYTES
+}
+
 /// The default rules' algorithms for `q`, best first (see the module doc).
 pub fn preferences(q: &Query) -> &'static [&'static str] {
     if q.nranks == 1 {
@@ -126,13 +140,14 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
                 &["rsag", "rsag_pipeline", "packet"]
             }
         }
-        // Registered on every rank: straight between the user buffers (zero_copy.rs; buffers
-        // the cache cannot map on every rank fall back to fullmesh inside it, alike).
-        CollectiveKind::AllGather if q.registered => &["zero_copy", "fullmesh", "port_channel"],
+        // Registered on every rank and above ZERO_COPY_MIN_BYTES: straight between the user
+        // buffers (zero_copy.rs; buffers the cache cannot map on every rank fall back to
+        // fullmesh inside it, alike).
+        CollectiveKind::AllGather if zero_copy(q) => &["zero_copy", "fullmesh", "port_channel"],
         CollectiveKind::AllGather => &["fullmesh", "port_channel"],
-        CollectiveKind::ReduceScatter if q.registered => &["zero_copy", "fullmesh"],
+        CollectiveKind::ReduceScatter if zero_copy(q) => &["zero_copy", "fullmesh"],
         CollectiveKind::ReduceScatter => &["fullmesh"],
-        CollectiveKind::Broadcast if q.registered => &["zero_copy", "fullmesh"],
+        CollectiveKind::Broadcast if zero_copy(q) => &["zero_copy", "fullmesh"],
         CollectiveKind::Broadcast => &["fullmesh"],
     }
 }
@@ -302,7 +317,7 @@ mod tests {
             CollectiveKind::ReduceScatter,
             CollectiveKind::Broadcast,
         ] {
-            for bytes in [1, 1 << 20, 1 << 30] {
+            for bytes in [1, ZERO_COPY_MIN_BYTES, ZERO_COPY_MIN_BYTES + 1, 1 << 30] {
                 let q = |registered| Query {
                     kind,
                     bytes,
@@ -314,7 +329,12 @@ mod tests {
                     nvls: false,
                     registered,
                 };
-                assert_eq!(select_n(&q(true)).unwrap(), "zero_copy", "{kind} {bytes}");
+                let want = if bytes > ZERO_COPY_MIN_BYTES {
+                    "zero_copy"
+                } else {
+                    "fullmesh"
+                };
+                assert_eq!(select_n(&q(true)).unwrap(), want, "{kind} {bytes}");
                 assert_eq!(select_n(&q(false)).unwrap(), "fullmesh", "{kind} {bytes}");
             }
         }

@@ -1,7 +1,8 @@
 //! Zero-copy all-gather, reduce-scatter and broadcast (`zero_copy` of each): straight between
 //! the user buffers of every rank, no scratch, one hop. The default choice on buffers the caller
 //! registered on every rank ([`super::Collectives::choose_registered`], `ncclCommRegister`,
-//! `ncclCommWindowRegister`); all-reduce's counterpart is `rsag_zero_copy`.
+//! `ncclCommWindowRegister`) above [`super::selector::ZERO_COPY_MIN_BYTES`] per rank;
+//! all-reduce's counterpart is `rsag_zero_copy`.
 //!
 //! The buffer every rank's peers touch is registered once per `(address, size)` through the
 //! collectives' cache ([`super::user_buffers`]; a larger registration starting at the same

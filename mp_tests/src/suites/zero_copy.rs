@@ -1,17 +1,19 @@
 //! Issue 28: zero-copy all-gather, reduce-scatter and broadcast, and the eager per-call cost.
 //! * ZeroCopyTest.GatherScatterBroadcastByDefault: on buffers registered on every rank
 //!   (`Collectives::choose_registered`) the default choice of all-gather, reduce-scatter and
-//!   broadcast is `zero_copy`, its buffers are mapped on every rank (the cache holds them), and
-//!   the results are exact (integers), in and out of place, odd sizes, every root;
+//!   broadcast is `zero_copy` above `ZERO_COPY_MIN_BYTES` per rank (`fullmesh` below), its
+//!   buffers are mapped on every rank (the cache holds them), and the results are exact
+//!   (integers), in and out of place, odd sizes, every root;
 //! * ZeroCopyTest.SmallerCallAtTheSameAddressHitsTheCache: a call on the start of a buffer
 //!   registered at a larger size before uses that registration, under graph capture too (the
 //!   cause of nccl-tests `-R 1` copying at every size but its largest);
 //! * ZeroCopyTest.UnexportableBuffersFallBackAlike (host backend): private memory cannot be
 //!   mapped by the peers; every rank falls back to `fullmesh` inside `zero_copy`, exact;
 //! * CollectivesEagerTest.DriverCallsPerCall (GPU builds): the GPU driver calls one eager
-//!   all-reduce (1 KiB, not registered) and one zero-copy all-gather make on the calling
-//!   thread, once warmed up.
+//!   all-reduce (1 KiB, not registered: at most 2) and one zero-copy all-gather (at most 4) make
+//!   on the calling thread, once warmed up.
 
+use mscclpp::collectives::selector::ZERO_COPY_MIN_BYTES;
 use mscclpp::collectives::{Call, CollectiveKind, DataType, ReduceOp};
 use mscclpp::GpuBuffer;
 use mscclpp_framework::*;
@@ -113,10 +115,11 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
         SKIP!("world size 1 always copies");
     }
     let seed = agreed_seed();
+    // i32 per rank: above ZERO_COPY_MIN_BYTES (256 KiB) zero_copy, below fullmesh.
     let counts: &[usize] = if at_scale(n) {
-        &[1, 4099]
+        &[7, 65_537]
     } else {
-        &[1, 7, 1023, 4099, (1 << 18) + 3]
+        &[1, 4099, 65_537, 100_003, (1 << 18) + 3]
     };
     let mut call = 0u32;
     for kind in [
@@ -131,6 +134,11 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
         };
         for &count in counts {
             let (ins, outs) = extents(kind, count, n);
+            let want = if count * 4 > ZERO_COPY_MIN_BYTES {
+                "zero_copy"
+            } else {
+                "fullmesh"
+            };
             // One pair of buffers per size, reused: registered at the first call, hits after.
             let (a, b) = buffers(env.device, ins.max(outs) * 4);
             for in_place in [false, true] {
@@ -151,12 +159,15 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
                         "{kind} of {count} i32, {}, root {root}",
                         if in_place { "in place" } else { "out of place" }
                     );
-                    EXPECT_EQ!(name, "zero_copy", "{what}: the registered default choice");
+                    EXPECT_EQ!(name, want, "{what}: the registered default choice");
                     EXPECT_EQ!(bad, 0, "{what}: {}", errors.join("; "));
                 }
             }
             // The buffer the peers touch is mapped on every rank (zero-copy ran, no fallback).
             let res = env.coll.resources();
+            if want != "zero_copy" {
+                continue;
+            }
             let shared = match kind {
                 CollectiveKind::ReduceScatter => (a.data(), ins * 4),
                 _ => (b.data(), outs * 4),
@@ -191,7 +202,8 @@ TEST!(
             SKIP!("world size 1 always copies");
         }
         let seed = agreed_seed();
-        let big = 8192;
+        // i32 per rank; the smaller call below is still above ZERO_COPY_MIN_BYTES.
+        let big = 3 * (ZERO_COPY_MIN_BYTES / 4);
         let (a, b) = buffers(env.device, n * big * 4);
         let res = env.coll.resources();
         let before = res.user_buffers().len();
@@ -215,7 +227,7 @@ TEST!(
         );
         // A smaller size at the same address, as under capture (no collective registration
         // allowed): the larger registration is a hit.
-        let small = big / 4 + 5;
+        let small = ZERO_COPY_MIN_BYTES / 4 + 5;
         let hit = ok!(
             res.user_buffers().get_or_register(
                 res.comm(),
@@ -270,7 +282,7 @@ TEST!(ZeroCopyTest, UnexportableBuffersFallBackAlike, |_ctx| {
     if is_gpu_build() {
         SKIP!("private host memory is no device memory: the host backend's case");
     }
-    let count = 3001;
+    let count = ZERO_COPY_MIN_BYTES / 4 + 1001;
     let seed = agreed_seed();
     let rank = env.coll.rank();
     let all = all_values(DataType::I32, ReduceOp::Sum, seed, 7, n, count);
@@ -320,7 +332,9 @@ TEST!(CollectivesEagerTest, DriverCallsPerCall, |_ctx| {
     let n = env.coll.nranks();
     let calls = 50u64;
     let count = 256; // 1 KiB of i32
-    let (a, b) = buffers(env.device, n * count * 4);
+                     // Room for the all-gather below: n blocks of ZERO_COPY_MIN_BYTES + 16.
+    let ag_count = ZERO_COPY_MIN_BYTES / 4 + 4;
+    let (a, b) = buffers(env.device, n * ag_count * 4);
     let st = env.raw_stream();
     let all_reduce = || {
         // SAFETY: both buffers hold count i32 and live until after the sync below.
@@ -351,13 +365,14 @@ TEST!(CollectivesEagerTest, DriverCallsPerCall, |_ctx| {
         kind: CollectiveKind::AllGather,
         send: a.data(),
         recv: b.data(),
-        count,
+        count: ag_count,
         dtype: DataType::I32,
         op: ReduceOp::Sum,
         root: 0,
     };
     let choice = ok!(env.coll.choose_registered(&c), "choosing");
-    // SAFETY: as above (b holds n * count i32).
+    EXPECT_EQ!(choice.name(), "zero_copy");
+    // SAFETY: as above (b holds n * ag_count i32).
     let r = unsafe { env.coll.run_choice(&choice, st) };
     ok!(r, "all-gather");
     ok!(env.sync(), "waiting");
@@ -370,10 +385,11 @@ TEST!(CollectivesEagerTest, DriverCallsPerCall, |_ctx| {
     let per = (mscclpp_hal::auxil::driver_calls_on_this_thread() - before) as f64 / calls as f64;
     ok!(env.sync(), "waiting");
     println!(
-        "[rank {}] zero-copy all-gather of 1 KiB per rank: {per} driver calls per call",
-        env.coll.rank()
+        "[rank {}] zero-copy all-gather of {} bytes per rank: {per} driver calls per call",
+        env.coll.rank(),
+        ag_count * 4
     );
-    // The capture query, context bind and launch.
+    // Context bind and launch (the cache answers without the capture query).
     EXPECT_LE!(per, 4.0, "driver calls per registered all-gather");
     let res = env.coll.resources();
     res.user_buffers().forget(b.data(), b.bytes());
