@@ -304,10 +304,10 @@ pub struct Collectives {
     /// (an INFO line when it changes; an array: a map's insert may allocate on every call).
     last: Mutex<[Option<&'static str>; CollectiveKind::ALL.len()]>,
     launch: Mutex<()>,
-    /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
-    nvls: bool,
     /// [`peer_liveness`] of the communicator, made once (a host call allocates nothing).
     liveness: crate::backoff::Watch,
+    /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
+    nvls: bool,
 }
 
 impl std::fmt::Debug for Collectives {
