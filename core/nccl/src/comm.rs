@@ -69,6 +69,9 @@ pub struct Comm {
     /// communicators in this order on every rank, so blocking work of several communicators
     /// in one group cannot wait in a circle.
     order_key: u64,
+    /// The watch of [`Comm::watch`], made at the first call and cloned by later ones (an
+    /// eager call's host path allocates nothing, issue 28).
+    watch: OnceLock<mscclpp::backoff::Watch>,
 }
 
 /// What an initialized communicator owns.
@@ -167,6 +170,7 @@ impl Comm {
             async_error: AtomicI32::new(abi::SUCCESS),
             remote_failure: OnceLock::new(),
             order_key: 0,
+            watch: OnceLock::new(),
         }
     }
 
@@ -234,8 +238,14 @@ impl Comm {
     /// What ends the host-side waits of a call on this communicator in progress (installed
     /// with `mscclpp::backoff::watching` around it): `ncclCommAbort`/`ncclCommRevoke` from
     /// any thread, or a peer that died without destroying its communicator (naming it).
+    /// Made once per communicator (its ready state is set once) and cloned.
     pub fn watch(&self, ready: &Ready) -> mscclpp::backoff::Watch {
-        let (aborted, peers) = (self.aborted.clone(), ready.peers.clone());
+        self.watch
+            .get_or_init(|| Self::make_watch(self.aborted.clone(), ready.peers.clone()))
+            .clone()
+    }
+
+    fn make_watch(aborted: Arc<AtomicBool>, peers: Arc<Peers>) -> mscclpp::backoff::Watch {
         Arc::new(move || {
             if aborted.load(Ordering::Acquire) {
                 return Err(mscclpp::Error::Aborted(

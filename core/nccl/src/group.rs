@@ -72,8 +72,22 @@ pub fn submit(w: Work) -> NResult<NcclResult> {
     });
     match now {
         None => Ok(abi::SUCCESS),
-        Some(w) => flush(vec![w]),
+        Some(w) => issue_one(&w),
     }
+}
+
+/// Issues one call outside a group: [`flush`] of a single call without its batching (no
+/// heap allocation on this path: an eager call's host cost, issue 28).
+fn issue_one(w: &Work) -> NResult<NcclResult> {
+    let one = [w];
+    if w.is_fallback() {
+        // SAFETY: the caller of the NCCL function vouched for its buffers and stream.
+        unsafe { issue_fallback(&one)? };
+    } else {
+        // SAFETY: as above.
+        unsafe { run_native(w.comm(), w.ready(), &one)? };
+    }
+    Ok(abi::SUCCESS)
 }
 
 /// What a call on an open group warns about.

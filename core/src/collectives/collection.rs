@@ -16,7 +16,7 @@ use super::algorithm::Algorithm;
 use super::copy::Copy;
 use super::setup::Resources;
 use super::types::CollectiveKind;
-use super::{allgather, allreduce, broadcast, reduce_scatter};
+use super::{allgather, allreduce, broadcast, reduce_scatter, zero_copy};
 use super::{nvls::NvlsShared, port::PortChannels};
 use crate::communicator::Communicator;
 use crate::error::{Error, Result};
@@ -99,6 +99,10 @@ pub fn native_algorithms() -> Vec<Arc<dyn Algorithm>> {
         Arc::new(reduce_scatter::hier_port::HierPort),
         Arc::new(broadcast::fullmesh::Fullmesh),
         Arc::new(broadcast::hier_allreduce::HierAllreduce),
+        // Zero-copy all-gather, reduce-scatter and broadcast on registered buffers.
+        Arc::new(zero_copy::ZeroCopyAllGather),
+        Arc::new(zero_copy::ZeroCopyReduceScatter),
+        Arc::new(zero_copy::ZeroCopyBroadcast),
     ]
 }
 

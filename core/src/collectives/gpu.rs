@@ -16,7 +16,10 @@ use crate::memory::hal_err;
 pub struct GpuCtx {
     dev: <Gpu as Api>::Device,
     modules: Mutex<HashMap<&'static str, <Gpu as Api>::Module>>,
-    kernels: Mutex<HashMap<(&'static str, &'static str), <Gpu as Api>::Kernel>>,
+    /// By the addresses of the kernel's stem and name (the generated `'static` names): a lookup
+    /// per launch hashes two words, not two strings. The same text at another address is only
+    /// a second entry.
+    kernels: Mutex<HashMap<(usize, usize), <Gpu as Api>::Kernel>>,
 }
 
 impl std::fmt::Debug for GpuCtx {
@@ -73,11 +76,12 @@ impl GpuCtx {
     /// not, as the executor's is).
     pub fn kernel(&self, k: Kernel) -> Result<<Gpu as Api>::Kernel> {
         let (stem, name) = (k.object().stem(), k.name());
+        let key = (stem.as_ptr() as usize, name.as_ptr() as usize);
         if let Some(loaded) = self
             .kernels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&(stem, name))
+            .get(&key)
         {
             return Ok(loaded.clone());
         }
@@ -96,7 +100,7 @@ impl GpuCtx {
         self.kernels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((stem, name), loaded.clone());
+            .insert(key, loaded.clone());
         Ok(loaded)
     }
 

@@ -31,10 +31,10 @@
 //! | variable | collective | values |
 //! |---|---|---|
 //! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `hier_rsag_port`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy`, `nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`, `nvls_block_pipeline` |
-//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel` |
+//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel`, `zero_copy` |
 //! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
-//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port` |
-//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh` |
+//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port`, `zero_copy` |
+//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh`, `zero_copy` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 256M; K/M/G suffixes; `0`: none) use the driver's copy, larger ones the copy kernel |
 //! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
@@ -83,6 +83,7 @@ pub mod setup;
 pub mod topology;
 pub mod types;
 pub mod user_buffers;
+pub mod zero_copy;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -294,9 +295,10 @@ impl CollectivesBuilder {
             plans,
             selector: self.selector.or_else(selector::global_selector),
             forced: Mutex::new(forced),
-            last: Mutex::new(HashMap::new()),
+            last: Mutex::new([None; CollectiveKind::ALL.len()]),
             launch: Mutex::new(()),
             nvls,
+            liveness: peer_liveness(comm.bootstrap()),
         })
     }
 }
@@ -310,9 +312,12 @@ pub struct Collectives {
     plans: Vec<Arc<PlanAlgorithm>>,
     selector: Option<Arc<dyn Selector>>,
     forced: Mutex<HashMap<CollectiveKind, &'static str>>,
-    /// The algorithm that ran the last call of each collective (an INFO line when it changes).
-    last: Mutex<HashMap<CollectiveKind, &'static str>>,
+    /// The algorithm that ran the last call of each collective, by `CollectiveKind as usize`
+    /// (an INFO line when it changes; an array: a map's insert may allocate on every call).
+    last: Mutex<[Option<&'static str>; CollectiveKind::ALL.len()]>,
     launch: Mutex<()>,
+    /// [`peer_liveness`] of the communicator, made once (a host call allocates nothing).
+    liveness: crate::backoff::Watch,
     /// Whether the selector may pick the NVLS variants (`nvls::selectable`).
     nvls: bool,
     /// `MSCCLPP_CHECK_CALLS` (check.rs).
@@ -543,7 +548,9 @@ impl Collectives {
     /// [`Collectives::choose`] for a call whose buffers the caller registered on every rank
     /// (with [`crate::Communicator::register_memory`], `ncclCommRegister`, or memory of this
     /// library): the default choice then prefers an algorithm that works straight between the
-    /// user buffers (zero-copy; today all-reduce's `rsag_zero_copy` above 1 MiB) and maps every
+    /// user buffers (zero-copy: all-reduce's `rsag_zero_copy` above 1 MiB, the `zero_copy` of
+    /// all-gather, reduce-scatter and broadcast above [`selector::ZERO_COPY_MIN_BYTES`] per
+    /// rank, [`zero_copy`]) and maps every
     /// rank's buffer at its first use (collectively; a buffer some rank cannot export makes
     /// every rank take a copying algorithm). A forced algorithm or a selector still decides
     /// first. Every rank must call it alike for the same call.
@@ -709,7 +716,8 @@ impl Collectives {
     ) -> Result<()> {
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-            if last.insert(call.kind, algo.name()) != Some(algo.name()) {
+            let slot = &mut last[call.kind as usize];
+            if slot.replace(algo.name()) != Some(algo.name()) {
                 crate::log_info!(
                     "COLL",
                     "rank {}: {} of {} bytes runs {}",
@@ -740,9 +748,9 @@ impl Collectives {
             Some(gpu) => algo.launch_gpu(&self.res, gpu, call, stream),
             // The host "kernels" wait on peers' memory: a peer the bootstrap lost ends those
             // waits at once, naming it, instead of at their timeout.
-            None => crate::backoff::watching(peer_liveness(self.res.comm().bootstrap()), || {
-                algo.run_host(&self.res, call)
-            }),
+            None => {
+                crate::backoff::watching(self.liveness.clone(), || algo.run_host(&self.res, call))
+            }
         }
     }
 

@@ -61,20 +61,59 @@ fn first_registered(
         })
 }
 
-/// The native algorithm for `q` among `algos` (today's rules, see the module doc).
+/// The native algorithm for `q` among `algos` (today's rules, see the module doc): the first
+/// of [`preferences`] the collection holds.
 pub fn select(q: &Query, algos: &Collection) -> Result<&'static str> {
+    select_where(q, algos, |_| true)
+}
+
+/// [`select`] taking the first preferred algorithm that `algos` holds and for which `fits`
+/// holds (the default choice passes the algorithm's own check of the call, so a call one
+/// preference refuses, e.g. a size its scratch cannot hold, takes the next); when none fits,
+/// the first one held (its check then reports why).
+pub fn select_where(
+    q: &Query,
+    algos: &Collection,
+    fits: impl Fn(&Arc<dyn Algorithm>) -> bool,
+) -> Result<&'static str> {
+    let prefs = preferences(q);
+    let held = || {
+        prefs
+            .iter()
+            .filter_map(move |n| algos.find(q.kind, n).map(|a| (*n, a)))
+    };
+    if let Some((n, _)) = held().find(|(_, a)| fits(a)) {
+        return Ok(n);
+    }
+    first_registered(algos, q.kind, prefs)
+}
+
+/// Bytes per rank (all-gather: sent, reduce-scatter: received, broadcast: the buffer) above
+/// which registered buffers take the `zero_copy` all-gather, reduce-scatter and broadcast.
+/// Below, the scratch copy of `fullmesh` costs little next to the handshakes both make, while
+/// a buffer's first use in `zero_copy` costs a registration (a bootstrap exchange): PyTorch's
+/// allocator hook registers every segment, and many small tensors would each pay it. A guess to
+/// be measured (nccl-tests `-R` on the H200, `bash .ci/gpu-check reg`); every size the
+/// issue-28 target covers (4 MiB and up in total at 2 to 4 ranks) is above it.
+pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
+
+/// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
+fn zero_copy(q: &Query) -> bool {
+    q.registered && q.bytes > ZERO_COPY_MIN_BYTES
+}
+
+/// The default rules' algorithms for `q`, best first (see the module doc).
+pub fn preferences(q: &Query) -> &'static [&'static str] {
     if q.nranks == 1 {
-        return Ok("copy");
+        return &["copy"];
     }
     if q.nnodes > 1 {
         // Across nodes only the hierarchical algorithms (memory inside the node, port
         // channels between nodes) can run.
         return match q.kind {
-            CollectiveKind::AllReduce => first_registered(algos, q.kind, &["hier_rsag_port"]),
-            CollectiveKind::AllGather | CollectiveKind::ReduceScatter => {
-                first_registered(algos, q.kind, &["hier_port"])
-            }
-            CollectiveKind::Broadcast => first_registered(algos, q.kind, &["hier_allreduce"]),
+            CollectiveKind::AllReduce => &["hier_rsag_port"],
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter => &["hier_port"],
+            CollectiveKind::Broadcast => &["hier_allreduce"],
         };
     }
     match q.kind {
@@ -82,9 +121,9 @@ pub fn select(q: &Query, algos: &Collection) -> Result<&'static str> {
             if let Some(prefs) =
                 super::nvls::selector_prefs(q.nvls, q.nranks, q.nranks_per_node, q.bytes)
             {
-                return first_registered(algos, q.kind, prefs);
+                return prefs;
             }
-            let prefs: &[&'static str] = if q.bytes <= 16 << 10 {
+            if q.bytes <= 16 << 10 {
                 &["allpair_packet", "packet", "rsag"]
             } else if q.bytes <= 1 << 20 {
                 &["packet", "rsag", "allpair_packet"]
@@ -99,12 +138,17 @@ pub fn select(q: &Query, algos: &Collection) -> Result<&'static str> {
                 // is only safe where every rank meets the same buffers (registered buffers,
                 // or forced by the user).
                 &["rsag", "rsag_pipeline", "packet"]
-            };
-            first_registered(algos, q.kind, prefs)
+            }
         }
-        CollectiveKind::AllGather => first_registered(algos, q.kind, &["fullmesh", "port_channel"]),
-        CollectiveKind::ReduceScatter => first_registered(algos, q.kind, &["fullmesh"]),
-        CollectiveKind::Broadcast => first_registered(algos, q.kind, &["fullmesh"]),
+        // Registered on every rank and above ZERO_COPY_MIN_BYTES: straight between the user
+        // buffers (zero_copy.rs; buffers the cache cannot map on every rank fall back to
+        // fullmesh inside it, alike).
+        CollectiveKind::AllGather if zero_copy(q) => &["zero_copy", "fullmesh", "port_channel"],
+        CollectiveKind::AllGather => &["fullmesh", "port_channel"],
+        CollectiveKind::ReduceScatter if zero_copy(q) => &["zero_copy", "fullmesh"],
+        CollectiveKind::ReduceScatter => &["fullmesh"],
+        CollectiveKind::Broadcast if zero_copy(q) => &["zero_copy", "fullmesh"],
+        CollectiveKind::Broadcast => &["fullmesh"],
     }
 }
 
@@ -145,9 +189,12 @@ impl SelectContext<'_> {
         }
         best.map(|p| p.clone() as Arc<dyn Algorithm>)
     }
-    /// The native choice of today's rules ([`select`]).
+    /// The native choice of today's rules: the first preferred algorithm whose own check
+    /// takes the call ([`select_where`]).
     pub fn native(&self) -> Result<Arc<dyn Algorithm>> {
-        let name = select(&self.query, self.algos)?;
+        let name = select_where(&self.query, self.algos, |a| {
+            a.check(self.res, self.call).is_ok()
+        })?;
         self.algos.get(self.call.kind, name).cloned()
     }
     /// The default selector's choice: a matching plan first, else [`SelectContext::native`].
@@ -261,6 +308,63 @@ mod tests {
         // Small calls keep the packet algorithms, registered or not.
         assert_eq!(select_n(&q(1 << 20, true)).unwrap(), "packet");
         assert_eq!(select_n(&q(1 << 10, true)).unwrap(), "allpair_packet");
+    }
+
+    #[test]
+    fn registered_buffers_take_zero_copy_gathers_scatters_and_broadcasts() {
+        for kind in [
+            CollectiveKind::AllGather,
+            CollectiveKind::ReduceScatter,
+            CollectiveKind::Broadcast,
+        ] {
+            for bytes in [1, ZERO_COPY_MIN_BYTES, ZERO_COPY_MIN_BYTES + 1, 1 << 30] {
+                let q = |registered| Query {
+                    kind,
+                    bytes,
+                    nranks: 4,
+                    nranks_per_node: 4,
+                    nnodes: 1,
+                    arch: (9, 0),
+                    host: false,
+                    nvls: false,
+                    registered,
+                };
+                let want = if bytes > ZERO_COPY_MIN_BYTES {
+                    "zero_copy"
+                } else {
+                    "fullmesh"
+                };
+                assert_eq!(select_n(&q(true)).unwrap(), want, "{kind} {bytes}");
+                assert_eq!(select_n(&q(false)).unwrap(), "fullmesh", "{kind} {bytes}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_first_preference_that_fits_is_taken() {
+        let q = Query {
+            kind: CollectiveKind::AllReduce,
+            bytes: 1 << 10,
+            nranks: 4,
+            nranks_per_node: 4,
+            nnodes: 1,
+            arch: (9, 0),
+            host: false,
+            nvls: false,
+            registered: false,
+        };
+        let algos = super::super::collection::native_catalogue();
+        let not = |name: &'static str| move |a: &Arc<dyn Algorithm>| a.name() != name;
+        assert_eq!(select_where(&q, algos, |_| true).unwrap(), "allpair_packet");
+        assert_eq!(
+            select_where(&q, algos, not("allpair_packet")).unwrap(),
+            "packet"
+        );
+        // None fits: the first one held (its check then names the limit).
+        assert_eq!(
+            select_where(&q, algos, |_| false).unwrap(),
+            "allpair_packet"
+        );
     }
 
     fn select_n(q: &Query) -> Result<&'static str> {

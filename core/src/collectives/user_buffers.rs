@@ -13,7 +13,7 @@
 //! [`UserBufferCache::forget`] them alike (as with upstream MSCCL++ and NCCL's windows): a
 //! rank that alone meets a miss waits in the exchange until the bootstrap's timeout, an error.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use crate::communicator::Communicator;
@@ -34,8 +34,9 @@ pub struct UserBuffer {
     pub table: LocalMemory,
 }
 
-/// Cached registrations: `None` = not registrable by every rank.
-type Entries = HashMap<(u64, usize), Option<Arc<UserBuffer>>>;
+/// Cached registrations by `(ptr, size)`: `None` = not registrable by every rank. Ordered, so
+/// the registrations starting at one address are neighbours (see [`UserBufferCache::lookup`]).
+type Entries = BTreeMap<(u64, usize), Option<Arc<UserBuffer>>>;
 
 /// The cache (see the module doc).
 #[derive(Default)]
@@ -44,7 +45,39 @@ pub struct UserBufferCache {
 }
 
 impl UserBufferCache {
-    /// The registered buffer `(ptr, size)`, registering it on a miss when not `capturing`.
+    /// A live registration of at least `size` bytes starting at `ptr` other than `(ptr, size)`
+    /// itself: the call's buffer is the start of a larger buffer seen before (nccl-tests `-R`
+    /// registers its largest size and warms up with it outside capture, then captures every
+    /// smaller size at the same address; an exact-size lookup missed there and every size but
+    /// the largest fell back to a copying algorithm). The smallest such registration.
+    pub fn lookup(&self, ptr: u64, size: usize) -> Option<Arc<UserBuffer>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        Self::larger(&entries, ptr, size)
+    }
+
+    /// What [`UserBufferCache::get_or_register`] would answer without registering or talking
+    /// to the peers: `Some(entry)` for a cached `(ptr, size)` whose memory is still there
+    /// (positive or negative) or a live larger registration at `ptr`; `None` when only a
+    /// registration could tell. A launch asks this first and queries graph capture (a driver
+    /// call) only when it returns `None`.
+    pub fn cached(&self, ptr: u64, size: usize) -> Option<Option<Arc<UserBuffer>>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        match entries.get(&(ptr, size)) {
+            Some(Some(ub)) if !ub.local.is_current() => None,
+            Some(e) => Some(e.clone()),
+            None => Self::larger(&entries, ptr, size).map(Some),
+        }
+    }
+
+    fn larger(entries: &Entries, ptr: u64, size: usize) -> Option<Arc<UserBuffer>> {
+        let from = size.checked_add(1)?;
+        entries
+            .range((ptr, from)..=(ptr, usize::MAX))
+            .find_map(|(_, e)| e.as_ref().filter(|ub| ub.local.is_current()).cloned())
+    }
+
+    /// The registered buffer `(ptr, size)` (or a live larger one starting at `ptr`,
+    /// [`UserBufferCache::lookup`]), registering it on a miss when not `capturing`.
     /// `Ok(None)`: not registrable by every rank (or a miss during capture): use a copying
     /// algorithm.
     pub fn get_or_register(
@@ -73,7 +106,13 @@ impl UserBufferCache {
                     entries.remove(&key);
                 }
                 Some(e) => return Ok(e.clone()),
-                None => {}
+                None => {
+                    // Every rank caches the same entries (they meet the same buffers in the
+                    // same order), so every rank takes this hit alike.
+                    if let Some(ub) = Self::larger(&entries, ptr, size) {
+                        return Ok(Some(ub));
+                    }
+                }
             }
         }
         if capturing {

@@ -152,7 +152,18 @@ impl ModuleApi for Cuda {
         stream: &CudaStream,
         args: &[u8],
     ) -> Result<()> {
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(k.params.len());
+        // The parameter pointers, on the stack for kernels of up to STACK_PARAMS parameters
+        // (every kernel of this project): a launch makes no heap allocation (issue 28).
+        const STACK_PARAMS: usize = 32;
+        let mut on_stack = [std::ptr::null_mut::<c_void>(); STACK_PARAMS];
+        let mut on_heap: Vec<*mut c_void> = Vec::new();
+        let n = k.params.len();
+        let ptrs: &mut [*mut c_void] = if n <= STACK_PARAMS {
+            &mut on_stack[..n]
+        } else {
+            on_heap.resize(n, std::ptr::null_mut());
+            &mut on_heap
+        };
         for (i, (off, size)) in k.params.iter().enumerate() {
             if off + size > args.len() {
                 return Err(Error::invalid(
@@ -165,7 +176,7 @@ impl ModuleApi for Cuda {
                 ));
             }
             // SAFETY: off < args.len() was checked above.
-            ptrs.push(unsafe { args.as_ptr().add(*off) } as *mut c_void);
+            ptrs[i] = unsafe { args.as_ptr().add(*off) } as *mut c_void;
         }
         k.module.dev.enter()?;
         // SAFETY: every parameter pointer points into `args`, alive for the call (the driver
@@ -178,7 +189,7 @@ impl ModuleApi for Cuda {
                 cfg.block,
                 cfg.shared_mem_bytes,
                 stream.raw,
-                &mut ptrs,
+                ptrs,
             )
         }
     }

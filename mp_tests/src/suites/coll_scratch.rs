@@ -441,3 +441,54 @@ TEST!(CollectivesGraphTest, ReduceScatter, |_ctx| graph_replay(
 TEST!(CollectivesGraphTest, Broadcast, |_ctx| graph_replay(
     CollectiveKind::Broadcast
 ));
+
+// Issue 28 (selector): the default choice takes the first preferred algorithm whose own check
+// passes, so a size the first preference's scratch cannot hold runs the next one.
+TEST!(
+    CollectivesSmallScratchTest,
+    DefaultChoiceFitsTheScratch,
+    |_ctx| {
+        let env = small_env();
+        if env.coll.nranks() == 1 {
+            SKIP!("world size 1 always copies");
+        }
+        let seed = agreed_seed();
+        let mut call = 1000u32;
+        let (dtype, op) = (DataType::I32, ReduceOp::Sum);
+        // The 1 MiB case spans 64 chunks of the small scratch: not at scale (coll_common).
+        let sizes: &[usize] = if super::coll_common::at_scale(env.coll.nranks()) {
+            &[1 << 10, 8 << 10, 64 << 10]
+        } else {
+            &[1 << 10, 8 << 10, 16 << 10, 64 << 10, (1 << 20) + 16]
+        };
+        for kind in CollectiveKind::ALL {
+            for &bytes in sizes {
+                let count = bytes / dtype.size_in_bytes();
+                let probe = mscclpp::collectives::Call {
+                    kind,
+                    send: 1,
+                    recv: 1,
+                    count,
+                    dtype,
+                    op,
+                    root: 0,
+                };
+                let chosen = env.coll.choose(&probe);
+                EXPECT_TRUE!(
+                chosen.is_ok(),
+                "{kind} of {bytes} bytes on a {SMALL_SCRATCH}-byte scratch: the default choice \
+                 takes an algorithm that fits: {:?}",
+                chosen.as_ref().err()
+            );
+                let (bad, _root, errors) =
+                    next_call(env, kind, dtype, op, false, count, seed, &mut call);
+                EXPECT_EQ!(
+                    bad,
+                    0,
+                    "{kind} of {bytes} bytes ({}): {errors}",
+                    chosen.map(|c| c.name()).unwrap_or("none")
+                );
+            }
+        }
+    }
+);

@@ -31,3 +31,5 @@ mod registration;
 mod semaphore_perf;
 mod single_process;
 mod switch_channel;
+// Issue 28: zero-copy all-gather / reduce-scatter / broadcast, eager per-call cost.
+mod zero_copy;

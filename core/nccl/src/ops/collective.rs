@@ -235,13 +235,15 @@ impl Collective {
         }
         let key = std::sync::Arc::as_ptr(comm) as usize;
         // Registered: both buffers inside ranges registered with this communicator, for the
-        // collectives whose every rank has both buffers (with a root, the ranks' buffers
-        // differ in kind, so they could disagree).
+        // collectives whose every rank has both buffers; broadcast (the root's input is read
+        // only there): its output, which every rank has (the zero-copy broadcast writes only
+        // into the outputs). A reduce's buffers differ in kind between the ranks, so they
+        // could disagree: never.
         let both_everywhere = !self.shape.send_on_root_only && !self.shape.result_on_root_only;
-        let registered = both_everywhere
-            && [(a.send, send_bytes), (a.recv, recv_bytes)]
-                .iter()
-                .all(|&(p, b)| p != 0 && crate::mem::is_registered(key, p, b));
+        let out_everywhere = self.shape.send_on_root_only && !self.shape.result_on_root_only;
+        let reg = |p: u64, b: usize| p != 0 && crate::mem::is_registered(key, p, b);
+        let registered = (both_everywhere && reg(a.send, send_bytes) && reg(a.recv, recv_bytes))
+            || (out_everywhere && reg(a.recv, recv_bytes));
         request.route(
             |ready| self.native(&a, root, is_root, registered, ready),
             || Box::new(CollectiveFallback { op: self, args: a }),

@@ -5,8 +5,9 @@
 #      -R 2 (ncclCommWindowRegister, symmetric) at each world size of REG_NPS, -b 1K -e 256M
 #      -f 4 -d half -G 10: each must exit 0 with 0 wrong elements; a table puts the three side by
 #      side (out-of-place us) with the -R 0 / -R 1 and -R 0 / -R 2 speed-ups, and says which
-#      sizes from 4 MiB up reach the 2x target (a target, not a verdict: all-gather and
-#      reduce-scatter have no zero-copy algorithm yet).
+#      sizes from 4 MiB up reach the 2x target (a target, not a verdict; registered all-gather and
+#      reduce-scatter take `zero_copy` above 256 KiB per rank, all-reduce `rsag_zero_copy` above
+#      1 MiB).
 #   2. PyTorch with TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 (every caching-allocator
 #      segment goes through ncclCommRegister), plain and with expandable_segments:True (cuMem
 #      segments): tests/gpu/torch_register.py checks every collective exactly.
