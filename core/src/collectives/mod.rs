@@ -418,17 +418,7 @@ impl Collectives {
         }
         let ctx = SelectContext {
             call,
-            query: selector::Query {
-                kind: call.kind,
-                bytes: call.bytes(),
-                nranks: self.res.nranks(),
-                nranks_per_node: self.res.nranks_per_node(),
-                nnodes: self.res.topo().nnodes,
-                arch: self.res.arch(),
-                host: self.gpu.is_none(),
-                nvls: self.nvls,
-                registered,
-            },
+            query: self.query(call, registered),
             rank: self.res.rank(),
             algos: &self.algos,
             plans: &self.plans,
@@ -440,6 +430,48 @@ impl Collectives {
             }
         }
         ctx.default_choice()
+    }
+
+    /// The facts of `call` and the world the default rules look at.
+    fn query(&self, call: &Call, registered: bool) -> selector::Query {
+        selector::Query {
+            kind: call.kind,
+            bytes: call.bytes(),
+            nranks: self.res.nranks(),
+            nranks_per_node: self.res.nranks_per_node(),
+            nnodes: self.res.topo().nnodes,
+            arch: self.res.arch(),
+            host: self.gpu.is_none(),
+            nvls: self.nvls,
+            registered,
+        }
+    }
+
+    /// Plans on the application's memory ([`plan::agree_on_buffers`]): `algo` when the ranks
+    /// agree that plans run on `call`'s buffers (or it is no plan), else the native choice.
+    fn plan_or_native(
+        &self,
+        call: &Call,
+        algo: &Arc<dyn Algorithm>,
+        stream: RawStream,
+    ) -> Result<Arc<dyn Algorithm>> {
+        if self.plans.is_empty() || self.res.nranks() == 1 {
+            return Ok(algo.clone());
+        }
+        let capturing = match &self.gpu {
+            Some(g) => g.is_capturing(stream)?,
+            None => false,
+        };
+        let is_plan = self
+            .plans
+            .iter()
+            .any(|p| p.name() == algo.name() && p.kind() == algo.kind());
+        if plan::agree_on_buffers(&self.plans, &self.res, call, capturing, is_plan)? {
+            return Ok(algo.clone());
+        }
+        let name = selector::select(&self.query(call, false), &self.algos)?;
+        let native = self.algos.get(call.kind, name)?.clone();
+        self.check_algorithm(native, call)
     }
 
     /// The algorithm that runs `call` (forced or selected), after its own check and, in a
@@ -557,6 +589,7 @@ impl Collectives {
             return Ok(());
         }
         let _guard = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        let algo = &self.plan_or_native(call, algo, stream)?;
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             if last.insert(call.kind, algo.name()) != Some(algo.name()) {
