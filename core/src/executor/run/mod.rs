@@ -44,15 +44,20 @@ struct Key {
 }
 
 impl Key {
-    /// The context key of `plan` on `ext` (switch channels bind the message sizes: their
-    /// contexts stay per size).
-    fn new(plan: &ExecutionPlan, ext: Buffers, sizes: (u64, u64)) -> Key {
+    /// The context key of `call` with `plan`. Contexts stay per size where a size change may
+    /// move one rank's buffer but not another's (every rank must set a context up alike): in
+    /// in-place plans of other collectives than all-reduce (all-gather, reduce-scatter: each
+    /// rank's part sits at an offset that grows with the size, except rank 0's); and for
+    /// switch channels, which bind the message sizes.
+    fn new(plan: &ExecutionPlan, call: Buffers) -> Key {
+        let sized =
+            (plan.is_in_place() && plan.collective() != "allreduce") || plan.uses_switch_channels();
         Key {
             plan: plan.id(),
             name: plan.name().to_string(),
-            send: ext.send,
-            recv: ext.recv,
-            sizes: plan.uses_switch_channels().then_some(sizes),
+            send: call.send,
+            recv: call.recv,
+            sizes: sized.then_some((call.send_size as u64, call.recv_size as u64)),
         }
     }
 }
@@ -229,7 +234,7 @@ impl Executor {
             None
         };
         let sizes = (send_size as u64, recv_size as u64);
-        let key = Key::new(plan, extents, sizes);
+        let key = Key::new(plan, call);
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         // A size met for the first time is laid out (and refused if it must be) before any
         // setup.
