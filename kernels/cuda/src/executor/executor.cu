@@ -485,7 +485,8 @@ __device__ __noinline__ void laneBarrier(const Run& r) {
       __threadfence();
       atomicAdd(r.laneWords + 1, 1u);
     } else {
-      MSCCLPP_SPIN_UNTIL(*gen != g, -1, "executor lane barrier");
+      // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+      MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
     }
     __threadfence();
   }
@@ -494,8 +495,7 @@ __device__ __noinline__ void laneBarrier(const Run& r) {
 
 /// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
 /// laneZeroOnly run on lane 0 between lane barriers (`dirty`: data moved since the last one).
-__device__ void step(const Run& r, const Run& r0, const ExecOp& o, uint64_t off, uint64_t unit, bool& dirty,
-                     bool& synced) {
+__device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, bool& dirty, bool& synced) {
   if (r.lanes == 1) {
     exec(r, o, off, unit);
     return;
@@ -509,7 +509,15 @@ __device__ void step(const Run& r, const Run& r0, const ExecOp& o, uint64_t off,
   if (laneZeroOnly(o)) {
     if (dirty) laneBarrier(r);
     dirty = false;
-    if (r.lane == 0) exec(r0, o, off, unit);
+    if (r.lane == 0) {
+      // Lane 0's own threads only.
+      const uint32_t tid = r.tid, nthr = r.nthr;
+      r.tid = threadIdx.x;
+      r.nthr = blockDim.x;
+      exec(r, o, off, unit);
+      r.tid = tid;
+      r.nthr = nthr;
+    }
     synced = true;
     return;
   }
@@ -544,9 +552,6 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   r.tid = r.lane * blockDim.x + threadIdx.x;
   r.nthr = lanes * blockDim.x;
   r.laneWords = args.flags + args.nBlocks + 2 * pb;
-  Run r0 = r;  // lane 0's ops use its own threads only
-  r0.tid = threadIdx.x;
-  r0.nthr = blockDim.x;
   bool dirty = false, synced = false;
   __syncthreads();
   for (uint32_t i = 0; i < nOps;) {
@@ -555,11 +560,11 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
       const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
       for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
         const uint64_t off = (uint64_t)itr * o.unitSize;
-        for (uint32_t k = 0; k < nInner; ++k) step(r, r0, blk.ops[i + 1 + k], off, o.unitSize, dirty, synced);
+        for (uint32_t k = 0; k < nInner; ++k) step(r, blk.ops[i + 1 + k], off, o.unitSize, dirty, synced);
       }
       i += 1 + nInner;
     } else {
-      step(r, r0, o, 0, ~0ull, dirty, synced);
+      step(r, o, 0, ~0ull, dirty, synced);
       ++i;
     }
   }
