@@ -97,6 +97,10 @@ impl Allocation {
     pub(crate) fn ptr(&self) -> u64 {
         self.ptr
     }
+    /// Bytes of the allocation.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
     /// The HAL allocation behind it.
     pub(crate) fn backing(&self) -> &Backing {
         &self.backing

@@ -499,6 +499,34 @@ impl Collectives {
         ctx.default_choice()
     }
 
+
+    /// Plans on the application's memory ([`plan::agree_on_buffers`]): `algo` when the ranks
+    /// agree that plans run on `call`'s buffers (or it is no plan), else the native choice.
+    fn plan_or_native(
+        &self,
+        call: &Call,
+        algo: &Arc<dyn Algorithm>,
+        stream: RawStream,
+    ) -> Result<Arc<dyn Algorithm>> {
+        if self.plans.is_empty() || self.res.nranks() == 1 {
+            return Ok(algo.clone());
+        }
+        let capturing = match &self.gpu {
+            Some(g) => g.is_capturing(stream)?,
+            None => false,
+        };
+        let is_plan = self
+            .plans
+            .iter()
+            .any(|p| p.name() == algo.name() && p.kind() == algo.kind());
+        if plan::agree_on_buffers(&self.plans, &self.res, call, capturing, is_plan)? {
+            return Ok(algo.clone());
+        }
+        let name = selector::select(&self.query(call, false, self.nvls), &self.algos)?;
+        let native = self.algos.get(call.kind, name)?.clone();
+        self.check_algorithm(native, call)
+    }
+
     /// The algorithm that runs `call` (forced or selected), after its own check and, in a
     /// world spanning nodes, the check that it is a multi-node algorithm.
     pub fn checked_algorithm(&self, call: &Call) -> Result<Arc<dyn Algorithm>> {
@@ -714,6 +742,7 @@ impl Collectives {
         algo: &Arc<dyn Algorithm>,
         stream: RawStream,
     ) -> Result<()> {
+        let algo = &self.plan_or_native(call, algo, stream)?;
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             let slot = &mut last[call.kind as usize];

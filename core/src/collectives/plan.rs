@@ -3,9 +3,16 @@
 //! ranks per node, in or out of place, and a message size inside the plan's range that its
 //! chunking divides (`ExecutionPlan::input_granularity`; every rank decides alike). Plans
 //! reduce with their own operator (the shipped ones with sum), so reducing calls match only
-//! with `sum`. The executor sets its channels up over the buffers of a call, so plans run
-//! only on buffers this library allocated (`GpuBuffer`, `LocalMemory`, `ncclMemAlloc`); other
-//! calls go to the native algorithms (every rank must allocate alike).
+//! with `sum`. The executor sets its channels up over the buffers of a call, so plans run on
+//! buffers this library allocated (`GpuBuffer`, `LocalMemory`, `ncclMemAlloc`) and on the
+//! application's own memory where the backend can adopt it (`cudaMalloc`, PyTorch's caching
+//! allocator, cuMem with a shareable handle, a host memfd mapping). Whether every rank can is
+//! agreed once per (send, recv) address pair, collectively, when a plan could run a call on
+//! them, at its launch ([`agree_on_buffers`], from `Collectives::run_choice`): if any rank
+//! cannot adopt its buffers, every rank that chose the plan logs (INFO) that it was declined
+//! and runs the native choice instead. A first call under graph capture declines without any
+//! traffic (and without caching: the next call outside capture agrees). Before an agreement
+//! the selection takes a plan where this rank holds or can adopt the buffers.
 //!
 //! [`load_dir`] reads the plan directory (`MSCCLPP_CACHE_DIR`, upstream's layout: bundled plans
 //! in `<dir>/default/`, compiled ones in `<dir>/`) once, when a `Collectives` is built; plans of
@@ -60,7 +67,7 @@ pub(crate) enum Mismatch {
         /// The size compared with the plan's range.
         size: u64,
     },
-    /// A buffer the library did not allocate.
+    /// A buffer the library did not allocate and the ranks did not agree to adopt.
     Foreign,
 }
 
@@ -136,6 +143,18 @@ impl PlanAlgorithm {
     /// [`Algorithm::check`] without its message, so the default selector can test every plan
     /// on every call without formatting an error for each plan that does not match.
     pub(crate) fn mismatch(&self, res: &Resources, call: &Call) -> Option<Mismatch> {
+        if let Some(m) = self.call_mismatch(res, call) {
+            return Some(m);
+        }
+        let (send, recv) = self.sizes(call, res.nranks());
+        if !self.memory_usable(call, send, recv) {
+            return Some(Mismatch::Foreign);
+        }
+        None
+    }
+
+    /// [`PlanAlgorithm::mismatch`] without the buffers' memory: the same on every rank.
+    fn call_mismatch(&self, res: &Resources, call: &Call) -> Option<Mismatch> {
         let n = res.nranks();
         if self.plan.world_size() != n || self.nranks_per_node != res.nranks_per_node() {
             return Some(Mismatch::World);
@@ -161,11 +180,19 @@ impl PlanAlgorithm {
         if size < lo || size > hi || !(send as u64).is_multiple_of(g) {
             return Some(Mismatch::Size { size });
         }
-        let foreign = |ptr: u64, len: usize| crate::memory::find_allocation(ptr, len).is_none();
-        if foreign(call.send, send) || foreign(call.recv, recv) {
-            return Some(Mismatch::Foreign);
-        }
         None
+    }
+
+    /// Whether the plan may run on `call`'s buffers: as the ranks agreed for them
+    /// ([`agree_on_buffers`]), else when this rank holds or can adopt both (the agreement at
+    /// launch then makes every rank's choice alike).
+    fn memory_usable(&self, call: &Call, send: usize, recv: usize) -> bool {
+        if let Some(agreed) = self.executor.buffers_agreed(call.send, call.recv) {
+            return agreed;
+        }
+        self.executor
+            .adopt_buffers(call.send, send, call.recv, recv)
+            .is_ok()
     }
 
     /// Bytes of the send and receive buffers of `call` on a world of `n`.
@@ -226,7 +253,8 @@ impl Algorithm for PlanAlgorithm {
             }
             Mismatch::Foreign => format!(
                 "{what}: expected buffers this library allocated (GpuBuffer, LocalMemory, \
-                 ncclMemAlloc), got send {:#x}, recv {:#x}",
+                 ncclMemAlloc) or that every rank agreed to adopt (see the collectives' \
+                 choice), got send {:#x}, recv {:#x}",
                 call.send, call.recv
             ),
         }))
@@ -248,6 +276,84 @@ impl Algorithm for PlanAlgorithm {
         // SAFETY: as in launch_gpu (host memory; complete on return).
         unsafe { self.execute(res, call, 0) }
     }
+}
+
+/// Whether `chosen` (a plan when `is_plan`) may run on `call`'s buffers: the ranks agree on
+/// that once per (send, recv) pair, collectively, when some plan of `plans` matches the call
+/// but for its memory (the same on every rank) and no agreement was made yet: every rank
+/// tries to hold or adopt its buffers (see the module doc), then one bootstrap all-gather
+/// decides, and a declined plan is logged (INFO, "declined") on every rank that chose it.
+/// `capturing`: the call is being captured into a graph (no traffic: an unagreed pair
+/// declines this call only). Called at launch by every rank alike (the collectives'
+/// `run_choice`), where every rank's communicators run concurrently.
+pub(crate) fn agree_on_buffers(
+    plans: &[Arc<PlanAlgorithm>],
+    res: &Resources,
+    call: &Call,
+    capturing: bool,
+    is_plan: bool,
+) -> Result<bool> {
+    let Some(p) = plans
+        .iter()
+        .find(|p| p.kind == call.kind && p.call_mismatch(res, call).is_none())
+    else {
+        return Ok(true);
+    };
+    let ex = &p.executor;
+    if let Some(agreed) = ex.buffers_agreed(call.send, call.recv) {
+        if !agreed && is_plan {
+            return Ok(false);
+        }
+        return Ok(true);
+    }
+    if capturing {
+        if is_plan {
+            crate::log_info!(
+                "COLL",
+                "rank {}: plan `{}` declined for {} on send {:#x} recv {:#x}: first call on \
+                 these buffers under graph capture (run one outside capture to agree on them)",
+                res.rank(),
+                p.name,
+                call.kind,
+                call.send,
+                call.recv
+            );
+        }
+        return Ok(!is_plan);
+    }
+    let (send, recv) = p.sizes(call, res.nranks());
+    let mine = ex.adopt_buffers(call.send, send, call.recv, recv);
+    if let Err(e) = &mine {
+        crate::log_info!(
+            "COLL",
+            "rank {}: plans cannot run on send {:#x} recv {:#x} here: {e}",
+            res.rank(),
+            call.send,
+            call.recv
+        );
+    }
+    let all = res
+        .comm()
+        .bootstrap()
+        .all_gather(&[u8::from(mine.is_ok())])?;
+    let refused: Vec<usize> = (0..all.len())
+        .filter(|&r| all[r].first() != Some(&1))
+        .collect();
+    let ok = refused.is_empty();
+    ex.set_buffers_agreed(call.send, call.recv, ok, mine.ok());
+    if !ok && is_plan {
+        crate::log_info!(
+            "COLL",
+            "rank {}: plan `{}` declined for {} on send {:#x} recv {:#x}: rank(s) {refused:?} \
+             cannot adopt their buffers; the native algorithm runs on them",
+            res.rank(),
+            p.name,
+            call.kind,
+            call.send,
+            call.recv
+        );
+    }
+    Ok(ok || !is_plan)
 }
 
 /// The plans of `dir` for this rank of `comm` as algorithms run by one executor on `comm`

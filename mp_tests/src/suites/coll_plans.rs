@@ -288,3 +288,114 @@ TEST!(CollPlanTest, OwnAlgorithmAndSelector, |ctx| {
         "un-forcing"
     );
 });
+
+/// A plan directory holding the shipped all-reduce LL plan for `n` ranks narrowed to
+/// PLAN_MIN..=PLAN_MAX and named PLAN_NAME, or why there is none (`skip: ` first).
+fn narrowed_plan_dir(n: usize, tag: &str) -> Result<std::path::PathBuf, String> {
+    let json = shipped_json("allreduce_ll", n).map_err(|why| format!("skip: {why}"))?;
+    let mut plan: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    plan["name"] = PLAN_NAME.into();
+    plan["min_message_size"] = PLAN_MIN.into();
+    plan["max_message_size"] = PLAN_MAX.into();
+    let dir = std::env::temp_dir().join(format!("mscclpp-coll-plans-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let file = dir.join("allreduce_ll_narrow.json");
+    std::fs::write(&file, plan.to_string())
+        .map_err(|e| format!("writing {}: {e}", file.display()))?;
+    Ok(dir)
+}
+
+/// Memory straight from the HAL (host backend: a shared memfd mapping), not through
+/// `mscclpp`: the application's own, which the executor adopts.
+fn app_memory(bytes: usize) -> Result<<mscclpp_hal::Gpu as mscclpp_hal::Api>::Memory, String> {
+    use mscclpp_hal::prelude::*;
+    let dev = mscclpp_hal::Gpu::open_device(0).map_err(|e| e.to_string())?;
+    mscclpp_hal::Gpu::alloc(&dev, bytes, mscclpp_hal::MemoryKind::Device).map_err(|e| e.to_string())
+}
+
+/// An in-place all-reduce of `count` i32 at `ptr` (host-addressable memory) through `coll`:
+/// the algorithm chosen after it ran (the ranks agreed on the buffers at its launch), or the
+/// first wrong element.
+fn all_reduce_at(coll: &Collectives, ptr: u64, count: usize) -> Result<&'static str, String> {
+    let (rank, n) = (coll.rank(), coll.nranks());
+    // SAFETY: the caller's memory holds `count` i32 and is host-addressable (host backend).
+    let data = unsafe { std::slice::from_raw_parts_mut(ptr as usize as *mut i32, count) };
+    for (i, d) in data.iter_mut().enumerate() {
+        *d = value(rank, i);
+    }
+    let c = Call {
+        kind: CollectiveKind::AllReduce,
+        send: ptr,
+        recv: ptr,
+        count,
+        dtype: DataType::I32,
+        op: ReduceOp::Sum,
+        root: 0,
+    };
+    let choice = coll.choose(&c).map_err(|e| e.to_string())?;
+    // SAFETY: as above; the host backend completes the call on return.
+    unsafe { coll.run_choice(&choice, 0) }.map_err(|e| e.to_string())?;
+    let choice = coll.choose(&c).map_err(|e| e.to_string())?;
+    for (i, g) in data.iter().enumerate() {
+        let want: i32 = (0..n).map(|r| value(r, i)).sum();
+        if *g != want {
+            return Err(format!(
+                "{} on {count} i32: element {i} is {g}, expected {want}",
+                choice.name()
+            ));
+        }
+    }
+    Ok(choice.name())
+}
+
+TEST!(CollPlanUserTest, PlanRunsOnAdoptedUserMemory, |ctx| {
+    use mscclpp_hal::Buffer;
+    if is_gpu_build() {
+        SKIP!("host-backend test (GPU builds: core/python/tests/gpu/dsl_plan_gpu.sh and `.ci/gpu-check plan-speed`)");
+    }
+    let dir = match narrowed_plan_dir(ctx.size(), "user") {
+        Ok(d) => d,
+        Err(msg) if msg.starts_with("skip: ") => SKIP!("{}", &msg[6..]),
+        Err(msg) => FAIL!("{}", msg),
+    };
+    let coll = ok!(
+        build(|b| b.plan_dir(&dir)),
+        "setting up collectives with the plan directory"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    ASSERT_EQ!(coll.plans().len(), 1);
+    // The application's memory (a memfd mapping straight from the HAL): adopted, the plan runs
+    // for sizes in its range, and again on later calls and other sizes of the same buffer.
+    let mem = ok!(app_memory(PLAN_MAX), "allocating application memory");
+    for bytes in [PLAN_MIN, PLAN_MAX, 16 << 10] {
+        let name = ok!(
+            all_reduce_at(&coll, mem.device_ptr(), bytes / 4),
+            "all-reduce of {bytes} bytes of application memory"
+        );
+        EXPECT_EQ!(name, PLAN_NAME, "{bytes} bytes of adopted memory");
+    }
+    // Outside the plan's range: the native algorithm, on the same memory.
+    let small = ok!(
+        all_reduce_at(&coll, mem.device_ptr(), 256),
+        "all-reduce of 1 KiB of application memory"
+    );
+    EXPECT_NE!(small, PLAN_NAME);
+    // Rank 0 offers private heap memory (nothing can adopt it), the others application memory:
+    // every rank declines the plan alike and the native algorithm runs (exact results).
+    let other = ok!(app_memory(PLAN_MAX), "allocating application memory");
+    let mut private = vec![0i32; PLAN_MAX / 4];
+    let ptr = if ctx.rank() == 0 {
+        private.as_mut_ptr() as u64
+    } else {
+        other.device_ptr()
+    };
+    let name = ok!(
+        all_reduce_at(&coll, ptr, PLAN_MIN / 4),
+        "all-reduce where rank 0 cannot adopt"
+    );
+    EXPECT_NE!(
+        name,
+        PLAN_NAME,
+        "one rank cannot adopt: declined on every rank"
+    );
+});

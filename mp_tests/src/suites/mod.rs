@@ -24,6 +24,7 @@ mod memory_channel;
 mod multi_process;
 mod multinode;
 mod p2p;
+mod plan_perf;
 mod port_channel;
 mod port_channel_ib;
 mod reduce_scatter;

@@ -6,10 +6,13 @@
 #   1. nccl-tests all_reduce_perf (an MPI build: .nccl-tests/build's when it links libmpi, else
 #      built here from .nccl-tests with MPI=1) under mpirun -np 2, LD_PRELOAD of our library,
 #      once with MSCCLPP_CACHE_DIR empty (native) and once with the plan: each must exit 0 with
-#      0 wrong, the INFO log must name the plan on both ranks in the plan run and never in
-#      the native one; a table puts the in-place time of the plan next to the native one;
-#   2. PyTorch (dsl_torch.py): in-place all_reduce of tensors from the NCCL backend's memory
-#      pool, checked exactly, with and without the plan; the plan run's log must name the plan.
+#      0 wrong, the INFO log must name the plan on both ranks (rank 0 and rank 1) in the plan
+#      run, say "declined" nowhere, and never name the plan in the native one; a table puts the
+#      in-place time of the plan next to the native one;
+#   2. PyTorch (dsl_torch.py): in-place all_reduce of tensors (from the NCCL backend's memory
+#      pool, or plain torch tensors where PyTorch refuses the pool: the executor adopts them),
+#      checked exactly, with and without the plan; the plan run's log must name the plan on
+#      both ranks and say "declined" nowhere.
 # The last line is "N passed, N failed, 0 skipped"; exit 1 on a failure.
 # Usage (repository root, binaries staged by `bash .ci/gpu-check --stage` and unpacked in
 # .gpu/bin): bash core/python/tests/gpu/dsl_plan_gpu.sh
@@ -75,9 +78,11 @@ for mode in native plan; do
   rc=$?
   w=$(wrong_of "$log")
   ran=$(grep -c "runs plan \`$PLAN\`" "$log")
-  if [ $mode = plan ]; then want_ran=$([ "$ran" -ge 2 ] && echo 1 || echo 0); else want_ran=$([ "$ran" = 0 ] && echo 1 || echo 0); fi
+  both=$(for r in 0 1; do grep -q "rank $r: .*runs plan \`$PLAN\`" "$log" && echo "$r"; done | wc -l)
+  declined=$(grep -c "declined" "$log")
+  if [ $mode = plan ]; then want_ran=$([ "$both" = 2 ] && [ "$declined" = 0 ] && echo 1 || echo 0); else want_ran=$([ "$ran" = 0 ] && echo 1 || echo 0); fi
   verdict "all_reduce_perf -np 2, $mode" $([ $rc = 0 ] && [ "$w" = 0 ] && [ "$want_ran" = 1 ] && echo 1 || echo 0) \
-    "(exit $rc, wrong $w, INFO lines naming the plan: $ran; log $(basename "$log"))"
+    "(exit $rc, wrong $w, INFO lines naming the plan: $ran, ranks naming it: $both, 'declined': $declined; log $(basename "$log"))"
 done
 say ""
 say "all_reduce_perf -np 2 on one GPU ($ARGS): in-place time (us) native vs the DSL plan (plan: in place, every size)"
@@ -101,9 +106,11 @@ for mode in native plan; do
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   ok=$(cat "$OUT"/torch_$mode.*.log | grep -c "^DSL_TORCH rank=[01] ok=1")
   ran=$(cat "$OUT"/torch_$mode.*.log | grep -c "runs plan \`$PLAN\`")
-  if [ $mode = plan ]; then want_ran=$([ "$ran" -ge 2 ] && echo 1 || echo 0); else want_ran=$([ "$ran" = 0 ] && echo 1 || echo 0); fi
+  both=$(for r in 0 1; do grep -q "runs plan \`$PLAN\`" "$OUT/torch_$mode.$r.log" && echo "$r"; done | wc -l)
+  declined=$(cat "$OUT"/torch_$mode.*.log | grep -c "declined")
+  if [ $mode = plan ]; then want_ran=$([ "$both" = 2 ] && [ "$declined" = 0 ] && echo 1 || echo 0); else want_ran=$([ "$ran" = 0 ] && echo 1 || echo 0); fi
   verdict "PyTorch all_reduce -np 2, $mode" $([ $rc = 0 ] && [ "$ok" = 2 ] && [ "$want_ran" = 1 ] && echo 1 || echo 0) \
-    "(exit $rc, ranks ok $ok/2, INFO lines naming the plan: $ran; logs torch_$mode.*.log)"
+    "(exit $rc, ranks ok $ok/2, INFO lines naming the plan: $ran, ranks naming it: $both, 'declined': $declined; logs torch_$mode.*.log)"
   grep -h "^FAIL " "$OUT"/torch_$mode.*.log | head -5 | sed 's/^/    /' | tee -a "$SUM"
   PORT=$((PORT + 1))
 done

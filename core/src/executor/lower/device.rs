@@ -200,10 +200,10 @@ pub struct ExecArgs {
     pub dtype: u32,
     /// 0 LL16, 1 LL8.
     pub packet: u32,
-    /// Number of thread blocks launched (entries of `blocks`).
+    /// Number of plan thread blocks (entries of `blocks`).
     pub nblocks: u32,
-    /// Padding to the C layout; always 0.
-    pub pad: u32,
+    /// GPU blocks per plan thread block (0 or 1: one); the host interpreter ignores it.
+    pub lanes: u32,
 }
 
 /// Bytes of an `ExecBlock` before its ops (what the kernel copies besides the used ops).

@@ -1,4 +1,4 @@
-//! The resources of one (plan, buffers) pair, set up collectively on first use: connections
+//! The resources of one (plan, send, recv), set up collectively on first use: connections
 //! (one per channel, plus unpaired ones so a peer with more channels to us can pair all of
 //! its own), memory and port channels, the remote buffers the plan names, scratch, device
 //! semaphores, barrier words and per-block launch counters.
@@ -19,6 +19,7 @@ use crate::executor::lower::{layout, Tables};
 use crate::executor::model::RankPlan;
 use crate::executor::plan::ExecutionPlan;
 use crate::gpu_buffer::GpuBuffer;
+use crate::memory::Allocation;
 use crate::memory_channel::{BaseMemoryChannel, BaseMemoryChannelDeviceHandle};
 use crate::nvls::NvlsConnection;
 use crate::port_channel::{BasePortChannel, BasePortChannelDeviceHandle};
@@ -33,7 +34,7 @@ use crate::transport::{Device, DeviceType, EndpointConfig, Transport, TransportF
 const TAG_CONNECT: u64 = 0xE8EC_0000;
 const TAG_MEMORY: u64 = 0xE8ED_0000;
 
-/// The user buffers of one execution.
+/// The user buffers of one execution (or, for registration, to their allocations' ends).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Buffers {
     pub send: u64,
@@ -52,9 +53,16 @@ impl Buffers {
     }
 }
 
-/// Everything set up for one (plan, buffers).
+/// Everything set up for one (plan, send, recv).
 pub(crate) struct ExecContext {
     pub device: Device,
+    /// GPU blocks one launch may use at most (the SMs per rank sharing the GPU; 0 on the host).
+    pub max_grid: u32,
+    /// The GPU's SM count (0 on the host).
+    pub sms: u32,
+    /// The allocations of the send and receive buffers (adopted ones may be replaced by the
+    /// application: [`ExecContext::buffers_current`]).
+    allocs: Vec<Arc<Allocation>>,
     pub scratch: GpuBuffer<u8>,
     /// Bytes of scratch actually used by one execution (the half, with double scratch).
     pub scratch_half: u64,
@@ -148,23 +156,39 @@ struct Memories {
 }
 
 impl ExecContext {
-    /// Sets up the resources of `plan` for `bufs` on `device` (collective: every rank of the
-    /// plan calls it in the same order).
+    /// Sets up the resources of `plan` for the buffers `ext` (registered to their ends) on
+    /// `device` with `scratch_bytes` of scratch (collective: every rank of the plan calls it in
+    /// the same order, with the same `scratch_bytes`); `call`: the message sizes (switch
+    /// channels bind those); `sms`: the GPU's SM count (GPU devices).
     pub(crate) fn new(
         comm: &Arc<Communicator>,
         plan: &ExecutionPlan,
         device: Device,
-        bufs: Buffers,
+        ext: Buffers,
+        call: Buffers,
+        scratch_bytes: u64,
+        sms: Option<u32>,
     ) -> Result<ExecContext> {
+        let bufs = ext;
         let rp = plan.rank_plan();
         let meta = plan.meta();
-        let scratch_bytes =
-            layout::scratch_bytes(meta, rp, bufs.send_size as u64, bufs.recv_size as u64);
         let scratch: GpuBuffer<u8> = GpuBuffer::new(device, scratch_bytes as usize)?;
         let scratch_half = if meta.double_scratch {
             scratch_bytes / 2
         } else {
             0
+        };
+        let allocs = [(bufs.send, call.send_size), (bufs.recv, call.recv_size)]
+            .iter()
+            .filter_map(|&(p, n)| {
+                crate::memory::find_allocation(p, n)
+                    .map(|(a, _)| a)
+                    .or_else(|| crate::memory::adopt_allocation(p, n).ok().map(|(a, _)| a))
+            })
+            .collect();
+        let max_grid = match sms {
+            Some(n) => n / gpu_share(comm, device)?.max(1),
+            None => 0,
         };
         let at = Placement {
             plan,
@@ -173,14 +197,17 @@ impl ExecContext {
         };
         let mut channels = connect(comm, &at, device)?;
         let memories = exchange_memories(comm, &at, bufs, &scratch, channels.proxy.as_ref())?;
-        let halves = scratch_halves(plan, bufs)?;
-        let (switch, nvls) = switch_channels(comm, plan, device, bufs, &scratch)?;
+        let halves = scratch_halves(plan, scratch_half)?;
+        let (switch, nvls) = switch_channels(comm, plan, device, call, &scratch)?;
         let (semaphores, barriers, flags) = sync_words(rp, device)?;
         if let Some(px) = channels.proxy.as_mut() {
             px.start_proxy()?;
         }
         Ok(ExecContext {
             device,
+            max_grid,
+            sms: sms.unwrap_or(0),
+            allocs,
             scratch,
             scratch_half,
             memory_handles: channels.memory.iter().map(|c| c.device_handle()).collect(),
@@ -202,6 +229,12 @@ impl ExecContext {
             _remote: memories.remote,
             _proxy: channels.proxy,
         })
+    }
+
+    /// Whether the send and receive buffers are still the memory set up for (the
+    /// application may free adopted memory and allocate other memory at its address).
+    pub(crate) fn buffers_current(&self) -> bool {
+        self.allocs.iter().all(|a| a.is_current())
     }
 
     /// The lowering tables pointing at this context's resources.
@@ -381,33 +414,54 @@ fn exchange_memories(
     Ok(m)
 }
 
-/// Per remote buffer: the offset of its owner's second scratch half (0 when the buffer is not
-/// scratch or the plan has no double scratch).
-fn scratch_halves(plan: &ExecutionPlan, bufs: Buffers) -> Result<Vec<u32>> {
-    let meta = plan.meta();
-    let theirs = |r: usize| -> &RankPlan { &plan.rank_plans()[r] };
-    plan.rank_plan()
+/// Per remote buffer: the offset of its owner's second scratch half (`half`: every rank's
+/// scratch has the same size; 0 when the buffer is not scratch or the plan has no double
+/// scratch).
+fn scratch_halves(plan: &ExecutionPlan, half: u64) -> Result<Vec<u32>> {
+    let h = u32::try_from(half).map_err(|_| {
+        exec_err(
+            plan,
+            format!("scratch half of {half} bytes: above the executor's 32-bit offsets"),
+        )
+    })?;
+    Ok(plan
+        .rank_plan()
         .remote_buffers
         .iter()
-        .map(|rb| {
-            let h = if rb.ty == BufferType::Scratch && meta.double_scratch {
-                layout::scratch_bytes(
-                    meta,
-                    theirs(rb.rank),
-                    bufs.send_size as u64,
-                    bufs.recv_size as u64,
-                ) / 2
-            } else {
-                0
-            };
-            u32::try_from(h).map_err(|_| {
-                exec_err(
-                    plan,
-                    format!("scratch of {h} bytes: above the executor's 32-bit offsets"),
-                )
-            })
-        })
-        .collect()
+        .map(|rb| if rb.ty == BufferType::Scratch { h } else { 0 })
+        .collect())
+}
+
+/// Scratch bytes every rank allocates for a call of `input`/`output` bytes: the largest need
+/// of any rank's part of `plan` (so every rank decides alike when to grow), in powers of two of
+/// at least 1 MiB.
+pub(crate) fn scratch_capacity(plan: &ExecutionPlan, input: u64, output: u64) -> u64 {
+    let meta = plan.meta();
+    let need = plan
+        .rank_plans()
+        .iter()
+        .map(|rp| layout::scratch_bytes(meta, rp, input, output))
+        .max()
+        .unwrap_or(16);
+    need.next_power_of_two().max(MIN_SCRATCH)
+}
+
+/// The smallest scratch a context allocates.
+const MIN_SCRATCH: u64 = 1 << 20;
+
+/// How many ranks share this rank's GPU (the most of any GPU; collective: one bootstrap
+/// all-gather of every rank's GPU PCI bus id).
+fn gpu_share(comm: &Arc<Communicator>, device: Device) -> Result<u32> {
+    use mscclpp_hal::prelude::*;
+    use mscclpp_hal::Gpu;
+    let dev = crate::memory::gpu_device(device.id)?;
+    let p = Gpu::properties(&dev).map_err(|e| crate::memory::hal_err("GPU properties", e))?;
+    let all = comm.bootstrap().all_gather(p.pci_bus_id.as_bytes())?;
+    Ok(all
+        .iter()
+        .map(|id| all.iter().filter(|o| *o == id).count())
+        .max()
+        .unwrap_or(1) as u32)
 }
 
 /// Switch channels: one multicast object per channel and group, in plan order (every rank of
@@ -443,7 +497,7 @@ fn switch_channels(
 }
 
 /// Device semaphores (their initial values), barrier words and launch counters (one per
-/// block).
+/// block, followed by the blocks' lane barrier words).
 fn sync_words(
     rp: &RankPlan,
     device: Device,
@@ -456,6 +510,7 @@ fn sync_words(
     let semaphores: GpuBuffer<i32> = GpuBuffer::new(device, init.len())?;
     semaphores.copy_from_host(0, &init)?;
     let barriers: GpuBuffer<u32> = GpuBuffer::new(device, MAX_BARRIERS * BARRIER_WORDS)?;
-    let flags: GpuBuffer<u32> = GpuBuffer::new(device, rp.blocks.len().max(1))?;
+    // A launch counter per block, then (count, generation) of each block's lane barrier.
+    let flags: GpuBuffer<u32> = GpuBuffer::new(device, 3 * rp.blocks.len().max(1))?;
     Ok((semaphores, barriers, flags))
 }

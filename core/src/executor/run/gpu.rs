@@ -1,6 +1,6 @@
 //! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor.cu`,
-//! [`kernels::executor::EXECUTOR`]): one launch per execution, one block per thread block of the plan,
-//! on the caller's stream.
+//! [`kernels::executor::EXECUTOR`]): one launch per execution, `lanes` GPU blocks per thread block
+//! of the plan, on the caller's stream.
 
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::Gpu;
@@ -32,7 +32,32 @@ pub(crate) fn dtype_code(d: DataType) -> u32 {
     }
 }
 
-/// Launches the executor kernel for `args` on `stream`.
+/// The SM count of `g`'s GPU.
+pub(crate) fn sm_count(g: &GpuCtx) -> Result<u32> {
+    Ok(Gpu::properties(g.device())
+        .map_err(|e| hal_err("query the GPU's properties", e))?
+        .sm_count)
+}
+
+/// Bytes of the message per GPU block below which another lane does not pay for its lane
+/// barriers.
+const BYTES_PER_LANE: usize = 32 << 10;
+
+/// The most GPU blocks per plan thread block (the kernel's lanes).
+const MAX_LANES: usize = 16;
+
+/// GPU blocks per plan thread block for a message of `bytes` on `nblocks` plan blocks: one
+/// per `BYTES_PER_LANE` of each block's share, at most [`MAX_LANES`] and what the SMs left to
+/// this rank hold (every block must be resident), at least 1.
+pub(crate) fn lanes(ctx: &ExecContext, nblocks: u32, bytes: usize) -> u32 {
+    let nb = nblocks.max(1) as usize;
+    let want = bytes.div_ceil(nb * BYTES_PER_LANE);
+    let fit = ctx.max_grid as usize / nb;
+    want.min(fit).clamp(1, MAX_LANES) as u32
+}
+
+/// Launches the executor kernel for `args` on `stream` (`args.lanes` GPU blocks per plan
+/// block).
 ///
 /// # Safety
 /// Every address in `args` stays valid until the kernel finished; `stream` is 0 or a live
@@ -44,15 +69,13 @@ pub(crate) unsafe fn launch(
     args: ExecArgs,
     stream: RawStream,
 ) -> Result<()> {
-    let sms = Gpu::properties(g.device())
-        .map_err(|e| hal_err("query the GPU's properties", e))?
-        .sm_count;
-    if args.nblocks > sms {
+    if args.nblocks > ctx.sms {
         return Err(Error::Executor(format!(
-            "plan `{}`: {} thread blocks on GPU {} with {sms} SMs: every block must be resident (they wait on each other)",
+            "plan `{}`: {} thread blocks on GPU {} with {} SMs: every block must be resident (they wait on each other)",
             plan.name(),
             args.nblocks,
-            ctx.device.id
+            ctx.device.id,
+            ctx.sms
         )));
     }
     let threads = plan.num_threads_per_block();
@@ -60,7 +83,7 @@ pub(crate) unsafe fn launch(
     unsafe {
         g.launch(
             kernels::executor::EXECUTOR,
-            args.nblocks,
+            args.nblocks * args.lanes.max(1),
             threads,
             &args,
             stream,

@@ -1,6 +1,11 @@
 //! [`Executor`]: runs [`ExecutionPlan`]s on a communicator's buffers. Resources are set up
-//! on the first execution of a (plan, send, recv, sizes) and cached (`context`); the lowered
-//! op lists are cached per message size. GPU buffers run one kernel launch on the caller's
+//! on the first execution of a (plan, send, recv) and cached (`context`) for every message
+//! size: the buffers are registered to the end of their allocations and scratch grows in
+//! powers of two (at least 1 MiB; a call needing more sets the context up again, on every
+//! rank alike since every rank computes the largest need of all ranks). The lowered op lists
+//! are cached per message size. Buffers may be this library's memory or the application's
+//! own when the backend can adopt it (`cudaMalloc`, cuMem with a shareable handle, a host
+//! memfd mapping). GPU buffers run one kernel launch on the caller's
 //! stream (`gpu`); host buffers (the host backend) run on CPU threads and are complete when
 //! `execute` returns (`host`). `config` holds the settings both read.
 
@@ -23,6 +28,7 @@ use crate::executor::lower::layout::Layout;
 use crate::executor::lower::lower;
 use crate::executor::plan::ExecutionPlan;
 use crate::gpu_buffer::GpuBuffer;
+use crate::memory::Allocation;
 use crate::transport::{Device, DeviceType};
 use config::{ExecutorConfig, PacketType};
 use context::{Buffers, ExecContext};
@@ -32,7 +38,28 @@ use host::HostLaunch;
 struct Key {
     plan: u64,
     name: String,
-    bufs: Buffers,
+    send: u64,
+    recv: u64,
+    sizes: Option<(u64, u64)>,
+}
+
+impl Key {
+    /// The context key of `call` with `plan`. Contexts stay per size where a size change may
+    /// move one rank's buffer but not another's (every rank must set a context up alike): in
+    /// in-place plans of other collectives than all-reduce (all-gather, reduce-scatter: each
+    /// rank's part sits at an offset that grows with the size, except rank 0's); and for
+    /// switch channels, which bind the message sizes.
+    fn new(plan: &ExecutionPlan, call: Buffers) -> Key {
+        let sized =
+            (plan.is_in_place() && plan.collective() != "allreduce") || plan.uses_switch_channels();
+        Key {
+            plan: plan.id(),
+            name: plan.name().to_string(),
+            send: call.send,
+            recv: call.recv,
+            sizes: sized.then_some((call.send_size as u64, call.recv_size as u64)),
+        }
+    }
 }
 
 struct Lowered {
@@ -52,7 +79,21 @@ pub struct Executor {
     comm: Arc<Communicator>,
     cfg: ExecutorConfig,
     entries: Mutex<HashMap<Key, Entry>>,
-    gpus: Mutex<HashMap<i32, Arc<GpuCtx>>>,
+    gpus: Mutex<HashMap<i32, GpuState>>,
+    /// Per (send, recv): whether every rank agreed to run plans on them (the collectives'
+    /// plan choice), with the allocations this rank adopted for them (kept alive).
+    agreed: Mutex<HashMap<(u64, u64), Agreement>>,
+}
+
+/// Whether every rank agreed to run plans on a (send, recv) pair, and the allocations this
+/// rank adopted for it (kept alive).
+type Agreement = (bool, Vec<Arc<Allocation>>);
+
+/// A GPU's launch context and SM count.
+#[derive(Clone)]
+struct GpuState {
+    ctx: Arc<GpuCtx>,
+    sms: u32,
 }
 
 impl std::fmt::Debug for Executor {
@@ -88,6 +129,7 @@ impl Executor {
             cfg,
             entries: Mutex::new(HashMap::new()),
             gpus: Mutex::new(HashMap::new()),
+            agreed: Mutex::new(HashMap::new()),
         })
     }
 
@@ -98,6 +140,55 @@ impl Executor {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+
+    /// What the ranks agreed about running plans on (`send`, `recv`), if they did
+    /// (`crate::collectives::plan::agree_on_buffers`).
+    pub(crate) fn buffers_agreed(&self, send: u64, recv: u64) -> Option<bool> {
+        self.agreed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(send, recv))
+            .map(|e| e.0)
+    }
+
+    /// Records the ranks' agreement about (`send`, `recv`), keeping `adopted` alive.
+    pub(crate) fn set_buffers_agreed(
+        &self,
+        send: u64,
+        recv: u64,
+        ok: bool,
+        adopted: Option<Vec<Arc<Allocation>>>,
+    ) {
+        self.agreed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((send, recv), (ok, adopted.unwrap_or_default()));
+    }
+
+    /// The allocations holding `send..+send_size` and `recv..+recv_size` here (this library's,
+    /// or the application's adopted through the backend), or why not.
+    pub(crate) fn adopt_buffers(
+        &self,
+        send: u64,
+        send_size: usize,
+        recv: u64,
+        recv_size: usize,
+    ) -> Result<Vec<Arc<Allocation>>> {
+        let one = |ptr: u64, size: usize| match crate::memory::find_allocation(ptr, size) {
+            Some((a, _)) => Ok(a),
+            None => crate::memory::adopt_allocation(ptr, size).map(|(a, _)| a),
+        };
+        let s = one(send, send_size)?;
+        let r = one(recv, recv_size)?;
+        if s.device() != r.device() {
+            return Err(Error::invalid(format!(
+                "send buffer {send:#x} on {:?} but recv buffer {recv:#x} on {:?}",
+                s.device(),
+                r.device()
+            )));
+        }
+        Ok(vec![s, r])
     }
 
     /// Contexts set up so far (one per plan and buffers).
@@ -129,49 +220,63 @@ impl Executor {
         stream: RawStream,
         packet_type: PacketType,
     ) -> Result<()> {
-        let bufs = Buffers {
+        let call = Buffers {
             send,
             recv,
             send_size,
             recv_size,
         };
         // Everything that can be refused is checked before the (collective) setup.
-        let device = self.check_call(rank, plan, bufs, dtype, packet_type)?;
+        let (device, extents) = self.check_call(rank, plan, call, dtype, packet_type)?;
         let gpu = if device.kind == DeviceType::Gpu {
             Some(self.gpu(device.id)?)
         } else {
             None
         };
         let sizes = (send_size as u64, recv_size as u64);
-        let layout = Layout::new(plan.meta(), plan.rank_plan(), sizes.0, sizes.1)
-            .map_err(|e| err(plan, e))?;
+        let key = Key::new(plan, call);
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = self.entry(&mut entries, plan, device, bufs, gpu.as_deref(), stream)?;
+        // A size met for the first time is laid out (and refused if it must be) before any
+        // setup.
+        let layout = match entries.get(&key) {
+            Some(e) if e.lowered.contains_key(&sizes) => None,
+            _ => Some(
+                Layout::new(plan.meta(), plan.rank_plan(), sizes.0, sizes.1)
+                    .map_err(|e| err(plan, e))?,
+            ),
+        };
+        let entry = self.entry(
+            &mut entries,
+            key,
+            plan,
+            device,
+            extents,
+            call,
+            gpu.as_ref(),
+            stream,
+        )?;
         let ctx = &entry.ctx;
-        let low = lowered(&mut entry.lowered, ctx, plan, &layout, sizes, gpu.is_some())?;
+        let low = lowered(&mut entry.lowered, ctx, plan, layout, sizes, gpu.is_some())?;
         if low.blocks.is_empty() {
             return Ok(());
         }
         match gpu {
             // SAFETY: the context owns every resource the blocks point at; the caller keeps
             // the buffers alive.
-            None => unsafe { self.run_on_host(plan, ctx, low, bufs, dtype, packet_type) },
+            None => unsafe { self.run_on_host(plan, ctx, low, call, dtype, packet_type) },
             // SAFETY: forwarded from the caller.
             Some(g) => unsafe {
-                gpu::launch(
-                    &g,
-                    plan,
-                    ctx,
-                    launch_args(low, ctx, bufs, dtype, packet_type),
-                    stream,
-                )
+                let mut args = launch_args(low, ctx, call, dtype, packet_type);
+                args.lanes = gpu::lanes(ctx, args.nblocks, send_size.max(recv_size));
+                gpu::launch(&g.ctx, plan, ctx, args, stream)
             },
         }
     }
 
     /// Refuses a call the plan cannot run (rank, world size, null buffers, alignment and
-    /// element size, memory not ours or on two devices, switch channels, fp8 on ROCm);
-    /// returns the buffers' device.
+    /// element size, memory neither ours nor adoptable, or on two devices, switch channels,
+    /// fp8 on ROCm); returns the device the plan runs on (the CPU for memory the host
+    /// addresses) and the buffers with their sizes extended to their allocations' ends.
     fn check_call(
         &self,
         rank: usize,
@@ -179,7 +284,7 @@ impl Executor {
         bufs: Buffers,
         dtype: DataType,
         packet_type: PacketType,
-    ) -> Result<Device> {
+    ) -> Result<(Device, Buffers)> {
         let b = self.comm.bootstrap();
         if rank != b.rank() || rank != plan.rank() {
             return Err(err(
@@ -214,9 +319,9 @@ impl Executor {
             ));
         }
         check_alignment(plan, dtype, packet_type)?;
-        let device = buffer_device(send, send_size, "send")
-            .and_then(|d| buffer_device(recv, recv_size, "recv").map(|r| (d, r)))
-            .map_err(|e| err(plan, e))?;
+        let (sd, send_ext) = buffer_extent(send, send_size, "send").map_err(|e| err(plan, e))?;
+        let (rd, recv_ext) = buffer_extent(recv, recv_size, "recv").map_err(|e| err(plan, e))?;
+        let device = (sd, rd);
         if device.0 != device.1 {
             return Err(err(
                 plan,
@@ -239,31 +344,59 @@ impl Executor {
                 format!("{dtype}: the ROCm executor kernel is built without fp8"),
             ));
         }
-        Ok(device)
+        // Memory the host addresses (the CPU's, or every memory of the host backend) runs on
+        // the host interpreter.
+        let device = if crate::memory::host_addressable(device) {
+            Device::CPU
+        } else {
+            device
+        };
+        let extents = Buffers {
+            send,
+            recv,
+            send_size: send_ext,
+            recv_size: recv_ext,
+        };
+        Ok((device, extents))
     }
 
-    /// The cached context of (`plan`, `bufs`), set up (collectively) on first use.
+    /// The cached context of (`plan`, `ext.send`, `ext.recv`), set up (collectively) on first
+    /// use, and again when `sizes` need more scratch than it has or the application replaced
+    /// an adopted buffer (every rank alike: see the module doc).
+    #[allow(clippy::too_many_arguments)]
     fn entry<'e>(
         &self,
         entries: &'e mut HashMap<Key, Entry>,
+        key: Key,
         plan: &ExecutionPlan,
         device: Device,
-        bufs: Buffers,
-        gpu: Option<&GpuCtx>,
+        ext: Buffers,
+        call: Buffers,
+        gpu: Option<&GpuState>,
         stream: RawStream,
     ) -> Result<&'e mut Entry> {
-        let key = Key {
-            plan: plan.id(),
-            name: plan.name().to_string(),
-            bufs,
-        };
-        if !entries.contains_key(&key) {
+        let sizes = (call.send_size as u64, call.recv_size as u64);
+        let need = context::scratch_capacity(plan, sizes.0, sizes.1);
+        let fits = entries
+            .get(&key)
+            .is_some_and(|e| e.ctx.scratch.bytes() as u64 >= need && e.ctx.buffers_current());
+        if !fits {
             if let Some(g) = gpu {
-                if g.is_capturing(stream)? {
-                    return Err(err(plan, "first execution of these buffers while the stream is being captured: run it once outside capture (setup talks to the peers)"));
+                if g.ctx.is_capturing(stream)? {
+                    return Err(err(plan, "first execution of these buffers (or of a size needing more scratch) while the stream is being captured: run it once outside capture (setup talks to the peers)"));
                 }
             }
-            let ctx = ExecContext::new(&self.comm, plan, device, bufs)?;
+            // Drop an outgrown context first (its scratch and registrations).
+            entries.remove(&key);
+            let ctx = ExecContext::new(
+                &self.comm,
+                plan,
+                device,
+                ext,
+                call,
+                need,
+                gpu.map(|g| g.sms),
+            )?;
             entries.insert(
                 key.clone(),
                 Entry {
@@ -314,24 +447,29 @@ impl Executor {
         unsafe { host::run(&l) }.map_err(|e| err(plan, e))
     }
 
-    fn gpu(&self, id: i32) -> Result<Arc<GpuCtx>> {
+    /// The GPU context of device `id` and its SM count (queried once).
+    fn gpu(&self, id: i32) -> Result<GpuState> {
         let mut m = self.gpus.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(g) = m.get(&id) {
             return Ok(g.clone());
         }
-        let g = Arc::new(GpuCtx::new(id)?);
+        let ctx = Arc::new(GpuCtx::new(id)?);
+        let g = GpuState {
+            sms: gpu::sm_count(&ctx)?,
+            ctx,
+        };
         m.insert(id, g.clone());
         Ok(g)
     }
 }
 
-/// The blocks lowered against `ctx` for `sizes` (cached in `cache`), lowered (and copied to
-/// the GPU when `on_gpu`) on first use.
+/// The blocks lowered against `ctx` for `sizes` (cached in `cache`), lowered with `layout`
+/// (laid out here when `None`; copied to the GPU when `on_gpu`) on first use.
 fn lowered<'e>(
     cache: &'e mut HashMap<(u64, u64), Lowered>,
     ctx: &ExecContext,
     plan: &ExecutionPlan,
-    layout: &Layout,
+    layout: Option<Layout>,
     sizes: (u64, u64),
     on_gpu: bool,
 ) -> Result<&'e Lowered> {
@@ -339,6 +477,12 @@ fn lowered<'e>(
         Slot::Occupied(o) => return Ok(o.into_mut()),
         Slot::Vacant(v) => v,
     };
+    let layout = match layout {
+        Some(l) => l,
+        None => Layout::new(plan.meta(), plan.rank_plan(), sizes.0, sizes.1)
+            .map_err(|e| err(plan, e))?,
+    };
+    let layout = &layout;
     let blocks = lower(plan.rank_plan(), layout, &ctx.tables()).map_err(|e| err(plan, e))?;
     let on_device = if on_gpu && !blocks.is_empty() {
         let buf: GpuBuffer<ExecBlock> = GpuBuffer::new(ctx.device, blocks.len())?;
@@ -379,7 +523,7 @@ fn launch_args(
             PacketType::LL8 => 1,
         },
         nblocks: low.blocks.len() as u32,
-        pad: 0,
+        lanes: 1,
     }
 }
 
@@ -427,11 +571,18 @@ fn check_switch(plan: &ExecutionPlan, device: Device, dtype: DataType) -> Result
     Ok(())
 }
 
-/// The device of the allocation holding `ptr..ptr+size`.
-fn buffer_device(ptr: u64, size: usize, what: &str) -> std::result::Result<Device, String> {
-    crate::memory::find_allocation(ptr, size)
-        .map(|(a, _)| a.device())
-        .ok_or_else(|| {
-            format!("{what} buffer {ptr:#x} (+{size} bytes): expected memory allocated through mscclpp (GpuBuffer / LocalMemory), found none")
-        })
+/// The device of the allocation holding `ptr..ptr+size` (this library's, or the
+/// application's adopted through the backend) and the bytes from `ptr` to its end.
+fn buffer_extent(
+    ptr: u64,
+    size: usize,
+    what: &str,
+) -> std::result::Result<(Device, usize), String> {
+    let (a, off) = match crate::memory::find_allocation(ptr, size) {
+        Some(f) => f,
+        None => crate::memory::adopt_allocation(ptr, size).map_err(|e| {
+            format!("{what} buffer {ptr:#x} (+{size} bytes): expected memory allocated through mscclpp (GpuBuffer / LocalMemory) or memory the backend can adopt (cudaMalloc, cuMem with a shareable handle, a host memfd mapping): {e}")
+        })?,
+    };
+    Ok((a.device(), a.size().saturating_sub(off as usize).max(size)))
 }

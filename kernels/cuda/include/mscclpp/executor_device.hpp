@@ -143,8 +143,8 @@ struct ExecArgs {
   int32_t* semaphores;   // device semaphores
   uint32_t dtype;        // ExecDataType
   uint32_t packet;       // 0 LL16, 1 LL8
-  uint32_t nBlocks;
-  uint32_t pad;
+  uint32_t nBlocks;  // plan blocks
+  uint32_t lanes;    // GPU blocks per plan block (0 or 1: one)
 };
 
 }  // namespace mscclpp

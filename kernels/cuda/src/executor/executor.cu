@@ -1,12 +1,21 @@
-// The executor kernel (code object "executor/executor"): one launch per execution, one block per
-// thread block of the plan. Each block copies its ExecBlock (header and used ops) into shared
-// memory and interprets the ops with the semantics of core/src/executor/host.rs (the host
-// backend's interpreter of the same lists):
-//   - flag = flags[block] + 1 for this launch (written back at the end, so graph replays count);
-//     with double scratch, launches with an even flag use the second half of every scratch;
-//   - nop = __syncthreads; barrier = __syncthreads + a grid barrier of nBlocks blocks + __syncthreads;
-//   - channel ops: thread k handles channel k (k, k + blockDim, ...); data ops split the bytes
-//     over the block's threads; pipelines repeat their inner ops over unitSize-byte steps.
+// The executor kernel (code object "executor/executor"): one launch per execution, `lanes` GPU
+// blocks per thread block of the plan (ExecArgs.lanes, chosen by the host from the message
+// size and the SMs free per rank; 1 for small messages). Each GPU block copies its plan
+// block's ExecBlock (header and used ops) into shared memory and interprets the ops with the
+// semantics of core/src/executor/run/host (the host backend's interpreter of the same lists):
+//   - flag = flags[plan block] + 1 for this launch (written back at the end by lane 0 after a
+//     lane barrier, so graph replays count); with double scratch, launches with an even flag
+//     use the second half of every scratch;
+//   - nop = a barrier of the plan block's threads (__syncthreads, or a lane barrier);
+//     barrier = that + a grid barrier of nBlocks plan blocks (their lane 0s) + that;
+//   - data ops (copy, get, put and packet ops through memory channels, reductions) split their
+//     bytes over the threads of all lanes (16-byte vectors where aligned); pipelines repeat
+//     their inner ops over unitSize-byte steps;
+//   - sync ops (signal, wait, flush, barrier, semaphores) and port-channel ops run on lane 0:
+//     with several lanes, a lane barrier precedes them when data moved since the last one and
+//     follows them before the next data op (with one lane the block's threads run every op in
+//     order, as before);
+//   - channel ops: thread k of the block handles channel k (k, k + blockDim, ...).
 // Reductions accumulate 16-bit and fp8 floats in f32 (collectives/common.hpp's element rules).
 //
 // extern "C" __global__ void executor_kernel(mscclpp::ExecArgs args);
@@ -32,6 +41,10 @@ struct Run {
   ExecArgs a;
   uint32_t flag;
   bool even;
+  // Lanes: this GPU block is lane `lane` of `lanes` running the plan block; data ops split
+  // their work over tid (0..nthr) of all lanes.
+  uint32_t lane, lanes, tid, nthr;
+  uint32_t* laneWords;  // (count, generation) of this plan block's lane barrier
 
   __device__ char* local(uint8_t ty) const {
     if (ty == 0) return a.input;
@@ -99,7 +112,7 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
   if (aligned) {
     using P = coll::Pack<T, uint4>;
     const uint64_t n = size / 16;
-    for (uint64_t w = threadIdx.x; w < n; w += blockDim.x) {
+    for (uint64_t w = r.tid; w < n; w += r.nthr) {
       P p;
       p.w = reinterpret_cast<const uint4*>(in[0])[w];
       A acc[P::N];
@@ -117,7 +130,7 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
     return;
   }
   const uint64_t n = size / sizeof(T);
-  for (uint64_t e = threadIdx.x; e < n; e += blockDim.x) {
+  for (uint64_t e = r.tid; e < n; e += r.nthr) {
     A acc = Elem<T>::up(reinterpret_cast<const T*>(in[0])[e]);
     for (int i = 1; i < o.nInputs; ++i) acc = combineRt(op, acc, Elem<T>::up(reinterpret_cast<const T*>(in[i])[e]));
     const T v = Elem<T>::down(acc);
@@ -167,7 +180,7 @@ __device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
   const char* src0 = r.local(o.inputRefs[0]) + o.inputOffsets[0];
   char* dst0 = r.local(o.outputRefs[0]) + o.outputOffsets[0];
   constexpr int M = 8 / sizeof(T);
-  for (uint32_t idx = threadIdx.x; idx < count; idx += blockDim.x) {
+  for (uint32_t idx = r.tid; idx < count; idx += r.nthr) {
     Payload<T> p;
     if (ll8) {
       p.u[0] = reinterpret_cast<const uint32_t*>(src0)[idx];
@@ -257,7 +270,7 @@ __device__ __noinline__ void put(const Run& r, const ExecOp& o, uint64_t off, ui
       const uint64_t size = stepSize(o.outputSizes[i], off, unit);
       if (size == 0) continue;
       copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
-           r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, threadIdx.x, blockDim.x);
+           r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
     }
     return;
   }
@@ -292,23 +305,23 @@ __device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
       } else {
         for (int i = 0; i < o.nOutputs; ++i) {
           copyToPackets<P>(r.loc(o.outputRefs[i]) + 2 * (uint64_t)o.outputOffsets[i],
-                           r.local(o.inputRefs[i]) + o.inputOffsets[i], o.inputSizes[i], threadIdx.x, blockDim.x,
+                           r.local(o.inputRefs[i]) + o.inputOffsets[i], o.inputSizes[i], r.tid, r.nthr,
                            r.flag);
         }
       }
       break;
     case EXEC_COPY_PACKETS:
       copyToPackets<P>(r.local(o.outputRefs[0]) + 2 * (uint64_t)o.outputOffsets[0], src + o.inputOffsets[0], size,
-                       threadIdx.x, blockDim.x, r.flag);
+                       r.tid, r.nthr, r.flag);
       break;
     case EXEC_UNPACK_PACKETS:
       copyFromPackets<P>(r.local(o.outputRefs[0]) + o.outputOffsets[0], src + 2 * (uint64_t)o.inputOffsets[0], size,
-                         threadIdx.x, blockDim.x, r.flag);
+                         r.tid, r.nthr, r.flag);
       break;
     default: {  // EXEC_READ_PUT_PACKETS
       const P* pk = reinterpret_cast<const P*>(src + 2 * (uint64_t)o.inputOffsets[0]);
       const uint64_t n = size / sizeof(W);
-      for (uint64_t idx = threadIdx.x; idx < n; idx += blockDim.x) {
+      for (uint64_t idx = r.tid; idx < n; idx += r.nthr) {
         const W v = pk[idx].read(r.flag);
         if (o.channelType == EXEC_CHANNEL_MEMORY) {
           for (int j = 0; j < o.nOutputs; ++j) {
@@ -387,14 +400,14 @@ __device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, u
         const uint64_t size = stepSize(o.inputSizes[i], off, unit);
         if (size == 0) continue;
         copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
-             r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, threadIdx.x, blockDim.x);
+             r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
       }
       break;
     case EXEC_COPY: {
       const uint64_t size = stepSize(o.inputSizes[0], off, unit);
       if (size > 0) {
         copy(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off),
-             r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, threadIdx.x, blockDim.x);
+             r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, r.tid, r.nthr);
       }
       break;
     }
@@ -441,11 +454,89 @@ __device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, u
   }
 }
 
+/// Whether `o` runs on the first lane only (then the other lanes wait at a lane barrier):
+/// synchronisation (signal, wait, flush, barrier, semaphores) and everything through a port
+/// channel (the proxy reads the data). Every other op moves data and splits over all lanes.
+__device__ bool laneZeroOnly(const ExecOp& o) {
+  switch (o.opType) {
+    case EXEC_BARRIER:
+    case EXEC_SIGNAL:
+    case EXEC_RELAXED_SIGNAL:
+    case EXEC_WAIT:
+    case EXEC_RELAXED_WAIT:
+    case EXEC_FLUSH:
+    case EXEC_SEM_ACQUIRE:
+    case EXEC_SEM_RELEASE:
+      return true;
+    default:
+      return o.channelType == EXEC_CHANNEL_PORT;
+  }
+}
+
+/// A barrier of the `lanes` GPU blocks of one plan block (their writes visible to each other).
+__device__ __noinline__ void laneBarrier(const Run& r) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile uint32_t* gen = r.laneWords + 1;
+    const uint32_t g = *gen;
+    __threadfence();
+    if (atomicAdd(r.laneWords, 1u) == r.lanes - 1) {
+      atomicExch(r.laneWords, 0u);
+      __threadfence();
+      atomicAdd(r.laneWords + 1, 1u);
+    } else {
+      // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+      MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+/// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
+/// laneZeroOnly run on lane 0 between lane barriers (`dirty`: data moved since the last one).
+__device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, bool& dirty, bool& synced) {
+  if (r.lanes == 1) {
+    exec(r, o, off, unit);
+    return;
+  }
+  if (o.opType == EXEC_NOP) {
+    laneBarrier(r);
+    dirty = false;
+    synced = false;
+    return;
+  }
+  if (laneZeroOnly(o)) {
+    if (dirty) laneBarrier(r);
+    dirty = false;
+    if (r.lane == 0) {
+      // Lane 0's own threads only.
+      const uint32_t tid = r.tid, nthr = r.nthr;
+      r.tid = threadIdx.x;
+      r.nthr = blockDim.x;
+      exec(r, o, off, unit);
+      r.tid = tid;
+      r.nthr = nthr;
+    }
+    synced = true;
+    return;
+  }
+  if (synced) laneBarrier(r);
+  synced = false;
+  exec(r, o, off, unit);
+  dirty = true;
+}
+
 }  // namespace
 
+// Grid: args.nBlocks plan blocks x args.lanes GPU blocks each (lanes of a plan block are
+// consecutive). Flags: one launch counter per plan block, then (count, generation) lane
+// barrier words per plan block.
 extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args) {
   __shared__ ExecBlock blk;
-  const ExecBlock* src = args.blocks + blockIdx.x;
+  const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
+  const uint32_t pb = blockIdx.x / lanes;
+  const ExecBlock* src = args.blocks + pb;
   const uint32_t nOps = src->nOps;
   const size_t words = (EXEC_BLOCK_HEADER_BYTES + nOps * sizeof(ExecOp)) / sizeof(uint4);
   for (size_t i = threadIdx.x; i < words; i += blockDim.x) {
@@ -454,8 +545,14 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   Run r;
   r.b = &blk;
   r.a = args;
-  r.flag = args.flags[blockIdx.x] + 1;
+  r.flag = args.flags[pb] + 1;
   r.even = (r.flag & 1u) == 0;
+  r.lane = blockIdx.x % lanes;
+  r.lanes = lanes;
+  r.tid = r.lane * blockDim.x + threadIdx.x;
+  r.nthr = lanes * blockDim.x;
+  r.laneWords = args.flags + args.nBlocks + 2 * pb;
+  bool dirty = false, synced = false;
   __syncthreads();
   for (uint32_t i = 0; i < nOps;) {
     const ExecOp& o = blk.ops[i];
@@ -463,14 +560,16 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
       const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
       for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
         const uint64_t off = (uint64_t)itr * o.unitSize;
-        for (uint32_t k = 0; k < nInner; ++k) exec(r, blk.ops[i + 1 + k], off, o.unitSize);
+        for (uint32_t k = 0; k < nInner; ++k) step(r, blk.ops[i + 1 + k], off, o.unitSize, dirty, synced);
       }
       i += 1 + nInner;
     } else {
-      exec(r, o, 0, ~0ull);
+      step(r, o, 0, ~0ull, dirty, synced);
       ++i;
     }
   }
+  // Every lane read the flag above before it arrives here; lane 0 then counts the launch.
+  if (lanes > 1) laneBarrier(r);
   __syncthreads();
-  if (threadIdx.x == 0) args.flags[blockIdx.x] = r.flag;
+  if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
 }
