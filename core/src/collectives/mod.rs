@@ -499,7 +499,6 @@ impl Collectives {
         ctx.default_choice()
     }
 
-
     /// Plans on the application's memory ([`plan::agree_on_buffers`]): `algo` when the ranks
     /// agree that plans run on `call`'s buffers (or it is no plan), else the native choice.
     fn plan_or_native(
