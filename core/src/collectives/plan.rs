@@ -8,7 +8,7 @@
 //! application's own memory where the backend can adopt it (`cudaMalloc`, PyTorch's caching
 //! allocator, cuMem with a shareable handle, a host memfd mapping). Whether every rank can is
 //! agreed once per (send, recv) address pair, collectively, when a plan could run a call on
-//! them, at its launch ([`agree_on_buffers`], from `Collectives::run_choice`): if any rank
+//! them, at its launch (`agree_on_buffers`, from `Collectives::run_choice`): if any rank
 //! cannot adopt its buffers, every rank that chose the plan logs (INFO) that it was declined
 //! and runs the native choice instead. A first call under graph capture declines without any
 //! traffic (and without caching: the next call outside capture agrees). Before an agreement
@@ -184,7 +184,7 @@ impl PlanAlgorithm {
     }
 
     /// Whether the plan may run on `call`'s buffers: as the ranks agreed for them
-    /// ([`agree_on_buffers`]), else when this rank holds or can adopt both (the agreement at
+    /// (`agree_on_buffers`), else when this rank holds or can adopt both (the agreement at
     /// launch then makes every rank's choice alike).
     fn memory_usable(&self, call: &Call, send: usize, recv: usize) -> bool {
         if let Some(agreed) = self.executor.buffers_agreed(call.send, call.recv) {

@@ -75,8 +75,14 @@ namespace mscclpp {
 /// Whether the host raised the abort word (a peer died or the communicator was aborted): a
 /// wait that cannot finish any more should be left.
 MSCCLPP_DEVICE_INLINE bool abortRaised() {
+#if defined(MSCCLPP_DEVICE_HIP)
+  // ROCm: the HAL writes no abort word yet (waits end at their spin bound), and reading it in
+  // every wait loop crashes Debian's hipcc (clang 15: "failed to annotate CFG").
+  return false;
+#else
   volatile int* w = mscclppAbortWord;
   return w != nullptr && *w != 0;
+#endif
 }
 
 /// `abortRaised()` on every MSCCLPP_ABORT_POLL_SPINS-th call (`polls` counts the caller's
