@@ -62,7 +62,7 @@
 #define P2P_CHANNELS 16
 #define P2P_SLOTS 4
 #define P2P_CHUNK (128 * 1024)
-#define P2P_MIN_CHUNK (16 * 1024)
+#define P2P_MIN_CHUNK P2P_CHUNK  // = MIN_CHUNK in core/src/p2p/gpu.rs (why: there)
 #define P2P_HEADER 16
 #define P2P_SLOT_BYTES (P2P_CHUNK + P2P_HEADER)
 #define P2P_MAGIC 0x3250434eu  // "NCP2"
