@@ -266,8 +266,17 @@ impl Executor {
             None => unsafe { self.run_on_host(plan, ctx, low, call, dtype, packet_type) },
             // SAFETY: forwarded from the caller.
             Some(g) => unsafe {
+                // Port channels: one lane. Their data moves through the proxy's copies, which on
+                // one GPU are kernels of their own; with every SM held by lanes spinning on the
+                // signals after those copies, `allgather_port_n4` hung at 1 MiB on the H200
+                // (4 ranks sharing it, 2026-12-04).
+                let ports = low.blocks.iter().any(|b| b.n_port_channels > 0);
                 let mut args = launch_args(low, ctx, call, dtype, packet_type);
-                args.lanes = gpu::lanes(ctx, args.nblocks, send_size.max(recv_size));
+                args.lanes = if ports {
+                    1
+                } else {
+                    gpu::lanes(ctx, args.nblocks, send_size.max(recv_size))
+                };
                 gpu::launch(&g.ctx, plan, ctx, args, stream)
             },
         }
