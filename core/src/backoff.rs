@@ -212,14 +212,21 @@ mod tests {
         assert!(current_watches().is_empty());
         let e = spin_until("x", Duration::from_millis(20), || false).unwrap_err();
         assert_eq!(e.code(), crate::error::ErrorCode::Timeout);
-        // A condition that holds when the watch fails still wins.
-        let mut n = 0;
-        watching(watch, || {
+        // A condition that holds when the watch fails still wins: this watch makes the
+        // condition true as it fails (a count of polls raced the 1 ms watch interval on a
+        // loaded machine).
+        let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let h = held.clone();
+        let failing: Watch = Arc::new(move || {
+            h.store(true, std::sync::atomic::Ordering::Release);
+            Err(Error::remote(3, "rank 3 is gone"))
+        });
+        watching(failing, || {
             spin_until("late", Duration::from_secs(5), || {
-                n += 1;
-                n > 400
+                held.load(std::sync::atomic::Ordering::Acquire)
             })
         })
         .expect("the condition held when the watch failed");
+        drop(watch);
     }
 }
