@@ -252,12 +252,12 @@ impl Collectives {
             .into_iter()
             .map(|c| {
                 let d = pyo3::types::PyDict::new(py);
-                d.set_item("seq", c.seq)?;
-                d.set_item("collective", c.kind.to_string())?;
-                d.set_item("count", c.count)?;
-                d.set_item("dtype", c.dtype.to_string())?;
-                d.set_item("op", c.op.to_string())?;
-                d.set_item("root", c.root)?;
+                d.set_item("seq", c.call.seq)?;
+                d.set_item("collective", c.call.kind.to_string())?;
+                d.set_item("count", c.call.count)?;
+                d.set_item("dtype", c.call.dtype.to_string())?;
+                d.set_item("op", c.call.op.to_string())?;
+                d.set_item("root", c.call.root)?;
                 d.set_item("algorithm", c.algorithm)?;
                 d.set_item("state", c.state.name())?;
                 Ok(d)

@@ -36,122 +36,68 @@ pub(crate) fn dtype_code(d: DataType) -> u8 {
 pub(crate) fn op_code(o: ReduceOp) -> u8 {
     ReduceOp::ALL.iter().position(|&x| x == o).unwrap_or(0) as u8
 }
-pub(crate) fn kind_name(c: u8) -> String {
-    CollectiveKind::ALL
-        .get(c as usize)
-        .map_or(format!("collective {c}"), |k| k.to_string())
-}
-pub(crate) fn dtype_name(c: u8) -> String {
-    DataType::ALL
-        .get(c as usize)
-        .map_or(format!("type {c}"), |d| d.to_string())
-}
-pub(crate) fn op_name(c: u8) -> String {
-    ReduceOp::ALL
-        .get(c as usize)
-        .map_or(format!("op {c}"), |o| o.to_string())
-}
-
-/// What every rank must agree on for one collective call.
+/// The identity of one collective call: what every rank must issue alike (the call check's
+/// [`Fingerprint`]) and what the flight recorder keeps of it
+/// ([`super::recorder::CallRecord`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fingerprint {
-    /// The call's sequence number on the communicator.
+pub struct CallKey {
+    /// The call's sequence number on the communicator (0, 1, ...; every rank counts alike).
     pub seq: u64,
     /// The collective.
     pub kind: CollectiveKind,
-    /// Elements.
+    /// Elements (per rank: all-gather's send count, reduce-scatter's receive count).
     pub count: usize,
     /// Element type.
     pub dtype: DataType,
-    /// Reduction.
+    /// Reduction (`sum` for the collectives without one).
     pub op: ReduceOp,
-    /// Root.
+    /// Root (broadcast; 0 for the others).
     pub root: usize,
-    /// World size of the communicator.
-    pub nranks: usize,
-    /// The rank refused the call itself (its arguments or algorithm check failed there).
-    pub refused: bool,
 }
 
-const FP_BYTES: usize = 36;
+/// The bytes of an encoded [`CallKey`].
+pub(crate) const KEY_BYTES: usize = 27;
 
-impl Fingerprint {
-    /// The fingerprint of `call`, the `seq`-th call of a communicator of `nranks`.
-    pub fn of(call: &Call, seq: u64, nranks: usize) -> Fingerprint {
-        Fingerprint {
+impl CallKey {
+    /// The key of `call`, the `seq`-th call of a communicator.
+    pub fn of(call: &Call, seq: u64) -> CallKey {
+        CallKey {
             seq,
             kind: call.kind,
             count: call.count,
             dtype: call.dtype,
             op: call.op,
             root: call.root,
-            nranks,
-            refused: false,
         }
     }
 
-    fn encode(&self) -> [u8; FP_BYTES] {
-        let mut b = [0u8; FP_BYTES];
-        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
-        b[8..16].copy_from_slice(&(self.count as u64).to_le_bytes());
-        b[16..24].copy_from_slice(&(self.root as u64).to_le_bytes());
-        b[24..32].copy_from_slice(&(self.nranks as u64).to_le_bytes());
-        b[32] = kind_code(self.kind);
-        b[33] = dtype_code(self.dtype);
-        b[34] = op_code(self.op);
-        b[35] = u8::from(self.refused);
-        b
+    /// Appends the key's [`KEY_BYTES`] bytes: seq, count, root (u64 LE each), then the codes
+    /// of kind, dtype and op.
+    pub(crate) fn encode_into(&self, v: &mut Vec<u8>) {
+        v.extend_from_slice(&self.seq.to_le_bytes());
+        v.extend_from_slice(&(self.count as u64).to_le_bytes());
+        v.extend_from_slice(&(self.root as u64).to_le_bytes());
+        v.push(kind_code(self.kind));
+        v.push(dtype_code(self.dtype));
+        v.push(op_code(self.op));
     }
 
-    fn decode(b: &[u8]) -> Option<Fingerprint> {
-        if b.len() != FP_BYTES {
-            return None;
-        }
+    /// The key in the first [`KEY_BYTES`] of `b`; `None` when too short or a code is unknown.
+    pub(crate) fn decode(b: &[u8]) -> Option<CallKey> {
+        let b = b.get(..KEY_BYTES)?;
         let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        Some(Fingerprint {
+        Some(CallKey {
             seq: u(0),
-            count: u(8) as usize,
-            root: u(16) as usize,
-            nranks: u(24) as usize,
-            kind: *CollectiveKind::ALL.get(b[32] as usize)?,
-            dtype: *DataType::ALL.get(b[33] as usize)?,
-            op: *ReduceOp::ALL.get(b[34] as usize)?,
-            refused: b[35] != 0,
+            count: usize::try_from(u(8)).ok()?,
+            root: usize::try_from(u(16)).ok()?,
+            kind: *CollectiveKind::ALL.get(b[24] as usize)?,
+            dtype: *DataType::ALL.get(b[25] as usize)?,
+            op: *ReduceOp::ALL.get(b[26] as usize)?,
         })
-    }
-
-    /// The fields where `self` and `other` differ, in words.
-    fn differences(&self, other: &Fingerprint) -> Vec<&'static str> {
-        let mut d = Vec::new();
-        if self.seq != other.seq {
-            d.push("sequence number (a rank skipped or added a call)");
-        }
-        if self.kind != other.kind {
-            d.push("collective");
-        }
-        if self.count != other.count {
-            d.push("count");
-        }
-        if self.dtype != other.dtype {
-            d.push("datatype");
-        }
-        if self.op != other.op {
-            d.push("reduction op");
-        }
-        if self.root != other.root {
-            d.push("root");
-        }
-        if self.nranks != other.nranks {
-            d.push("communicator size");
-        }
-        if self.refused != other.refused {
-            d.push("refusing the call (that rank's own error says why)");
-        }
-        d
     }
 }
 
-impl std::fmt::Display for Fingerprint {
+impl std::fmt::Display for CallKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -166,7 +112,85 @@ impl std::fmt::Display for Fingerprint {
         if self.root != 0 && self.kind != CollectiveKind::Broadcast {
             write!(f, " root {}", self.root)?;
         }
-        write!(f, " on a communicator of {} ranks", self.nranks)?;
+        Ok(())
+    }
+}
+
+/// What every rank must agree on for one collective call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The call.
+    pub call: CallKey,
+    /// World size of the communicator.
+    pub nranks: usize,
+    /// The rank refused the call itself (its arguments or algorithm check failed there).
+    pub refused: bool,
+}
+
+const FP_BYTES: usize = KEY_BYTES + 9;
+
+impl Fingerprint {
+    /// The fingerprint of `call`, the `seq`-th call of a communicator of `nranks`.
+    pub fn of(call: &Call, seq: u64, nranks: usize) -> Fingerprint {
+        Fingerprint {
+            call: CallKey::of(call, seq),
+            nranks,
+            refused: false,
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(FP_BYTES);
+        self.call.encode_into(&mut b);
+        b.extend_from_slice(&(self.nranks as u64).to_le_bytes());
+        b.push(u8::from(self.refused));
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Fingerprint> {
+        if b.len() != FP_BYTES {
+            return None;
+        }
+        let n = u64::from_le_bytes(b[KEY_BYTES..KEY_BYTES + 8].try_into().ok()?);
+        Some(Fingerprint {
+            call: CallKey::decode(b)?,
+            nranks: usize::try_from(n).ok()?,
+            refused: b[FP_BYTES - 1] != 0,
+        })
+    }
+
+    /// The fields where `self` and `other` differ, in words.
+    fn differences(&self, other: &Fingerprint) -> Vec<&'static str> {
+        let (a, b) = (&self.call, &other.call);
+        [
+            (
+                a.seq != b.seq,
+                "sequence number (a rank skipped or added a call)",
+            ),
+            (a.kind != b.kind, "collective"),
+            (a.count != b.count, "count"),
+            (a.dtype != b.dtype, "datatype"),
+            (a.op != b.op, "reduction op"),
+            (a.root != b.root, "root"),
+            (self.nranks != other.nranks, "communicator size"),
+            (
+                self.refused != other.refused,
+                "refusing the call (that rank's own error says why)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(differs, what)| differs.then_some(what))
+        .collect()
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} on a communicator of {} ranks",
+            self.call, self.nranks
+        )?;
         if self.refused {
             f.write_str(" and refused it")?;
         }
@@ -465,8 +489,11 @@ mod tests {
             "{e}"
         );
         let skip = Fingerprint {
-            seq: 4,
-            kind: CollectiveKind::Broadcast,
+            call: CallKey {
+                seq: 4,
+                kind: CollectiveKind::Broadcast,
+                ..a.call
+            },
             ..a
         };
         let e = mismatch(&[a, skip]).unwrap().to_string();

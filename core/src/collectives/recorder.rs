@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use super::algorithm::Call;
-use super::types::{CollectiveKind, DataType, ReduceOp};
+use super::check::{CallKey, KEY_BYTES};
 use crate::bootstrap::Bootstrap;
 
 /// How many calls each communicator remembers.
@@ -50,18 +50,8 @@ impl CallState {
 /// One recorded call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallRecord {
-    /// Its sequence number on this communicator (0, 1, ...; every rank counts alike).
-    pub seq: u64,
-    /// The collective.
-    pub kind: CollectiveKind,
-    /// Elements (per rank: all-gather's send count, reduce-scatter's receive count).
-    pub count: usize,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction (`sum` for the collectives without one).
-    pub op: ReduceOp,
-    /// Root (broadcast; 0 for the others).
-    pub root: usize,
+    /// The call.
+    pub call: CallKey,
     /// The algorithm that ran it.
     pub algorithm: &'static str,
     /// Where it is.
@@ -72,15 +62,11 @@ impl std::fmt::Display for CallRecord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "call #{} {} count {} {}",
-            self.seq, self.kind, self.count, self.dtype
-        )?;
-        match self.kind {
-            CollectiveKind::AllReduce | CollectiveKind::ReduceScatter => write!(f, " {}", self.op)?,
-            CollectiveKind::Broadcast => write!(f, " root {}", self.root)?,
-            CollectiveKind::AllGather => {}
-        }
-        write!(f, " ({}, {})", self.algorithm, self.state.name())
+            "{} ({}, {})",
+            self.call,
+            self.algorithm,
+            self.state.name()
+        )
     }
 }
 
@@ -129,12 +115,7 @@ impl Recorder {
         let seq = r.next;
         r.next += 1;
         r.entries[(seq % RECORDED_CALLS as u64) as usize] = Some(CallRecord {
-            seq,
-            kind: call.kind,
-            count: call.count,
-            dtype: call.dtype,
-            op: call.op,
-            root: call.root,
+            call: CallKey::of(call, seq),
             algorithm,
             state: CallState::Running,
         });
@@ -145,7 +126,7 @@ impl Recorder {
     pub fn finish(&self, seq: u64, ok: bool) {
         let mut r = self.lock();
         if let Some(e) = r.entries[(seq % RECORDED_CALLS as u64) as usize].as_mut() {
-            if e.seq == seq {
+            if e.call.seq == seq {
                 e.state = if ok {
                     CallState::Done
                 } else {
@@ -173,16 +154,11 @@ impl Recorder {
     }
 }
 
-/// A record as bytes (what [`peer_report`] sends): seq, kind, count, dtype, op, root, state.
+/// A record as bytes (what [`peer_report`] sends): the call's key, its state, the algorithm.
 fn encode(r: Option<CallRecord>) -> Vec<u8> {
     let Some(r) = r else { return Vec::new() };
-    let mut v = Vec::with_capacity(32);
-    v.extend_from_slice(&r.seq.to_le_bytes());
-    v.extend_from_slice(&(r.count as u64).to_le_bytes());
-    v.extend_from_slice(&(r.root as u64).to_le_bytes());
-    v.push(super::check::kind_code(r.kind));
-    v.push(super::check::dtype_code(r.dtype));
-    v.push(super::check::op_code(r.op));
+    let mut v = Vec::with_capacity(KEY_BYTES + 1 + r.algorithm.len());
+    r.call.encode_into(&mut v);
     v.push(match r.state {
         CallState::Running => 0,
         CallState::Done => 1,
@@ -197,28 +173,16 @@ fn describe(bytes: &[u8]) -> String {
     if bytes.is_empty() {
         return "no call yet".into();
     }
-    if bytes.len() < 28 {
+    let (Some(key), Some(&state)) = (CallKey::decode(bytes), bytes.get(KEY_BYTES)) else {
         return "an unreadable report".into();
-    }
-    let u = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or([0; 8]));
-    let state = match bytes[27] {
+    };
+    let state = match state {
         0 => "running",
         1 => "done",
         _ => "failed",
     };
-    format!(
-        "call #{} {} count {} {}{} ({}, {state})",
-        u(0),
-        super::check::kind_name(bytes[24]),
-        u(8),
-        super::check::dtype_name(bytes[25]),
-        match bytes[24] {
-            0 | 2 => format!(" {}", super::check::op_name(bytes[26])),
-            3 => format!(" root {}", u(16)),
-            _ => String::new(),
-        },
-        String::from_utf8_lossy(&bytes[28..]),
-    )
+    let algorithm = String::from_utf8_lossy(&bytes[KEY_BYTES + 1..]);
+    format!("{key} ({algorithm}, {state})")
 }
 
 /// Sends this rank's last record to every peer and collects theirs for up to
@@ -283,6 +247,7 @@ pub fn peer_report(bootstrap: &Arc<dyn Bootstrap>, rec: &Recorder) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collectives::types::{DataType, ReduceOp};
 
     #[test]
     fn ring_keeps_the_last_calls_in_order() {
@@ -296,8 +261,8 @@ mod tests {
         }
         let r = rec.recent();
         assert_eq!(r.len(), RECORDED_CALLS);
-        assert_eq!(r[0].seq, 100 - RECORDED_CALLS as u64);
-        assert_eq!(r.last().unwrap().seq, 99);
+        assert_eq!(r[0].call.seq, 100 - RECORDED_CALLS as u64);
+        assert_eq!(r.last().unwrap().call.seq, 99);
         assert_eq!(r.last().unwrap().state, CallState::Failed);
         assert_eq!(r[0].state, CallState::Done);
         let text = rec.last().unwrap().to_string();

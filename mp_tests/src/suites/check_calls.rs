@@ -170,8 +170,8 @@ TEST!(CheckCallsTest, MatchingCallsRun, |_ctx| {
         Some(l) => *l,
         None => FAIL!("the recorder is empty"),
     };
-    EXPECT_EQ!(last.kind, CollectiveKind::AllReduce);
-    EXPECT_EQ!(last.count, 0);
+    EXPECT_EQ!(last.call.kind, CollectiveKind::AllReduce);
+    EXPECT_EQ!(last.call.count, 0);
     EXPECT_TRUE!(recent.len() >= 6, "{} recorded calls", recent.len());
 });
 
