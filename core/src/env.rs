@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use mscclpp_hal::env::{parse_bool, parse_hostid, parse_library_path, Var};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// Log verbosity (`MSCCLPP_LOG_LEVEL`, or `MSCCLPP_DEBUG`), in increasing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -142,6 +143,18 @@ pub const DETERMINISTIC: &str = "MSCCLPP_DETERMINISTIC";
 pub const COPY_DRIVER_MAX_BYTES: &str = "MSCCLPP_COPY_DRIVER_MAX_BYTES";
 /// The default of [`COPY_DRIVER_MAX_BYTES`]: 256 MiB.
 pub const COPY_DRIVER_MAX_BYTES_DEFAULT: usize = 256 << 20;
+/// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress (a receive
+/// whose send never comes) before it fails.
+pub const P2P_TIMEOUT: &str = "MSCCLPP_P2P_TIMEOUT";
+/// The default of [`P2P_TIMEOUT`].
+pub const P2P_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+/// `MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT`: how long a joining rank keeps retrying a bootstrap
+/// root that refuses connections (nothing listens there) before it fails.
+pub const BOOTSTRAP_REFUSED_TIMEOUT: &str = "MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT";
+/// The default of [`BOOTSTRAP_REFUSED_TIMEOUT`] for a `UniqueId`, whose root listens from the
+/// moment the id is made (an `ip:port` root may start later than its ranks: there the default
+/// is the bootstrap's whole timeout).
+pub const BOOTSTRAP_REFUSED_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 
 const fn var(name: &'static str, default: &'static str, doc: &'static str) -> Var {
     Var { name, default, doc }
@@ -290,6 +303,16 @@ pub const VARS: &[Var] = &[
         "0",
         "boolean: reductions fold the ranks in rank order (bitwise reproducible)",
     ),
+    var(
+        P2P_TIMEOUT,
+        "60",
+        "seconds (or 500ms, 2m): a point-to-point batch without progress fails after it",
+    ),
+    var(
+        BOOTSTRAP_REFUSED_TIMEOUT,
+        "5 (UniqueId), the bootstrap timeout (ip:port)",
+        "seconds (or 500ms, 2m): a root refusing connections this long is an error",
+    ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
     var(
         "OMPI_MCA_ess_base_jobid",
@@ -378,6 +401,8 @@ pub struct Env {
     copy_driver_max_bytes: Parsed<usize>,
     check_calls: Parsed<bool>,
     deterministic: Parsed<bool>,
+    p2p_timeout: Parsed<Option<Duration>>,
+    bootstrap_refused_timeout: Parsed<Option<Duration>>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -472,6 +497,36 @@ fn parse_copy_driver_max(value: Option<String>) -> Parsed<usize> {
             format!(
                 "{COPY_DRIVER_MAX_BYTES}={v}: expected a byte count such as 0, 65536, 64K, 256M \
                  or 1G"
+            )
+        })
+}
+
+/// A duration variable: seconds (`30`, `2.5`, `30s`), milliseconds (`500ms`) or minutes
+/// (`2m`), above zero and at most a year; unset or blank = `None` (the caller's default).
+fn parse_duration(name: &str, value: Option<String>) -> Parsed<Option<Duration>> {
+    let Some(v) = non_empty(value) else {
+        return Ok(None);
+    };
+    let lower = v.to_ascii_lowercase();
+    let (digits, unit) = if let Some(d) = lower.strip_suffix("ms") {
+        (d, 1e-3)
+    } else if let Some(d) = lower.strip_suffix('s') {
+        (d, 1.0)
+    } else if let Some(d) = lower.strip_suffix('m') {
+        (d, 60.0)
+    } else {
+        (lower.as_str(), 1.0)
+    };
+    digits
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .map(|x| x * unit)
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 365.0 * 86400.0)
+        .map(|s| Some(Duration::from_secs_f64(s)))
+        .ok_or_else(|| {
+            format!(
+                "{name}={v}: expected a duration above 0 such as 30 (seconds), 2.5, 500ms or 2m"
             )
         })
 }
@@ -600,6 +655,11 @@ impl Env {
             copy_driver_max_bytes: parse_copy_driver_max(lookup(COPY_DRIVER_MAX_BYTES)),
             check_calls: parse_bool(CHECK_CALLS, lookup(CHECK_CALLS).as_deref()),
             deterministic: parse_bool(DETERMINISTIC, lookup(DETERMINISTIC).as_deref()),
+            p2p_timeout: parse_duration(P2P_TIMEOUT, lookup(P2P_TIMEOUT)),
+            bootstrap_refused_timeout: parse_duration(
+                BOOTSTRAP_REFUSED_TIMEOUT,
+                lookup(BOOTSTRAP_REFUSED_TIMEOUT),
+            ),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -637,7 +697,8 @@ impl Env {
             err(&self.force_disable_gdr), err(&self.cudaipc_use_default_stream),
             err(&self.forced_algorithms), err(&self.nvls_emulation),
             err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
-            err(&self.check_calls), err(&self.deterministic),
+            err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
+            err(&self.bootstrap_refused_timeout),
         ];
         level
             .into_iter()
@@ -741,6 +802,23 @@ impl Env {
     /// memcpy rather than the copy kernel (a byte count, `K`/`M`/`G` suffixes; default 256M).
     pub fn copy_driver_max_bytes(&self) -> Result<usize> {
         Self::typed(&self.copy_driver_max_bytes)
+    }
+    /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress before it
+    /// fails (default [`P2P_TIMEOUT_DEFAULT`]). A malformed value is warned about at startup
+    /// and the default used.
+    pub fn p2p_timeout(&self) -> Duration {
+        self.p2p_timeout
+            .clone()
+            .ok()
+            .flatten()
+            .unwrap_or(P2P_TIMEOUT_DEFAULT)
+    }
+    /// `MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT`: how long a joining rank retries a root that refuses
+    /// its connections; `None` when unset (or malformed, which is warned about at startup):
+    /// the bootstrap then uses [`BOOTSTRAP_REFUSED_TIMEOUT_DEFAULT`] for a `UniqueId` and its
+    /// whole timeout for `ip:port`.
+    pub fn bootstrap_refused_timeout(&self) -> Option<Duration> {
+        self.bootstrap_refused_timeout.clone().ok().flatten()
     }
     /// The value of launcher variable `name` (one of [`LAUNCHER_JOB_VARS`]; `None` for any
     /// other name or when unset), as the bootstrap's job key reads it.
@@ -887,6 +965,29 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn durations() {
+        let p2p = |v: &str| env_of(&[(P2P_TIMEOUT, v)]);
+        assert_eq!(env_of(&[]).p2p_timeout(), P2P_TIMEOUT_DEFAULT);
+        assert_eq!(p2p("7").p2p_timeout(), Duration::from_secs(7));
+        assert_eq!(p2p(" 2.5s ").p2p_timeout(), Duration::from_millis(2500));
+        assert_eq!(p2p("500ms").p2p_timeout(), Duration::from_millis(500));
+        assert_eq!(p2p("2m").p2p_timeout(), Duration::from_secs(120));
+        for bad in ["0", "-1", "soon", "1h", "nan", "1e30"] {
+            let e = p2p(bad);
+            assert_eq!(e.p2p_timeout(), P2P_TIMEOUT_DEFAULT, "{bad}");
+            let p = e.problems();
+            assert!(
+                p.iter()
+                    .any(|m| m.contains(&format!("{P2P_TIMEOUT}={bad}: expected a duration"))),
+                "{bad}: {p:?}"
+            );
+        }
+        assert_eq!(env_of(&[]).bootstrap_refused_timeout(), None);
+        let e = env_of(&[(BOOTSTRAP_REFUSED_TIMEOUT, "1")]);
+        assert_eq!(e.bootstrap_refused_timeout(), Some(Duration::from_secs(1)));
     }
 
     #[test]

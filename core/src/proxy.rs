@@ -402,9 +402,9 @@ impl ProxyService {
         log.count = 0;
         log.last = None;
         match log.first.take() {
-            Some(e) if n > 1 => Err(Error::Internal(format!(
-                "{n} proxy requests failed; the first: {e}"
-            ))),
+            // The first failure's class (a dead peer's RemoteError, a frozen one's Timeout)
+            // and its rank are kept: the count is context, not a new internal error.
+            Some(e) if n > 1 => Err(e.context(format!("{n} proxy requests failed; the first"))),
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -527,7 +527,37 @@ fn proxy_loop(shared: &ProxyShared, stop: &AtomicBool, flush_timeout: Duration) 
     }
 }
 
+/// A failed request's error, naming the peer: a transport error of a connection that knows
+/// its rank (an EOF, a reset, a broken connection) is [`Error::Remote`] for that rank; a
+/// timeout stays a timeout and a bad request stays invalid usage, both with the rank in front.
+fn name_the_peer(e: Error, t: &ProxyTrigger, peer: Option<usize>) -> Error {
+    let Some(rank) = peer else {
+        return e;
+    };
+    match e {
+        Error::Remote { .. } => e,
+        Error::Io { .. } | Error::Hal { .. } | Error::Internal(_) => Error::remote(
+            rank,
+            format!("proxy request {t:x?} to rank {rank} failed: {e}"),
+        ),
+        e => e.context(format!("proxy request to rank {rank}")),
+    }
+}
+
 fn handle_trigger(
+    t: &ProxyTrigger,
+    tables: &Tables,
+    flush_timeout: Duration,
+    shared: &ProxyShared,
+) -> Result<()> {
+    let peer = tables
+        .semaphores
+        .get(t.semaphore_id() as usize)
+        .and_then(|s| s.connection().remote_rank());
+    carry_out(t, tables, flush_timeout, shared).map_err(|e| name_the_peer(e, t, peer))
+}
+
+fn carry_out(
     t: &ProxyTrigger,
     tables: &Tables,
     flush_timeout: Duration,

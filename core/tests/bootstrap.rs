@@ -166,8 +166,82 @@ fn timeout_with_id_root_never_comes() {
 }
 
 #[test]
+fn an_id_whose_root_has_exited_fails_at_the_refused_bound() {
+    // The id's rank 0 is gone (its listener closed): every connection is refused. Before, a
+    // joiner retried until its whole timeout (300 s in the NCCL library); now it gives up after
+    // MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT (default 5 s), saying the id may be stale.
+    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+    assert!(TcpBootstrap::release_unique_id(&id));
+    let mut b = TcpBootstrap::new(1, 2).expect("new");
+    let t0 = Instant::now();
+    let err = b
+        .initialize_with_id(&id, Duration::from_secs(60))
+        .expect_err("nothing listens");
+    let took = t0.elapsed();
+    println!("MEASURE stale_id_s {:.3}", took.as_secs_f64());
+    assert_eq!(err.code(), ErrorCode::SystemError, "{err}");
+    let msg = err.to_string();
+    for want in [
+        id.root_addr().to_string().as_str(),
+        "refused for 5s",
+        "stale",
+        "MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT",
+    ] {
+        assert!(msg.contains(want), "{want:?} in {msg}");
+    }
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(7),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn a_refused_rank_of_the_job_stops_every_rank_at_once() {
+    // Ranks 0 and 2 of 3 wait for rank 1; rank 1 comes with nranks 4 (same UniqueId, so a rank
+    // of this job). It is refused, and the job cannot complete: ranks 0 and 2 are told at once
+    // naming rank 1 and why (before: they waited for their whole timeout).
+    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+    let t0 = Instant::now();
+    let waiting: Vec<_> = [0usize, 2]
+        .into_iter()
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let mut b = TcpBootstrap::new(rank, 3).expect("new");
+                let r = b.initialize_with_id(&id, Duration::from_secs(30));
+                (rank, r, t0.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut b = TcpBootstrap::new(1, 4).expect("new");
+    let refused_at = t0.elapsed();
+    let e = b
+        .initialize_with_id(&id, Duration::from_secs(30))
+        .expect_err("nranks differ");
+    assert_eq!(e.code(), ErrorCode::InvalidUsage, "{e}");
+    for h in waiting {
+        let (rank, r, at) = h.join().expect("rank thread");
+        let e = r.expect_err("the job was stopped");
+        let after = at.saturating_sub(refused_at);
+        println!(
+            "MEASURE refused_peer_rank{rank}_s {:.3}",
+            after.as_secs_f64()
+        );
+        assert_eq!(e.code(), ErrorCode::InvalidUsage, "rank {rank}: {e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("refused a rank of this job") && msg.contains("rank 1"),
+            "rank {rank}: {msg}"
+        );
+        assert!(msg.contains("says nranks = 4"), "rank {rank}: {msg}");
+        assert!(after < Duration::from_secs(2), "rank {rank}: {after:?}");
+    }
+}
+
+#[test]
 fn mismatched_nranks_is_refused_without_aborting_the_job() {
-    // The joiner with the wrong nranks is refused at once; the root keeps waiting for a real
+    // The joiner with the wrong nranks is refused at once; without a job key (ip:port mode, no
+    // launcher) it cannot be told from another job's rank, so the root keeps waiting for a real
     // rank 1 and, when none comes, its timeout names what it refused.
     let addr = InitAddr::parse(&format!("127.0.0.1:{}", free_port())).expect("addr");
     let a2 = addr.clone();
@@ -338,34 +412,52 @@ fn dropped_peer_fails_recv_promptly() {
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
-#[test]
-fn port_in_use_is_retried_then_reported() {
-    // Held for the whole bind retry window: a clear error naming the address.
+/// Rank `rank` of 2 initializes at a port this process holds with a listener that accepts but
+/// never answers: it must fail with a system error naming the address and this process as the
+/// holder. Returns the message and how long it took.
+fn init_at_a_held_port(rank: usize, timeout: Duration) -> (String, Duration) {
     let holder = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = holder.local_addr().expect("addr").port();
-    let mut b = TcpBootstrap::new(0, 1).expect("new");
+    let addr = holder.local_addr().expect("addr").to_string();
+    let mut b = TcpBootstrap::new(rank, 2).expect("new");
+    let t0 = Instant::now();
     let err = b
-        .initialize_with_addr(&format!("127.0.0.1:{port}"), Duration::from_secs(10))
-        .expect_err("port held");
+        .initialize_with_addr(&addr, timeout)
+        .expect_err("the port is held");
+    let took = t0.elapsed();
     assert_eq!(err.code(), ErrorCode::SystemError, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains(&addr), "{msg}");
     assert!(
-        err.to_string().contains(&format!("127.0.0.1:{port}")),
-        "{err}"
+        msg.contains(&format!("pid {}", std::process::id())),
+        "names the holder: {msg}"
     );
-    assert!(err.to_string().contains("in use"), "{err}");
+    drop(holder);
+    (msg, took)
+}
 
-    // Released while rank 0 retries: the retry succeeds, and rank 1 (which may first have
-    // connected to the holder) retries its join too.
-    let releaser = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        drop(holder);
-    });
-    let addr = InitAddr::parse(&format!("127.0.0.1:{port}")).expect("addr");
-    let out = run_group(2, addr, |b| {
-        b.all_gather(&[b.rank() as u8 + 1]).expect("all_gather")
-    });
-    releaser.join().expect("releaser");
-    assert_eq!(out[1], vec![vec![1], vec![2]]);
+#[test]
+fn port_in_use_is_reported_at_once_naming_its_holder() {
+    // Another socket listens on the port: waiting would not free it, so rank 0 fails at once
+    // (it retried for about 2.5 s before), naming the port and the process holding it (this
+    // test's own process here).
+    let (msg, took) = init_at_a_held_port(0, Duration::from_secs(10));
+    println!("MEASURE port_in_use_s {:.3}", took.as_secs_f64());
+    assert!(msg.contains("is already in use"), "{msg}");
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+}
+
+#[test]
+fn a_joiner_at_a_squatted_port_fails_when_no_root_answers() {
+    // The program at the root's port accepts but never answers: a joiner fails after
+    // ROOT_ACK_WAIT (5 s; a real root acknowledges every hello at once) naming the holder,
+    // instead of waiting for its whole timeout (60 s here).
+    let (msg, took) = init_at_a_held_port(1, Duration::from_secs(60));
+    println!("MEASURE squatted_port_joiner_s {:.3}", took.as_secs_f64());
+    assert!(msg.contains("sent no bootstrap answer"), "{msg}");
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(7),
+        "{took:?}"
+    );
 }
 
 #[test]

@@ -17,8 +17,8 @@ use mscclpp::fifo::{TRIGGER_DATA, TRIGGER_SYNC};
 use mscclpp::port_channel::{BasePortChannelDeviceHandle, MemoryId};
 use mscclpp::semaphore::{Host2DeviceSemaphore, Host2HostSemaphore};
 use mscclpp::{
-    Communicator, Connection, Context, Device, EndpointConfig, IbMode, LocalMemory, ProxyService,
-    RegisteredMemory, Transport,
+    Communicator, Connection, Context, Device, EndpointConfig, ErrorCode, IbMode, LocalMemory,
+    ProxyService, RegisteredMemory, Transport,
 };
 
 mod common;
@@ -349,6 +349,14 @@ fn proxy_stop_behind_frozen_peer() {
             .contains(&format!("{n} proxy requests failed")),
         "{e}"
     );
+    // The peer's failure keeps its class (a frozen peer: the flush timed out, then the broken
+    // connection names the rank), never an internal error of this library.
+    assert!(
+        matches!(e.code(), ErrorCode::Timeout | ErrorCode::RemoteError),
+        "expected Timeout or RemoteError, got {:?}: {e}",
+        e.code()
+    );
+    assert!(e.to_string().contains("rank 1"), "names the rank: {e}");
 }
 
 /// Rank 1 freezes; rank 0's proxy is blocked sending a 64 MiB put into the frozen peer's full

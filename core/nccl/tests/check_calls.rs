@@ -5,58 +5,19 @@
 
 mod common;
 
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::c_int;
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mscclpp_nccl::abi;
 use mscclpp_nccl::exports::*;
 use mscclpp_nccl::exports_ops::*;
 
+use common::per_rank;
+
 const FLOAT: c_int = 7;
 const SUM: c_int = 0;
 const WITHIN: Duration = Duration::from_secs(1);
-
-fn last_error() -> String {
-    // SAFETY: ncclGetLastError returns a NUL-terminated string owned by the library.
-    unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// One NCCL call per rank (`call(rank, comm, buffer)`), each on its own thread; returns every
-/// rank's (result, time taken, last error).
-fn per_rank(
-    comms: &[*mut c_void],
-    call: impl Fn(usize, *mut c_void, *mut c_void) -> c_int + Sync,
-) -> Vec<(c_int, Duration, String)> {
-    let call = &call;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, &c)| {
-                let c = c as usize;
-                s.spawn(move || {
-                    let mut buf = vec![1f32; 4096];
-                    let t = Instant::now();
-                    let rc = call(r, c as *mut c_void, buf.as_mut_ptr().cast());
-                    let took = t.elapsed();
-                    let msg = if rc == abi::SUCCESS {
-                        String::new()
-                    } else {
-                        last_error()
-                    };
-                    (rc, took, msg)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
-}
 
 fn expect_all_fail(results: &[(c_int, Duration, String)], words: &[&str]) {
     for (r, (rc, took, msg)) in results.iter().enumerate() {

@@ -15,7 +15,7 @@
 //! instead of a hang.
 
 mod netif;
-mod socket;
+pub(crate) mod socket;
 mod tcp;
 mod unique_id;
 
@@ -52,6 +52,12 @@ pub trait Bootstrap: Send + Sync {
     fn send(&self, data: &[u8], peer: usize, tag: u64) -> Result<()>;
     /// Receives the next message `peer` sent under `tag`.
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
+    /// The next message `peer` sent under `tag` if one has arrived; never waits (default:
+    /// `Ok(None)`, a bootstrap that cannot tell). Used for out-of-band notices (a point-to-point
+    /// peer reporting a size mismatch) that a waiting rank polls.
+    fn try_recv(&self, _peer: usize, _tag: u64) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
     /// The bound this bootstrap puts on blocking operations, if it has one; the communicator
     /// waits as long for peers' connections (default: none known).
     fn operation_timeout(&self) -> Option<std::time::Duration> {

@@ -1,5 +1,5 @@
-//! TCP helpers with deadlines: bind with EADDRINUSE retries, connect with retries until a
-//! deadline, and reads/writes that give up at the deadline.
+//! TCP helpers with deadlines: bind (a port in use is an error at once, naming its holder),
+//! connect with retries until a deadline, and reads/writes that give up at the deadline.
 
 use crate::backoff::Backoff;
 use crate::error::{Error, Result};
@@ -59,38 +59,65 @@ impl Deadline {
     }
 }
 
-const BIND_ATTEMPTS: u32 = 10;
+/// Binds a listener on `addr`. A port another socket listens on is an error at once (no
+/// retries: waiting would not free it), naming the port and, where `/proc` tells, the process
+/// that holds it. std sets `SO_REUSEADDR`, so a port in TIME_WAIT binds at once.
+pub(crate) fn bind_listener(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| {
+        if e.kind() == ErrorKind::AddrInUse {
+            Error::io(
+                format!(
+                    "bind {addr}: port {} is already in use ({}): expected a free port; pick \
+                     another one (the bootstrap's ip:port, e.g. mp_unit_tests --ip_port) or stop \
+                     the program listening there",
+                    addr.port(),
+                    port_holder(addr.port())
+                ),
+                e,
+            )
+        } else {
+            Error::io(format!("bind {addr}"), e)
+        }
+    })
+}
 
-/// Binds a listener on `addr`, retrying up to 10 times (about 2.5 s in all) while the address
-/// is in use, and never past `deadline` when one is given. std sets `SO_REUSEADDR`, so a port
-/// in TIME_WAIT binds at once.
-pub(crate) fn bind_listener(addr: SocketAddr, deadline: Option<&Deadline>) -> Result<TcpListener> {
-    let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(500));
-    let mut attempt = 1;
-    loop {
-        match TcpListener::bind(addr) {
-            Ok(l) => return Ok(l),
-            Err(e)
-                if e.kind() == ErrorKind::AddrInUse
-                    && attempt < BIND_ATTEMPTS
-                    && deadline.is_none_or(|d| d.remaining().is_some()) =>
-            {
-                crate::log_info!(
-                    "BOOTSTRAP",
-                    "bind {addr}: address in use, retry {attempt}/{BIND_ATTEMPTS}"
-                );
-                attempt += 1;
-                backoff.snooze_at_most(deadline.and_then(Deadline::remaining));
-            }
-            Err(e) if e.kind() == ErrorKind::AddrInUse => {
-                return Err(Error::io(
-                    format!("bind {addr} (still in use after {attempt} attempts; is another bootstrap root or program listening there?)"),
-                    e,
-                ));
-            }
-            Err(e) => return Err(Error::io(format!("bind {addr}"), e)),
+/// Who listens on TCP `port`, as far as `/proc` tells this user: `pid 123 (name)`, or the
+/// owning uid when the process is not visible.
+pub(crate) fn port_holder(port: u16) -> String {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .find_map(|t| listening_inode(&t, port));
+    let Some((inode, uid)) = inode else {
+        return "its holder is not visible in /proc/net/tcp".to_string();
+    };
+    let want = format!("socket:[{inode}]");
+    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    for pid in pids.filter_map(|d| d.file_name().to_str()?.parse::<u32>().ok()) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        let holds = fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()));
+        if holds {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            return format!("listening: pid {pid} ({})", comm.trim());
         }
     }
+    format!("listening: a process of uid {uid} this user cannot see")
+}
+
+/// The (inode, uid) of the socket listening on `port` in a `/proc/net/tcp` table.
+fn listening_inode(table: &str, port: u16) -> Option<(u64, u32)> {
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let local_port = f.get(1)?.rsplit(':').next()?;
+        let listening = *f.get(3)? == "0A";
+        (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+            .then(|| Some((f.get(9)?.parse().ok()?, f.get(7)?.parse().ok()?)))
+            .flatten()
+    })
 }
 
 /// Set when the local bootstrap root has failed: the local rank stops retrying at once.
@@ -102,16 +129,28 @@ pub(crate) fn cancelled() -> Error {
     Error::Aborted("the local bootstrap root failed".into())
 }
 
+/// How long [`connect_retry`] retries refused connections (nothing listens at the address)
+/// before it gives up, and what its error then says about why.
+pub(crate) struct RefusedLimit {
+    /// Refusals in a row for this long end the retries.
+    pub(crate) limit: Duration,
+    /// The likely causes, for the error (`the UniqueId may be stale`).
+    pub(crate) hint: String,
+}
+
 /// Connects to `who` at `addr`, retrying refused/unreachable attempts until `deadline` (or
-/// until `cancel` is set).
+/// until `cancel` is set, or, with `refused`, until connections were refused for its limit
+/// in a row).
 pub(crate) fn connect_retry(
     addr: SocketAddr,
     deadline: &Deadline,
     who: &str,
     cancel: &Cancel,
+    refused: Option<&RefusedLimit>,
 ) -> Result<TcpStream> {
     let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(50));
     let mut last_err: Option<std::io::Error> = None;
+    let mut refused_since: Option<Instant> = None;
     while let Some(left) = deadline.remaining() {
         if cancel.load(std::sync::atomic::Ordering::Acquire) {
             return Err(cancelled());
@@ -137,6 +176,21 @@ pub(crate) fn connect_retry(
                 );
                 if !retry {
                     return Err(Error::io(format!("connect to {who} at {addr}"), e));
+                }
+                if e.kind() != ErrorKind::ConnectionRefused {
+                    refused_since = None;
+                } else if let Some(r) = refused {
+                    let since = *refused_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= r.limit {
+                        return Err(Error::io(
+                            format!(
+                                "connecting to {who} at {addr}: every connection was refused \
+                                 for {:?} (nothing listens at {addr}): {}",
+                                r.limit, r.hint
+                            ),
+                            e,
+                        ));
+                    }
                 }
                 last_err = Some(e);
                 backoff.snooze_at_most(deadline.remaining());

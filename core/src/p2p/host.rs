@@ -13,9 +13,11 @@
 //! timeout without progress.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Dir, Hooks, P2pOp};
+use crate::bootstrap::Bootstrap;
 use crate::communicator::Communicator;
 use crate::connection::Connection;
 use crate::error::{Error, Result};
@@ -43,6 +45,11 @@ const TAG_DATA: u64 = 0x4e43_0003;
 const TAG_ACK: u64 = 0x4e43_0004;
 /// How often a stalled loop checks its peers.
 const LIVENESS_EVERY: Duration = Duration::from_millis(20);
+/// Bootstrap tag of a size-mismatch notice: the receiver that found the mismatch tells the
+/// sender, whose send would otherwise wait for acknowledgements that never come.
+const TAG_MISMATCH: u64 = 0x4d50_3250_4d49_5300; // "MP2PMIS\0"
+/// A stalled batch warns (naming what it waits for) after this, then at every doubling.
+pub(super) const WARN_AFTER: Duration = Duration::from_secs(5);
 
 struct Link {
     conn: Connection,
@@ -79,6 +86,11 @@ fn overwrites_unsent(r: &Progress, sends: &VecDeque<Progress>) -> bool {
 pub(super) struct HostP2p {
     rank: usize,
     links: Vec<Option<Link>>,
+    /// Out-of-band notices to and from peers (size mismatches).
+    bootstrap: Arc<dyn Bootstrap>,
+    /// This instance's random id, and every rank's: a notice names the instance it is for, so
+    /// one meant for an earlier `PointToPoint` of the communicator is ignored.
+    ids: Vec<u64>,
 }
 
 fn core_err(what: &str) -> impl FnOnce(Error) -> Error + '_ {
@@ -107,9 +119,28 @@ impl HostP2p {
     pub(super) fn setup(comm: &Communicator) -> Result<HostP2p> {
         let b = comm.bootstrap();
         let (rank, n) = (b.rank(), b.nranks());
-        let hashes: Vec<Vec<u8>> = b
-            .all_gather(&host_hash().to_le_bytes())
-            .map_err(core_err("p2p setup"))?;
+        let mut mine = host_hash().to_le_bytes().to_vec();
+        mine.extend_from_slice(&crate::bootstrap::socket::random_u64().to_le_bytes());
+        let gathered: Vec<Vec<u8>> = b.all_gather(&mine).map_err(core_err("p2p setup"))?;
+        let word = |v: &[u8], at: usize| {
+            v.get(at..at + 8)
+                .and_then(|w| w.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "p2p setup: a peer sent {} bytes, expected 16",
+                        v.len()
+                    ))
+                })
+        };
+        let hashes = gathered
+            .iter()
+            .map(|v| word(v, 0))
+            .collect::<Result<Vec<u64>>>()?;
+        let ids = gathered
+            .iter()
+            .map(|v| word(v, 8))
+            .collect::<Result<Vec<u64>>>()?;
         let mut pending = Vec::new();
         for p in (0..n).filter(|&p| p != rank) {
             let transport = if hashes[p] == hashes[rank] {
@@ -176,8 +207,71 @@ impl HostP2p {
                 _inbox_reg: inbox_reg,
             });
         }
-        Ok(HostP2p { rank, links })
+        Ok(HostP2p {
+            rank,
+            links,
+            bootstrap: b.clone(),
+            ids,
+        })
     }
+
+    /// A size-mismatch notice `peer` sent to this instance, if one has arrived.
+    fn mismatch_from(&self, peer: usize) -> Result<Option<String>> {
+        while let Some(m) = self.bootstrap.try_recv(peer, TAG_MISMATCH)? {
+            if m.len() >= 8 && m[..8] == self.ids[self.rank].to_le_bytes() {
+                return Ok(Some(String::from_utf8_lossy(&m[8..]).into_owned()));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Tells `peer` (its instance `id`) that its send does not match this rank's receive (best
+/// effort: a peer that cannot be told times out instead).
+fn tell_mismatch(bootstrap: &dyn Bootstrap, id: u64, peer: usize, what: &str) {
+    let mut msg = id.to_le_bytes().to_vec();
+    msg.extend_from_slice(what.as_bytes());
+    if let Err(e) = bootstrap.send(&msg, peer, TAG_MISMATCH) {
+        crate::log_warn!("P2P", "telling rank {peer} of a size mismatch failed: {e}");
+    }
+}
+
+/// The size-mismatch message of a receive of `expects` bytes from `peer` whose matching send
+/// sends `sends` bytes (the receiver's view; the sender is told the same words).
+fn mismatch(peer: usize, sends: u64, expects: usize) -> String {
+    format!(
+        "point-to-point receive from rank {peer}: the matching send sends {sends} bytes, this \
+         receive expects {expects} bytes: expected the same count and datatype on both sides"
+    )
+}
+
+/// What a stalled batch still waits for, per peer: sends and receives with their sizes and how
+/// far each got (for the warning and the timeout).
+fn pending_text(sends: &[VecDeque<Progress>], recvs: &[VecDeque<Progress>]) -> String {
+    let mut parts = Vec::new();
+    for (p, (s, r)) in sends.iter().zip(recvs).enumerate() {
+        for x in s {
+            parts.push(format!(
+                "a send of {} bytes to rank {p} ({} bytes taken so far)",
+                x.op.bytes, x.done
+            ));
+        }
+        for x in r {
+            parts.push(if x.done == 0 {
+                format!(
+                    "a receive of {} bytes from rank {p} (nothing arrived: rank {p} has not \
+                     posted the matching send)",
+                    x.op.bytes
+                )
+            } else {
+                format!(
+                    "a receive of {} bytes from rank {p} ({} bytes arrived so far)",
+                    x.op.bytes, x.done
+                )
+            });
+        }
+    }
+    parts.join("; ")
 }
 
 /// Where one operation stands.
@@ -255,11 +349,7 @@ impl Link {
             ));
         }
         if total != r.op.bytes as u64 {
-            return Err(Error::invalid(format!(
-                "point-to-point receive from rank {peer}: the matching send sends {total} bytes, \
-                 this receive expects {} bytes: expected the same count and datatype on both sides",
-                r.op.bytes
-            )));
+            return Err(Error::invalid(mismatch(peer, total, r.op.bytes)));
         }
         let len = CHUNK.min(r.op.bytes - r.done);
         // SAFETY: inside the caller's writable buffer (done + len <= bytes).
@@ -304,6 +394,8 @@ impl HostP2p {
             });
         }
         let (mut last_progress, mut last_check, mut spins) = (Instant::now(), Instant::now(), 0);
+        let first_warning = WARN_AFTER.min(timeout / 4);
+        let mut next_warning = first_warning;
         loop {
             let (mut progressed, mut pending) = (false, false);
             for p in 0..n {
@@ -340,7 +432,12 @@ impl HostP2p {
                         && link.data.poll()
                     {
                         // SAFETY: the caller's contract on the buffers.
-                        unsafe { link.recv_chunk(r, p)? };
+                        if let Err(e) = unsafe { link.recv_chunk(r, p) } {
+                            if let Error::InvalidUsage(m) = &e {
+                                tell_mismatch(&*self.bootstrap, self.ids[p], p, m);
+                            }
+                            return Err(e);
+                        }
                         progressed = true;
                     }
                     if r.done == r.op.bytes {
@@ -354,6 +451,7 @@ impl HostP2p {
             }
             if progressed {
                 last_progress = Instant::now();
+                next_warning = first_warning;
                 spins = 0;
                 continue;
             }
@@ -365,24 +463,40 @@ impl HostP2p {
             if last_check.elapsed() >= LIVENESS_EVERY {
                 for p in (0..n).filter(|&p| !sends[p].is_empty() || !recvs[p].is_empty()) {
                     (hooks.check_peer)(p)?;
+                    if sends[p].is_empty() {
+                        continue;
+                    }
+                    if let Some(why) = self.mismatch_from(p)? {
+                        return Err(Error::invalid(format!(
+                            "point-to-point send to rank {p}: rank {p} found a size mismatch and \
+                             failed: rank {p}'s {why}"
+                        )));
+                    }
                 }
                 last_check = Instant::now();
             }
-            if last_progress.elapsed() >= timeout {
-                let stuck: Vec<String> = (0..n)
-                    .filter_map(|p| match (sends[p].len(), recvs[p].len()) {
-                        (0, 0) => None,
-                        (s, r) => Some(format!("rank {p}: {s} sends, {r} receives")),
-                    })
-                    .collect();
+            let stalled = last_progress.elapsed();
+            if stalled >= timeout {
                 return Err(Error::timeout(
                     format!(
                         "point-to-point send/recv made no progress (pending: {}): expected each \
-                         peer to post the matching calls",
-                        stuck.join("; ")
+                         peer to post the matching calls (MSCCLPP_P2P_TIMEOUT sets this bound)",
+                        pending_text(&sends, &recvs)
                     ),
                     timeout,
                 ));
+            }
+            if stalled >= next_warning {
+                crate::log_warn!(
+                    "P2P",
+                    "rank {}: point-to-point send/recv has made no progress for {:.1?}, still \
+                     waiting for: {}; fails after {timeout:?} without progress \
+                     (MSCCLPP_P2P_TIMEOUT)",
+                    self.rank,
+                    stalled,
+                    pending_text(&sends, &recvs)
+                );
+                next_warning = next_warning.saturating_mul(2);
             }
             backoff(&mut spins);
         }

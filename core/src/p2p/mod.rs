@@ -5,7 +5,8 @@
 //! order without deadlock; per (peer, direction) messages match in call order, as NCCL
 //! specifies. Both ends of a message must agree on its size: a receive whose size differs from
 //! the matching send's is an error naming both sizes where the backend can tell (always on the
-//! host backend; on the GPU it is recorded on the device, see [`PointToPoint::device_error`]).
+//! host backend, on both ends at once: the receiver that finds it tells the sender through the
+//! bootstrap; on the GPU it is recorded on the device, see [`PointToPoint::device_error`]).
 //! Sends to and receives from this rank itself are matched in call order and copied.
 //!
 //! Two implementations of the same API:
@@ -49,9 +50,12 @@ use crate::transport::{Device, DeviceType};
 
 pub use gpu::{chunk_of, GpuLayout, CHANNELS, CHUNK, MAX_OPS_PER_LAUNCH, MIN_CHUNK, SLOTS};
 
-/// Bound on a batch that makes no progress (host: the calling thread gives up; GPU: the
-/// kernel records an error and returns). Change it with [`PointToPoint::set_timeout`].
-pub const P2P_STALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// The default bound on a batch that makes no progress (host: the calling thread gives up;
+/// GPU: the kernel records an error and returns): `MSCCLPP_P2P_TIMEOUT` (read when a
+/// [`PointToPoint`] is made) overrides it, [`PointToPoint::set_timeout`] overrides both. A
+/// host-backend batch also warns, naming the peers and sizes it waits for, after 5 s without
+/// progress (a quarter of the timeout when that is shorter) and at every doubling.
+pub const P2P_STALL_TIMEOUT: Duration = crate::env::P2P_TIMEOUT_DEFAULT;
 
 /// Direction of a point-to-point operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,7 +149,7 @@ impl PointToPoint {
             rank,
             nranks,
             device,
-            timeout: P2P_STALL_TIMEOUT,
+            timeout: crate::env::Env::current().p2p_timeout(),
             inner,
             check: crate::collectives::check::P2pCheck::new(&comm),
         })
@@ -164,7 +168,7 @@ impl PointToPoint {
         self.device
     }
 
-    /// Sets the stall timeout (default [`P2P_STALL_TIMEOUT`]).
+    /// Sets the stall timeout (default `MSCCLPP_P2P_TIMEOUT`, else [`P2P_STALL_TIMEOUT`]).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }

@@ -124,3 +124,47 @@ pub fn comms_in_group(n: usize) -> Vec<*mut std::ffi::c_void> {
     }
     comms
 }
+
+/// The calling thread's last NCCL error message.
+pub fn last_error() -> String {
+    // SAFETY: ncclGetLastError returns a NUL-terminated string owned by the library.
+    unsafe {
+        std::ffi::CStr::from_ptr(mscclpp_nccl::exports::ncclGetLastError(std::ptr::null_mut()))
+    }
+    .to_string_lossy()
+    .into_owned()
+}
+
+/// One NCCL call per rank (`call(rank, comm, buffer)`), each on its own thread; returns every
+/// rank's (result, time taken, last error).
+pub fn per_rank(
+    comms: &[*mut std::ffi::c_void],
+    call: impl Fn(usize, *mut std::ffi::c_void, *mut std::ffi::c_void) -> std::ffi::c_int + Sync,
+) -> Vec<(std::ffi::c_int, Duration, String)> {
+    let call = &call;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| {
+                let c = c as usize;
+                s.spawn(move || {
+                    let mut buf = vec![1f32; 4096];
+                    let t = Instant::now();
+                    let rc = call(r, c as *mut std::ffi::c_void, buf.as_mut_ptr().cast());
+                    let took = t.elapsed();
+                    let msg = if rc == mscclpp_nccl::abi::SUCCESS {
+                        String::new()
+                    } else {
+                        last_error()
+                    };
+                    (rc, took, msg)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect()
+    })
+}

@@ -12,7 +12,7 @@ use crate::bootstrap::netif::{
 };
 use crate::bootstrap::socket::{
     bind_listener, cancelled, connect_retry, read_exact_by, write_all_by, Cancel, Deadline,
-    ReadFail,
+    ReadFail, RefusedLimit,
 };
 use crate::env::SocketFamily;
 use crate::error::{Error, Result};
@@ -72,7 +72,7 @@ impl Member {
             }
             None => return Ok(None),
         };
-        bind_listener(local, None).map(Some)
+        bind_listener(local).map(Some)
     }
 
     fn late_listener(&self, root_conn: &TcpStream, root: SocketAddr) -> Result<TcpListener> {
@@ -80,7 +80,7 @@ impl Member {
             .local_addr()
             .map_err(|e| Error::io(format!("getsockname on the connection to {root}"), e))?;
         a.set_port(0);
-        bind_listener(a, None)
+        bind_listener(a)
     }
 
     fn read_fail(&self, what: &str, root: SocketAddr, e: ReadFail, d: &Deadline) -> Error {
@@ -94,7 +94,8 @@ impl Member {
     }
 
     /// Hello to the root, then its reply. `key_source` says where this rank's job key came
-    /// from (`ip:port` mode), for the error when the root refuses it.
+    /// from (`ip:port` mode), for the error when the root refuses it; `refused` bounds the
+    /// retries of a root address where nothing listens.
     #[allow(clippy::too_many_arguments)] // the hello's fields, listener, deadline, cancel
     pub(super) fn join(
         &self,
@@ -104,13 +105,14 @@ impl Member {
         mut listener: Option<TcpListener>,
         deadline: &Deadline,
         cancel: &Cancel,
+        refused: Option<&RefusedLimit>,
     ) -> Result<Table> {
         let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(50));
         let reply_by = deadline.extended(ROOT_REPLY_GRACE);
         // A connection that closes before the root answered (a stale listener on the port, a
         // root that restarted, a stranger's socket) is retried until the deadline.
         let (stream, reply) = loop {
-            let mut stream = connect_retry(root, deadline, ROOT_WHO, cancel)?;
+            let mut stream = connect_retry(root, deadline, ROOT_WHO, cancel, refused)?;
             let l = match listener.take() {
                 Some(l) => l,
                 None => self.late_listener(&stream, root)?,
@@ -175,6 +177,10 @@ impl Member {
                     key_source.map_or_else(String::new, |s| format!(" (this rank's job key: {s})"))
                 )),
                 ABORT_ROOT_FAILED => Error::remote(0, msg),
+                ABORT_PEER_REFUSED => Error::invalid(format!(
+                    "{ROOT_WHO} at {root} stopped the setup of rank {} of {}: {msg}",
+                    self.rank, self.nranks
+                )),
                 c => Error::remote(
                     0,
                     format!("the root at {root} aborted with code {c}: {msg}"),
@@ -183,7 +189,30 @@ impl Member {
         }
     }
 
-    /// Reads the whole reply: status byte by `reply_by`, the rest shortly after.
+    /// The error for a program at the root address that accepted the hello but never
+    /// answered as a root does.
+    fn no_answer(&self, root: SocketAddr) -> Error {
+        // Only a local address's holder can be looked up here.
+        let local = TcpListener::bind(SocketAddr::new(root.ip(), 0)).is_ok();
+        let holder = if local {
+            crate::bootstrap::socket::port_holder(root.port())
+        } else {
+            format!("on host {}", root.ip())
+        };
+        Error::io(
+            format!(
+                "rank {} joining the bootstrap root at {root}: the program listening there \
+                 accepted the connection but sent no bootstrap answer within {ROOT_ACK_WAIT:?}: \
+                 expected rank 0's bootstrap root (a root answers at once); another program \
+                 ({holder}) may hold the port, or the address is not rank 0's",
+                self.rank
+            ),
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        )
+    }
+
+    /// Reads the root's acknowledgement within [`ROOT_ACK_WAIT`] (a refusal may come instead),
+    /// then the whole reply: status byte by `reply_by`, the rest shortly after.
     fn read_reply(
         &self,
         stream: &mut TcpStream,
@@ -191,17 +220,21 @@ impl Member {
         reply_by: &Deadline,
     ) -> std::result::Result<Reply, Retry> {
         let mut buf = vec![0u8; 1];
-        match read_exact_by(stream, &mut buf, reply_by) {
-            Ok(()) => {}
-            Err(ReadFail::Timeout) => {
-                return Err(Retry::No(self.read_fail(
-                    "the address table",
-                    root,
-                    ReadFail::Timeout,
-                    reply_by,
-                )))
+        let fail = |e: ReadFail| match e {
+            ReadFail::Timeout => {
+                Retry::No(self.read_fail("the address table", root, ReadFail::Timeout, reply_by))
             }
-            Err(e) => return Err(Retry::Yes(e.to_string())),
+            e => Retry::Yes(e.to_string()),
+        };
+        match read_exact_by(stream, &mut buf, &reply_by.capped(ROOT_ACK_WAIT)) {
+            Ok(()) => {}
+            Err(ReadFail::Timeout) if reply_by.remaining().is_some() => {
+                return Err(Retry::No(self.no_answer(root)))
+            }
+            Err(e) => return Err(fail(e)),
+        }
+        if buf[0] == REPLY_ACK {
+            read_exact_by(stream, &mut buf, reply_by).map_err(fail)?;
         }
         let rest_by = reply_by.extended(Duration::from_millis(500));
         let bad = |e: String| Retry::No(Error::remote(0, format!("the root at {root} sent {e}")));

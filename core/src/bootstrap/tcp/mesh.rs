@@ -165,7 +165,7 @@ impl Member {
         .encode();
         let mut out = Vec::with_capacity(me);
         for (peer, addr) in addrs.iter().enumerate().take(me) {
-            let s = connect_retry(*addr, deadline, &format!("rank {peer}"), give_up)?;
+            let s = connect_retry(*addr, deadline, &format!("rank {peer}"), give_up, None)?;
             write_all_by(&s, &hs, deadline).map_err(|e| match e {
                 None => deadline.timeout_error(format!(
                     "rank {me} sending its handshake to rank {peer} ({addr})"

@@ -3,7 +3,7 @@
 //! Setup (`initialize`), all bounded by one deadline (the timeout given to it):
 //! 1. Rank 0 runs the root on the root address (the socket reserved by
 //!    [`TcpBootstrap::create_unique_id`] when the id was made in this process, else a fresh
-//!    bind with EADDRINUSE retries). A rank whose interface is named (`ifname:ip:port`,
+//!    bind; a port another program listens on is an error at once, naming its holder). A rank whose interface is named (`ifname:ip:port`,
 //!    `MSCCLPP_SOCKET_IFNAME`) binds its peer listener first, so a bad interface is reported at
 //!    once, before any root starts.
 //! 2. Every rank binds a listener for its peers, connects to the root (retrying refusals until
@@ -11,8 +11,10 @@
 //!    nonce authenticates the job: the `UniqueId`'s random nonce, or in `ip:port` mode the hash
 //!    of the job key (see `job_key`: `MSCCLPP_BOOTSTRAP_KEY`, else the launcher's job id).
 //! 3. The root serves all connections at once (a `poll` loop, a deadline per connection), and
-//!    refuses a hello of another job, another wire version, a wrong nranks or rank, or a rank
-//!    that joined twice, with an answer saying why, without touching the job. When all
+//!    refuses a hello of another job or another wire version with an answer saying why,
+//!    without touching the job. A hello with the job's nonce but a wrong nranks or rank, or a
+//!    rank that joined twice, is refused too and stops the job: every rank that joined gets
+//!    an abort naming the refused rank and why, at once (not at the deadline). When all
 //!    `nranks` hellos are in, it closes its listener and answers each rank with the table of
 //!    addresses and host hashes plus a fresh session number; at the deadline it answers
 //!    everyone with an abort naming the missing ranks (and what it refused).
@@ -65,7 +67,9 @@ use self::mesh::Session;
 use self::root::{run_root, Auth, RootStop};
 use self::wire::{encode_frame_header, KIND_COLLECTIVE, KIND_USER};
 use super::netif::{iface_bind_addr, select_interface};
-use super::socket::{bind_listener, lock, random_u64, write_all_by, Cancel, Deadline};
+use super::socket::{
+    bind_listener, lock, random_u64, write_all_by, Cancel, Deadline, RefusedLimit,
+};
 use super::unique_id::UniqueId;
 use super::{check_group, Bootstrap};
 use crate::error::{Error, ErrorCode, Result};
@@ -178,7 +182,7 @@ impl TcpBootstrap {
     /// [`TcpBootstrap::release_unique_id`].
     pub fn create_unique_id() -> Result<UniqueId> {
         let bind_at = iface_bind_addr(&select_interface()?);
-        let listener = bind_listener(bind_at, None)?;
+        let listener = bind_listener(bind_at)?;
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io(format!("getsockname on listener bound at {bind_at}"), e))?;
@@ -255,7 +259,7 @@ impl TcpBootstrap {
             };
             let listener = match reserved {
                 Some(l) => l,
-                None => bind_listener(root, Some(&deadline))?,
+                None => bind_listener(root)?,
             };
             let (n, auth, stop, failed) = (
                 self.nranks,
@@ -282,6 +286,7 @@ impl TcpBootstrap {
             Auth::JobKey { source, .. } => Some(source.as_str()),
             Auth::UniqueId(_) => None,
         };
+        let refused = refused_limit(&addr);
         let joined = me.join(
             root,
             auth.nonce(),
@@ -289,6 +294,7 @@ impl TcpBootstrap {
             early,
             &deadline,
             &root_failed,
+            refused.as_ref(),
         );
         let table = match root_thread {
             None => joined?,
@@ -319,6 +325,32 @@ impl TcpBootstrap {
             self.nranks
         );
         Ok(())
+    }
+}
+
+/// How long a joining rank retries a root address that refuses connections: a `UniqueId`'s
+/// root listens from the moment the id is made, so refusals mean it is gone (default 5 s); an
+/// `ip:port` root may start after its ranks, so there only `MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT`
+/// bounds them (else the bootstrap's timeout does).
+fn refused_limit(addr: &InitAddr) -> Option<RefusedLimit> {
+    let set = crate::env::env().bootstrap_refused_timeout();
+    let var = crate::env::BOOTSTRAP_REFUSED_TIMEOUT;
+    match addr {
+        InitAddr::Id(_) => Some(RefusedLimit {
+            limit: set.unwrap_or(crate::env::BOOTSTRAP_REFUSED_TIMEOUT_DEFAULT),
+            hint: format!(
+                "the UniqueId's rank 0 is not listening: it has exited or failed, or the id is \
+                 stale (made by an earlier run or by a process that has ended); expected rank 0 \
+                 to initialize with this same id ({var} sets this bound)"
+            ),
+        }),
+        InitAddr::Addr { .. } => set.map(|limit| RefusedLimit {
+            limit,
+            hint: format!(
+                "rank 0 has not started its bootstrap root there, or has exited; expected rank \
+                 0 to initialize with this address ({var} sets this bound)"
+            ),
+        }),
     }
 }
 
@@ -526,6 +558,12 @@ impl Bootstrap for TcpBootstrap {
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
         let timeout = self.session("recv")?.timeout;
         self.recv_timeout(peer, tag, timeout)
+    }
+
+    fn try_recv(&self, peer: usize, tag: u64) -> Result<Option<Vec<u8>>> {
+        let s = self.session("try_recv")?;
+        self.check_peer("try_recv", peer)?;
+        Ok(s.mailbox.try_take((peer, KIND_USER, tag)))
     }
 
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {

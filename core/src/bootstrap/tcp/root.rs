@@ -2,8 +2,9 @@
 //! [`Acceptor`]), authenticates every hello by its nonce (the `UniqueId`'s, or the job key's
 //! hash in `ip:port` mode), refuses bad hellos with an answer saying why, without touching the
 //! job, and once every rank is in answers each with the table of listen addresses and host
-//! hashes. At the deadline (or when rank 0 failed on its own) it answers everyone with an
-//! abort naming the cause.
+//! hashes. At the deadline (or when rank 0 failed on its own, or it refused a rank of this
+//! job: right nonce, wrong nranks or rank, or a rank twice) it answers everyone with an abort
+//! naming the cause.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -79,6 +80,8 @@ struct Root {
     joined: usize,
     refused: Vec<String>,
     refused_total: usize,
+    /// A refused rank of this very job (its nonce is the job's): the job cannot complete.
+    member_refused: Option<String>,
 }
 
 impl Root {
@@ -107,6 +110,16 @@ impl Root {
         }
     }
 
+    /// Refuses a hello that carried this job's nonce: besides answering it, the whole job is
+    /// stopped (see [`ABORT_PEER_REFUSED`]). In `ip:port` mode without a job key, ranks of
+    /// other jobs cannot be told apart from this one's, so there it is only refused.
+    fn refuse_member(&mut self, stream: TcpStream, msg: String, deadline: &Deadline) {
+        if !matches!(self.auth, Auth::JobKey { hash: 0, .. }) {
+            self.member_refused.get_or_insert_with(|| msg.clone());
+        }
+        self.refuse(stream, msg, deadline);
+    }
+
     /// Takes one hello: the rank joins, replaces its own earlier connection, or is refused.
     fn hello(&mut self, stream: TcpStream, from: SocketAddr, bytes: &[u8], deadline: &Deadline) {
         let hello = match Hello::decode(bytes) {
@@ -131,12 +144,12 @@ impl Root {
                  to pass the same nranks",
                 hello.nranks
             );
-            return self.refuse(stream, msg, deadline);
+            return self.refuse_member(stream, msg, deadline);
         }
         if r >= n {
             let msg =
                 format!("a rank at {from} says it is rank {r}: expected a rank below nranks {n}");
-            return self.refuse(stream, msg, deadline);
+            return self.refuse_member(stream, msg, deadline);
         }
         if let Some(old) = self.clients.get(&r) {
             let same = old.hello == hello;
@@ -146,7 +159,7 @@ impl Root {
                      exactly once",
                     old.from
                 );
-                return self.refuse(stream, msg, deadline);
+                return self.refuse_member(stream, msg, deadline);
             }
             // The same rank again (it retried), or its first connection is gone: replace it.
             crate::log_info!(
@@ -156,6 +169,13 @@ impl Root {
             );
             self.joined -= 1;
         }
+        // Tell the rank at once that a root took its hello (the table comes when everyone is
+        // in); best effort: a rank that cannot be told retries or times out.
+        let _ = write_all_by(
+            &stream,
+            &[REPLY_ACK],
+            &deadline.capped(Duration::from_millis(500)),
+        );
         self.clients.insert(
             r,
             Joined {
@@ -217,10 +237,21 @@ pub(super) fn run_root(
         joined: 0,
         refused: Vec::new(),
         refused_total: 0,
+        member_refused: None,
     };
     while root.joined < nranks {
         match acc.next(&deadline, &|| lock(&stop.0).is_some())? {
-            Next::Conn(stream, from, bytes) => root.hello(stream, from, &bytes, &deadline),
+            Next::Conn(stream, from, bytes) => {
+                root.hello(stream, from, &bytes, &deadline);
+                if let Some(why) = root.member_refused.take() {
+                    let msg = format!(
+                        "the bootstrap root at {addr} refused a rank of this job, so the job \
+                         cannot complete: {why}"
+                    );
+                    root.abort_all(ABORT_PEER_REFUSED, &msg, &deadline);
+                    return Err(Error::invalid(msg));
+                }
+            }
             Next::Stopped => {
                 let why = stop.reason().unwrap_or_default();
                 let msg = format!("rank 0 failed during bootstrap setup: {why}");

@@ -22,15 +22,25 @@ use crate::bootstrap::unique_id::{decode_addr, encode_addr, ADDR_BYTES};
 
 pub(super) const HELLO_MAGIC: u32 = 0x4d53_4248; // "MSBH"
 pub(super) const PEER_MAGIC: u32 = 0x4d53_4250; // "MSBP"
-pub(super) const WIRE_VERSION: u16 = 2;
+/// 3: the root acknowledges each accepted hello at once ([`REPLY_ACK`]).
+pub(super) const WIRE_VERSION: u16 = 3;
 pub(super) const HELLO_BYTES: usize = 4 + 2 + 4 + 4 + 8 + 8 + ADDR_BYTES;
 pub(super) const PEER_HELLO_BYTES: usize = 4 + 2 + 8 + 4;
 pub(super) const REPLY_OK: u8 = 0;
 pub(super) const REPLY_ABORT: u8 = 1;
+/// One byte the root sends as soon as it accepted a hello, before the table (which comes once
+/// every rank is in): a joiner that gets no such byte within [`ROOT_ACK_WAIT`] is not talking
+/// to a bootstrap root (another program took the port).
+pub(super) const REPLY_ACK: u8 = 2;
+/// How long a joiner waits for [`REPLY_ACK`] after its hello.
+pub(super) const ROOT_ACK_WAIT: Duration = Duration::from_secs(5);
 /// Abort codes: some rank never came; this joiner was refused; rank 0 failed on its own.
 pub(super) const ABORT_TIMEOUT: u8 = 0;
 pub(super) const ABORT_INVALID: u8 = 1;
 pub(super) const ABORT_ROOT_FAILED: u8 = 2;
+/// The root refused a rank of this job (right nonce, wrong nranks, rank or a second copy): the
+/// job cannot complete, so every rank is told at once.
+pub(super) const ABORT_PEER_REFUSED: u8 = 3;
 pub(super) const MAX_ABORT_MSG: usize = 64 * 1024;
 const TABLE_HEAD: usize = 1 + 8 + 4;
 const ABORT_HEAD: usize = 1 + 1 + 4;
