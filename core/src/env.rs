@@ -142,6 +142,88 @@ pub const DETERMINISTIC: &str = "MSCCLPP_DETERMINISTIC";
 pub const COPY_DRIVER_MAX_BYTES: &str = "MSCCLPP_COPY_DRIVER_MAX_BYTES";
 /// The default of [`COPY_DRIVER_MAX_BYTES`]: 256 MiB.
 pub const COPY_DRIVER_MAX_BYTES_DEFAULT: usize = 256 << 20;
+/// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
+pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
+
+/// The knobs of the GPU point-to-point kernels (core/src/p2p/gpu.rs, kernels/cuda/src/p2p/
+/// batch.cu), from `MSCCLPP_P2P_TUNE`, a comma list of `key=value` (for A/B speed runs; the
+/// defaults are the measured choice). Every rank of a communicator must set the same: the
+/// point-to-point setup compares them and fails naming both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct P2pTune {
+    /// `channels=N`: most channels (rings, and blocks per (peer, direction)) of a chunked
+    /// message: 1, 2, 4, 8, 16 (default) or 32; each channel's ring has 64 / N slots.
+    pub channels: u32,
+    /// `fence=1`: a system-scope fence before each chunk's release store (default 0).
+    pub fence: bool,
+    /// `unroll=4|8`: 16-byte loads in flight per thread in chunk copies (default 8).
+    pub unroll: u32,
+    /// `self_spread=0|1`: a copy to self runs over twice the channels, on the blocks of its
+    /// receive's pair too (default 1).
+    pub self_spread: bool,
+    /// `abort_poll=N`: idle rounds of a chunked batch per read of the host's abort word
+    /// (host memory; 1 = every round; default 256).
+    pub abort_poll: u32,
+}
+
+impl Default for P2pTune {
+    fn default() -> P2pTune {
+        P2pTune {
+            channels: 16,
+            fence: false,
+            unroll: 8,
+            self_spread: true,
+            abort_poll: 256,
+        }
+    }
+}
+
+/// `MSCCLPP_P2P_TUNE`: unset or blank = the defaults.
+fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
+    let mut t = P2pTune::default();
+    let Some(v) = non_empty(value) else {
+        return Ok(t);
+    };
+    let bad = |item: &str, want: &str| format!("{P2P_TUNE}={v}: `{item}`: expected {want}");
+    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, val) = item
+            .split_once('=')
+            .map(|(k, x)| (k.trim(), x.trim()))
+            .ok_or_else(|| bad(item, "key=value"))?;
+        let num = val.parse::<u32>().ok();
+        let flag = match val {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        match key {
+            "channels" => {
+                t.channels = num
+                    .filter(|n| n.is_power_of_two() && *n <= 32)
+                    .ok_or_else(|| bad(item, "channels=1, 2, 4, 8, 16 or 32"))?
+            }
+            "fence" => t.fence = flag.ok_or_else(|| bad(item, "fence=0 or 1"))?,
+            "unroll" => {
+                t.unroll = num
+                    .filter(|n| *n == 4 || *n == 8)
+                    .ok_or_else(|| bad(item, "unroll=4 or 8"))?
+            }
+            "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
+            "abort_poll" => {
+                t.abort_poll = num
+                    .filter(|n| (1..=1 << 20).contains(n))
+                    .ok_or_else(|| bad(item, "abort_poll=1 to 1048576"))?
+            }
+            _ => {
+                return Err(bad(
+                    item,
+                    "one of channels, fence, unroll, self_spread, abort_poll",
+                ))
+            }
+        }
+    }
+    Ok(t)
+}
 
 const fn var(name: &'static str, default: &'static str, doc: &'static str) -> Var {
     Var { name, default, doc }
@@ -290,6 +372,11 @@ pub const VARS: &[Var] = &[
         "0",
         "boolean: reductions fold the ranks in rank order (bitwise reproducible)",
     ),
+    var(
+        P2P_TUNE,
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256",
+        "GPU point-to-point knobs (key=value list, the same on every rank)",
+    ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
     var(
         "OMPI_MCA_ess_base_jobid",
@@ -378,6 +465,7 @@ pub struct Env {
     copy_driver_max_bytes: Parsed<usize>,
     check_calls: Parsed<bool>,
     deterministic: Parsed<bool>,
+    p2p_tune: Parsed<P2pTune>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -600,6 +688,7 @@ impl Env {
             copy_driver_max_bytes: parse_copy_driver_max(lookup(COPY_DRIVER_MAX_BYTES)),
             check_calls: parse_bool(CHECK_CALLS, lookup(CHECK_CALLS).as_deref()),
             deterministic: parse_bool(DETERMINISTIC, lookup(DETERMINISTIC).as_deref()),
+            p2p_tune: parse_p2p_tune(lookup(P2P_TUNE)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -637,7 +726,7 @@ impl Env {
             err(&self.force_disable_gdr), err(&self.cudaipc_use_default_stream),
             err(&self.forced_algorithms), err(&self.nvls_emulation),
             err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
-            err(&self.check_calls), err(&self.deterministic),
+            err(&self.check_calls), err(&self.deterministic), err(&self.p2p_tune),
         ];
         level
             .into_iter()
@@ -731,6 +820,10 @@ impl Env {
     /// (default off).
     pub fn deterministic(&self) -> Result<bool> {
         Self::typed(&self.deterministic)
+    }
+    /// `MSCCLPP_P2P_TUNE`: the GPU point-to-point knobs ([`P2pTune`]; the defaults when unset).
+    pub fn p2p_tune(&self) -> Result<P2pTune> {
+        Self::typed(&self.p2p_tune)
     }
     /// `MSCCLPP_COLL_NET_TRANSPORT`: `ib` or `ethernet` (any case); `None` when unset, and the
     /// collectives then take IB when a device is available, else Ethernet.
@@ -884,6 +977,42 @@ mod tests {
             let e = err(max(bad));
             assert!(
                 e.contains(&format!("{COPY_DRIVER_MAX_BYTES}={bad}: expected")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn p2p_tune() {
+        assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
+        let t = env_of(&[(
+            P2P_TUNE,
+            " channels=32, fence=1,unroll=4 ,self_spread=0,abort_poll=1",
+        )])
+        .p2p_tune()
+        .unwrap();
+        assert_eq!(
+            t,
+            P2pTune {
+                channels: 32,
+                fence: true,
+                unroll: 4,
+                self_spread: false,
+                abort_poll: 1
+            }
+        );
+        for bad in [
+            "channels=3",
+            "channels=64",
+            "fence=yes",
+            "unroll=2",
+            "abort_poll=0",
+            "bogus=1",
+            "channels",
+        ] {
+            let e = err(env_of(&[(P2P_TUNE, bad)]).p2p_tune());
+            assert!(
+                e.contains(&format!("{P2P_TUNE}={bad}")) && e.contains("expected"),
                 "{e}"
             );
         }

@@ -14,8 +14,9 @@
 //!
 //! Kernels: `p2p_ll` / `p2p_ll_big` when every op of a launch is an LL message (one block per
 //! (peer, direction) pair, per-thread packet waits), else `p2p_batch_small` /
-//! `p2p_batch` (chunks of a sixteenth of the message, 16-128 KiB, over up to [`CHANNELS`]
-//! channels; a copy to self spreads over twice the channels). A batch of more than
+//! `p2p_batch` (chunks of [`chunk_of`] over up to [`CHANNELS`] channels; a copy to self
+//! spreads over twice the channels; `MSCCLPP_P2P_TUNE` ([`P2pTune`]) changes these for speed
+//! runs, the same on every rank: setup checks). A batch of more than
 //! [`MAX_OPS_PER_LAUNCH`] ops is split into launches by matching index ([`launches`]), so
 //! matched messages always share a launch number on both ends. Peers on other nodes are
 //! refused.
@@ -27,6 +28,7 @@ use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
 use super::{Dir, P2pOp};
 use crate::collectives::RawStream;
 use crate::communicator::Communicator;
+use crate::env::P2pTune;
 use crate::error::{Error, Result};
 use crate::identity::host_hash;
 use crate::kernels;
@@ -36,10 +38,14 @@ use crate::transport::{Device, Transport};
 
 /// Operations with other ranks per kernel launch (`P2P_MAX_OPS` of batch.cu).
 pub const MAX_OPS_PER_LAUNCH: usize = 128;
-/// Channels (rings) per (sender, receiver) pair (`P2P_CHANNELS`).
+/// Channels (rings) per (sender, receiver) pair by default ([`P2pTune::channels`]).
 pub const CHANNELS: usize = 16;
-/// Slots per ring (`P2P_SLOTS`).
-pub const SLOTS: usize = 4;
+/// Channel counters per (sender, receiver) pair (`P2P_MAX_CHANNELS`): the most channels.
+pub const MAX_CHANNELS: usize = 32;
+/// Ring slots per sender (`P2P_RING_SLOTS`): channels x slots per channel.
+pub const RING_SLOTS: usize = 64;
+/// Slots per ring by default (`RING_SLOTS / CHANNELS`).
+pub const SLOTS: usize = RING_SLOTS / CHANNELS;
 /// Payload bytes per slot (`P2P_CHUNK`): the largest chunk.
 pub const CHUNK: usize = 128 * 1024;
 /// The smallest chunk (`P2P_MIN_CHUNK`): a chunked message is cut into chunks of a sixteenth
@@ -80,12 +86,12 @@ pub struct GpuLayout {
 impl GpuLayout {
     /// `ready[sender][channel]` u64.
     pub fn ready(&self, sender: usize, c: usize) -> usize {
-        (sender * CHANNELS + c) * 8
+        (sender * MAX_CHANNELS + c) * 8
     }
     /// The error words (kind/peer word, detail word), after the chunk counters (4 per sender
     /// and channel) and the LL counters (3 per peer).
     pub fn error(&self) -> usize {
-        4 * self.nranks * CHANNELS * 8 + 3 * self.nranks * 8
+        4 * self.nranks * MAX_CHANNELS * 8 + 3 * self.nranks * 8
     }
     /// LL buffer `k` (0 or 1) of messages from `sender`.
     pub fn ll(&self, sender: usize, k: usize) -> usize {
@@ -97,7 +103,7 @@ impl GpuLayout {
     }
     /// Total bytes.
     pub fn total(&self) -> usize {
-        self.rings() + self.nranks * CHANNELS * SLOTS * (CHUNK + HEADER)
+        self.rings() + self.nranks * RING_SLOTS * (CHUNK + HEADER)
     }
 }
 
@@ -126,18 +132,28 @@ struct Args<const N: usize> {
     rank: u32,
     nranks: u32,
     npairs: u32,
+    /// `P2P_TUNE_*` bits.
+    flags: u32,
+    channels: u32,
+    slots: u32,
+    abort_poll: u32,
     ops: [OpDev; N],
 }
 
+/// `P2P_TUNE_FENCE`, `P2P_TUNE_UNROLL4`, `P2P_TUNE_NO_SELF_SPREAD` of batch.cu.
+const TUNE_FENCE: u32 = 1;
+const TUNE_UNROLL4: u32 = 2;
+const TUNE_NO_SELF_SPREAD: u32 = 4;
+
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
 const _: () =
-    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
-const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 48 + 24 * SMALL_OPS);
+    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 64 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 64 + 24 * SMALL_OPS);
 
 /// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a sixteenth of it rounded down to
 /// 4 KiB, clamped to `[MIN_CHUNK, CHUNK]`.
 pub fn chunk_of(bytes: usize) -> usize {
-    ((bytes / CHANNELS) & !4095).clamp(MIN_CHUNK, CHUNK)
+    ((bytes / 16) & !4095).clamp(MIN_CHUNK, CHUNK)
 }
 
 /// Chunks of a message (batch.cu's `chunksOf`): one LL message up to [`LL_MAX`].
@@ -149,10 +165,10 @@ fn chunks_of(bytes: usize) -> usize {
     }
 }
 
-/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one per chunk up to
-/// [`CHANNELS`].
-fn channels_of(bytes: usize) -> usize {
-    chunks_of(bytes).min(CHANNELS)
+/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one per chunk up to `most`
+/// ([`P2pTune::channels`]).
+fn channels_of(bytes: usize, most: usize) -> usize {
+    chunks_of(bytes).min(most)
 }
 
 /// One launch's operations as the kernel takes them.
@@ -161,8 +177,8 @@ struct Plan {
     /// (peer, direction) pairs.
     npairs: usize,
     /// Blocks that own a task: task (op, channel) is block `pair + channel * npairs` (a copy
-    /// to self: virtual channel `v` of `2 * CHANNELS` on the pair of op `k + (v & 1)`, channel
-    /// `v >> 1`).
+    /// to self: virtual channel `v` of `2 * channels` on the pair of op `k + (v & 1)`, channel
+    /// `v >> 1`; without the self spread, channel `v` of its own pair).
     tasks: usize,
     /// Whether `p2p_ll` may run the launch (one block per pair): every op at most [`LL_MAX`]
     /// bytes, and a pair that both sends and receives (in place) sends at most twice (more
@@ -176,7 +192,7 @@ struct Plan {
 /// (in place: same address and size), every receive from that peer takes the sends' pair for
 /// its blocks, so the same blocks own both and the kernel can hold the receive behind the send
 /// (batch.cu finds the send alike).
-fn plan(part: &[&P2pOp], rank: usize) -> Plan {
+fn plan(part: &[&P2pOp], rank: usize, tune: &P2pTune) -> Plan {
     // (peer, direction, last op of the pair so far)
     let mut pairs: Vec<(usize, Dir, usize)> = Vec::new();
     let mut ops = Vec::with_capacity(part.len());
@@ -226,19 +242,21 @@ fn plan(part: &[&P2pOp], rank: usize) -> Plan {
         }
     }
     let npairs = pairs.len();
+    let most = tune.channels as usize;
+    let spread = if tune.self_spread { 2 } else { 1 };
     let mut tasks = 0;
     for (k, (op, d)) in part.iter().zip(&ops).enumerate() {
         if op.peer == rank {
             if op.dir == Dir::Send {
                 // Its receive is op k + 1 (run puts it there).
-                let nv = chunks_of(op.bytes).min(2 * CHANNELS);
+                let nv = chunks_of(op.bytes).min(spread * most);
                 for v in 0..nv {
-                    let p = ops.get(k + (v & 1)).map_or(d.pair, |o| o.pair);
-                    tasks = tasks.max(p as usize + (v >> 1) * npairs + 1);
+                    let p = ops.get(k + v % spread).map_or(d.pair, |o| o.pair);
+                    tasks = tasks.max(p as usize + (v / spread) * npairs + 1);
                 }
             }
         } else {
-            tasks = tasks.max(d.pair as usize + (channels_of(op.bytes) - 1) * npairs + 1);
+            tasks = tasks.max(d.pair as usize + (channels_of(op.bytes, most) - 1) * npairs + 1);
         }
     }
     tasks = tasks.max(npairs.min(1));
@@ -294,6 +312,41 @@ fn launches<'a>(list: &[&'a P2pOp], nranks: usize) -> Vec<Vec<&'a P2pOp>> {
         .collect()
 }
 
+/// The kernel's `flags` word of `tune`.
+fn tune_flags(tune: &P2pTune) -> u32 {
+    let mut f = 0;
+    if tune.fence {
+        f |= TUNE_FENCE;
+    }
+    if tune.unroll == 4 {
+        f |= TUNE_UNROLL4;
+    }
+    if !tune.self_spread {
+        f |= TUNE_NO_SELF_SPREAD;
+    }
+    f
+}
+
+/// `MSCCLPP_P2P_TUNE` of this rank, checked against every rank's (`all` in rank order: the
+/// channel count decides where each chunk travels, so both ends must agree).
+fn agreed_tune(mine: P2pTune, all: &[Vec<u8>]) -> Result<P2pTune> {
+    let enc = tune_bytes(&mine);
+    match all.iter().position(|t| *t != enc) {
+        None => Ok(mine),
+        Some(r) => Err(Error::invalid(format!(
+            "point-to-point: MSCCLPP_P2P_TUNE differs between the ranks (this rank: {mine:?};              rank {r}: another value): expected the same on every rank"
+        ))),
+    }
+}
+
+/// The bytes of `tune` exchanged at setup.
+fn tune_bytes(t: &P2pTune) -> Vec<u8> {
+    [t.channels, tune_flags(t), t.unroll, t.abort_poll]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect()
+}
+
 pub(super) struct GpuP2p {
     rank: usize,
     nranks: usize,
@@ -304,6 +357,8 @@ pub(super) struct GpuP2p {
     host_err: LocalMemory,
     host_err_ptr: *const u64,
     max_blocks: usize,
+    /// `MSCCLPP_P2P_TUNE`, the same on every rank (checked at setup).
+    tune: P2pTune,
     dev: <Gpu as Api>::Device,
     kernel: <Gpu as Api>::Kernel,
     /// `p2p_batch_small`.
@@ -336,6 +391,12 @@ impl GpuP2p {
         let local: Vec<bool> = (0..nranks).map(|p| hosts[p] == hosts[rank]).collect();
         let dev_key: Vec<u8> = device.id.to_le_bytes().to_vec();
         let keys = b.all_gather(&dev_key)?;
+        // Every rank takes part in the exchange, a malformed MSCCLPP_P2P_TUNE too (its bytes
+        // differ from every valid value's, so every rank fails).
+        let tune = crate::env::env().p2p_tune();
+        let enc = tune.as_ref().map_or_else(|_| b"bad".to_vec(), tune_bytes);
+        let tunes = b.all_gather(&enc)?;
+        let tune = agreed_tune(tune?, &tunes)?;
         let ranks_per_device = (0..nranks)
             .filter(|&p| local[p] && keys[p] == dev_key)
             .count()
@@ -424,6 +485,7 @@ impl GpuP2p {
             host_err,
             host_err_ptr,
             max_blocks,
+            tune,
             dev,
             kernel,
             kernel_small,
@@ -478,7 +540,7 @@ impl GpuP2p {
         let mut list: Vec<&P2pOp> = copies.flat_map(|(snd, rcv)| [snd, rcv]).collect();
         list.extend(remote);
         for part in launches(&list, self.nranks) {
-            let plan = plan(&part, self.rank);
+            let plan = plan(&part, self.rank, &self.tune);
             // p2p_ll: every block of the launch resident at once (its blocks wait only on
             // peers, never on each other, but every rank's must fit together).
             if plan.ll && plan.npairs <= self.max_blocks {
@@ -520,6 +582,10 @@ impl GpuP2p {
             rank: self.rank as u32,
             nranks: self.nranks as u32,
             npairs: plan.npairs as u32,
+            flags: tune_flags(&self.tune),
+            channels: self.tune.channels,
+            slots: (RING_SLOTS as u32) / self.tune.channels,
+            abort_poll: self.tune.abort_poll,
             ops: [OpDev::default(); N],
         };
         args.ops[..plan.ops.len()].copy_from_slice(&plan.ops);
@@ -587,10 +653,26 @@ mod tests {
             .collect()
     }
 
+    /// Rank 0's operations of an all-to-all of 2 ranks, `bytes` per block: the copy to itself
+    /// (a send and its receive), then the exchange with rank 1.
+    fn all_to_all_of_rank0(bytes: usize) -> Vec<P2pOp> {
+        ops(&[
+            (Dir::Send, 0, 0x1000_0000, bytes),
+            (Dir::Recv, 0, 0x2000_0000, bytes),
+            (Dir::Send, 1, 0x3000_0000, bytes),
+            (Dir::Recv, 1, 0x4000_0000, bytes),
+        ])
+    }
+
+    /// The plan of `o` on rank 0 with the default tune.
+    fn plan0(o: &[P2pOp]) -> Plan {
+        plan(&o.iter().collect::<Vec<_>>(), 0, &P2pTune::default())
+    }
+
     #[test]
     fn small_exchange_runs_on_one_block_per_pair() {
         let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&o);
         assert_eq!((p.npairs, p.tasks), (2, 2));
         assert_eq!((p.ops[0].pair, p.ops[1].pair), (0, 1));
     }
@@ -602,11 +684,11 @@ mod tests {
             (Dir::Send, 1, 0x1000, big),
             (Dir::Recv, 1, 0x9000_0000, big),
         ]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&o);
         assert_eq!(p.tasks, 2 * CHANNELS);
         // Just above the LL limit: one chunk, on channel 0.
         let o = ops(&[(Dir::Send, 1, 0x1000, LL_MAX + 1)]);
-        assert_eq!(plan(&o.iter().collect::<Vec<_>>(), 0).tasks, 1);
+        assert_eq!(plan0(&o).tasks, 1);
     }
 
     #[test]
@@ -619,7 +701,7 @@ mod tests {
             (Dir::Recv, 2, 0x140, 64),
             (Dir::Recv, 1, 0x500, 64),
         ]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&o);
         assert_eq!(p.npairs, 4);
         assert_eq!(p.ops[1].pair, p.ops[0].pair);
         assert_eq!(p.ops[3].pair, p.ops[2].pair);
@@ -627,7 +709,7 @@ mod tests {
         assert_eq!((p.ops[4].pair, p.ops[4].pred), (0, 1));
         // A receive of another size from the same address is not in place.
         let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 32)]);
-        assert_eq!(plan(&o.iter().collect::<Vec<_>>(), 0).ops[1].pair, 1);
+        assert_eq!(plan0(&o).ops[1].pair, 1);
     }
 
     #[test]
@@ -639,7 +721,7 @@ mod tests {
         // 1 MiB: chunks of chunk_of(1 MiB), one channel each up to CHANNELS.
         let c = (1usize << 20).div_ceil(chunk_of(1 << 20));
         assert_eq!(
-            (chunks_of(1 << 20), channels_of(1 << 20)),
+            (chunks_of(1 << 20), channels_of(1 << 20, CHANNELS)),
             (c, c.min(CHANNELS))
         );
         assert_eq!(chunks_of(LL_MAX), 1);
@@ -649,45 +731,83 @@ mod tests {
     #[test]
     fn ll_launch_only_for_small_messages() {
         let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
-        assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(plan0(&o).ll);
         let o = ops(&[
             (Dir::Send, 1, 0x1000, LL_MAX + 1),
             (Dir::Recv, 1, 0x2000, 1024),
         ]);
-        assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(!plan0(&o).ll);
         // Many ops (p2p_ll_big), one block per pair.
         let many: Vec<P2pOp> = (0..SMALL_OPS + 1)
             .map(|i| P2pOp::new(Dir::Send, 1 + i % 3, 0x1000 * i as u64, 8))
             .collect();
-        let p = plan(&many.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&many);
         assert!(p.ll && p.npairs == 3);
         // In place: a pair that sends and receives may send at most twice.
         let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 64)]);
-        assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(plan0(&o).ll);
         let o = ops(&[
             (Dir::Send, 1, 0x100, 64),
             (Dir::Send, 1, 0x200, 64),
             (Dir::Send, 1, 0x300, 64),
             (Dir::Recv, 1, 0x100, 64),
         ]);
-        assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(!plan0(&o).ll);
     }
 
     #[test]
     fn copy_to_self_uses_its_receive_s_blocks_too() {
         // Rank 0: a 4 MiB copy to itself (32 chunks of 128 KiB) and an exchange with rank 1.
-        let big = 4 << 20;
-        let o = ops(&[
-            (Dir::Send, 0, 0x1000_0000, big),
-            (Dir::Recv, 0, 0x2000_0000, big),
-            (Dir::Send, 1, 0x3000_0000, big),
-            (Dir::Recv, 1, 0x4000_0000, big),
-        ]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&all_to_all_of_rank0(4 << 20));
         assert_eq!(p.npairs, 4);
         // Every pair's 16 channels have a block: 64, the copy's half on the receive's pair.
         assert_eq!(p.tasks, 4 * CHANNELS);
         assert!(!p.ll);
+    }
+
+    #[test]
+    fn tune_changes_channels_and_the_self_spread() {
+        let o = all_to_all_of_rank0(64 << 20);
+        let refs = o.iter().collect::<Vec<_>>();
+        let wide = P2pTune {
+            channels: 32,
+            ..P2pTune::default()
+        };
+        assert_eq!(plan(&refs, 0, &wide).tasks, 4 * 32);
+        // Without the spread the copy to self keeps to its own pair's blocks (pair 0): the
+        // last task is still the receive from rank 1 (pair 3) on channel 15.
+        let narrow = P2pTune {
+            self_spread: false,
+            ..P2pTune::default()
+        };
+        assert_eq!(plan(&refs[..2], 0, &narrow).tasks, 1 + 15 * 2);
+        assert_eq!(plan(&refs[..2], 0, &P2pTune::default()).tasks, 2 + 15 * 2);
+        assert_eq!(plan(&refs, 0, &narrow).tasks, 4 + 15 * 4);
+        assert_eq!(
+            tune_flags(&P2pTune {
+                fence: true,
+                unroll: 4,
+                self_spread: false,
+                ..P2pTune::default()
+            }),
+            TUNE_FENCE | TUNE_UNROLL4 | TUNE_NO_SELF_SPREAD
+        );
+    }
+
+    #[test]
+    fn every_rank_must_set_the_same_tune() {
+        let t = P2pTune::default();
+        let same = vec![tune_bytes(&t); 3];
+        assert_eq!(agreed_tune(t, &same).unwrap(), t);
+        let mut other = same.clone();
+        other[2] = tune_bytes(&P2pTune { channels: 8, ..t });
+        let e = agreed_tune(t, &other).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_P2P_TUNE") && e.contains("rank 2"),
+            "{e}"
+        );
+        other[2] = b"bad".to_vec();
+        assert!(agreed_tune(t, &other).is_err());
     }
 
     #[test]
@@ -747,9 +867,6 @@ mod tests {
         assert_eq!(l.ll(3, 1) + LL_BUF, l.ll(4, 0));
         assert!(l.ll(4, 0) <= l.rings());
         assert_eq!(l.rings() % 4096, 0);
-        assert_eq!(
-            l.total(),
-            l.rings() + 4 * CHANNELS * SLOTS * (CHUNK + HEADER)
-        );
+        assert_eq!(l.total(), l.rings() + 4 * RING_SLOTS * (CHUNK + HEADER));
     }
 }
