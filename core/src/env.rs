@@ -164,6 +164,10 @@ pub struct P2pTune {
     /// `abort_poll=N`: idle rounds of a chunked batch per read of the host's abort word
     /// (host memory; 1 = every round; default 256).
     pub abort_poll: u32,
+    /// `packed=0|1`: the chunked kernel's tasks (pair, channel) on consecutive blocks, pair
+    /// after pair (1), instead of channel `c` of pair `p` on block `p + c * pairs` (0, the
+    /// default); both wrap at the grid size.
+    pub packed: bool,
 }
 
 impl Default for P2pTune {
@@ -174,6 +178,7 @@ impl Default for P2pTune {
             unroll: 8,
             self_spread: true,
             abort_poll: 256,
+            packed: false,
         }
     }
 }
@@ -209,6 +214,7 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
                     .ok_or_else(|| bad(item, "unroll=4 or 8"))?
             }
             "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
+            "packed" => t.packed = flag.ok_or_else(|| bad(item, "packed=0 or 1"))?,
             "abort_poll" => {
                 t.abort_poll = num
                     .filter(|n| (1..=1 << 20).contains(n))
@@ -217,7 +223,7 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             _ => {
                 return Err(bad(
                     item,
-                    "one of channels, fence, unroll, self_spread, abort_poll",
+                    "one of channels, fence, unroll, self_spread, abort_poll, packed",
                 ))
             }
         }
@@ -374,7 +380,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -987,7 +993,7 @@ mod tests {
         assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
         let t = env_of(&[(
             P2P_TUNE,
-            " channels=32, fence=1,unroll=4 ,self_spread=0,abort_poll=1",
+            " channels=32, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1",
         )])
         .p2p_tune()
         .unwrap();
@@ -998,7 +1004,8 @@ mod tests {
                 fence: true,
                 unroll: 4,
                 self_spread: false,
-                abort_poll: 1
+                abort_poll: 1,
+                packed: true,
             }
         );
         for bad in [
@@ -1007,6 +1014,7 @@ mod tests {
             "fence=yes",
             "unroll=2",
             "abort_poll=0",
+            "packed=2",
             "bogus=1",
             "channels",
         ] {

@@ -144,6 +144,8 @@ struct Args<const N: usize> {
 const TUNE_FENCE: u32 = 1;
 const TUNE_UNROLL4: u32 = 2;
 const TUNE_NO_SELF_SPREAD: u32 = 4;
+/// `P2P_TUNE_PACKED`.
+const TUNE_PACKED: u32 = 8;
 
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
 const _: () =
@@ -244,21 +246,32 @@ fn plan(part: &[&P2pOp], rank: usize, tune: &P2pTune) -> Plan {
     let npairs = pairs.len();
     let most = tune.channels as usize;
     let spread = if tune.self_spread { 2 } else { 1 };
-    let mut tasks = 0;
+    // Channels of each pair (a copy to self: virtual channel v on the pair of op k + v % spread,
+    // channel v / spread; its receive is op k + 1, `run` puts it there).
+    let mut width = vec![0usize; npairs];
     for (k, (op, d)) in part.iter().zip(&ops).enumerate() {
-        if op.peer == rank {
-            if op.dir == Dir::Send {
-                // Its receive is op k + 1 (run puts it there).
-                let nv = chunks_of(op.bytes).min(spread * most);
-                for v in 0..nv {
-                    let p = ops.get(k + v % spread).map_or(d.pair, |o| o.pair);
-                    tasks = tasks.max(p as usize + (v / spread) * npairs + 1);
-                }
+        if op.peer != rank {
+            let w = &mut width[d.pair as usize];
+            *w = (*w).max(channels_of(op.bytes, most));
+        } else if op.dir == Dir::Send {
+            let nv = chunks_of(op.bytes).min(spread * most);
+            for side in 0..spread.min(nv) {
+                let p = ops.get(k + side).map_or(d.pair, |o| o.pair) as usize;
+                width[p] = width[p].max((nv - side).div_ceil(spread));
             }
-        } else {
-            tasks = tasks.max(d.pair as usize + (channels_of(op.bytes, most) - 1) * npairs + 1);
         }
     }
+    // Task (pair p, channel c) is block p + c * npairs, or (packed) the sum of the widths of
+    // the pairs before p, + c (batch.cu alike).
+    let mut tasks = if tune.packed {
+        width.iter().sum()
+    } else {
+        (0..npairs)
+            .filter(|&p| width[p] > 0)
+            .map(|p| p + (width[p] - 1) * npairs + 1)
+            .max()
+            .unwrap_or(0)
+    };
     tasks = tasks.max(npairs.min(1));
     let mut sends = vec![0usize; npairs];
     let mut recvs = vec![0usize; npairs];
@@ -323,6 +336,9 @@ fn tune_flags(tune: &P2pTune) -> u32 {
     }
     if !tune.self_spread {
         f |= TUNE_NO_SELF_SPREAD;
+    }
+    if tune.packed {
+        f |= TUNE_PACKED;
     }
     f
 }
@@ -788,10 +804,28 @@ mod tests {
                 fence: true,
                 unroll: 4,
                 self_spread: false,
+                packed: true,
                 ..P2pTune::default()
             }),
-            TUNE_FENCE | TUNE_UNROLL4 | TUNE_NO_SELF_SPREAD
+            TUNE_FENCE | TUNE_UNROLL4 | TUNE_NO_SELF_SPREAD | TUNE_PACKED
         );
+        // Packed: pair after pair, as many blocks as tasks (one chunk to rank 1 on pair 0, 16
+        // channels to rank 2 on pair 1), where the interleaved layout spans 1 + 15 * 2 + 1.
+        let o = ops(&[
+            (Dir::Send, 1, 0x1000, LL_MAX + 1),
+            (Dir::Send, 2, 0x10_0000, 4 << 20),
+        ]);
+        let refs = o.iter().collect::<Vec<_>>();
+        let packed = P2pTune {
+            packed: true,
+            ..P2pTune::default()
+        };
+        assert_eq!(plan(&refs, 0, &P2pTune::default()).tasks, 32);
+        assert_eq!(plan(&refs, 0, &packed).tasks, 1 + 16);
+        // The copy to self's halves count on both of its pairs.
+        let o = all_to_all_of_rank0(64 << 20);
+        let refs = o.iter().collect::<Vec<_>>();
+        assert_eq!(plan(&refs, 0, &packed).tasks, 4 * 16);
     }
 
     #[test]

@@ -37,8 +37,9 @@
 //   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), checks the header (a total
 //             that differs from its own size is an error), copies the payload out, stores
 //             consumed[me][c] = n + 1 in the sender's buffer (release), recvd = n + 1.
-// Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x (the host
-// launches min(npairs * most channels, its block limit) blocks: a 1 KiB exchange runs on two):
+// Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x, or packed
+// (P2P_TUNE_PACKED) (first block of the pair + channel) % gridDim.x (the host launches
+// min(tasks, its block limit) blocks: a 1 KiB exchange runs on two):
 // the ops of one (peer, direction) pair share the blocks of their channels, so a channel of a
 // later op only starts once the same channel of the op before it (op.pred, same pair) is done:
 // per (peer, direction) order as NCCL specifies. A block polls all of its tasks round-robin
@@ -105,6 +106,7 @@ using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
 #define P2P_TUNE_FENCE 1u         // a system fence before each chunk's release store (round 5's)
 #define P2P_TUNE_UNROLL4 2u       // 4 loads in flight per thread in chunk copies instead of 8
 #define P2P_TUNE_NO_SELF_SPREAD 4u  // copies to self over their own pair's channels only
+#define P2P_TUNE_PACKED 8u        // task (pair, ch) on block (firstBlock[pair] + ch) % blocks
 using P2pArgsSmall = P2pArgsN<P2P_SMALL_OPS>;
 
 namespace {
@@ -310,6 +312,9 @@ template <class A>
 MSCCLPP_DEVICE_INLINE void batch(const A& a) {
   __shared__ uint32_t prog[A::kMaxOps * P2P_MAX_CHANNELS];
   __shared__ int16_t after[A::kMaxOps];  // in place: the send whose buffer this receive overwrites
+  // P2P_TUNE_PACKED: channels of each pair (pairs <= ops), then each pair's first block.
+  __shared__ uint32_t pairWidth[A::kMaxOps];
+  __shared__ uint32_t pairFirst[A::kMaxOps];
   __shared__ int sAvail;
   __shared__ int sStop;
   __shared__ int sErr;
@@ -331,16 +336,43 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
     }
     after[k] = j;
   }
+  const uint32_t G = gridDim.x;
+  const uint32_t P = a.npairs;
+  const uint32_t CH = a.channels;
+  const uint32_t spread = (a.flags & P2P_TUNE_NO_SELF_SPREAD) ? 1 : 2;
+  const bool packed = (a.flags & P2P_TUNE_PACKED) != 0;
+  for (uint32_t i = threadIdx.x; i < P; i += blockDim.x) pairWidth[i] = 0;
   if (threadIdx.x == 0) {
     sStop = (*errWord != 0);
     sErr = 0;
   }
   __syncthreads();
   if (sStop) return;
-  const uint32_t G = gridDim.x;
-  const uint32_t P = a.npairs;
-  const uint32_t CH = a.channels;
-  const uint32_t spread = (a.flags & P2P_TUNE_NO_SELF_SPREAD) ? 1 : 2;
+  if (packed) {
+    // The tasks of pair after pair on consecutive blocks (wrapping), so a launch with more
+    // tasks than blocks gives each block tasks of different pairs (an all-to-all: its copy to
+    // self beside a transfer). The host sizes the grid alike (gpu.rs `plan`).
+    for (uint32_t k = threadIdx.x; k < a.nops; k += blockDim.x) {
+      const P2pOpDev& op = a.ops[k];
+      if (op.peer != a.rank) {
+        atomicMax(&pairWidth[op.pair], channelsOf(op.bytes, CH));
+      } else if (!op.recv) {
+        const uint64_t K = chunksOf(op.bytes);
+        const uint32_t nv = (uint32_t)(K < spread * CH ? K : spread * CH);
+        atomicMax(&pairWidth[op.pair], (nv + spread - 1) / spread);
+        if (spread == 2) atomicMax(&pairWidth[a.ops[k + 1].pair], nv / 2);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t sum = 0;
+      for (uint32_t i = 0; i < P; ++i) {
+        pairFirst[i] = sum;
+        sum += pairWidth[i];
+      }
+    }
+    __syncthreads();
+  }
   uint64_t lastProgress = nowNs();
   uint32_t pendingOp = 0;
   uint32_t idle = 0;  // rounds without progress (thread 0): the abort word is read every abortPoll-th
@@ -358,7 +390,8 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
       for (uint32_t c = 0; c < nch; ++c) {
         const uint32_t side = self ? (c % spread) : 0;
         const uint32_t ch = self ? (c / spread) : c;
-        if ((a.ops[k + side].pair + ch * P) % G != blockIdx.x) continue;
+        const uint32_t pr0 = a.ops[k + side].pair;
+        if ((packed ? pairFirst[pr0] + ch : pr0 + ch * P) % G != blockIdx.x) continue;
         const uint64_t total = (K - c + nch - 1) / nch;
         uint32_t* pr = &prog[(k + side) * P2P_MAX_CHANNELS + ch];
         if (*pr >= total) continue;
