@@ -168,6 +168,11 @@ pub struct P2pTune {
     /// after pair (1), instead of channel `c` of pair `p` on block `p + c * pairs` (0, the
     /// default); both wrap at the grid size.
     pub packed: bool,
+    /// `chunk=128|256|512|1024`: the largest chunk of a message in KiB (default 128); chunks
+    /// are a quarter of a channel's share of the message, from 128 KiB up to this. Each
+    /// channel's ring then has 64 / (channels x chunk / 128) slots: at most 32 for channels x
+    /// chunk / 128 (2 slots a ring at least).
+    pub chunk_kib: u32,
 }
 
 impl Default for P2pTune {
@@ -179,6 +184,7 @@ impl Default for P2pTune {
             self_spread: true,
             abort_poll: 256,
             packed: false,
+            chunk_kib: 128,
         }
     }
 }
@@ -215,6 +221,11 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             }
             "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
             "packed" => t.packed = flag.ok_or_else(|| bad(item, "packed=0 or 1"))?,
+            "chunk" => {
+                t.chunk_kib = num
+                    .filter(|n| [128, 256, 512, 1024].contains(n))
+                    .ok_or_else(|| bad(item, "chunk=128, 256, 512 or 1024 (KiB)"))?
+            }
             "abort_poll" => {
                 t.abort_poll = num
                     .filter(|n| (1..=1 << 20).contains(n))
@@ -223,10 +234,17 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             _ => {
                 return Err(bad(
                     item,
-                    "one of channels, fence, unroll, self_spread, abort_poll, packed",
+                    "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk",
                 ))
             }
         }
+    }
+    if t.channels * (t.chunk_kib / 128) > 32 {
+        return Err(format!(
+            "{P2P_TUNE}={v}: channels={} with chunk={}: expected channels x chunk / 128 <= 32 \
+             (each ring keeps 2 slots at least)",
+            t.channels, t.chunk_kib
+        ));
     }
     Ok(t)
 }
@@ -380,7 +398,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -993,19 +1011,20 @@ mod tests {
         assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
         let t = env_of(&[(
             P2P_TUNE,
-            " channels=32, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1",
+            " channels=8, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512",
         )])
         .p2p_tune()
         .unwrap();
         assert_eq!(
             t,
             P2pTune {
-                channels: 32,
+                channels: 8,
                 fence: true,
                 unroll: 4,
                 self_spread: false,
                 abort_poll: 1,
                 packed: true,
+                chunk_kib: 512,
             }
         );
         for bad in [
@@ -1015,6 +1034,8 @@ mod tests {
             "unroll=2",
             "abort_poll=0",
             "packed=2",
+            "chunk=64",
+            "channels=32,chunk=256",
             "bogus=1",
             "channels",
         ] {

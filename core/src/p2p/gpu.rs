@@ -46,10 +46,12 @@ pub const MAX_CHANNELS: usize = 32;
 pub const RING_SLOTS: usize = 64;
 /// Slots per ring by default (`RING_SLOTS / CHANNELS`).
 pub const SLOTS: usize = RING_SLOTS / CHANNELS;
-/// Payload bytes per slot (`P2P_CHUNK`): the largest chunk.
+/// Payload bytes per slot (`P2P_CHUNK`): the largest chunk by default (`MSCCLPP_P2P_TUNE`'s
+/// `chunk` joins 2, 4 or 8 slots into one).
 pub const CHUNK: usize = 128 * 1024;
-/// The smallest chunk (`P2P_MIN_CHUNK`): a chunked message is cut into chunks of a sixteenth
-/// of it (a multiple of 4 KiB) clamped to `[MIN_CHUNK, CHUNK]` ([`chunk_of`]). Equal to
+/// The smallest chunk (`P2P_MIN_CHUNK`): a chunked message is cut into chunks of a quarter of
+/// a channel's share (a multiple of 4 KiB) clamped to `[MIN_CHUNK, max chunk]` ([`chunk_of`],
+/// the max 128 KiB = [`CHUNK`] unless `MSCCLPP_P2P_TUNE` sets `chunk`). Equal to
 /// [`CHUNK`] for now: on the H200 (2 ranks sharing it, nccl-tests sendrecv, 2026-12-04) chunks
 /// of a sixteenth took 47 us at 512 KiB and 56 us at 4 MiB where fixed 128 KiB chunks had
 /// taken 17 and 32 (same at 32 MiB); the sizing stays for a tuning run.
@@ -137,6 +139,8 @@ struct Args<const N: usize> {
     channels: u32,
     slots: u32,
     abort_poll: u32,
+    max_chunk: u32,
+    slot_bytes: u32,
     ops: [OpDev; N],
 }
 
@@ -149,28 +153,39 @@ const TUNE_PACKED: u32 = 8;
 
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
 const _: () =
-    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 64 + 24 * MAX_OPS_PER_LAUNCH);
-const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 64 + 24 * SMALL_OPS);
+    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 72 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 72 + 24 * SMALL_OPS);
 
-/// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a sixteenth of it rounded down to
-/// 4 KiB, clamped to `[MIN_CHUNK, CHUNK]`.
-pub fn chunk_of(bytes: usize) -> usize {
-    ((bytes / 16) & !4095).clamp(MIN_CHUNK, CHUNK)
+/// The largest chunk under `tune` (`P2pArgs::maxChunk`): [`P2pTune::chunk_kib`].
+fn max_chunk(tune: &P2pTune) -> usize {
+    (tune.chunk_kib as usize) << 10
+}
+
+/// Slots per channel's ring under `tune` (`P2pArgs::slots`): the sender's [`RING_SLOTS`] slots
+/// of [`CHUNK`] over the channels, joined `max chunk / CHUNK` at a time.
+fn ring_slots(tune: &P2pTune) -> usize {
+    RING_SLOTS / (tune.channels as usize * (max_chunk(tune) / CHUNK))
+}
+
+/// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a quarter of the share of each of
+/// `tune.channels` channels, rounded down to 4 KiB, clamped to `[MIN_CHUNK, max chunk]`.
+pub fn chunk_of(bytes: usize, tune: &P2pTune) -> usize {
+    ((bytes / (4 * tune.channels as usize)) & !4095).clamp(MIN_CHUNK, max_chunk(tune))
 }
 
 /// Chunks of a message (batch.cu's `chunksOf`): one LL message up to [`LL_MAX`].
-fn chunks_of(bytes: usize) -> usize {
+fn chunks_of(bytes: usize, tune: &P2pTune) -> usize {
     if bytes <= LL_MAX {
         1
     } else {
-        bytes.div_ceil(chunk_of(bytes))
+        bytes.div_ceil(chunk_of(bytes, tune))
     }
 }
 
-/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one per chunk up to `most`
-/// ([`P2pTune::channels`]).
-fn channels_of(bytes: usize, most: usize) -> usize {
-    chunks_of(bytes).min(most)
+/// Channels of a message of `bytes` (batch.cu's `channelsOf`): one per chunk up to
+/// [`P2pTune::channels`].
+fn channels_of(bytes: usize, tune: &P2pTune) -> usize {
+    chunks_of(bytes, tune).min(tune.channels as usize)
 }
 
 /// One launch's operations as the kernel takes them.
@@ -252,9 +267,9 @@ fn plan(part: &[&P2pOp], rank: usize, tune: &P2pTune) -> Plan {
     for (k, (op, d)) in part.iter().zip(&ops).enumerate() {
         if op.peer != rank {
             let w = &mut width[d.pair as usize];
-            *w = (*w).max(channels_of(op.bytes, most));
+            *w = (*w).max(channels_of(op.bytes, tune));
         } else if op.dir == Dir::Send {
-            let nv = chunks_of(op.bytes).min(spread * most);
+            let nv = chunks_of(op.bytes, tune).min(spread * most);
             for side in 0..spread.min(nv) {
                 let p = ops.get(k + side).map_or(d.pair, |o| o.pair) as usize;
                 width[p] = width[p].max((nv - side).div_ceil(spread));
@@ -357,10 +372,16 @@ fn agreed_tune(mine: P2pTune, all: &[Vec<u8>]) -> Result<P2pTune> {
 
 /// The bytes of `tune` exchanged at setup.
 fn tune_bytes(t: &P2pTune) -> Vec<u8> {
-    [t.channels, tune_flags(t), t.unroll, t.abort_poll]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect()
+    [
+        t.channels,
+        tune_flags(t),
+        t.unroll,
+        t.abort_poll,
+        t.chunk_kib,
+    ]
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .collect()
 }
 
 pub(super) struct GpuP2p {
@@ -600,7 +621,9 @@ impl GpuP2p {
             npairs: plan.npairs as u32,
             flags: tune_flags(&self.tune),
             channels: self.tune.channels,
-            slots: (RING_SLOTS as u32) / self.tune.channels,
+            slots: ring_slots(&self.tune) as u32,
+            max_chunk: max_chunk(&self.tune) as u32,
+            slot_bytes: (max_chunk(&self.tune) + HEADER) as u32,
             abort_poll: self.tune.abort_poll,
             ops: [OpDev::default(); N],
         };
@@ -729,19 +752,29 @@ mod tests {
     }
 
     #[test]
-    fn chunks_are_a_sixteenth_clamped() {
-        assert_eq!(chunk_of(LL_MAX + 1), MIN_CHUNK);
-        assert_eq!(chunk_of(1 << 20), (64 << 10).clamp(MIN_CHUNK, CHUNK));
-        assert_eq!(chunk_of(64 << 20), CHUNK);
-        assert_eq!(chunk_of((1 << 20) + 3) % 4096, 0);
+    fn chunks_are_a_quarter_of_a_channel_share_clamped() {
+        let t = P2pTune::default();
+        assert_eq!(chunk_of(LL_MAX + 1, &t), MIN_CHUNK);
+        assert_eq!(chunk_of(1 << 20, &t), (16 << 10).clamp(MIN_CHUNK, CHUNK));
+        assert_eq!(chunk_of(64 << 20, &t), CHUNK);
+        assert_eq!(chunk_of((1 << 20) + 3, &t) % 4096, 0);
         // 1 MiB: chunks of chunk_of(1 MiB), one channel each up to CHANNELS.
-        let c = (1usize << 20).div_ceil(chunk_of(1 << 20));
+        let c = (1usize << 20).div_ceil(chunk_of(1 << 20, &t));
         assert_eq!(
-            (chunks_of(1 << 20), channels_of(1 << 20, CHANNELS)),
+            (chunks_of(1 << 20, &t), channels_of(1 << 20, &t)),
             (c, c.min(CHANNELS))
         );
-        assert_eq!(chunks_of(LL_MAX), 1);
-        assert_eq!(chunks_of(LL_MAX + 1), (LL_MAX + 1).div_ceil(MIN_CHUNK));
+        assert_eq!(chunks_of(LL_MAX, &t), 1);
+        assert_eq!(chunks_of(LL_MAX + 1, &t), (LL_MAX + 1).div_ceil(MIN_CHUNK));
+        // Larger chunks (tune chunk=512): a quarter of a channel's share from 128 KiB up.
+        let big = P2pTune {
+            chunk_kib: 512,
+            ..t
+        };
+        assert_eq!(chunk_of(4 << 20, &big), CHUNK);
+        assert_eq!(chunk_of(16 << 20, &big), 256 << 10);
+        assert_eq!(chunk_of(64 << 20, &big), 512 << 10);
+        assert_eq!(chunk_of(1 << 30, &big), 512 << 10);
     }
 
     #[test]
@@ -826,6 +859,27 @@ mod tests {
         let o = all_to_all_of_rank0(64 << 20);
         let refs = o.iter().collect::<Vec<_>>();
         assert_eq!(plan(&refs, 0, &packed).tasks, 4 * 16);
+    }
+
+    #[test]
+    fn every_tuned_ring_fits_the_sender_s_space() {
+        for channels in [1, 2, 4, 8, 16, 32] {
+            for chunk_kib in [128, 256, 512, 1024] {
+                let t = P2pTune {
+                    channels,
+                    chunk_kib,
+                    ..P2pTune::default()
+                };
+                if channels * chunk_kib / 128 > 32 {
+                    continue; // refused by the parser (env.rs)
+                }
+                let slots = ring_slots(&t);
+                assert!(slots >= 2, "{t:?}");
+                let end = channels as usize * slots * (max_chunk(&t) + HEADER);
+                assert!(end <= RING_SLOTS * (CHUNK + HEADER), "{t:?}");
+            }
+        }
+        assert_eq!(ring_slots(&P2pTune::default()), SLOTS);
     }
 
     #[test]

@@ -9,9 +9,10 @@
 //   for its own packets (llBatch below); the host picks it (core/src/p2p/gpu.rs, `Plan::ll`).
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
-// P2pLayout below): counters, then two LL buffers per sending peer, then P2P_RING_SLOTS slots
-// of (16-byte header + CHUNK payload) per sending peer: one ring of args.slots slots per channel
-// (args.channels channels; channels x slots = P2P_RING_SLOTS).
+// P2pLayout below): counters, then two LL buffers per sending peer, then the space of
+// P2P_RING_SLOTS slots of (16-byte header + CHUNK payload) per sending peer: one ring per channel
+// (args.channels) of args.slots slots of (16-byte header + args.maxChunk payload), where
+// channels x slots x (maxChunk / CHUNK) = P2P_RING_SLOTS.
 //
 // Small messages (at most P2P_LL_MAX bytes) travel as LL16 packets (mscclpp/packet_device.hpp:
 // 8 data bytes and the flag twice in one 16-byte store), no signal and no fence: message n of a
@@ -23,8 +24,8 @@
 // a message that fits costs one one-way trip. Flags come from the monotonic counters, so a
 // captured graph replays correctly.
 //
-// Larger messages are cut into chunks of chunkOf(bytes) (a sixteenth of the message, a multiple
-// of 4 KiB, clamped to [P2P_MIN_CHUNK, P2P_CHUNK]); chunk i of a message goes to channel i % nch
+// Larger messages are cut into chunks of chunkOf(bytes) (a quarter of a channel's share, a
+// multiple of 4 KiB, clamped to [P2P_MIN_CHUNK, args.maxChunk]); chunk i goes to channel i % nch
 // (nch = min(args.channels, chunks), computed alike on both sides: every rank's args.channels
 // is the same, the host checks at setup).
 // Per (sender -> receiver, channel), counters count chunks since the buffers were created
@@ -100,6 +101,8 @@ struct P2pArgsN {
   uint32_t channels;  // most channels per message (every rank the same; a power of 2, <= 32)
   uint32_t slots;     // slots per channel's ring: P2P_RING_SLOTS / channels
   uint32_t abortPoll;  // the batch loop reads the host's abort word every abortPoll idle rounds
+  uint32_t maxChunk;   // the largest chunk: m * P2P_CHUNK (m = 1, 2, 4 or 8)
+  uint32_t slotBytes;  // a slot: P2P_HEADER + maxChunk (channels * slots * m = P2P_RING_SLOTS)
   P2pOpDev ops[N];
 };
 using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
@@ -133,9 +136,11 @@ struct P2pLayout {
     return (error() + 64 + 4095) / 4096 * 4096 + (sender * 2 + k) * (uint64_t)P2P_LL_BUF_BYTES;
   }
   MSCCLPP_DEVICE_INLINE uint64_t rings() const { return (ll(n, 0) + 4095) / 4096 * 4096; }
-  /// Slot k of channel c's ring of messages from `sender` (`slots` slots per channel).
-  MSCCLPP_DEVICE_INLINE uint64_t slot(uint64_t sender, uint64_t c, uint64_t slots, uint64_t k) const {
-    return rings() + (sender * P2P_RING_SLOTS + c * slots + k) * (uint64_t)P2P_SLOT_BYTES;
+  /// Slot k of channel c's ring of messages from `sender` (`slots` slots of `slotBytes` per
+  /// channel, inside the sender's P2P_RING_SLOTS * P2P_SLOT_BYTES).
+  MSCCLPP_DEVICE_INLINE uint64_t slot(uint64_t sender, uint64_t c, uint64_t slots, uint64_t k,
+                                      uint64_t slotBytes) const {
+    return rings() + sender * P2P_RING_SLOTS * (uint64_t)P2P_SLOT_BYTES + (c * slots + k) * slotBytes;
   }
 };
 
@@ -149,26 +154,33 @@ MSCCLPP_DEVICE_INLINE uint64_t nowNs() {
 #endif
 }
 
-/// Chunk bytes of a chunked message (above P2P_LL_MAX): a sixteenth of it (so mid-sized
-/// messages still spread over every channel), a multiple of 4 KiB, clamped to
-/// [P2P_MIN_CHUNK, P2P_CHUNK] (the slot size); both ends compute it from the size alike.
-MSCCLPP_DEVICE_INLINE uint64_t chunkOf(uint64_t bytes) {
-  const uint64_t c = (bytes / 16) & ~(uint64_t)4095;
-  return c < P2P_MIN_CHUNK ? P2P_MIN_CHUNK : c > P2P_CHUNK ? P2P_CHUNK : c;
+/// How messages are cut (the same on every rank): at most `most` channels, chunks of at most
+/// `maxChunk` bytes (args.channels, args.maxChunk).
+struct P2pCut {
+  uint32_t most;
+  uint64_t maxChunk;
+};
+
+/// Chunk bytes of a chunked message (above P2P_LL_MAX): a quarter of its share of `most`
+/// channels (each channel gets 4 chunks or more before chunks grow), a multiple of 4 KiB,
+/// clamped to [P2P_MIN_CHUNK, maxChunk]; both ends compute it from the size alike.
+MSCCLPP_DEVICE_INLINE uint64_t chunkOf(uint64_t bytes, const P2pCut& t) {
+  const uint64_t c = (bytes / (4 * (uint64_t)t.most)) & ~(uint64_t)4095;
+  return c < P2P_MIN_CHUNK ? P2P_MIN_CHUNK : c > t.maxChunk ? t.maxChunk : c;
 }
 /// A message of at most P2P_LL_MAX bytes travels as one LL message (one task, channel 0).
-MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes) {
-  return bytes <= P2P_LL_MAX ? 1 : (bytes + chunkOf(bytes) - 1) / chunkOf(bytes);
+MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes, const P2pCut& t) {
+  return bytes <= P2P_LL_MAX ? 1 : (bytes + chunkOf(bytes, t) - 1) / chunkOf(bytes, t);
 }
-/// Channels of a message: one per chunk, at most `most` (args.channels).
-MSCCLPP_DEVICE_INLINE uint32_t channelsOf(uint64_t bytes, uint32_t most) {
-  const uint64_t k = chunksOf(bytes);
-  return k < most ? (uint32_t)k : most;
+/// Channels of a message: one per chunk, at most t.most.
+MSCCLPP_DEVICE_INLINE uint32_t channelsOf(uint64_t bytes, const P2pCut& t) {
+  const uint64_t k = chunksOf(bytes, t);
+  return k < t.most ? (uint32_t)k : t.most;
 }
-/// Chunks of a message on channel c of its channelsOf(bytes, most).
-MSCCLPP_DEVICE_INLINE uint64_t chunksOn(uint64_t bytes, uint32_t c, uint32_t most) {
-  const uint64_t k = chunksOf(bytes);
-  const uint32_t nch = channelsOf(bytes, most);
+/// Chunks of a message on channel c of its channelsOf(bytes, t).
+MSCCLPP_DEVICE_INLINE uint64_t chunksOn(uint64_t bytes, uint32_t c, const P2pCut& t) {
+  const uint64_t k = chunksOf(bytes, t);
+  const uint32_t nch = channelsOf(bytes, t);
   return c < nch ? (k - c + nch - 1) / nch : 0;
 }
 
@@ -339,6 +351,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
   const uint32_t G = gridDim.x;
   const uint32_t P = a.npairs;
   const uint32_t CH = a.channels;
+  const P2pCut cut{a.channels, a.maxChunk};
   const uint32_t spread = (a.flags & P2P_TUNE_NO_SELF_SPREAD) ? 1 : 2;
   const bool packed = (a.flags & P2P_TUNE_PACKED) != 0;
   for (uint32_t i = threadIdx.x; i < P; i += blockDim.x) pairWidth[i] = 0;
@@ -355,9 +368,9 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
     for (uint32_t k = threadIdx.x; k < a.nops; k += blockDim.x) {
       const P2pOpDev& op = a.ops[k];
       if (op.peer != a.rank) {
-        atomicMax(&pairWidth[op.pair], channelsOf(op.bytes, CH));
+        atomicMax(&pairWidth[op.pair], channelsOf(op.bytes, cut));
       } else if (!op.recv) {
-        const uint64_t K = chunksOf(op.bytes);
+        const uint64_t K = chunksOf(op.bytes, cut);
         const uint32_t nv = (uint32_t)(K < spread * CH ? K : spread * CH);
         atomicMax(&pairWidth[op.pair], (nv + spread - 1) / spread);
         if (spread == 2) atomicMax(&pairWidth[a.ops[k + 1].pair], nv / 2);
@@ -382,11 +395,11 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
       const P2pOpDev& op = a.ops[k];
       if (op.recv && op.peer == a.rank) continue;  // done by its send (below)
       const bool self = op.peer == a.rank;
-      const uint64_t K = chunksOf(op.bytes);
+      const uint64_t K = chunksOf(op.bytes, cut);
       // A copy to self spreads its chunks over twice the channels (unless tuned off): even ones
       // on the blocks of its own pair, odd ones on those of its receive's pair (otherwise idle).
-      const uint32_t nch = self ? (uint32_t)(K < spread * CH ? K : spread * CH) : channelsOf(op.bytes, CH);
-      const uint64_t cs = op.bytes <= P2P_LL_MAX ? op.bytes : chunkOf(op.bytes);
+      const uint32_t nch = self ? (uint32_t)(K < spread * CH ? K : spread * CH) : channelsOf(op.bytes, cut);
+      const uint64_t cs = op.bytes <= P2P_LL_MAX ? op.bytes : chunkOf(op.bytes, cut);
       for (uint32_t c = 0; c < nch; ++c) {
         const uint32_t side = self ? (c % spread) : 0;
         const uint32_t ch = self ? (c / spread) : c;
@@ -415,8 +428,8 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
         // The last earlier op of the same pair with chunks on this channel must be done (its
         // own predecessors were done before it started).
         int pred = op.pred;
-        while (pred >= 0 && chunksOn(a.ops[pred].bytes, c, CH) == 0) pred = a.ops[pred].pred;
-        if (pred >= 0 && prog[pred * P2P_MAX_CHANNELS + c] < chunksOn(a.ops[pred].bytes, c, CH)) continue;
+        while (pred >= 0 && chunksOn(a.ops[pred].bytes, c, cut) == 0) pred = a.ops[pred].pred;
+        if (pred >= 0 && prog[pred * P2P_MAX_CHANNELS + c] < chunksOn(a.ops[pred].bytes, c, cut)) continue;
         const int dep = after[k];
         if (op.bytes <= P2P_LL_MAX) {
           if (dep >= 0 && prog[dep * P2P_MAX_CHANNELS] == 0) continue;
@@ -443,7 +456,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
               const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
               int ok = mscclpp::loadAcquireSys(ready) > n;
               if (ok) {
-                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(peer, c, a.slots, n % a.slots));
+                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(peer, c, a.slots, n % a.slots, a.slotBytes));
                 const uint64_t tot = h[0], w = h[1];
                 if (tot != op.bytes) {
                   recordError(a, kErrSize, 1, peer, tot);
@@ -461,7 +474,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             if (avail < 0) return;
             if (!avail) break;
             n = *recvd;  // every thread: this block alone writes it, before the barrier above
-            const char* src = reinterpret_cast<const char*>(base + L.slot(peer, c, a.slots, n % a.slots) + P2P_HEADER);
+            const char* src = reinterpret_cast<const char*>(base + L.slot(peer, c, a.slots, n % a.slots, a.slotBytes) + P2P_HEADER);
             blockCopy(reinterpret_cast<char*>(op.buf + off), src, len, a.flags);
             __syncthreads();
             if (threadIdx.x == 0) {
@@ -483,7 +496,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             __syncthreads();
             if (!avail) break;
             n = *sent;
-            const uint64_t dst = a.peerBases[peer] + L.slot(a.rank, c, a.slots, n % a.slots);
+            const uint64_t dst = a.peerBases[peer] + L.slot(a.rank, c, a.slots, n % a.slots, a.slotBytes);
             if (threadIdx.x == 0) {
               uint64_t* h = reinterpret_cast<uint64_t*>(dst);
               h[0] = op.bytes;
