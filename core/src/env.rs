@@ -173,6 +173,9 @@ pub struct P2pTune {
     /// channel's ring then has 64 / (channels x chunk / 128) slots: at most 32 for channels x
     /// chunk / 128 (2 slots a ring at least).
     pub chunk_kib: u32,
+    /// `ring=64|128|256`: the ring space per sending peer, in slots of 128 KiB (default 64:
+    /// 8 MiB per peer); channels x chunk / 128 may then be up to ring / 2.
+    pub ring: u32,
 }
 
 impl Default for P2pTune {
@@ -185,6 +188,7 @@ impl Default for P2pTune {
             abort_poll: 256,
             packed: false,
             chunk_kib: 128,
+            ring: 64,
         }
     }
 }
@@ -221,6 +225,11 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             }
             "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
             "packed" => t.packed = flag.ok_or_else(|| bad(item, "packed=0 or 1"))?,
+            "ring" => {
+                t.ring = num
+                    .filter(|n| [64, 128, 256].contains(n))
+                    .ok_or_else(|| bad(item, "ring=64, 128 or 256 (slots of 128 KiB per peer)"))?
+            }
             "chunk" => {
                 t.chunk_kib = num
                     .filter(|n| [128, 256, 512, 1024].contains(n))
@@ -234,16 +243,16 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             _ => {
                 return Err(bad(
                     item,
-                    "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk",
+                    "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk, ring",
                 ))
             }
         }
     }
-    if t.channels * (t.chunk_kib / 128) > 32 {
+    if t.channels * (t.chunk_kib / 128) > t.ring / 2 {
         return Err(format!(
-            "{P2P_TUNE}={v}: channels={} with chunk={}: expected channels x chunk / 128 <= 32 \
-             (each ring keeps 2 slots at least)",
-            t.channels, t.chunk_kib
+            "{P2P_TUNE}={v}: channels={} with chunk={} and ring={}: expected channels x chunk \
+             / 128 <= ring / 2 (each channel's ring keeps 2 slots at least)",
+            t.channels, t.chunk_kib, t.ring
         ));
     }
     Ok(t)
@@ -398,7 +407,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -1011,20 +1020,21 @@ mod tests {
         assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
         let t = env_of(&[(
             P2P_TUNE,
-            " channels=8, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512",
+            " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256",
         )])
         .p2p_tune()
         .unwrap();
         assert_eq!(
             t,
             P2pTune {
-                channels: 8,
+                channels: 16,
                 fence: true,
                 unroll: 4,
                 self_spread: false,
                 abort_poll: 1,
                 packed: true,
                 chunk_kib: 512,
+                ring: 256,
             }
         );
         for bad in [
@@ -1036,6 +1046,8 @@ mod tests {
             "packed=2",
             "chunk=64",
             "channels=32,chunk=256",
+            "ring=96",
+            "channels=32,chunk=512,ring=128",
             "bogus=1",
             "channels",
         ] {

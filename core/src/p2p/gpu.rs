@@ -42,7 +42,8 @@ pub const MAX_OPS_PER_LAUNCH: usize = 128;
 pub const CHANNELS: usize = 16;
 /// Channel counters per (sender, receiver) pair (`P2P_MAX_CHANNELS`): the most channels.
 pub const MAX_CHANNELS: usize = 32;
-/// Ring slots per sender (`P2P_RING_SLOTS`): channels x slots per channel.
+/// Ring slots of [`CHUNK`] per sender by default (`P2pArgs::ringSlots`, [`P2pTune::ring`]):
+/// channels x slots per channel.
 pub const RING_SLOTS: usize = 64;
 /// Slots per ring by default (`RING_SLOTS / CHANNELS`).
 pub const SLOTS: usize = RING_SLOTS / CHANNELS;
@@ -83,6 +84,8 @@ const TAG_MEM: u64 = 0x5032_5001;
 pub struct GpuLayout {
     /// World size.
     pub nranks: usize,
+    /// Ring slots of [`CHUNK`] per sender ([`P2pTune::ring`]).
+    pub ring_slots: usize,
 }
 
 impl GpuLayout {
@@ -105,7 +108,7 @@ impl GpuLayout {
     }
     /// Total bytes.
     pub fn total(&self) -> usize {
-        self.rings() + self.nranks * RING_SLOTS * (CHUNK + HEADER)
+        self.rings() + self.nranks * self.ring_slots * (CHUNK + HEADER)
     }
 }
 
@@ -141,6 +144,8 @@ struct Args<const N: usize> {
     abort_poll: u32,
     max_chunk: u32,
     slot_bytes: u32,
+    ring_slots: u32,
+    pad: u32,
     ops: [OpDev; N],
 }
 
@@ -153,18 +158,18 @@ const TUNE_PACKED: u32 = 8;
 
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
 const _: () =
-    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 72 + 24 * MAX_OPS_PER_LAUNCH);
-const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 72 + 24 * SMALL_OPS);
+    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 80 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 80 + 24 * SMALL_OPS);
 
 /// The largest chunk under `tune` (`P2pArgs::maxChunk`): [`P2pTune::chunk_kib`].
 fn max_chunk(tune: &P2pTune) -> usize {
     (tune.chunk_kib as usize) << 10
 }
 
-/// Slots per channel's ring under `tune` (`P2pArgs::slots`): the sender's [`RING_SLOTS`] slots
-/// of [`CHUNK`] over the channels, joined `max chunk / CHUNK` at a time.
+/// Slots per channel's ring under `tune` (`P2pArgs::slots`): the sender's [`P2pTune::ring`]
+/// slots of [`CHUNK`] over the channels, joined `max chunk / CHUNK` at a time.
 fn ring_slots(tune: &P2pTune) -> usize {
-    RING_SLOTS / (tune.channels as usize * (max_chunk(tune) / CHUNK))
+    tune.ring as usize / (tune.channels as usize * (max_chunk(tune) / CHUNK))
 }
 
 /// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a quarter of the share of each of
@@ -378,6 +383,7 @@ fn tune_bytes(t: &P2pTune) -> Vec<u8> {
         t.unroll,
         t.abort_poll,
         t.chunk_kib,
+        t.ring,
     ]
     .iter()
     .flat_map(|v| v.to_le_bytes())
@@ -460,7 +466,10 @@ impl GpuP2p {
         let kernel_ll_big = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL_BIG.name())
             .map_err(|e| hal_err("look up p2p_ll_big", e))?;
 
-        let layout = GpuLayout { nranks };
+        let layout = GpuLayout {
+            nranks,
+            ring_slots: tune.ring as usize,
+        };
         let kind = crate::gpu_buffer::communication_memory_kind(device);
         let mem = LocalMemory::alloc_kind(device, layout.total(), kind)?;
         mem.write(0, &vec![0u8; layout.rings()])?;
@@ -624,6 +633,8 @@ impl GpuP2p {
             slots: ring_slots(&self.tune) as u32,
             max_chunk: max_chunk(&self.tune) as u32,
             slot_bytes: (max_chunk(&self.tune) + HEADER) as u32,
+            ring_slots: self.tune.ring,
+            pad: 0,
             abort_poll: self.tune.abort_poll,
             ops: [OpDev::default(); N],
         };
@@ -863,20 +874,27 @@ mod tests {
 
     #[test]
     fn every_tuned_ring_fits_the_sender_s_space() {
-        for channels in [1, 2, 4, 8, 16, 32] {
-            for chunk_kib in [128, 256, 512, 1024] {
-                let t = P2pTune {
-                    channels,
-                    chunk_kib,
-                    ..P2pTune::default()
-                };
-                if channels * chunk_kib / 128 > 32 {
-                    continue; // refused by the parser (env.rs)
+        for ring in [64, 128, 256] {
+            for channels in [1, 2, 4, 8, 16, 32] {
+                for chunk_kib in [128, 256, 512, 1024] {
+                    let t = P2pTune {
+                        channels,
+                        chunk_kib,
+                        ring,
+                        ..P2pTune::default()
+                    };
+                    if channels * chunk_kib / 128 > ring / 2 {
+                        continue; // refused by the parser (env.rs)
+                    }
+                    let slots = ring_slots(&t);
+                    assert!(slots >= 2, "{t:?}");
+                    let end = channels as usize * slots * (max_chunk(&t) + HEADER);
+                    let l = GpuLayout {
+                        nranks: 2,
+                        ring_slots: ring as usize,
+                    };
+                    assert!(end * 2 <= l.total() - l.rings(), "{t:?}");
                 }
-                let slots = ring_slots(&t);
-                assert!(slots >= 2, "{t:?}");
-                let end = channels as usize * slots * (max_chunk(&t) + HEADER);
-                assert!(end <= RING_SLOTS * (CHUNK + HEADER), "{t:?}");
             }
         }
         assert_eq!(ring_slots(&P2pTune::default()), SLOTS);
@@ -950,7 +968,10 @@ mod tests {
 
     #[test]
     fn layout_keeps_counters_ll_buffers_and_rings_apart() {
-        let l = GpuLayout { nranks: 4 };
+        let l = GpuLayout {
+            nranks: 4,
+            ring_slots: RING_SLOTS,
+        };
         assert!(l.error() + 16 <= l.ll(0, 0));
         assert_eq!(l.ll(3, 1) + LL_BUF, l.ll(4, 0));
         assert!(l.ll(4, 0) <= l.rings());

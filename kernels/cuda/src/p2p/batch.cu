@@ -10,9 +10,9 @@
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
 // P2pLayout below): counters, then two LL buffers per sending peer, then the space of
-// P2P_RING_SLOTS slots of (16-byte header + CHUNK payload) per sending peer: one ring per channel
+// args.ringSlots slots of (16-byte header + CHUNK payload) per sending peer: one ring per channel
 // (args.channels) of args.slots slots of (16-byte header + args.maxChunk payload), where
-// channels x slots x (maxChunk / CHUNK) = P2P_RING_SLOTS.
+// channels x slots x (maxChunk / CHUNK) = ringSlots (64 unless MSCCLPP_P2P_TUNE sets `ring`).
 //
 // Small messages (at most P2P_LL_MAX bytes) travel as LL16 packets (mscclpp/packet_device.hpp:
 // 8 data bytes and the flag twice in one 16-byte store), no signal and no fence: message n of a
@@ -64,7 +64,6 @@
 #define P2P_MAX_OPS 128
 #define P2P_SMALL_OPS 8
 #define P2P_MAX_CHANNELS 32  // counters per (sender, receiver) pair; args.channels <= this
-#define P2P_RING_SLOTS 64    // slots per sender: args.channels channels of args.slots slots each
 #define P2P_CHUNK (128 * 1024)
 #define P2P_MIN_CHUNK P2P_CHUNK  // = MIN_CHUNK in core/src/p2p/gpu.rs (why: there)
 #define P2P_HEADER 16
@@ -99,10 +98,12 @@ struct P2pArgsN {
   uint32_t npairs;  // (peer, direction) pairs of the ops (block assignment)
   uint32_t flags;     // P2P_TUNE_* bits (MSCCLPP_P2P_TUNE)
   uint32_t channels;  // most channels per message (every rank the same; a power of 2, <= 32)
-  uint32_t slots;     // slots per channel's ring: P2P_RING_SLOTS / channels
+  uint32_t slots;     // slots per channel's ring: ringSlots / (channels * maxChunk / P2P_CHUNK)
   uint32_t abortPoll;  // the batch loop reads the host's abort word every abortPoll idle rounds
   uint32_t maxChunk;   // the largest chunk: m * P2P_CHUNK (m = 1, 2, 4 or 8)
-  uint32_t slotBytes;  // a slot: P2P_HEADER + maxChunk (channels * slots * m = P2P_RING_SLOTS)
+  uint32_t slotBytes;  // a slot: P2P_HEADER + maxChunk
+  uint32_t ringSlots;  // the ring space per sender, in slots of P2P_SLOT_BYTES (the same on every rank)
+  uint32_t pad;
   P2pOpDev ops[N];
 };
 using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
@@ -137,10 +138,10 @@ struct P2pLayout {
   }
   MSCCLPP_DEVICE_INLINE uint64_t rings() const { return (ll(n, 0) + 4095) / 4096 * 4096; }
   /// Slot k of channel c's ring of messages from `sender` (`slots` slots of `slotBytes` per
-  /// channel, inside the sender's P2P_RING_SLOTS * P2P_SLOT_BYTES).
-  MSCCLPP_DEVICE_INLINE uint64_t slot(uint64_t sender, uint64_t c, uint64_t slots, uint64_t k,
-                                      uint64_t slotBytes) const {
-    return rings() + sender * P2P_RING_SLOTS * (uint64_t)P2P_SLOT_BYTES + (c * slots + k) * slotBytes;
+  /// channel, inside the sender's ringSlots * P2P_SLOT_BYTES).
+  template <class A>
+  MSCCLPP_DEVICE_INLINE uint64_t slot(const A& a, uint64_t sender, uint64_t c, uint64_t k) const {
+    return rings() + sender * a.ringSlots * (uint64_t)P2P_SLOT_BYTES + (c * a.slots + k) * (uint64_t)a.slotBytes;
   }
 };
 
@@ -456,7 +457,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
               const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
               int ok = mscclpp::loadAcquireSys(ready) > n;
               if (ok) {
-                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(peer, c, a.slots, n % a.slots, a.slotBytes));
+                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(a, peer, c, n % a.slots));
                 const uint64_t tot = h[0], w = h[1];
                 if (tot != op.bytes) {
                   recordError(a, kErrSize, 1, peer, tot);
@@ -474,7 +475,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             if (avail < 0) return;
             if (!avail) break;
             n = *recvd;  // every thread: this block alone writes it, before the barrier above
-            const char* src = reinterpret_cast<const char*>(base + L.slot(peer, c, a.slots, n % a.slots, a.slotBytes) + P2P_HEADER);
+            const char* src = reinterpret_cast<const char*>(base + L.slot(a, peer, c, n % a.slots) + P2P_HEADER);
             blockCopy(reinterpret_cast<char*>(op.buf + off), src, len, a.flags);
             __syncthreads();
             if (threadIdx.x == 0) {
@@ -496,7 +497,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             __syncthreads();
             if (!avail) break;
             n = *sent;
-            const uint64_t dst = a.peerBases[peer] + L.slot(a.rank, c, a.slots, n % a.slots, a.slotBytes);
+            const uint64_t dst = a.peerBases[peer] + L.slot(a, a.rank, c, n % a.slots);
             if (threadIdx.x == 0) {
               uint64_t* h = reinterpret_cast<uint64_t*>(dst);
               h[0] = op.bytes;
