@@ -155,6 +155,121 @@ pub const BOOTSTRAP_REFUSED_TIMEOUT: &str = "MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT";
 /// moment the id is made (an `ip:port` root may start later than its ranks: there the default
 /// is the bootstrap's whole timeout).
 pub const BOOTSTRAP_REFUSED_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
+pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
+
+/// The knobs of the GPU point-to-point kernels (core/src/p2p/gpu.rs, kernels/cuda/src/p2p/
+/// batch.cu), from `MSCCLPP_P2P_TUNE`, a comma list of `key=value` (for A/B speed runs; the
+/// defaults are the measured choice). Every rank of a communicator must set the same: the
+/// point-to-point setup compares them and fails naming both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct P2pTune {
+    /// `channels=N`: most channels (rings, and blocks per (peer, direction)) of a chunked
+    /// message: 1, 2, 4, 8, 16 (default) or 32; each channel's ring has 64 / N slots.
+    pub channels: u32,
+    /// `fence=1`: a system-scope fence before each chunk's release store (default 0).
+    pub fence: bool,
+    /// `unroll=4|8`: 16-byte loads in flight per thread in chunk copies (default 8).
+    pub unroll: u32,
+    /// `self_spread=0|1`: a copy to self runs over twice the channels, on the blocks of its
+    /// receive's pair too (default 1).
+    pub self_spread: bool,
+    /// `abort_poll=N`: idle rounds of a chunked batch per read of the host's abort word
+    /// (host memory; 1 = every round; default 256).
+    pub abort_poll: u32,
+    /// `packed=0|1`: the chunked kernel's tasks (pair, channel) on consecutive blocks, pair
+    /// after pair (1), instead of channel `c` of pair `p` on block `p + c * pairs` (0, the
+    /// default); both wrap at the grid size.
+    pub packed: bool,
+    /// `chunk=128|256|512|1024`: the largest chunk of a message in KiB (default 128); chunks
+    /// are a quarter of a channel's share of the message, from 128 KiB up to this. Each
+    /// channel's ring then has 64 / (channels x chunk / 128) slots: at most 32 for channels x
+    /// chunk / 128 (2 slots a ring at least).
+    pub chunk_kib: u32,
+    /// `ring=64|128|256`: the ring space per sending peer, in slots of 128 KiB (default 64:
+    /// 8 MiB per peer); channels x chunk / 128 may then be up to ring / 2.
+    pub ring: u32,
+}
+
+impl Default for P2pTune {
+    fn default() -> P2pTune {
+        P2pTune {
+            channels: 16,
+            fence: false,
+            unroll: 8,
+            self_spread: true,
+            abort_poll: 256,
+            packed: false,
+            chunk_kib: 128,
+            ring: 64,
+        }
+    }
+}
+
+/// `MSCCLPP_P2P_TUNE`: unset or blank = the defaults.
+fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
+    let mut t = P2pTune::default();
+    let Some(v) = non_empty(value) else {
+        return Ok(t);
+    };
+    let bad = |item: &str, want: &str| format!("{P2P_TUNE}={v}: `{item}`: expected {want}");
+    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, val) = item
+            .split_once('=')
+            .map(|(k, x)| (k.trim(), x.trim()))
+            .ok_or_else(|| bad(item, "key=value"))?;
+        let num = val.parse::<u32>().ok();
+        let flag = match val {
+            "0" => Some(false),
+            "1" => Some(true),
+            _ => None,
+        };
+        match key {
+            "channels" => {
+                t.channels = num
+                    .filter(|n| n.is_power_of_two() && *n <= 32)
+                    .ok_or_else(|| bad(item, "channels=1, 2, 4, 8, 16 or 32"))?
+            }
+            "fence" => t.fence = flag.ok_or_else(|| bad(item, "fence=0 or 1"))?,
+            "unroll" => {
+                t.unroll = num
+                    .filter(|n| *n == 4 || *n == 8)
+                    .ok_or_else(|| bad(item, "unroll=4 or 8"))?
+            }
+            "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
+            "packed" => t.packed = flag.ok_or_else(|| bad(item, "packed=0 or 1"))?,
+            "ring" => {
+                t.ring = num
+                    .filter(|n| [64, 128, 256].contains(n))
+                    .ok_or_else(|| bad(item, "ring=64, 128 or 256 (slots of 128 KiB per peer)"))?
+            }
+            "chunk" => {
+                t.chunk_kib = num
+                    .filter(|n| [128, 256, 512, 1024].contains(n))
+                    .ok_or_else(|| bad(item, "chunk=128, 256, 512 or 1024 (KiB)"))?
+            }
+            "abort_poll" => {
+                t.abort_poll = num
+                    .filter(|n| (1..=1 << 20).contains(n))
+                    .ok_or_else(|| bad(item, "abort_poll=1 to 1048576"))?
+            }
+            _ => {
+                return Err(bad(
+                    item,
+                    "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk, ring",
+                ))
+            }
+        }
+    }
+    if t.channels * (t.chunk_kib / 128) > t.ring / 2 {
+        return Err(format!(
+            "{P2P_TUNE}={v}: channels={} with chunk={} and ring={}: expected channels x chunk \
+             / 128 <= ring / 2 (each channel's ring keeps 2 slots at least)",
+            t.channels, t.chunk_kib, t.ring
+        ));
+    }
+    Ok(t)
+}
 
 const fn var(name: &'static str, default: &'static str, doc: &'static str) -> Var {
     Var { name, default, doc }
@@ -312,6 +427,9 @@ pub const VARS: &[Var] = &[
         BOOTSTRAP_REFUSED_TIMEOUT,
         "5 (UniqueId), the bootstrap timeout (ip:port)",
         "seconds (or 500ms, 2m): a root refusing connections this long is an error",
+        P2P_TUNE,
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64",
+        "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
     var(
@@ -403,6 +521,7 @@ pub struct Env {
     deterministic: Parsed<bool>,
     p2p_timeout: Parsed<Option<Duration>>,
     bootstrap_refused_timeout: Parsed<Option<Duration>>,
+    p2p_tune: Parsed<P2pTune>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -660,6 +779,7 @@ impl Env {
                 BOOTSTRAP_REFUSED_TIMEOUT,
                 lookup(BOOTSTRAP_REFUSED_TIMEOUT),
             ),
+            p2p_tune: parse_p2p_tune(lookup(P2P_TUNE)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -699,6 +819,7 @@ impl Env {
             err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
             err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
             err(&self.bootstrap_refused_timeout),
+            err(&self.check_calls), err(&self.deterministic), err(&self.p2p_tune),
         ];
         level
             .into_iter()
@@ -792,6 +913,10 @@ impl Env {
     /// (default off).
     pub fn deterministic(&self) -> Result<bool> {
         Self::typed(&self.deterministic)
+    }
+    /// `MSCCLPP_P2P_TUNE`: the GPU point-to-point knobs ([`P2pTune`]; the defaults when unset).
+    pub fn p2p_tune(&self) -> Result<P2pTune> {
+        Self::typed(&self.p2p_tune)
     }
     /// `MSCCLPP_COLL_NET_TRANSPORT`: `ib` or `ethernet` (any case); `None` when unset, and the
     /// collectives then take IB when a device is available, else Ethernet.
@@ -988,6 +1113,47 @@ mod tests {
         assert_eq!(env_of(&[]).bootstrap_refused_timeout(), None);
         let e = env_of(&[(BOOTSTRAP_REFUSED_TIMEOUT, "1")]);
         assert_eq!(e.bootstrap_refused_timeout(), Some(Duration::from_secs(1)));
+    fn p2p_tune() {
+        assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
+        let t = env_of(&[(
+            P2P_TUNE,
+            " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256",
+        )])
+        .p2p_tune()
+        .unwrap();
+        assert_eq!(
+            t,
+            P2pTune {
+                channels: 16,
+                fence: true,
+                unroll: 4,
+                self_spread: false,
+                abort_poll: 1,
+                packed: true,
+                chunk_kib: 512,
+                ring: 256,
+            }
+        );
+        for bad in [
+            "channels=3",
+            "channels=64",
+            "fence=yes",
+            "unroll=2",
+            "abort_poll=0",
+            "packed=2",
+            "chunk=64",
+            "channels=32,chunk=256",
+            "ring=96",
+            "channels=32,chunk=512,ring=128",
+            "bogus=1",
+            "channels",
+        ] {
+            let e = err(env_of(&[(P2P_TUNE, bad)]).p2p_tune());
+            assert!(
+                e.contains(&format!("{P2P_TUNE}={bad}")) && e.contains("expected"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //!
 //! Kernels: `p2p_ll` / `p2p_ll_big` when every op of a launch is an LL message (one block per
 //! (peer, direction) pair, per-thread packet waits), else `p2p_batch_small` /
-//! `p2p_batch` (chunks of a sixteenth of the message, 16-128 KiB, over up to [`CHANNELS`]
-//! channels; a copy to self spreads over twice the channels). A batch of more than
+//! `p2p_batch` (chunks of [`chunk_of`] over up to [`CHANNELS`] channels; a copy to self
+//! spreads over twice the channels; `MSCCLPP_P2P_TUNE` ([`P2pTune`]) changes these for speed
+//! runs, the same on every rank: setup checks). A batch of more than
 //! [`MAX_OPS_PER_LAUNCH`] ops is split into launches by matching index ([`launches`]), so
 //! matched messages always share a launch number on both ends. Peers on other nodes are
 //! refused.
@@ -27,6 +28,7 @@ use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
 use super::{Dir, P2pOp};
 use crate::collectives::RawStream;
 use crate::communicator::Communicator;
+use crate::env::P2pTune;
 use crate::error::{Error, Result};
 use crate::identity::host_hash;
 use crate::kernels;
@@ -36,14 +38,21 @@ use crate::transport::{Device, Transport};
 
 /// Operations with other ranks per kernel launch (`P2P_MAX_OPS` of batch.cu).
 pub const MAX_OPS_PER_LAUNCH: usize = 128;
-/// Channels (rings) per (sender, receiver) pair (`P2P_CHANNELS`).
+/// Channels (rings) per (sender, receiver) pair by default ([`P2pTune::channels`]).
 pub const CHANNELS: usize = 16;
-/// Slots per ring (`P2P_SLOTS`).
-pub const SLOTS: usize = 4;
-/// Payload bytes per slot (`P2P_CHUNK`): the largest chunk.
+/// Channel counters per (sender, receiver) pair (`P2P_MAX_CHANNELS`): the most channels.
+pub const MAX_CHANNELS: usize = 32;
+/// Ring slots of [`CHUNK`] per sender by default (`P2pArgs::ringSlots`, [`P2pTune::ring`]):
+/// channels x slots per channel.
+pub const RING_SLOTS: usize = 64;
+/// Slots per ring by default (`RING_SLOTS / CHANNELS`).
+pub const SLOTS: usize = RING_SLOTS / CHANNELS;
+/// Payload bytes per slot (`P2P_CHUNK`): the largest chunk by default (`MSCCLPP_P2P_TUNE`'s
+/// `chunk` joins 2, 4 or 8 slots into one).
 pub const CHUNK: usize = 128 * 1024;
-/// The smallest chunk (`P2P_MIN_CHUNK`): a chunked message is cut into chunks of a sixteenth
-/// of it (a multiple of 4 KiB) clamped to `[MIN_CHUNK, CHUNK]` ([`chunk_of`]). Equal to
+/// The smallest chunk (`P2P_MIN_CHUNK`): a chunked message is cut into chunks of a quarter of
+/// a channel's share (a multiple of 4 KiB) clamped to `[MIN_CHUNK, max chunk]` ([`chunk_of`],
+/// the max 128 KiB = [`CHUNK`] unless `MSCCLPP_P2P_TUNE` sets `chunk`). Equal to
 /// [`CHUNK`] for now: on the H200 (2 ranks sharing it, nccl-tests sendrecv, 2026-12-04) chunks
 /// of a sixteenth took 47 us at 512 KiB and 56 us at 4 MiB where fixed 128 KiB chunks had
 /// taken 17 and 32 (same at 32 MiB); the sizing stays for a tuning run.
@@ -75,17 +84,19 @@ const TAG_MEM: u64 = 0x5032_5001;
 pub struct GpuLayout {
     /// World size.
     pub nranks: usize,
+    /// Ring slots of [`CHUNK`] per sender ([`P2pTune::ring`]).
+    pub ring_slots: usize,
 }
 
 impl GpuLayout {
     /// `ready[sender][channel]` u64.
     pub fn ready(&self, sender: usize, c: usize) -> usize {
-        (sender * CHANNELS + c) * 8
+        (sender * MAX_CHANNELS + c) * 8
     }
     /// The error words (kind/peer word, detail word), after the chunk counters (4 per sender
     /// and channel) and the LL counters (3 per peer).
     pub fn error(&self) -> usize {
-        4 * self.nranks * CHANNELS * 8 + 3 * self.nranks * 8
+        4 * self.nranks * MAX_CHANNELS * 8 + 3 * self.nranks * 8
     }
     /// LL buffer `k` (0 or 1) of messages from `sender`.
     pub fn ll(&self, sender: usize, k: usize) -> usize {
@@ -97,7 +108,7 @@ impl GpuLayout {
     }
     /// Total bytes.
     pub fn total(&self) -> usize {
-        self.rings() + self.nranks * CHANNELS * SLOTS * (CHUNK + HEADER)
+        self.rings() + self.nranks * self.ring_slots * (CHUNK + HEADER)
     }
 }
 
@@ -126,33 +137,60 @@ struct Args<const N: usize> {
     rank: u32,
     nranks: u32,
     npairs: u32,
+    /// `P2P_TUNE_*` bits.
+    flags: u32,
+    channels: u32,
+    slots: u32,
+    abort_poll: u32,
+    max_chunk: u32,
+    slot_bytes: u32,
+    ring_slots: u32,
+    pad: u32,
     ops: [OpDev; N],
 }
 
+/// `P2P_TUNE_FENCE`, `P2P_TUNE_UNROLL4`, `P2P_TUNE_NO_SELF_SPREAD` of batch.cu.
+const TUNE_FENCE: u32 = 1;
+const TUNE_UNROLL4: u32 = 2;
+const TUNE_NO_SELF_SPREAD: u32 = 4;
+/// `P2P_TUNE_PACKED`.
+const TUNE_PACKED: u32 = 8;
+
 const _: () = assert!(std::mem::size_of::<OpDev>() == 24);
 const _: () =
-    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 48 + 24 * MAX_OPS_PER_LAUNCH);
-const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 48 + 24 * SMALL_OPS);
+    assert!(std::mem::size_of::<Args<MAX_OPS_PER_LAUNCH>>() == 80 + 24 * MAX_OPS_PER_LAUNCH);
+const _: () = assert!(std::mem::size_of::<Args<SMALL_OPS>>() == 80 + 24 * SMALL_OPS);
 
-/// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a sixteenth of it rounded down to
-/// 4 KiB, clamped to `[MIN_CHUNK, CHUNK]`.
-pub fn chunk_of(bytes: usize) -> usize {
-    ((bytes / CHANNELS) & !4095).clamp(MIN_CHUNK, CHUNK)
+/// The largest chunk under `tune` (`P2pArgs::maxChunk`): [`P2pTune::chunk_kib`].
+fn max_chunk(tune: &P2pTune) -> usize {
+    (tune.chunk_kib as usize) << 10
+}
+
+/// Slots per channel's ring under `tune` (`P2pArgs::slots`): the sender's [`P2pTune::ring`]
+/// slots of [`CHUNK`] over the channels, joined `max chunk / CHUNK` at a time.
+fn ring_slots(tune: &P2pTune) -> usize {
+    tune.ring as usize / (tune.channels as usize * (max_chunk(tune) / CHUNK))
+}
+
+/// Chunk bytes of a chunked message (batch.cu's `chunkOf`): a quarter of the share of each of
+/// `tune.channels` channels, rounded down to 4 KiB, clamped to `[MIN_CHUNK, max chunk]`.
+pub fn chunk_of(bytes: usize, tune: &P2pTune) -> usize {
+    ((bytes / (4 * tune.channels as usize)) & !4095).clamp(MIN_CHUNK, max_chunk(tune))
 }
 
 /// Chunks of a message (batch.cu's `chunksOf`): one LL message up to [`LL_MAX`].
-fn chunks_of(bytes: usize) -> usize {
+fn chunks_of(bytes: usize, tune: &P2pTune) -> usize {
     if bytes <= LL_MAX {
         1
     } else {
-        bytes.div_ceil(chunk_of(bytes))
+        bytes.div_ceil(chunk_of(bytes, tune))
     }
 }
 
 /// Channels of a message of `bytes` (batch.cu's `channelsOf`): one per chunk up to
-/// [`CHANNELS`].
-fn channels_of(bytes: usize) -> usize {
-    chunks_of(bytes).min(CHANNELS)
+/// [`P2pTune::channels`].
+fn channels_of(bytes: usize, tune: &P2pTune) -> usize {
+    chunks_of(bytes, tune).min(tune.channels as usize)
 }
 
 /// One launch's operations as the kernel takes them.
@@ -161,8 +199,8 @@ struct Plan {
     /// (peer, direction) pairs.
     npairs: usize,
     /// Blocks that own a task: task (op, channel) is block `pair + channel * npairs` (a copy
-    /// to self: virtual channel `v` of `2 * CHANNELS` on the pair of op `k + (v & 1)`, channel
-    /// `v >> 1`).
+    /// to self: virtual channel `v` of `2 * channels` on the pair of op `k + (v & 1)`, channel
+    /// `v >> 1`; without the self spread, channel `v` of its own pair).
     tasks: usize,
     /// Whether `p2p_ll` may run the launch (one block per pair): every op at most [`LL_MAX`]
     /// bytes, and a pair that both sends and receives (in place) sends at most twice (more
@@ -176,7 +214,7 @@ struct Plan {
 /// (in place: same address and size), every receive from that peer takes the sends' pair for
 /// its blocks, so the same blocks own both and the kernel can hold the receive behind the send
 /// (batch.cu finds the send alike).
-fn plan(part: &[&P2pOp], rank: usize) -> Plan {
+fn plan(part: &[&P2pOp], rank: usize, tune: &P2pTune) -> Plan {
     // (peer, direction, last op of the pair so far)
     let mut pairs: Vec<(usize, Dir, usize)> = Vec::new();
     let mut ops = Vec::with_capacity(part.len());
@@ -226,21 +264,34 @@ fn plan(part: &[&P2pOp], rank: usize) -> Plan {
         }
     }
     let npairs = pairs.len();
-    let mut tasks = 0;
+    let most = tune.channels as usize;
+    let spread = if tune.self_spread { 2 } else { 1 };
+    // Channels of each pair (a copy to self: virtual channel v on the pair of op k + v % spread,
+    // channel v / spread; its receive is op k + 1, `run` puts it there).
+    let mut width = vec![0usize; npairs];
     for (k, (op, d)) in part.iter().zip(&ops).enumerate() {
-        if op.peer == rank {
-            if op.dir == Dir::Send {
-                // Its receive is op k + 1 (run puts it there).
-                let nv = chunks_of(op.bytes).min(2 * CHANNELS);
-                for v in 0..nv {
-                    let p = ops.get(k + (v & 1)).map_or(d.pair, |o| o.pair);
-                    tasks = tasks.max(p as usize + (v >> 1) * npairs + 1);
-                }
+        if op.peer != rank {
+            let w = &mut width[d.pair as usize];
+            *w = (*w).max(channels_of(op.bytes, tune));
+        } else if op.dir == Dir::Send {
+            let nv = chunks_of(op.bytes, tune).min(spread * most);
+            for side in 0..spread.min(nv) {
+                let p = ops.get(k + side).map_or(d.pair, |o| o.pair) as usize;
+                width[p] = width[p].max((nv - side).div_ceil(spread));
             }
-        } else {
-            tasks = tasks.max(d.pair as usize + (channels_of(op.bytes) - 1) * npairs + 1);
         }
     }
+    // Task (pair p, channel c) is block p + c * npairs, or (packed) the sum of the widths of
+    // the pairs before p, + c (batch.cu alike).
+    let mut tasks = if tune.packed {
+        width.iter().sum()
+    } else {
+        (0..npairs)
+            .filter(|&p| width[p] > 0)
+            .map(|p| p + (width[p] - 1) * npairs + 1)
+            .max()
+            .unwrap_or(0)
+    };
     tasks = tasks.max(npairs.min(1));
     let mut sends = vec![0usize; npairs];
     let mut recvs = vec![0usize; npairs];
@@ -294,6 +345,51 @@ fn launches<'a>(list: &[&'a P2pOp], nranks: usize) -> Vec<Vec<&'a P2pOp>> {
         .collect()
 }
 
+/// The kernel's `flags` word of `tune`.
+fn tune_flags(tune: &P2pTune) -> u32 {
+    let mut f = 0;
+    if tune.fence {
+        f |= TUNE_FENCE;
+    }
+    if tune.unroll == 4 {
+        f |= TUNE_UNROLL4;
+    }
+    if !tune.self_spread {
+        f |= TUNE_NO_SELF_SPREAD;
+    }
+    if tune.packed {
+        f |= TUNE_PACKED;
+    }
+    f
+}
+
+/// `MSCCLPP_P2P_TUNE` of this rank, checked against every rank's (`all` in rank order: the
+/// channel count decides where each chunk travels, so both ends must agree).
+fn agreed_tune(mine: P2pTune, all: &[Vec<u8>]) -> Result<P2pTune> {
+    let enc = tune_bytes(&mine);
+    match all.iter().position(|t| *t != enc) {
+        None => Ok(mine),
+        Some(r) => Err(Error::invalid(format!(
+            "point-to-point: MSCCLPP_P2P_TUNE differs between the ranks (this rank: {mine:?};              rank {r}: another value): expected the same on every rank"
+        ))),
+    }
+}
+
+/// The bytes of `tune` exchanged at setup.
+fn tune_bytes(t: &P2pTune) -> Vec<u8> {
+    [
+        t.channels,
+        tune_flags(t),
+        t.unroll,
+        t.abort_poll,
+        t.chunk_kib,
+        t.ring,
+    ]
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .collect()
+}
+
 pub(super) struct GpuP2p {
     rank: usize,
     nranks: usize,
@@ -304,6 +400,8 @@ pub(super) struct GpuP2p {
     host_err: LocalMemory,
     host_err_ptr: *const u64,
     max_blocks: usize,
+    /// `MSCCLPP_P2P_TUNE`, the same on every rank (checked at setup).
+    tune: P2pTune,
     dev: <Gpu as Api>::Device,
     kernel: <Gpu as Api>::Kernel,
     /// `p2p_batch_small`.
@@ -336,6 +434,12 @@ impl GpuP2p {
         let local: Vec<bool> = (0..nranks).map(|p| hosts[p] == hosts[rank]).collect();
         let dev_key: Vec<u8> = device.id.to_le_bytes().to_vec();
         let keys = b.all_gather(&dev_key)?;
+        // Every rank takes part in the exchange, a malformed MSCCLPP_P2P_TUNE too (its bytes
+        // differ from every valid value's, so every rank fails).
+        let tune = crate::env::env().p2p_tune();
+        let enc = tune.as_ref().map_or_else(|_| b"bad".to_vec(), tune_bytes);
+        let tunes = b.all_gather(&enc)?;
+        let tune = agreed_tune(tune?, &tunes)?;
         let ranks_per_device = (0..nranks)
             .filter(|&p| local[p] && keys[p] == dev_key)
             .count()
@@ -362,7 +466,10 @@ impl GpuP2p {
         let kernel_ll_big = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL_BIG.name())
             .map_err(|e| hal_err("look up p2p_ll_big", e))?;
 
-        let layout = GpuLayout { nranks };
+        let layout = GpuLayout {
+            nranks,
+            ring_slots: tune.ring as usize,
+        };
         let kind = crate::gpu_buffer::communication_memory_kind(device);
         let mem = LocalMemory::alloc_kind(device, layout.total(), kind)?;
         mem.write(0, &vec![0u8; layout.rings()])?;
@@ -424,6 +531,7 @@ impl GpuP2p {
             host_err,
             host_err_ptr,
             max_blocks,
+            tune,
             dev,
             kernel,
             kernel_small,
@@ -478,7 +586,7 @@ impl GpuP2p {
         let mut list: Vec<&P2pOp> = copies.flat_map(|(snd, rcv)| [snd, rcv]).collect();
         list.extend(remote);
         for part in launches(&list, self.nranks) {
-            let plan = plan(&part, self.rank);
+            let plan = plan(&part, self.rank, &self.tune);
             // p2p_ll: every block of the launch resident at once (its blocks wait only on
             // peers, never on each other, but every rank's must fit together).
             if plan.ll && plan.npairs <= self.max_blocks {
@@ -520,6 +628,14 @@ impl GpuP2p {
             rank: self.rank as u32,
             nranks: self.nranks as u32,
             npairs: plan.npairs as u32,
+            flags: tune_flags(&self.tune),
+            channels: self.tune.channels,
+            slots: ring_slots(&self.tune) as u32,
+            max_chunk: max_chunk(&self.tune) as u32,
+            slot_bytes: (max_chunk(&self.tune) + HEADER) as u32,
+            ring_slots: self.tune.ring,
+            pad: 0,
+            abort_poll: self.tune.abort_poll,
             ops: [OpDev::default(); N],
         };
         args.ops[..plan.ops.len()].copy_from_slice(&plan.ops);
@@ -587,10 +703,26 @@ mod tests {
             .collect()
     }
 
+    /// Rank 0's operations of an all-to-all of 2 ranks, `bytes` per block: the copy to itself
+    /// (a send and its receive), then the exchange with rank 1.
+    fn all_to_all_of_rank0(bytes: usize) -> Vec<P2pOp> {
+        ops(&[
+            (Dir::Send, 0, 0x1000_0000, bytes),
+            (Dir::Recv, 0, 0x2000_0000, bytes),
+            (Dir::Send, 1, 0x3000_0000, bytes),
+            (Dir::Recv, 1, 0x4000_0000, bytes),
+        ])
+    }
+
+    /// The plan of `o` on rank 0 with the default tune.
+    fn plan0(o: &[P2pOp]) -> Plan {
+        plan(&o.iter().collect::<Vec<_>>(), 0, &P2pTune::default())
+    }
+
     #[test]
     fn small_exchange_runs_on_one_block_per_pair() {
         let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&o);
         assert_eq!((p.npairs, p.tasks), (2, 2));
         assert_eq!((p.ops[0].pair, p.ops[1].pair), (0, 1));
     }
@@ -602,11 +734,11 @@ mod tests {
             (Dir::Send, 1, 0x1000, big),
             (Dir::Recv, 1, 0x9000_0000, big),
         ]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&o);
         assert_eq!(p.tasks, 2 * CHANNELS);
         // Just above the LL limit: one chunk, on channel 0.
         let o = ops(&[(Dir::Send, 1, 0x1000, LL_MAX + 1)]);
-        assert_eq!(plan(&o.iter().collect::<Vec<_>>(), 0).tasks, 1);
+        assert_eq!(plan0(&o).tasks, 1);
     }
 
     #[test]
@@ -619,7 +751,7 @@ mod tests {
             (Dir::Recv, 2, 0x140, 64),
             (Dir::Recv, 1, 0x500, 64),
         ]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&o);
         assert_eq!(p.npairs, 4);
         assert_eq!(p.ops[1].pair, p.ops[0].pair);
         assert_eq!(p.ops[3].pair, p.ops[2].pair);
@@ -627,67 +759,161 @@ mod tests {
         assert_eq!((p.ops[4].pair, p.ops[4].pred), (0, 1));
         // A receive of another size from the same address is not in place.
         let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 32)]);
-        assert_eq!(plan(&o.iter().collect::<Vec<_>>(), 0).ops[1].pair, 1);
+        assert_eq!(plan0(&o).ops[1].pair, 1);
     }
 
     #[test]
-    fn chunks_are_a_sixteenth_clamped() {
-        assert_eq!(chunk_of(LL_MAX + 1), MIN_CHUNK);
-        assert_eq!(chunk_of(1 << 20), (64 << 10).clamp(MIN_CHUNK, CHUNK));
-        assert_eq!(chunk_of(64 << 20), CHUNK);
-        assert_eq!(chunk_of((1 << 20) + 3) % 4096, 0);
+    fn chunks_are_a_quarter_of_a_channel_share_clamped() {
+        let t = P2pTune::default();
+        assert_eq!(chunk_of(LL_MAX + 1, &t), MIN_CHUNK);
+        assert_eq!(chunk_of(1 << 20, &t), (16 << 10).clamp(MIN_CHUNK, CHUNK));
+        assert_eq!(chunk_of(64 << 20, &t), CHUNK);
+        assert_eq!(chunk_of((1 << 20) + 3, &t) % 4096, 0);
         // 1 MiB: chunks of chunk_of(1 MiB), one channel each up to CHANNELS.
-        let c = (1usize << 20).div_ceil(chunk_of(1 << 20));
+        let c = (1usize << 20).div_ceil(chunk_of(1 << 20, &t));
         assert_eq!(
-            (chunks_of(1 << 20), channels_of(1 << 20)),
+            (chunks_of(1 << 20, &t), channels_of(1 << 20, &t)),
             (c, c.min(CHANNELS))
         );
-        assert_eq!(chunks_of(LL_MAX), 1);
-        assert_eq!(chunks_of(LL_MAX + 1), (LL_MAX + 1).div_ceil(MIN_CHUNK));
+        assert_eq!(chunks_of(LL_MAX, &t), 1);
+        assert_eq!(chunks_of(LL_MAX + 1, &t), (LL_MAX + 1).div_ceil(MIN_CHUNK));
+        // Larger chunks (tune chunk=512): a quarter of a channel's share from 128 KiB up.
+        let big = P2pTune {
+            chunk_kib: 512,
+            ..t
+        };
+        assert_eq!(chunk_of(4 << 20, &big), CHUNK);
+        assert_eq!(chunk_of(16 << 20, &big), 256 << 10);
+        assert_eq!(chunk_of(64 << 20, &big), 512 << 10);
+        assert_eq!(chunk_of(1 << 30, &big), 512 << 10);
     }
 
     #[test]
     fn ll_launch_only_for_small_messages() {
         let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
-        assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(plan0(&o).ll);
         let o = ops(&[
             (Dir::Send, 1, 0x1000, LL_MAX + 1),
             (Dir::Recv, 1, 0x2000, 1024),
         ]);
-        assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(!plan0(&o).ll);
         // Many ops (p2p_ll_big), one block per pair.
         let many: Vec<P2pOp> = (0..SMALL_OPS + 1)
             .map(|i| P2pOp::new(Dir::Send, 1 + i % 3, 0x1000 * i as u64, 8))
             .collect();
-        let p = plan(&many.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&many);
         assert!(p.ll && p.npairs == 3);
         // In place: a pair that sends and receives may send at most twice.
         let o = ops(&[(Dir::Send, 1, 0x100, 64), (Dir::Recv, 1, 0x100, 64)]);
-        assert!(plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(plan0(&o).ll);
         let o = ops(&[
             (Dir::Send, 1, 0x100, 64),
             (Dir::Send, 1, 0x200, 64),
             (Dir::Send, 1, 0x300, 64),
             (Dir::Recv, 1, 0x100, 64),
         ]);
-        assert!(!plan(&o.iter().collect::<Vec<_>>(), 0).ll);
+        assert!(!plan0(&o).ll);
     }
 
     #[test]
     fn copy_to_self_uses_its_receive_s_blocks_too() {
         // Rank 0: a 4 MiB copy to itself (32 chunks of 128 KiB) and an exchange with rank 1.
-        let big = 4 << 20;
-        let o = ops(&[
-            (Dir::Send, 0, 0x1000_0000, big),
-            (Dir::Recv, 0, 0x2000_0000, big),
-            (Dir::Send, 1, 0x3000_0000, big),
-            (Dir::Recv, 1, 0x4000_0000, big),
-        ]);
-        let p = plan(&o.iter().collect::<Vec<_>>(), 0);
+        let p = plan0(&all_to_all_of_rank0(4 << 20));
         assert_eq!(p.npairs, 4);
         // Every pair's 16 channels have a block: 64, the copy's half on the receive's pair.
         assert_eq!(p.tasks, 4 * CHANNELS);
         assert!(!p.ll);
+    }
+
+    #[test]
+    fn tune_changes_channels_and_the_self_spread() {
+        let o = all_to_all_of_rank0(64 << 20);
+        let refs = o.iter().collect::<Vec<_>>();
+        let wide = P2pTune {
+            channels: 32,
+            ..P2pTune::default()
+        };
+        assert_eq!(plan(&refs, 0, &wide).tasks, 4 * 32);
+        // Without the spread the copy to self keeps to its own pair's blocks (pair 0): the
+        // last task is still the receive from rank 1 (pair 3) on channel 15.
+        let narrow = P2pTune {
+            self_spread: false,
+            ..P2pTune::default()
+        };
+        assert_eq!(plan(&refs[..2], 0, &narrow).tasks, 1 + 15 * 2);
+        assert_eq!(plan(&refs[..2], 0, &P2pTune::default()).tasks, 2 + 15 * 2);
+        assert_eq!(plan(&refs, 0, &narrow).tasks, 4 + 15 * 4);
+        assert_eq!(
+            tune_flags(&P2pTune {
+                fence: true,
+                unroll: 4,
+                self_spread: false,
+                packed: true,
+                ..P2pTune::default()
+            }),
+            TUNE_FENCE | TUNE_UNROLL4 | TUNE_NO_SELF_SPREAD | TUNE_PACKED
+        );
+        // Packed: pair after pair, as many blocks as tasks (one chunk to rank 1 on pair 0, 16
+        // channels to rank 2 on pair 1), where the interleaved layout spans 1 + 15 * 2 + 1.
+        let o = ops(&[
+            (Dir::Send, 1, 0x1000, LL_MAX + 1),
+            (Dir::Send, 2, 0x10_0000, 4 << 20),
+        ]);
+        let refs = o.iter().collect::<Vec<_>>();
+        let packed = P2pTune {
+            packed: true,
+            ..P2pTune::default()
+        };
+        assert_eq!(plan(&refs, 0, &P2pTune::default()).tasks, 32);
+        assert_eq!(plan(&refs, 0, &packed).tasks, 1 + 16);
+        // The copy to self's halves count on both of its pairs.
+        let o = all_to_all_of_rank0(64 << 20);
+        let refs = o.iter().collect::<Vec<_>>();
+        assert_eq!(plan(&refs, 0, &packed).tasks, 4 * 16);
+    }
+
+    #[test]
+    fn every_tuned_ring_fits_the_sender_s_space() {
+        for ring in [64, 128, 256] {
+            for channels in [1, 2, 4, 8, 16, 32] {
+                for chunk_kib in [128, 256, 512, 1024] {
+                    let t = P2pTune {
+                        channels,
+                        chunk_kib,
+                        ring,
+                        ..P2pTune::default()
+                    };
+                    if channels * chunk_kib / 128 > ring / 2 {
+                        continue; // refused by the parser (env.rs)
+                    }
+                    let slots = ring_slots(&t);
+                    assert!(slots >= 2, "{t:?}");
+                    let end = channels as usize * slots * (max_chunk(&t) + HEADER);
+                    let l = GpuLayout {
+                        nranks: 2,
+                        ring_slots: ring as usize,
+                    };
+                    assert!(end * 2 <= l.total() - l.rings(), "{t:?}");
+                }
+            }
+        }
+        assert_eq!(ring_slots(&P2pTune::default()), SLOTS);
+    }
+
+    #[test]
+    fn every_rank_must_set_the_same_tune() {
+        let t = P2pTune::default();
+        let same = vec![tune_bytes(&t); 3];
+        assert_eq!(agreed_tune(t, &same).unwrap(), t);
+        let mut other = same.clone();
+        other[2] = tune_bytes(&P2pTune { channels: 8, ..t });
+        let e = agreed_tune(t, &other).unwrap_err().to_string();
+        assert!(
+            e.contains("MSCCLPP_P2P_TUNE") && e.contains("rank 2"),
+            "{e}"
+        );
+        other[2] = b"bad".to_vec();
+        assert!(agreed_tune(t, &other).is_err());
     }
 
     #[test]
@@ -742,14 +968,14 @@ mod tests {
 
     #[test]
     fn layout_keeps_counters_ll_buffers_and_rings_apart() {
-        let l = GpuLayout { nranks: 4 };
+        let l = GpuLayout {
+            nranks: 4,
+            ring_slots: RING_SLOTS,
+        };
         assert!(l.error() + 16 <= l.ll(0, 0));
         assert_eq!(l.ll(3, 1) + LL_BUF, l.ll(4, 0));
         assert!(l.ll(4, 0) <= l.rings());
         assert_eq!(l.rings() % 4096, 0);
-        assert_eq!(
-            l.total(),
-            l.rings() + 4 * CHANNELS * SLOTS * (CHUNK + HEADER)
-        );
+        assert_eq!(l.total(), l.rings() + 4 * RING_SLOTS * (CHUNK + HEADER));
     }
 }

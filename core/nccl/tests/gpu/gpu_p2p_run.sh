@@ -15,6 +15,11 @@
 # wrong, our init logged), then a table against issue 27's targets (2 ranks): sendrecv's 1 KiB
 # time no more than all_reduce's, sendrecv's and alltoall's 64 MiB bus bandwidth at least 80 %
 # of all_gather's; each "TARGET met" or "TARGET missed" (reported, not counted as failures).
+# With P2P_TUNES (space-separated MSCCLPP_P2P_TUNE values, "-" for the defaults; see
+# core/src/env.rs `P2pTune`) it then runs sendrecv_perf and alltoall_perf once per value
+# (P2P_TUNE_ARGS, default "-b 1K -e 64M -f 4 -d half -G 10", at P2P_TUNE_NPS, default "2"),
+# each a verdict, and prints one table per test and world size: out-of-place time (us) per
+# size, one column per value, and the 64 MiB bus bandwidth of each.
 # Usage (repository root, the .so built by
 #   cargo build --release -p mscclpp-nccl --features cuda):
 #   bash core/nccl/tests/gpu/gpu_p2p_run.sh
@@ -78,6 +83,37 @@ if [ "${P2P_PERF:-0}" = 1 ]; then
         tgt "sendrecv 64 MiB busbw >= 80% of all_gather's (${r_sr}%)" $([ "$r_sr" != - ] && [ "$r_sr" -ge 80 ] && echo 1 || echo 0)
         tgt "alltoall 64 MiB busbw >= 80% of all_gather's (${r_a2a}%)" $([ "$r_a2a" != - ] && [ "$r_a2a" -ge 80 ] && echo 1 || echo 0)
       fi
+    done
+  fi
+  if [ -n "${P2P_TUNES:-}" ] && [ $built = 1 ]; then
+    TARGS=${P2P_TUNE_ARGS:--b 1K -e 64M -f 4 -d half -G 10}
+    read -r -a TUNES <<<"$P2P_TUNES"
+    for np in ${P2P_TUNE_NPS:-2}; do
+      for t in sendrecv alltoall; do
+        for i in "${!TUNES[@]}"; do
+          tv=${TUNES[$i]}
+          [ "$tv" = - ] && tv=
+          name=tune${i}_${t}_np$np
+          # shellcheck disable=SC2086 # TARGS is a list of flags
+          timeout "$LIM" mpirun --oversubscribe -np "$np" ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0 -x LD_PRELOAD="$LIB" \
+            -x MSCCLPP_P2P_TUNE="$tv" "$B/${t}_perf" $TARGS -g 1 >"$OUT/$name.log" 2>&1
+          rc=$?
+          w=$(wrong_of "$OUT/$name.log")
+          verdict "${t}_perf -np $np MSCCLPP_P2P_TUNE=${TUNES[$i]} ($TARGS)" $([ $rc = 0 ] && [ "$w" = 0 ] && echo 1 || echo 0) \
+            "(exit $rc, wrong $w; log $name.log)"
+        done
+        say ""
+        say "$t -np $np, out-of-place us per MSCCLPP_P2P_TUNE value (column k = value k): ${TUNES[*]}"
+        sizes=$(awk '$1 ~ /^[0-9]+$/ && NF >= 12 { print $1 }' "$OUT/tune0_${t}_np$np.log")
+        for b in $sizes; do
+          row=$(printf '%12s' "$b")
+          for i in "${!TUNES[@]}"; do row+=$(printf ' %9s' "$(field "$OUT/tune${i}_${t}_np$np.log" "$b" 7)"); done
+          say "$row"
+        done
+        row=$(printf '%12s' "busbw@64M")
+        for i in "${!TUNES[@]}"; do row+=$(printf ' %9s' "$(field "$OUT/tune${i}_${t}_np$np.log" 67108864 5)"); done
+        say "$row"
+      done
     done
   fi
   say "$PASSES passed, $FAILS failed, 0 skipped"

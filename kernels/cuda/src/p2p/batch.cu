@@ -9,8 +9,10 @@
 //   for its own packets (llBatch below); the host picks it (core/src/p2p/gpu.rs, `Plan::ll`).
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
-// P2pLayout below): counters, then two LL buffers per sending peer, then one receive ring per
-// sending peer and channel of SLOTS slots of (16-byte header + CHUNK payload).
+// P2pLayout below): counters, then two LL buffers per sending peer, then the space of
+// args.ringSlots slots of (16-byte header + CHUNK payload) per sending peer: one ring per channel
+// (args.channels) of args.slots slots of (16-byte header + args.maxChunk payload), where
+// channels x slots x (maxChunk / CHUNK) = ringSlots (64 unless MSCCLPP_P2P_TUNE sets `ring`).
 //
 // Small messages (at most P2P_LL_MAX bytes) travel as LL16 packets (mscclpp/packet_device.hpp:
 // 8 data bytes and the flag twice in one 16-byte store), no signal and no fence: message n of a
@@ -22,28 +24,30 @@
 // a message that fits costs one one-way trip. Flags come from the monotonic counters, so a
 // captured graph replays correctly.
 //
-// Larger messages are cut into chunks of chunkOf(bytes) (a sixteenth of the message, a multiple
-// of 4 KiB, 16-128 KiB); chunk i of a message goes to channel i % nch (nch = min(CHANNELS,
-// chunks), computed alike on both sides).
+// Larger messages are cut into chunks of chunkOf(bytes) (a quarter of a channel's share, a
+// multiple of 4 KiB, clamped to [P2P_MIN_CHUNK, args.maxChunk]); chunk i goes to channel i % nch
+// (nch = min(args.channels, chunks), computed alike on both sides: every rank's args.channels
+// is the same, the host checks at setup).
 // Per (sender -> receiver, channel), counters count chunks since the buffers were created
 // (monotonic, device-only, so a captured graph replays correctly):
-//   sender:   n = sent[r][c]; waits until n - consumed[r][c] < SLOTS (consumed: written by the
+//   sender:   n = sent[r][c]; waits until n - consumed[r][c] < slots (consumed: written by the
 //             receiver into the sender's buffer), writes header {total bytes, chunk index, magic}
-//             + payload into the receiver's slot n % SLOTS, and after a block barrier one thread
+//             + payload into the receiver's slot n % slots, and after a block barrier one thread
 //             stores ready[me][c] = n + 1 in the receiver's buffer (release, system scope; no
 //             separate fence), sent = n + 1.
 //   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), checks the header (a total
 //             that differs from its own size is an error), copies the payload out, stores
 //             consumed[me][c] = n + 1 in the sender's buffer (release), recvd = n + 1.
-// Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x (the host
-// launches min(npairs * most channels, its block limit) blocks: a 1 KiB exchange runs on two):
+// Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x, or packed
+// (P2P_TUNE_PACKED) (first block of the pair + channel) % gridDim.x (the host launches
+// min(tasks, its block limit) blocks: a 1 KiB exchange runs on two):
 // the ops of one (peer, direction) pair share the blocks of their channels, so a channel of a
 // later op only starts once the same channel of the op before it (op.pred, same pair) is done:
 // per (peer, direction) order as NCCL specifies. A block polls all of its tasks round-robin
 // without blocking on any of them, so matched sends and receives complete in any order.
 // Copies to this rank itself (an all-to-all's own block) run in the launch too, beside the
 // transfers: a send to self at op k is followed by its receive at op k + 1; the send's tasks
-// copy chunk by chunk, over up to 2 * CHANNELS virtual channels: even ones on the blocks of
+// copy chunk by chunk, over up to 2 * channels virtual channels: even ones on the blocks of
 // op k's pair, odd ones on those of op k + 1's (which have nothing else to do). Copies to self
 // are not ordered among themselves (their buffers are the caller's, distinct in practice).
 // In place: a receive into the very buffer a send of this launch to the same peer reads (same
@@ -59,8 +63,7 @@
 
 #define P2P_MAX_OPS 128
 #define P2P_SMALL_OPS 8
-#define P2P_CHANNELS 16
-#define P2P_SLOTS 4
+#define P2P_MAX_CHANNELS 32  // counters per (sender, receiver) pair; args.channels <= this
 #define P2P_CHUNK (128 * 1024)
 #define P2P_MIN_CHUNK P2P_CHUNK  // = MIN_CHUNK in core/src/p2p/gpu.rs (why: there)
 #define P2P_HEADER 16
@@ -93,33 +96,52 @@ struct P2pArgsN {
   uint32_t rank;
   uint32_t nranks;
   uint32_t npairs;  // (peer, direction) pairs of the ops (block assignment)
+  uint32_t flags;     // P2P_TUNE_* bits (MSCCLPP_P2P_TUNE)
+  uint32_t channels;  // most channels per message (every rank the same; a power of 2, <= 32)
+  uint32_t slots;     // slots per channel's ring: ringSlots / (channels * maxChunk / P2P_CHUNK)
+  uint32_t abortPoll;  // the batch loop reads the host's abort word every abortPoll idle rounds
+  uint32_t maxChunk;   // the largest chunk: m * P2P_CHUNK (m = 1, 2, 4 or 8)
+  uint32_t slotBytes;  // a slot: P2P_HEADER + maxChunk
+  uint32_t ringSlots;  // the ring space per sender, in slots of P2P_SLOT_BYTES (the same on every rank)
+  uint32_t pad;
   P2pOpDev ops[N];
 };
 using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
+#define P2P_TUNE_FENCE 1u         // a system fence before each chunk's release store (round 5's)
+#define P2P_TUNE_UNROLL4 2u       // 4 loads in flight per thread in chunk copies instead of 8
+#define P2P_TUNE_NO_SELF_SPREAD 4u  // copies to self over their own pair's channels only
+#define P2P_TUNE_PACKED 8u        // task (pair, ch) on block (firstBlock[pair] + ch) % blocks
 using P2pArgsSmall = P2pArgsN<P2P_SMALL_OPS>;
 
 namespace {
 
 struct P2pLayout {
   uint64_t n;  // nranks
-  MSCCLPP_DEVICE_INLINE uint64_t ready(uint64_t sender, uint64_t c) const { return (sender * P2P_CHANNELS + c) * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t ready(uint64_t sender, uint64_t c) const { return (sender * P2P_MAX_CHANNELS + c) * 8; }
   MSCCLPP_DEVICE_INLINE uint64_t consumed(uint64_t receiver, uint64_t c) const {
-    return (n + receiver) * P2P_CHANNELS * 8 + c * 8;
+    return (n + receiver) * P2P_MAX_CHANNELS * 8 + c * 8;
   }
-  MSCCLPP_DEVICE_INLINE uint64_t sent(uint64_t peer, uint64_t c) const { return (2 * n + peer) * P2P_CHANNELS * 8 + c * 8; }
-  MSCCLPP_DEVICE_INLINE uint64_t recvd(uint64_t peer, uint64_t c) const { return (3 * n + peer) * P2P_CHANNELS * 8 + c * 8; }
-  MSCCLPP_DEVICE_INLINE uint64_t llSent(uint64_t peer) const { return 4 * n * P2P_CHANNELS * 8 + peer * 8; }
-  MSCCLPP_DEVICE_INLINE uint64_t llRecvd(uint64_t peer) const { return 4 * n * P2P_CHANNELS * 8 + (n + peer) * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t sent(uint64_t peer, uint64_t c) const {
+    return (2 * n + peer) * P2P_MAX_CHANNELS * 8 + c * 8;
+  }
+  MSCCLPP_DEVICE_INLINE uint64_t recvd(uint64_t peer, uint64_t c) const {
+    return (3 * n + peer) * P2P_MAX_CHANNELS * 8 + c * 8;
+  }
+  MSCCLPP_DEVICE_INLINE uint64_t llSent(uint64_t peer) const { return 4 * n * P2P_MAX_CHANNELS * 8 + peer * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t llRecvd(uint64_t peer) const { return 4 * n * P2P_MAX_CHANNELS * 8 + (n + peer) * 8; }
   MSCCLPP_DEVICE_INLINE uint64_t llConsumed(uint64_t receiver) const {
-    return 4 * n * P2P_CHANNELS * 8 + (2 * n + receiver) * 8;
+    return 4 * n * P2P_MAX_CHANNELS * 8 + (2 * n + receiver) * 8;
   }
-  MSCCLPP_DEVICE_INLINE uint64_t error() const { return 4 * n * P2P_CHANNELS * 8 + 3 * n * 8; }
+  MSCCLPP_DEVICE_INLINE uint64_t error() const { return 4 * n * P2P_MAX_CHANNELS * 8 + 3 * n * 8; }
   MSCCLPP_DEVICE_INLINE uint64_t ll(uint64_t sender, uint64_t k) const {
     return (error() + 64 + 4095) / 4096 * 4096 + (sender * 2 + k) * (uint64_t)P2P_LL_BUF_BYTES;
   }
   MSCCLPP_DEVICE_INLINE uint64_t rings() const { return (ll(n, 0) + 4095) / 4096 * 4096; }
-  MSCCLPP_DEVICE_INLINE uint64_t slot(uint64_t sender, uint64_t c, uint64_t k) const {
-    return rings() + ((sender * P2P_CHANNELS + c) * P2P_SLOTS + k) * (uint64_t)P2P_SLOT_BYTES;
+  /// Slot k of channel c's ring of messages from `sender` (`slots` slots of `slotBytes` per
+  /// channel, inside the sender's ringSlots * P2P_SLOT_BYTES).
+  template <class A>
+  MSCCLPP_DEVICE_INLINE uint64_t slot(const A& a, uint64_t sender, uint64_t c, uint64_t k) const {
+    return rings() + sender * a.ringSlots * (uint64_t)P2P_SLOT_BYTES + (c * a.slots + k) * (uint64_t)a.slotBytes;
   }
 };
 
@@ -133,34 +155,42 @@ MSCCLPP_DEVICE_INLINE uint64_t nowNs() {
 #endif
 }
 
-/// Chunk bytes of a chunked message (above P2P_LL_MAX): a sixteenth of it (so mid-sized
-/// messages still spread over every channel), a multiple of 4 KiB, clamped to
-/// [P2P_MIN_CHUNK, P2P_CHUNK] (the slot size); both ends compute it from the size alike.
-MSCCLPP_DEVICE_INLINE uint64_t chunkOf(uint64_t bytes) {
-  const uint64_t c = (bytes / P2P_CHANNELS) & ~(uint64_t)4095;
-  return c < P2P_MIN_CHUNK ? P2P_MIN_CHUNK : c > P2P_CHUNK ? P2P_CHUNK : c;
+/// How messages are cut (the same on every rank): at most `most` channels, chunks of at most
+/// `maxChunk` bytes (args.channels, args.maxChunk).
+struct P2pCut {
+  uint32_t most;
+  uint64_t maxChunk;
+};
+
+/// Chunk bytes of a chunked message (above P2P_LL_MAX): a quarter of its share of `most`
+/// channels (each channel gets 4 chunks or more before chunks grow), a multiple of 4 KiB,
+/// clamped to [P2P_MIN_CHUNK, maxChunk]; both ends compute it from the size alike.
+MSCCLPP_DEVICE_INLINE uint64_t chunkOf(uint64_t bytes, const P2pCut& t) {
+  const uint64_t c = (bytes / (4 * (uint64_t)t.most)) & ~(uint64_t)4095;
+  return c < P2P_MIN_CHUNK ? P2P_MIN_CHUNK : c > t.maxChunk ? t.maxChunk : c;
 }
 /// A message of at most P2P_LL_MAX bytes travels as one LL message (one task, channel 0).
-MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes) {
-  return bytes <= P2P_LL_MAX ? 1 : (bytes + chunkOf(bytes) - 1) / chunkOf(bytes);
+MSCCLPP_DEVICE_INLINE uint64_t chunksOf(uint64_t bytes, const P2pCut& t) {
+  return bytes <= P2P_LL_MAX ? 1 : (bytes + chunkOf(bytes, t) - 1) / chunkOf(bytes, t);
 }
-MSCCLPP_DEVICE_INLINE uint32_t channelsOf(uint64_t bytes) {
-  const uint64_t k = chunksOf(bytes);
-  return k < P2P_CHANNELS ? (uint32_t)k : P2P_CHANNELS;
+/// Channels of a message: one per chunk, at most t.most.
+MSCCLPP_DEVICE_INLINE uint32_t channelsOf(uint64_t bytes, const P2pCut& t) {
+  const uint64_t k = chunksOf(bytes, t);
+  return k < t.most ? (uint32_t)k : t.most;
 }
-/// Chunks of a message on channel c of nch.
-MSCCLPP_DEVICE_INLINE uint64_t chunksOn(uint64_t bytes, uint32_t c) {
-  const uint64_t k = chunksOf(bytes);
-  const uint32_t nch = channelsOf(bytes);
+/// Chunks of a message on channel c of its channelsOf(bytes, t).
+MSCCLPP_DEVICE_INLINE uint64_t chunksOn(uint64_t bytes, uint32_t c, const P2pCut& t) {
+  const uint64_t k = chunksOf(bytes, t);
+  const uint32_t nch = channelsOf(bytes, t);
   return c < nch ? (k - c + nch - 1) / nch : 0;
 }
 
-/// Block-wide copy of len bytes (16-byte vectors when both ends are aligned, 8 loads in flight
-/// per thread).
-MSCCLPP_DEVICE_INLINE void blockCopy(char* dst, const char* src, uint64_t len) {
+/// Block-wide copy of len bytes (16-byte vectors when both ends are aligned, kUnroll loads in
+/// flight per thread).
+template <int kUnroll>
+MSCCLPP_DEVICE_INLINE void blockCopyN(char* dst, const char* src, uint64_t len) {
   uint64_t done = 0;
   if ((((uintptr_t)dst | (uintptr_t)src) & 15) == 0) {
-    constexpr int kUnroll = 8;
     const uint64_t n = len / 16;
     uint4* d4 = reinterpret_cast<uint4*>(dst);
     const uint4* s4 = reinterpret_cast<const uint4*>(src);
@@ -177,6 +207,15 @@ MSCCLPP_DEVICE_INLINE void blockCopy(char* dst, const char* src, uint64_t len) {
     done = n * 16;
   }
   for (uint64_t i = done + threadIdx.x; i < len; i += blockDim.x) dst[i] = src[i];
+}
+
+/// blockCopyN with 8 loads in flight per thread, or 4 under P2P_TUNE_UNROLL4.
+MSCCLPP_DEVICE_INLINE void blockCopy(char* dst, const char* src, uint64_t len, uint32_t flags) {
+  if (flags & P2P_TUNE_UNROLL4) {
+    blockCopyN<4>(dst, src, len);
+  } else {
+    blockCopyN<8>(dst, src, len);
+  }
 }
 
 /// Bytes [off, off + 8) of a message of `len` bytes at `p` (zeros past the end) as a packet
@@ -284,15 +323,18 @@ MSCCLPP_DEVICE_INLINE int llStep(const A& a, const P2pOpDev& op, int* sErr) {
 
 template <class A>
 MSCCLPP_DEVICE_INLINE void batch(const A& a) {
-  __shared__ uint32_t prog[A::kMaxOps * P2P_CHANNELS];
+  __shared__ uint32_t prog[A::kMaxOps * P2P_MAX_CHANNELS];
   __shared__ int16_t after[A::kMaxOps];  // in place: the send whose buffer this receive overwrites
+  // P2P_TUNE_PACKED: channels of each pair (pairs <= ops), then each pair's first block.
+  __shared__ uint32_t pairWidth[A::kMaxOps];
+  __shared__ uint32_t pairFirst[A::kMaxOps];
   __shared__ int sAvail;
   __shared__ int sStop;
   __shared__ int sErr;
   P2pLayout L{a.nranks};
   const uint64_t base = a.base;
   volatile uint64_t* errWord = reinterpret_cast<volatile uint64_t*>(base + L.error());
-  for (uint32_t i = threadIdx.x; i < a.nops * P2P_CHANNELS; i += blockDim.x) prog[i] = 0;
+  for (uint32_t i = threadIdx.x; i < a.nops * P2P_MAX_CHANNELS; i += blockDim.x) prog[i] = 0;
   for (uint32_t k = threadIdx.x; k < a.nops; k += blockDim.x) {
     const P2pOpDev& op = a.ops[k];
     int16_t j = -1;
@@ -307,33 +349,65 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
     }
     after[k] = j;
   }
+  const uint32_t G = gridDim.x;
+  const uint32_t P = a.npairs;
+  const uint32_t CH = a.channels;
+  const P2pCut cut{a.channels, a.maxChunk};
+  const uint32_t spread = (a.flags & P2P_TUNE_NO_SELF_SPREAD) ? 1 : 2;
+  const bool packed = (a.flags & P2P_TUNE_PACKED) != 0;
+  for (uint32_t i = threadIdx.x; i < P; i += blockDim.x) pairWidth[i] = 0;
   if (threadIdx.x == 0) {
     sStop = (*errWord != 0);
     sErr = 0;
   }
   __syncthreads();
   if (sStop) return;
-  const uint32_t G = gridDim.x;
-  const uint32_t P = a.npairs;
+  if (packed) {
+    // The tasks of pair after pair on consecutive blocks (wrapping), so a launch with more
+    // tasks than blocks gives each block tasks of different pairs (an all-to-all: its copy to
+    // self beside a transfer). The host sizes the grid alike (gpu.rs `plan`).
+    for (uint32_t k = threadIdx.x; k < a.nops; k += blockDim.x) {
+      const P2pOpDev& op = a.ops[k];
+      if (op.peer != a.rank) {
+        atomicMax(&pairWidth[op.pair], channelsOf(op.bytes, cut));
+      } else if (!op.recv) {
+        const uint64_t K = chunksOf(op.bytes, cut);
+        const uint32_t nv = (uint32_t)(K < spread * CH ? K : spread * CH);
+        atomicMax(&pairWidth[op.pair], (nv + spread - 1) / spread);
+        if (spread == 2) atomicMax(&pairWidth[a.ops[k + 1].pair], nv / 2);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t sum = 0;
+      for (uint32_t i = 0; i < P; ++i) {
+        pairFirst[i] = sum;
+        sum += pairWidth[i];
+      }
+    }
+    __syncthreads();
+  }
   uint64_t lastProgress = nowNs();
   uint32_t pendingOp = 0;
+  uint32_t idle = 0;  // rounds without progress (thread 0): the abort word is read every abortPoll-th
   while (true) {
     bool allDone = true, progressed = false;
     for (uint32_t k = 0; k < a.nops; ++k) {
       const P2pOpDev& op = a.ops[k];
       if (op.recv && op.peer == a.rank) continue;  // done by its send (below)
       const bool self = op.peer == a.rank;
-      const uint64_t K = chunksOf(op.bytes);
-      // A copy to self spreads its chunks over twice the channels: even ones on the blocks of
-      // its own pair, odd ones on those of its receive's pair (otherwise idle).
-      const uint32_t nch = self ? (uint32_t)(K < 2 * P2P_CHANNELS ? K : 2 * P2P_CHANNELS) : channelsOf(op.bytes);
-      const uint64_t cs = op.bytes <= P2P_LL_MAX ? op.bytes : chunkOf(op.bytes);
+      const uint64_t K = chunksOf(op.bytes, cut);
+      // A copy to self spreads its chunks over twice the channels (unless tuned off): even ones
+      // on the blocks of its own pair, odd ones on those of its receive's pair (otherwise idle).
+      const uint32_t nch = self ? (uint32_t)(K < spread * CH ? K : spread * CH) : channelsOf(op.bytes, cut);
+      const uint64_t cs = op.bytes <= P2P_LL_MAX ? op.bytes : chunkOf(op.bytes, cut);
       for (uint32_t c = 0; c < nch; ++c) {
-        const uint32_t side = self ? (c & 1) : 0;
-        const uint32_t ch = self ? (c >> 1) : c;
-        if ((a.ops[k + side].pair + ch * P) % G != blockIdx.x) continue;
+        const uint32_t side = self ? (c % spread) : 0;
+        const uint32_t ch = self ? (c / spread) : c;
+        const uint32_t pr0 = a.ops[k + side].pair;
+        if ((packed ? pairFirst[pr0] + ch : pr0 + ch * P) % G != blockIdx.x) continue;
         const uint64_t total = (K - c + nch - 1) / nch;
-        uint32_t* pr = &prog[(k + side) * P2P_CHANNELS + ch];
+        uint32_t* pr = &prog[(k + side) * P2P_MAX_CHANNELS + ch];
         if (*pr >= total) continue;
         allDone = false;
         pendingOp = k;
@@ -344,7 +418,8 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
           const uint64_t j = *pr;
           const uint64_t off = (j * nch + c) * cs;
           const uint64_t len = op.bytes - off < cs ? op.bytes - off : cs;
-          blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf + off), reinterpret_cast<const char*>(op.buf + off), len);
+          blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf + off), reinterpret_cast<const char*>(op.buf + off), len,
+                    a.flags);
           __syncthreads();
           if (threadIdx.x == 0) *pr = (uint32_t)(j + 1);
           __syncthreads();
@@ -354,23 +429,23 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
         // The last earlier op of the same pair with chunks on this channel must be done (its
         // own predecessors were done before it started).
         int pred = op.pred;
-        while (pred >= 0 && chunksOn(a.ops[pred].bytes, c) == 0) pred = a.ops[pred].pred;
-        if (pred >= 0 && prog[pred * P2P_CHANNELS + c] < chunksOn(a.ops[pred].bytes, c)) continue;
+        while (pred >= 0 && chunksOn(a.ops[pred].bytes, c, cut) == 0) pred = a.ops[pred].pred;
+        if (pred >= 0 && prog[pred * P2P_MAX_CHANNELS + c] < chunksOn(a.ops[pred].bytes, c, cut)) continue;
         const int dep = after[k];
         if (op.bytes <= P2P_LL_MAX) {
-          if (dep >= 0 && prog[dep * P2P_CHANNELS] == 0) continue;
+          if (dep >= 0 && prog[dep * P2P_MAX_CHANNELS] == 0) continue;
           const int r = llStep(a, op, &sErr);
           if (r < 0) return;
           if (r == 0) continue;
-          if (threadIdx.x == 0) prog[k * P2P_CHANNELS] = 1;
+          if (threadIdx.x == 0) prog[k * P2P_MAX_CHANNELS] = 1;
           __syncthreads();
           progressed = true;
           continue;
         }
-        while (prog[k * P2P_CHANNELS + c] < total) {
-          const uint64_t j = prog[k * P2P_CHANNELS + c];
+        while (prog[k * P2P_MAX_CHANNELS + c] < total) {
+          const uint64_t j = prog[k * P2P_MAX_CHANNELS + c];
           // In place: the send must have read chunk j of this channel out of the buffer first.
-          if (dep >= 0 && prog[dep * P2P_CHANNELS + c] <= j) break;
+          if (dep >= 0 && prog[dep * P2P_MAX_CHANNELS + c] <= j) break;
           const uint64_t idx = j * nch + c;  // chunk index in the message
           const uint64_t off = idx * cs;
           const uint64_t len = op.bytes - off < cs ? op.bytes - off : cs;
@@ -382,7 +457,7 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
               const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
               int ok = mscclpp::loadAcquireSys(ready) > n;
               if (ok) {
-                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(peer, c, n % P2P_SLOTS));
+                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(a, peer, c, n % a.slots));
                 const uint64_t tot = h[0], w = h[1];
                 if (tot != op.bytes) {
                   recordError(a, kErrSize, 1, peer, tot);
@@ -400,12 +475,13 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             if (avail < 0) return;
             if (!avail) break;
             n = *recvd;  // every thread: this block alone writes it, before the barrier above
-            const char* src = reinterpret_cast<const char*>(base + L.slot(peer, c, n % P2P_SLOTS) + P2P_HEADER);
-            blockCopy(reinterpret_cast<char*>(op.buf + off), src, len);
+            const char* src = reinterpret_cast<const char*>(base + L.slot(a, peer, c, n % a.slots) + P2P_HEADER);
+            blockCopy(reinterpret_cast<char*>(op.buf + off), src, len, a.flags);
             __syncthreads();
             if (threadIdx.x == 0) {
-              // One release store (no extra fence): it orders the block's reads above (the
-              // barrier) before the sender may reuse the slot.
+              // One release store (no extra fence unless tuned): it orders the block's reads
+              // above (the barrier) before the sender may reuse the slot.
+              if (a.flags & P2P_TUNE_FENCE) __threadfence_system();
               mscclpp::storeReleaseSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.consumed(a.rank, c)), n + 1);
               *recvd = n + 1;
             }
@@ -414,28 +490,30 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             if (threadIdx.x == 0) {
               n = *sent;
               const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.consumed(peer, c));
-              sAvail = n - mscclpp::loadAcquireSys(consumed) < P2P_SLOTS;
+              sAvail = n - mscclpp::loadAcquireSys(consumed) < a.slots;
             }
             __syncthreads();
             const int avail = sAvail;
             __syncthreads();
             if (!avail) break;
             n = *sent;
-            const uint64_t dst = a.peerBases[peer] + L.slot(a.rank, c, n % P2P_SLOTS);
+            const uint64_t dst = a.peerBases[peer] + L.slot(a, a.rank, c, n % a.slots);
             if (threadIdx.x == 0) {
               uint64_t* h = reinterpret_cast<uint64_t*>(dst);
               h[0] = op.bytes;
               h[1] = ((uint64_t)P2P_MAGIC << 32) | (uint32_t)idx;
             }
-            blockCopy(reinterpret_cast<char*>(dst + P2P_HEADER), reinterpret_cast<const char*>(op.buf + off), len);
+            blockCopy(reinterpret_cast<char*>(dst + P2P_HEADER), reinterpret_cast<const char*>(op.buf + off), len,
+                      a.flags);
             __syncthreads();
             if (threadIdx.x == 0) {
               // One release store: the block's payload writes (ordered by the barrier) before it.
+              if (a.flags & P2P_TUNE_FENCE) __threadfence_system();
               mscclpp::storeReleaseSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.ready(a.rank, c)), n + 1);
               *sent = n + 1;
             }
           }
-          if (threadIdx.x == 0) prog[k * P2P_CHANNELS + c] = (uint32_t)(j + 1);
+          if (threadIdx.x == 0) prog[k * P2P_MAX_CHANNELS + c] = (uint32_t)(j + 1);
           __syncthreads();
           progressed = true;
         }
@@ -446,12 +524,17 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
       const uint64_t now = nowNs();
       if (progressed) {
         lastProgress = now;
+        idle = 0;
         sStop = 0;
       } else if (now - lastProgress > a.timeoutNs) {
         recordError(a, kErrStall, a.ops[pendingOp].recv, a.ops[pendingOp].peer, pendingOp);
         sStop = 1;
       } else {
-        sStop = (*errWord != 0 || mscclpp::abortRaised()) ? 1 : 0;  // another block failed, or aborted
+        // Another block failed, or the host raised the abort word. That word is host memory (a
+        // read crosses PCIe, ~1 us, and every waiting block of every rank polls): read it on
+        // every abortPoll-th idle round only (read on every round since the abort word came,
+        // the suspect of the 4 MiB exchange's 54 us instead of round 5's 32 on the H200).
+        sStop = (*errWord != 0 || (++idle % a.abortPoll == 0 && mscclpp::abortRaised())) ? 1 : 0;
       }
     }
     __syncthreads();
@@ -495,17 +578,41 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
   __shared__ int sFailed;
   P2pLayout L{a.nranks};
   const uint64_t base = a.base;
-  if (threadIdx.x == 0) sFailed = (*reinterpret_cast<volatile uint64_t*>(base + L.error()) != 0);
-  __syncthreads();
-  if (sFailed) return;
-  const uint64_t t0 = nowNs();
   const uint32_t pair = blockIdx.x;
+  // The pair's peer (every op of a pair has the same one; this rank for a pair of copies to
+  // self) and its first send, from the arguments alone.
+  uint64_t peer = a.rank;
+  int first = -1;
+  for (uint32_t k = 0; k < a.nops; ++k) {
+    const P2pOpDev& op = a.ops[k];
+    if (op.pair != pair || op.peer == a.rank) continue;
+    peer = op.peer;
+    if (!op.recv) {
+      first = (int)k;
+      break;
+    }
+  }
+  // Everything the block reads before its first packet, issued together (one round trip
+  // instead of four in a row): this thread's payload word of the first send, the error word,
+  // the pair's counters (this block alone writes them, after its final barrier) and the room
+  // word (acquire, last: it orders only what comes after it).
+  uint2 pre = make_uint2(0, 0);
+  if (first >= 0 && threadIdx.x >= 1 && threadIdx.x <= (a.ops[first].bytes + 7) / 8)
+    pre = loadPayload(reinterpret_cast<const char*>(a.ops[first].buf), (threadIdx.x - 1) * 8, a.ops[first].bytes);
+  const uint64_t err = *reinterpret_cast<volatile uint64_t*>(base + L.error());
+  uint64_t sent0 = 0, recvd0 = 0, consumed0 = 0;
+  if (peer != a.rank) {
+    sent0 = *reinterpret_cast<const uint64_t*>(base + L.llSent(peer));
+    recvd0 = *reinterpret_cast<const uint64_t*>(base + L.llRecvd(peer));
+    if (first >= 0) consumed0 = mscclpp::loadAcquireSys(reinterpret_cast<const uint64_t*>(base + L.llConsumed(peer)));
+  }
+  if (threadIdx.x == 0) sFailed = 0;
+  if (__syncthreads_or(err != 0)) return;
+  const uint64_t t0 = nowNs();
   uint32_t nSent = 0, nRecvd = 0;
   // A thread whose wait failed (error recorded) skips the rest of the work but still meets
   // every barrier: the block leaves together at the next one.
   bool dead = false;
-  uint64_t peer = a.rank;
-  uint64_t sent0 = 0, recvd0 = 0;
   for (int pass = 0; pass < 2; ++pass) {
     // Every send of the block read its buffer before a receive may overwrite it (in place).
     if (pass == 1) __syncthreads();
@@ -514,23 +621,18 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
       if (op.pair != pair || op.recv != pass) continue;
       if (op.peer == a.rank) {
         // A copy to this rank itself (op k + 1 is its receive, which has no steps).
-        if (!op.recv) blockCopy(reinterpret_cast<char*>(a.ops[k + 1].buf), reinterpret_cast<const char*>(op.buf), op.bytes);
+        if (!op.recv) blockCopyN<8>(reinterpret_cast<char*>(a.ops[k + 1].buf), reinterpret_cast<const char*>(op.buf), op.bytes);
         continue;
-      }
-      if (peer == a.rank) {
-        // The pair's peer (every op of a pair has the same one): its counters, read by every
-        // thread before the final barrier (this block alone writes them, after it).
-        peer = op.peer;
-        sent0 = *reinterpret_cast<const uint64_t*>(base + L.llSent(peer));
-        recvd0 = *reinterpret_cast<const uint64_t*>(base + L.llRecvd(peer));
       }
       const uint64_t npk = 1 + (op.bytes + 7) / 8;  // header packet + data packets
       if (!op.recv) {
         const uint64_t n = sent0 + nSent++;
         const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.llConsumed(peer));
-        // Room: message n - 2, the buffer's last user, was read (every thread checks itself).
-        if (dead || (n >= 2 && !llWait(a, [&] { return mscclpp::loadAcquireSys(consumed) + 1 >= n; }, t0, 0, peer, k,
-                                        &sFailed))) {
+        // Room: message n - 2, the buffer's last user, was read (every thread checks itself;
+        // the first send with the word read above, normally true at once).
+        const bool room = n < 2 || ((int)k == first && consumed0 + 1 >= n);
+        if (dead || (!room && !llWait(a, [&] { return mscclpp::loadAcquireSys(consumed) + 1 >= n; }, t0, 0, peer, k,
+                                      &sFailed))) {
           dead = true;
           continue;
         }
@@ -541,7 +643,7 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
           if (i == 0) {
             pk[0].write((uint32_t)op.bytes, P2P_MAGIC, flag);
           } else {
-            pk[i].write(loadPayload(src, (i - 1) * 8, op.bytes), flag);
+            pk[i].write((int)k == first && i == threadIdx.x ? pre : loadPayload(src, (i - 1) * 8, op.bytes), flag);
           }
         }
         continue;
@@ -551,7 +653,7 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
       const mscclpp::LL16Packet* pk = reinterpret_cast<const mscclpp::LL16Packet*>(base + L.ll(peer, n & 1));
       char* dst = reinterpret_cast<char*>(op.buf);
       bool bad = dead;
-      // Each thread waits for its own packets only (one per thread up to 8 KiB).
+      // Each thread waits for its own packets only (one per thread up to 4 KiB).
       for (uint64_t i = threadIdx.x; i < npk && !bad; i += blockDim.x) {
         uint2 v;
         if (!llWait(a, [&] { return pk[i].readOnce(flag, v); }, t0, 1, peer, k, &sFailed)) {
@@ -573,7 +675,7 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
         mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.llConsumed(a.rank)), n + 1);
     }
   }
-  if (__syncthreads_or(dead) || peer == a.rank) return;  // every thread read the counters
+  if (__syncthreads_or(dead) || peer == a.rank) return;
   if (threadIdx.x == 0) {
     if (nSent) *reinterpret_cast<uint64_t*>(base + L.llSent(peer)) = sent0 + nSent;
     if (nRecvd) *reinterpret_cast<uint64_t*>(base + L.llRecvd(peer)) = recvd0 + nRecvd;
