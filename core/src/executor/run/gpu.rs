@@ -43,8 +43,10 @@ pub(crate) fn sm_count(g: &GpuCtx) -> Result<u32> {
 /// barriers.
 const BYTES_PER_LANE: usize = 32 << 10;
 
-/// The most GPU blocks per plan thread block (the kernel's lanes).
-const MAX_LANES: usize = 16;
+/// The most GPU blocks per plan thread block (the kernel's lanes). A one-block plan of 2 ranks
+/// sharing an H200 may use 64 of their 66 SMs each (the native algorithms use up to all of
+/// them at 16 MiB); plans of more blocks are bounded by the SMs first.
+const MAX_LANES: usize = 64;
 
 /// GPU blocks per plan thread block for a message of `bytes` on `nblocks` plan blocks: one
 /// per `BYTES_PER_LANE` of each block's share, at most [`MAX_LANES`] and what the SMs left to

@@ -3,14 +3,16 @@
 // size and the SMs free per rank; 1 for small messages). Each GPU block copies its plan
 // block's ExecBlock (header and used ops) into shared memory and interprets the ops with the
 // semantics of core/src/executor/run/host (the host backend's interpreter of the same lists):
-//   - flag = flags[plan block] + 1 for this launch (written back at the end by lane 0 after a
-//     lane barrier, so graph replays count); with double scratch, launches with an even flag
-//     use the second half of every scratch;
-//   - nop = a barrier of the plan block's threads (__syncthreads, or a lane barrier);
+//   - flag = flags[plan block] + 1 for this launch (written back at the end by lane 0 once
+//     every lane read it: after any lane barrier, so graph replays count); with double scratch,
+//     launches with an even flag use the second half of every scratch;
+//   - nop = a barrier of the plan block's threads (__syncthreads, or a lane barrier: none when
+//     nothing ran since the last one);
 //     barrier = that + a grid barrier of nBlocks plan blocks (their lane 0s) + that;
 //   - data ops (copy, get, put and packet ops through memory channels, reductions) split their
-//     bytes over the threads of all lanes (16-byte vectors where aligned); pipelines repeat
-//     their inner ops over unitSize-byte steps;
+//     bytes over the threads of all lanes (16-byte vectors where aligned; reductions and packet
+//     loops keep 2 vectors or payloads per thread in flight); pipelines repeat their inner ops
+//     over unitSize-byte steps;
 //   - sync ops (signal, wait, flush, barrier, semaphores) and port-channel ops run on lane 0:
 //     with several lanes, a lane barrier precedes them when data moved since the last one and
 //     follows them before the next data op (with one lane the block's threads run every op in
@@ -110,22 +112,50 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
   }
   const uint8_t op = o.reduceOp;
   if (aligned) {
+    // Vectors w, w + nthr, ... (U of them) per round: U loads of each input in flight at once
+    // (one at a time left every thread a load latency per 16 bytes and input). The thread of
+    // each vector and the order of the inputs are as before, so the results are the same.
     using P = coll::Pack<T, uint4>;
+    constexpr int U = P::N <= 8 ? 2 : 1;
     const uint64_t n = size / 16;
-    for (uint64_t w = r.tid; w < n; w += r.nthr) {
-      P p;
-      p.w = reinterpret_cast<const uint4*>(in[0])[w];
-      A acc[P::N];
+    for (uint64_t w0 = r.tid; w0 < n; w0 += (uint64_t)U * r.nthr) {
+      uint4 raw[U];
+      A acc[U][P::N];
 #pragma unroll
-      for (int k = 0; k < P::N; ++k) acc[k] = Elem<T>::up(p.v[k]);
-      for (int i = 1; i < o.nInputs; ++i) {
-        p.w = reinterpret_cast<const uint4*>(in[i])[w];
-#pragma unroll
-        for (int k = 0; k < P::N; ++k) acc[k] = combineRt(op, acc[k], Elem<T>::up(p.v[k]));
+      for (int u = 0; u < U; ++u) {
+        const uint64_t w = w0 + (uint64_t)u * r.nthr;
+        if (w < n) raw[u] = reinterpret_cast<const uint4*>(in[0])[w];
       }
 #pragma unroll
-      for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[k]);
-      for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
+      for (int u = 0; u < U; ++u) {
+        P p;
+        p.w = raw[u];
+#pragma unroll
+        for (int k = 0; k < P::N; ++k) acc[u][k] = Elem<T>::up(p.v[k]);
+      }
+      for (int i = 1; i < o.nInputs; ++i) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + (uint64_t)u * r.nthr;
+          if (w < n) raw[u] = reinterpret_cast<const uint4*>(in[i])[w];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          P p;
+          p.w = raw[u];
+#pragma unroll
+          for (int k = 0; k < P::N; ++k) acc[u][k] = combineRt(op, acc[u][k], Elem<T>::up(p.v[k]));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint64_t w = w0 + (uint64_t)u * r.nthr;
+        if (w >= n) continue;
+        P p;
+#pragma unroll
+        for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[u][k]);
+        for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
+      }
     }
     return;
   }
@@ -147,22 +177,89 @@ union Payload {
 };
 
 template <typename T>
-__device__ Payload<T> readPacket(const char* base, uint32_t idx, bool ll8, uint32_t flag) {
-  Payload<T> p;
-  if (ll8) {
-    p.u[0] = reinterpret_cast<const LL8Packet*>(base)[idx].read(flag);
-  } else {
-    p.w = reinterpret_cast<const LL16Packet*>(base)[idx].read(flag);
-  }
-  return p;
-}
-
-template <typename T>
 __device__ void writePacket(char* base, uint32_t idx, bool ll8, const Payload<T>& p, uint32_t flag) {
   if (ll8) {
     reinterpret_cast<LL8Packet*>(base)[idx].write(p.u[0], flag);
   } else {
     reinterpret_cast<LL16Packet*>(base)[idx].write(p.w, flag);
+  }
+}
+
+/// Packets i0, i0 + stride, ... (U of them, those below n) of `src`: one load of each first (U
+/// in flight), then a spin on each that did not carry `flag` yet; their payloads into `v`.
+template <typename P, int U>
+__device__ void readPacketsOf(const P* src, uint64_t i0, uint64_t stride, uint64_t n, uint32_t flag,
+                              typename P::Payload (&v)[U]) {
+  bool ok[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint64_t i = i0 + u * stride;
+    ok[u] = i >= n || src[i].readOnce(flag, v[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (!ok[u]) v[u] = src[i0 + u * stride].read(flag);
+  }
+}
+
+/// readPacketsOf for a packet format chosen at run time (`ll8`), payloads as elements of T.
+template <typename T, int U>
+__device__ void readPackets(const char* base, uint32_t i0, uint32_t stride, uint32_t count, bool ll8, uint32_t flag,
+                            Payload<T> (&q)[U]) {
+  if (ll8) {
+    uint32_t v[U];
+    readPacketsOf<LL8Packet, U>(reinterpret_cast<const LL8Packet*>(base), i0, stride, count, flag, v);
+#pragma unroll
+    for (int u = 0; u < U; ++u) q[u].u[0] = v[u];
+  } else {
+    uint2 v[U];
+    readPacketsOf<LL16Packet, U>(reinterpret_cast<const LL16Packet*>(base), i0, stride, count, flag, v);
+#pragma unroll
+    for (int u = 0; u < U; ++u) q[u].w = v[u];
+  }
+}
+
+/// Payloads per thread in flight in the packet copies.
+constexpr int kPacketUnroll = 2;
+
+/// copyToPackets with kPacketUnroll payloads per thread in flight (the same thread per payload).
+template <typename P>
+__device__ void toPackets(char* packets, const char* data, uint64_t bytes, uint32_t tid, uint32_t nthr,
+                          uint32_t flag) {
+  using W = typename P::Payload;
+  constexpr int U = kPacketUnroll;
+  P* dst = reinterpret_cast<P*>(packets);
+  const W* src = reinterpret_cast<const W*>(data);
+  const uint64_t n = bytes / sizeof(W);
+  for (uint64_t i0 = tid; i0 < n; i0 += (uint64_t)U * nthr) {
+    W v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * nthr < n) v[u] = src[i0 + u * nthr];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * nthr < n) dst[i0 + u * nthr].write(v[u], flag);
+    }
+  }
+}
+
+/// copyFromPackets with kPacketUnroll packets per thread read together.
+template <typename P>
+__device__ void fromPackets(char* data, const char* packets, uint64_t bytes, uint32_t tid, uint32_t nthr,
+                            uint32_t flag) {
+  using W = typename P::Payload;
+  constexpr int U = kPacketUnroll;
+  const P* src = reinterpret_cast<const P*>(packets);
+  W* dst = reinterpret_cast<W*>(data);
+  const uint64_t n = bytes / sizeof(W);
+  for (uint64_t i0 = tid; i0 < n; i0 += (uint64_t)U * nthr) {
+    W v[U];
+    readPacketsOf<P, U>(src, i0, nthr, n, flag, v);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * nthr < n) dst[i0 + u * nthr] = v[u];
+    }
   }
 }
 
@@ -180,37 +277,58 @@ __device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
   const char* src0 = r.local(o.inputRefs[0]) + o.inputOffsets[0];
   char* dst0 = r.local(o.outputRefs[0]) + o.outputOffsets[0];
   constexpr int M = 8 / sizeof(T);
-  for (uint32_t idx = r.tid; idx < count; idx += r.nthr) {
-    Payload<T> p;
-    if (ll8) {
-      p.u[0] = reinterpret_cast<const uint32_t*>(src0)[idx];
-    } else {
-      p.w = reinterpret_cast<const uint2*>(src0)[idx];
+  // Payloads idx, idx + nthr, ... (U of them) per round, every input's packets read together
+  // (one at a time left every thread a load latency per payload and input). Same thread per
+  // payload and same input order as one at a time.
+  constexpr int U = 2;
+  const uint32_t nthr = r.nthr;
+  for (uint32_t i0 = r.tid; i0 < count; i0 += U * nthr) {
+    Payload<T> p[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t idx = i0 + u * nthr;
+      if (idx >= count) continue;
+      if (ll8) {
+        p[u].u[0] = reinterpret_cast<const uint32_t*>(src0)[idx];
+      } else {
+        p[u].w = reinterpret_cast<const uint2*>(src0)[idx];
+      }
     }
-    A acc[M];
+    A acc[U][M];
 #pragma unroll
-    for (int k = 0; k < M; ++k) acc[k] = Elem<T>::up(p.v[k]);
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int k = 0; k < M; ++k) acc[u][k] = Elem<T>::up(p[u].v[k]);
+    }
     for (int j = 1; j < o.nInputs; ++j) {
-      const Payload<T> q =
-          readPacket<T>(r.local(o.inputRefs[j]) + 2 * (uint64_t)o.inputOffsets[j], idx, ll8, r.flag);
+      Payload<T> q[U];
+      readPackets<T, U>(r.local(o.inputRefs[j]) + 2 * (uint64_t)o.inputOffsets[j], i0, nthr, count, ll8, r.flag, q);
 #pragma unroll
-      for (int k = 0; k < M; ++k) {
-        if (k < n) acc[k] = combineRt(o.reduceOp, acc[k], Elem<T>::up(q.v[k]));
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+          if (k < n) acc[u][k] = combineRt(o.reduceOp, acc[u][k], Elem<T>::up(q[u].v[k]));
+        }
       }
     }
 #pragma unroll
-    for (int k = 0; k < M; ++k) {
-      if (k < n) p.v[k] = Elem<T>::down(acc[k]);
-    }
-    if (ll8) {
-      reinterpret_cast<uint32_t*>(dst0)[idx] = p.u[0];
-    } else {
-      reinterpret_cast<uint2*>(dst0)[idx] = p.w;
-    }
-    if (copies) writePacket<T>(r.local(o.outputRefs[1]) + 2 * (uint64_t)o.outputOffsets[1], idx, ll8, p, r.flag);
-    if (sends) {
-      for (int j = copies ? 2 : 1; j < o.nOutputs; ++j) {
-        writePacket<T>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j], idx, ll8, p, r.flag);
+    for (int u = 0; u < U; ++u) {
+      const uint32_t idx = i0 + u * nthr;
+      if (idx >= count) continue;
+#pragma unroll
+      for (int k = 0; k < M; ++k) {
+        if (k < n) p[u].v[k] = Elem<T>::down(acc[u][k]);
+      }
+      if (ll8) {
+        reinterpret_cast<uint32_t*>(dst0)[idx] = p[u].u[0];
+      } else {
+        reinterpret_cast<uint2*>(dst0)[idx] = p[u].w;
+      }
+      if (copies) writePacket<T>(r.local(o.outputRefs[1]) + 2 * (uint64_t)o.outputOffsets[1], idx, ll8, p[u], r.flag);
+      if (sends) {
+        for (int j = copies ? 2 : 1; j < o.nOutputs; ++j) {
+          writePacket<T>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j], idx, ll8, p[u], r.flag);
+        }
       }
     }
   }
@@ -304,29 +422,33 @@ __device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
         }
       } else {
         for (int i = 0; i < o.nOutputs; ++i) {
-          copyToPackets<P>(r.loc(o.outputRefs[i]) + 2 * (uint64_t)o.outputOffsets[i],
-                           r.local(o.inputRefs[i]) + o.inputOffsets[i], o.inputSizes[i], r.tid, r.nthr,
-                           r.flag);
+          toPackets<P>(r.loc(o.outputRefs[i]) + 2 * (uint64_t)o.outputOffsets[i],
+                       r.local(o.inputRefs[i]) + o.inputOffsets[i], o.inputSizes[i], r.tid, r.nthr, r.flag);
         }
       }
       break;
     case EXEC_COPY_PACKETS:
-      copyToPackets<P>(r.local(o.outputRefs[0]) + 2 * (uint64_t)o.outputOffsets[0], src + o.inputOffsets[0], size,
-                       r.tid, r.nthr, r.flag);
+      toPackets<P>(r.local(o.outputRefs[0]) + 2 * (uint64_t)o.outputOffsets[0], src + o.inputOffsets[0], size, r.tid,
+                   r.nthr, r.flag);
       break;
     case EXEC_UNPACK_PACKETS:
-      copyFromPackets<P>(r.local(o.outputRefs[0]) + o.outputOffsets[0], src + 2 * (uint64_t)o.inputOffsets[0], size,
-                         r.tid, r.nthr, r.flag);
+      fromPackets<P>(r.local(o.outputRefs[0]) + o.outputOffsets[0], src + 2 * (uint64_t)o.inputOffsets[0], size,
+                     r.tid, r.nthr, r.flag);
       break;
     default: {  // EXEC_READ_PUT_PACKETS
       const P* pk = reinterpret_cast<const P*>(src + 2 * (uint64_t)o.inputOffsets[0]);
       const uint64_t n = size / sizeof(W);
-      for (uint64_t idx = r.tid; idx < n; idx += r.nthr) {
-        const W v = pk[idx].read(r.flag);
+      constexpr int U = kPacketUnroll;
+      for (uint64_t i0 = r.tid; i0 < n; i0 += (uint64_t)U * r.nthr) {
+        W v[U];
+        readPacketsOf<P, U>(pk, i0, r.nthr, n, r.flag, v);
         if (o.channelType == EXEC_CHANNEL_MEMORY) {
           for (int j = 0; j < o.nOutputs; ++j) {
             P* q = reinterpret_cast<P*>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j]);
-            q[idx].write(v, r.flag);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              if (i0 + u * r.nthr < n) q[i0 + u * r.nthr].write(v[u], r.flag);
+            }
           }
         }
       }
@@ -493,21 +615,35 @@ __device__ __noinline__ void laneBarrier(const Run& r) {
   __syncthreads();
 }
 
+/// Where a lane stands relative to the lane barriers.
+struct LaneState {
+  bool dirty = false;   // data moved since the last lane barrier
+  bool synced = false;  // a lane-0 op ran since the last lane barrier
+  bool met = false;     // a lane barrier was passed (every lane read its launch flag before)
+};
+
 /// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
-/// laneZeroOnly run on lane 0 between lane barriers (`dirty`: data moved since the last one).
-__device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, bool& dirty, bool& synced) {
+/// laneZeroOnly run on lane 0 between lane barriers. A `nop` with nothing run since the last
+/// lane barrier (nop after nop) needs none of its own.
+__device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   if (r.lanes == 1) {
     exec(r, o, off, unit);
     return;
   }
+  bool& dirty = st.dirty;
+  bool& synced = st.synced;
   if (o.opType == EXEC_NOP) {
-    laneBarrier(r);
+    if (dirty || synced || !st.met) laneBarrier(r);
     dirty = false;
     synced = false;
+    st.met = true;
     return;
   }
   if (laneZeroOnly(o)) {
-    if (dirty) laneBarrier(r);
+    if (dirty) {
+      laneBarrier(r);
+      st.met = true;
+    }
     dirty = false;
     if (r.lane == 0) {
       // Lane 0's own threads only.
@@ -521,7 +657,10 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, bool&
     synced = true;
     return;
   }
-  if (synced) laneBarrier(r);
+  if (synced) {
+    laneBarrier(r);
+    st.met = true;
+  }
   synced = false;
   exec(r, o, off, unit);
   dirty = true;
@@ -552,7 +691,7 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   r.tid = r.lane * blockDim.x + threadIdx.x;
   r.nthr = lanes * blockDim.x;
   r.laneWords = args.flags + args.nBlocks + 2 * pb;
-  bool dirty = false, synced = false;
+  LaneState st;
   __syncthreads();
   for (uint32_t i = 0; i < nOps;) {
     const ExecOp& o = blk.ops[i];
@@ -560,16 +699,17 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
       const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
       for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
         const uint64_t off = (uint64_t)itr * o.unitSize;
-        for (uint32_t k = 0; k < nInner; ++k) step(r, blk.ops[i + 1 + k], off, o.unitSize, dirty, synced);
+        for (uint32_t k = 0; k < nInner; ++k) step(r, blk.ops[i + 1 + k], off, o.unitSize, st);
       }
       i += 1 + nInner;
     } else {
-      step(r, o, 0, ~0ull, dirty, synced);
+      step(r, o, 0, ~0ull, st);
       ++i;
     }
   }
-  // Every lane read the flag above before it arrives here; lane 0 then counts the launch.
-  if (lanes > 1) laneBarrier(r);
+  // Lane 0 counts the launch once every lane read the flag above: after any lane barrier
+  // (each lane read it before its first op), else after one here.
+  if (lanes > 1 && !st.met) laneBarrier(r);
   __syncthreads();
   if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
 }
