@@ -2,7 +2,8 @@
 //! one thread through groups): buffers from `ncclMemAlloc` registered with `ncclCommRegister`
 //! make `ncclAllGather`, `ncclReduceScatter` and `ncclBroadcast` take the zero-copy algorithm
 //! (`zero_copy`, named by the collectives' INFO log, written to a file here), exact, in and out
-//! of place; the same calls at a smaller size on the start of the registered buffers too.
+//! of place; the same calls at a smaller size on the start of the registered buffers too, and
+//! calls moved through a registered range as nccl-tests `-R 1` does (views of the registration).
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -248,6 +249,7 @@ fn run(n: usize, log: &std::path::Path) {
     }
     drop(ins);
     drop(outs);
+    moving_through_the_range(&comms);
     for &c in &comms {
         // SAFETY: live handles from init.
         ok(unsafe { ncclCommDestroy(c.cast()) }, "ncclCommDestroy");
@@ -263,6 +265,45 @@ fn run(n: usize, log: &std::path::Path) {
             "{kind} on registered buffers at {n} ranks runs zero_copy (log {}): {ran:?}",
             log.display()
         );
+    }
+}
+
+/// nccl-tests' way with `-R 1`: one registration of the whole range (its largest size, at
+/// the start), then calls of a smaller size moved through the range call by call, at the same
+/// offset on every rank: each is a view of the registration (zero-copy, no registration of
+/// its own; the INFO log says so), exact.
+fn moving_through_the_range(comms: &[Comm]) {
+    let n = comms.len();
+    let (count, slots) = (65_537, 3);
+    let ins: Vec<Buf> = comms.iter().map(|&c| Buf::new(c, slots * count)).collect();
+    let outs: Vec<Buf> = comms
+        .iter()
+        .map(|&c| Buf::new(c, slots * n * count))
+        .collect();
+    let mut k = 1000;
+    for (shift, cnt) in [(0, slots * count), (1, count), (2, count)] {
+        k += 1;
+        for (r, b) in ins.iter().enumerate() {
+            b.set(
+                shift * count,
+                &(0..cnt).map(|i| v(k, r, i)).collect::<Vec<_>>(),
+            );
+        }
+        grouped(comms, "ncclAllGather", |r, c| {
+            let (send, recv) = (ins[r].at(shift * count), outs[r].at(shift * n * count));
+            // SAFETY: registered host buffers holding the call's extents.
+            unsafe { ncclAllGather(send, recv, cnt, INT32, c.cast(), null_mut()) }
+        });
+        for (r, o) in outs.iter().enumerate() {
+            let got = &o.get()[shift * n * count..][..n * cnt];
+            for (i, g) in got.iter().enumerate() {
+                assert_eq!(
+                    *g,
+                    v(k, i / cnt, i % cnt),
+                    "all-gather of {cnt} at slot {shift} at {n} ranks: rank {r} element {i}"
+                );
+            }
+        }
     }
 }
 
@@ -282,4 +323,16 @@ fn registered_buffers_take_the_zero_copy_gather_scatter_and_broadcast() {
     // The log accumulates over both worlds; every gather/scatter/broadcast line names zero_copy.
     run(2, &log);
     run(4, &log);
+    // The calls moved through the range were views: at 2 and 4 ranks, 2 calls, every rank.
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let views = text
+        .lines()
+        .filter(|l| l.contains("(zero-copy view)"))
+        .count();
+    assert_eq!(
+        views,
+        2 * (2 + 4),
+        "calls moved through a registered range are views of it (log {})",
+        log.display()
+    );
 }

@@ -49,7 +49,7 @@ const BYTES_PER_BLOCK: usize = 64 << 10;
 const MAX_BLOCKS: usize = 64;
 
 /// The registered buffer `(ptr, size)` mapped on every rank (`None`: the fallback runs).
-fn registered(
+pub(crate) fn registered(
     res: &Resources,
     ptr: u64,
     size: usize,
@@ -61,7 +61,7 @@ fn registered(
 
 /// [`registered`] for a GPU launch on `stream`: the cache first, graph capture queried (a
 /// driver call) only when the cache cannot answer alone.
-fn registered_gpu(
+pub(crate) fn registered_gpu(
     res: &Resources,
     gpu: &super::gpu::GpuCtx,
     stream: super::types::RawStream,
@@ -126,7 +126,7 @@ native_algorithm! {
             return allgather::fullmesh::Fullmesh.launch_gpu(res, gpu, call, stream);
         };
         let k = kernels::collectives::allgather::ZERO_COPY;
-        let extra = [outs.table.ptr(), b as u64, (res.rank() * b) as u64, 1];
+        let extra = [outs.table.ptr(), b as u64, (res.rank() * b) as u64, 1, outs.offset];
         // SAFETY: the kernel takes one CollArgs; the table lives in the cache (kept by `res`),
         // the caller keeps the buffers alive.
         unsafe { mesh::launch(res, gpu, call, stream, k, grid(b), &extra) }
@@ -156,7 +156,7 @@ native_algorithm! {
         };
         let k = kernels::collectives::allgather::ZERO_COPY;
         let push = u64::from(res.rank() == call.root);
-        let extra = [outs.table.ptr(), b as u64, 0, push];
+        let extra = [outs.table.ptr(), b as u64, 0, push, outs.offset];
         // SAFETY: as for the all-gather.
         unsafe { mesh::launch(res, gpu, call, stream, k, grid(b), &extra) }
     }
@@ -184,7 +184,7 @@ native_algorithm! {
             return reduce_scatter::fullmesh::Fullmesh.launch_gpu(res, gpu, call, stream);
         };
         let k = kernels::collectives::reduce_scatter::ZERO_COPY.instance(call.dtype, call.op)?;
-        let extra = [ins.table.ptr(), b as u64];
+        let extra = [ins.table.ptr(), b as u64, ins.offset];
         // SAFETY: as for the all-gather.
         unsafe { mesh::launch(res, gpu, call, stream, k, grid(b), &extra) }
     }

@@ -7,6 +7,11 @@
 //! * ZeroCopyTest.SmallerCallAtTheSameAddressHitsTheCache: a call on the start of a buffer
 //!   registered at a larger size before uses that registration, under graph capture too (the
 //!   cause of nccl-tests `-R 1` copying at every size but its largest);
+//! * ZeroCopyTest.CallsInsideARegistrationAreViews: all-reduce, all-gather and reduce-scatter
+//!   further inside buffers registered at their start (as nccl-tests moves its buffers through
+//!   the registered range call by call): at the same offset on every rank a view of the
+//!   registration, also when first met under graph capture, exact; at offsets that differ
+//!   between the ranks no view (copying under capture, a registration of its own outside);
 //! * ZeroCopyTest.UnexportableBuffersFallBackAlike (host backend): private memory cannot be
 //!   mapped by the peers; every rank falls back to `fullmesh` inside `zero_copy`, exact;
 //! * CollectivesEagerTest.DriverCallsPerCall (GPU builds): the GPU driver calls one eager
@@ -31,12 +36,13 @@ fn extents(kind: CollectiveKind, count: usize, n: usize) -> (usize, usize) {
 }
 
 /// One call of `kind` on `count` i32 (per rank) through the registered choice on the buffers
-/// `a` (input, and output in place) and `b` (output out of place): the algorithm's name and the
-/// wrong elements (the first few described in `errors`).
+/// `a` (input, and output in place) and `b` (output out of place), both used from element
+/// `shift` on: the algorithm's name and the wrong elements (the first few described in
+/// `errors`).
 #[allow(clippy::too_many_arguments)] // one call: kind, buffers, placement, size, root, data
 fn registered_call(
     kind: CollectiveKind,
-    (a, b): (&GpuBuffer<u8>, &GpuBuffer<u8>),
+    (a, b, shift): (&GpuBuffer<u8>, &GpuBuffer<u8>, usize),
     op: ReduceOp,
     in_place: bool,
     count: usize,
@@ -60,15 +66,17 @@ fn registered_call(
         (all[rank].clone(), all)
     };
     let recv = if in_place { a } else { b };
-    let send_at = match (kind, in_place) {
-        (CollectiveKind::AllGather, true) => rank * count,
-        _ => 0,
-    };
+    let send_at = shift
+        + match (kind, in_place) {
+            (CollectiveKind::AllGather, true) => rank * count,
+            _ => 0,
+        };
     write_values(a, send_at, dtype, &mine);
-    let recv_at = match (kind, in_place) {
-        (CollectiveKind::ReduceScatter, true) => rank * count,
-        _ => 0,
-    };
+    let recv_at = shift
+        + match (kind, in_place) {
+            (CollectiveKind::ReduceScatter, true) => rank * count,
+            _ => 0,
+        };
     let c = Call {
         kind,
         send: a.data() + (send_at * size) as u64,
@@ -147,7 +155,7 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
                     let mut errors = Vec::new();
                     let (name, bad) = registered_call(
                         kind,
-                        (&a, &b),
+                        (&a, &b, 0),
                         op,
                         in_place,
                         count,
@@ -211,7 +219,7 @@ TEST!(
         let kind = CollectiveKind::AllGather;
         let (_, bad) = registered_call(
             kind,
-            (&a, &b),
+            (&a, &b, 0),
             ReduceOp::Sum,
             false,
             big,
@@ -253,7 +261,7 @@ TEST!(
         let mut errors = Vec::new();
         let (name, bad) = registered_call(
             kind,
-            (&a, &b),
+            (&a, &b, 0),
             ReduceOp::Sum,
             false,
             small,
@@ -272,6 +280,98 @@ TEST!(
         res.user_buffers().forget(b.data(), b.bytes());
     }
 );
+
+TEST!(ZeroCopyTest, CallsInsideARegistrationAreViews, |_ctx| {
+    let env = coll_env();
+    let (rank, n) = (env.coll.rank(), env.coll.nranks());
+    if n == 1 {
+        SKIP!("world size 1 always copies");
+    }
+    let seed = agreed_seed();
+    let res = env.coll.resources();
+    let cache = res.user_buffers();
+    let mut call = 0u32;
+    // i32 per rank, each above its collective's zero-copy threshold (all-reduce: 1 MiB in all).
+    for (kind, count, want) in [
+        (CollectiveKind::AllReduce, (1 << 18) + 3, "rsag_zero_copy"),
+        (
+            CollectiveKind::AllGather,
+            ZERO_COPY_MIN_BYTES / 4 + 9,
+            "zero_copy",
+        ),
+        (
+            CollectiveKind::ReduceScatter,
+            ZERO_COPY_MIN_BYTES / 4 + 9,
+            "zero_copy",
+        ),
+    ] {
+        let (ins, outs) = extents(kind, count, n);
+        let slot = ins.max(outs);
+        // Room for n + 2 calls one after the other, as nccl-tests moves its buffers through
+        // the registered range call by call.
+        let (a, b) = buffers(env.device, (n + 2) * slot * 4);
+        // The buffer the peers touch (all-reduce: both; checked through the output).
+        let peers_touch = |shift: usize| match kind {
+            CollectiveKind::ReduceScatter => (a.data() + (shift * 4) as u64, ins * 4),
+            _ => (b.data() + (shift * 4) as u64, outs * 4),
+        };
+        let mut run = |count: usize, shift: usize, what: &str| {
+            call += 1;
+            let mut errors = Vec::new();
+            let (name, bad) = registered_call(
+                kind,
+                (&a, &b, shift),
+                ReduceOp::Sum,
+                false,
+                count,
+                0,
+                (seed, call),
+                &mut errors,
+            );
+            EXPECT_EQ!(name, want, "{kind} {what}: the registered choice");
+            EXPECT_EQ!(bad, 0, "{kind} {what}: {}", errors.join("; "));
+        };
+        // The first call, over the whole range, registers the buffers (nccl-tests warms up
+        // at its largest size).
+        run((n + 2) * count, 0, "over the whole range");
+        let before = cache.len();
+        // A call further in, at the same offset on every rank, first met under capture (no
+        // registration allowed): a view of the registration, agreed by host traffic alone.
+        let (p, len) = peers_touch(slot);
+        let view = ok!(
+            cache.get_or_register(res.comm(), res.device(), p, len, true),
+            "querying the cache as under capture"
+        );
+        match &view {
+            Some(v) => {
+                EXPECT_EQ!(v.offset, (slot * 4) as u64, "{kind}: the view's offset");
+                EXPECT_EQ!(v.bases[rank], p, "{kind}: the own address of the view");
+            }
+            None => FAIL!("{kind}: a call inside the registration at one offset is a view"),
+        }
+        run(count, slot, "one slot further in (a view)");
+        EXPECT_TRUE!(
+            cache.len() <= before + 2,
+            "{kind}: the call further in adds views only (send and receive), got {} entries \
+             after {before}",
+            cache.len()
+        );
+        // At an offset that differs between the ranks: no view (every rank alike), under
+        // capture the copying algorithm; outside capture a registration of its own.
+        let (p, len) = peers_touch((2 + rank) * slot);
+        let miss = ok!(
+            cache.get_or_register(res.comm(), res.device(), p, len, true),
+            "querying the cache as under capture"
+        );
+        EXPECT_TRUE!(
+            miss.is_none(),
+            "{kind}: offsets that differ between the ranks make no view"
+        );
+        run(count, (2 + rank) * slot, "at an offset of each rank's own");
+        res.user_buffers().forget(a.data(), a.bytes());
+        res.user_buffers().forget(b.data(), b.bytes());
+    }
+});
 
 TEST!(ZeroCopyTest, UnexportableBuffersFallBackAlike, |_ctx| {
     let env = coll_env();

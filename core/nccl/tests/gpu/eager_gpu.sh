@@ -7,7 +7,9 @@
 #      (target: ours <= NCCL at every size). Then the same with the results checked (-c 1,
 #      -n 20) for both: exit 0, 0 wrong.
 #   2. PyTorch eager all_reduce per call at world size 1 (tests/gpu/torch_eager.py, float32 1 KiB
-#      to 64 MiB, the fastest of 5 rounds), the system NCCL and ours; a table.
+#      to 64 MiB, the fastest of 5 rounds), the system NCCL and ours; a table, with the host time
+#      to issue a call next to it (host-bound or GPU-bound), and (EAGER_PROFILE=1, the default)
+#      torch.profiler's busiest host rows and the GPU work at 16 and 64 KiB for both libraries.
 #   3. Under MPS: ours at 2 ranks sharing the GPU, all_reduce_perf -b 1K -e 1K -c 0 -n 200 eager
 #      (target <= 4.5 us per call; the system NCCL refuses two ranks on one GPU), and the
 #      mp suites ZeroCopyTest and CollectivesEagerTest (driver calls per eager call) at 1, 2
@@ -75,17 +77,22 @@ PY=$ROOT/core/nccl/tests/gpu/torch_eager.py
 for v in nccl ours; do
   pre=()
   [ $v = ours ] && pre=(env LD_PRELOAD="$LIB")
-  MASTER_PORT=$([ $v = ours ] && echo 29573 || echo 29572) timeout 240 "${pre[@]}" "$PYTHON" "$PY" >"$OUT/torch_eager.$v.log" 2>&1
+  MASTER_PORT=$([ $v = ours ] && echo 29573 || echo 29572) EAGER_PROFILE=${EAGER_PROFILE:-1} timeout 300 "${pre[@]}" "$PYTHON" "$PY" >"$OUT/torch_eager.$v.log" 2>&1
   rc=$?
   done_line=$(grep TORCH_EAGER_DONE "$OUT/torch_eager.$v.log" | tail -1)
   verdict "torch_eager.py ws1 ($v)" $([ $rc = 0 ] && echo "$done_line" | grep -q "ok=1" && echo 1 || echo 0) \
     "(exit $rc; ${done_line:-no result, see torch_eager.$v.log})"
-  grep "^TORCH_EAGER " "$OUT/torch_eager.$v.log" | sed -E 's/.*bytes=([0-9]+) us_per_call=([0-9.]+).*/\1 \2/' >"$W/torch.$v.t"
+  grep "^TORCH_EAGER " "$OUT/torch_eager.$v.log" |
+    sed -E 's/.*bytes=([0-9]+) us_per_call=([0-9.]+) issue_us=([0-9.]+).*/\1 \2 \3/' >"$W/torch.$v.t"
 done
 say ""
-say "PyTorch eager all_reduce (float32, in place) world size 1, us per call: NCCL / ours (target: ours <= NCCL)"
+say "PyTorch eager all_reduce (float32, in place) world size 1, us per call: NCCL / ours (target: ours <= NCCL); host time to issue a call: NCCL / ours"
 paste -d' ' "$W/torch.nccl.t" "$W/torch.ours.t" |
-  awk '{ printf "%12s %9s / %-9s %s\n", $1, $2, $4, ($4 <= $2 ? "target met" : "target missed") }' | tee -a "$SUM"
+  awk '{ printf "%12s %9s / %-9s %-14s issue %s / %s\n", $1, $2, $5, ($5 <= $2 ? "target met" : "target missed"), $3, $6 }' | tee -a "$SUM"
+# torch.profiler's busiest rows at the sizes around the jump (torch_eager.py EAGER_PROFILE=1).
+for v in nccl ours; do
+  grep "^TORCH_EAGER_PROF " "$OUT/torch_eager.$v.log" | sed -E "s/^TORCH_EAGER_PROF rank=[0-9]+ /  $v /" | tee -a "$SUM"
+done
 
 # ---- 3. Under MPS: 2 ranks sharing the GPU, and the mp suites ----------------------------------
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"; nvidia-cuda-mps-control -d

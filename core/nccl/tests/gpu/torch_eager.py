@@ -5,8 +5,16 @@ World size from WORLD_SIZE (default 1; RANK, MASTER_ADDR, MASTER_PORT as torchru
 For each size (float32, 1 KiB to 64 MiB, x4): a checked call (sum of rank + 1 over the ranks),
 warm-up, then REPEATS rounds of CALLS eager calls, each round timed from the first call to the
 stream's end (torch.cuda.synchronize); the fastest round's time per call. Prints per size
-"TORCH_EAGER rank=<r> world=<n> bytes=<b> us_per_call=<t> ok=<0|1>" and at the end
-"TORCH_EAGER_DONE rank=<r> ok=<0|1> nccl_version=<x.y.z>".
+"TORCH_EAGER rank=<r> world=<n> bytes=<b> us_per_call=<t> issue_us=<i> ok=<0|1>" (issue_us: the
+host time per call of the same round up to the last call's return, before the synchronize: when
+it is close to us_per_call the calls are host-bound, when far below it the GPU is the bound) and
+at the end "TORCH_EAGER_DONE rank=<r> ok=<0|1> nccl_version=<x.y.z>".
+
+EAGER_PROFILE=1: also, at the sizes of EAGER_PROFILE_SIZES (default 16 KiB and 64 KiB, the two
+sides of the jump measured on the H200), 50 calls under torch.profiler (CPU and CUDA): the
+busiest rows by host time, "TORCH_EAGER_PROF bytes=<b> calls=<c> name=<op> count=<k>
+cpu_us=<total>", so the runtime/driver calls and GPU work of one library can be put next to
+the other's.
 """
 import os
 import time
@@ -16,11 +24,44 @@ import torch.distributed as dist
 
 SIZES = [1 << k for k in range(10, 27, 2)]  # 1 KiB .. 64 MiB
 REPEATS = int(os.environ.get("EAGER_REPEATS", "5"))
+PROFILE = os.environ.get("EAGER_PROFILE", "0") == "1"
+PROFILE_SIZES = [int(x) for x in os.environ.get("EAGER_PROFILE_SIZES", "16384,65536").split(",") if x]
 
 
 def calls_for(nbytes):
     # Enough calls for a stable figure, few at the large sizes (GPU-bound there).
     return 500 if nbytes <= (1 << 20) else (100 if nbytes <= (16 << 20) else 30)
+
+
+def profile(rank, t, nbytes, calls=50, rows=12):
+    """Prints the busiest rows (host time) of `calls` eager all-reduces of `t` under
+    torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+    avg = sorted(p.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    for e in avg[:rows]:
+        print(
+            f"TORCH_EAGER_PROF rank={rank} bytes={nbytes} calls={calls} name={e.key.replace(' ', '_')} "
+            f"count={e.count} cpu_us={e.self_cpu_time_total:.1f}",
+            flush=True,
+        )
+
+    def dev_us(e):
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+
+    # GPU work (kernels, copies, memsets) the calls queued: none at all for an in-place call at
+    # world size 1.
+    for e in sorted((e for e in p.key_averages() if dev_us(e) > 0), key=dev_us, reverse=True)[:6]:
+        print(
+            f"TORCH_EAGER_PROF rank={rank} bytes={nbytes} calls={calls} gpu={e.key.replace(' ', '_')} "
+            f"count={e.count} gpu_us={dev_us(e):.1f}",
+            flush=True,
+        )
 
 
 def main():
@@ -52,13 +93,18 @@ def main():
             t0 = time.perf_counter()
             for _ in range(calls):
                 dist.all_reduce(t)
+            t1 = time.perf_counter()
             torch.cuda.synchronize()
             us = (time.perf_counter() - t0) / calls * 1e6
-            best = us if best is None else min(best, us)
+            if best is None or us < best[0]:
+                best = (us, (t1 - t0) / calls * 1e6)
         print(
-            f"TORCH_EAGER rank={rank} world={world} bytes={nbytes} us_per_call={best:.2f} ok={int(ok)}",
+            f"TORCH_EAGER rank={rank} world={world} bytes={nbytes} us_per_call={best[0]:.2f} "
+            f"issue_us={best[1]:.2f} ok={int(ok)}",
             flush=True,
         )
+        if PROFILE and nbytes in PROFILE_SIZES:
+            profile(rank, t, nbytes)
     version = ".".join(str(v) for v in torch.cuda.nccl.version())
     dist.destroy_process_group()
     print(f"TORCH_EAGER_DONE rank={rank} ok={int(all_ok)} nccl_version={version}", flush=True)

@@ -23,6 +23,7 @@ use super::super::host_math::{reduce_into, with_elem, HostElem};
 use super::super::mesh::{self, host_copy, part, peers, Grid, VEC};
 use super::super::setup::Resources;
 use super::super::user_buffers::UserBuffer;
+use super::super::zero_copy;
 use super::rsag_pipeline::RsagPipeline;
 use crate::error::Result;
 use crate::kernels;
@@ -45,22 +46,20 @@ fn slice_bytes(call: &Call, n: usize) -> usize {
     call.count.div_ceil(n).next_multiple_of(VEC / size) * size
 }
 
-/// The registered input and output (`None`: use the fallback).
+/// The registered input and output (`None`: use the fallback), each looked up by `get(ptr,
+/// size)`.
 fn registered(
-    res: &Resources,
     call: &Call,
-    capturing: bool,
+    get: impl Fn(u64, usize) -> Result<Option<Arc<UserBuffer>>>,
 ) -> Result<Option<(Arc<UserBuffer>, Arc<UserBuffer>)>> {
-    let cache = &res.user_buffers();
     let b = call.bytes();
-    let Some(i) = cache.get_or_register(res.comm(), res.device(), call.send, b, capturing)? else {
+    let Some(i) = get(call.send, b)? else {
         return Ok(None);
     };
     if call.recv == call.send {
         return Ok(Some((i.clone(), i)));
     }
-    let o = cache.get_or_register(res.comm(), res.device(), call.recv, b, capturing)?;
-    Ok(o.map(|o| (i, o)))
+    Ok(get(call.recv, b)?.map(|o| (i, o)))
 }
 
 native_algorithm! {
@@ -71,20 +70,23 @@ native_algorithm! {
     }
 
     launch_gpu(self, res, gpu, call, stream) {
-        let Some((ins, outs)) = registered(res, call, gpu.is_capturing(stream)?)? else {
+        // The cache first: a hit costs no driver call (graph capture is queried on a miss only).
+        let get = |p, b| zero_copy::registered_gpu(res, gpu, stream, p, b);
+        let Some((ins, outs)) = registered(call, get)? else {
             return fallback()?.launch_gpu(res, gpu, call, stream);
         };
         let s = slice_bytes(call, res.nranks());
         let want = s.div_ceil(BYTES_PER_BLOCK);
         let k = kernels::collectives::allreduce::RSAG_ZERO_COPY.instance(call.dtype, call.op)?;
-        let extra = [ins.table.ptr(), outs.table.ptr(), s as u64];
+        let extra = [ins.table.ptr(), outs.table.ptr(), s as u64, ins.offset, outs.offset];
         // SAFETY: the kernel takes one CollArgs; the tables live in the cache (kept by `res`),
         // the caller keeps the buffers alive.
         unsafe { mesh::launch(res, gpu, call, stream, k, Grid { want, limit: 64 }, &extra) }
     }
 
     run_host(self, res, call) {
-        let Some((ins, outs)) = registered(res, call, false)? else {
+        let get = |p, b| zero_copy::registered(res, p, b, false);
+        let Some((ins, outs)) = registered(call, get)? else {
             return fallback()?.run_host(res, call);
         };
         with_elem!(call.dtype, T => host::<T>(res, call, &ins.bases, &outs.bases))
