@@ -112,6 +112,10 @@ using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
 #define P2P_TUNE_NO_SELF_SPREAD 4u  // copies to self over their own pair's channels only
 #define P2P_TUNE_PACKED 8u        // task (pair, ch) on block (firstBlock[pair] + ch) % blocks
 using P2pArgsSmall = P2pArgsN<P2P_SMALL_OPS>;
+// The host's mirror (core/src/p2p/gpu.rs `Args<N>`) asserts the same sizes.
+static_assert(sizeof(P2pOpDev) == 24, "P2pOpDev: 24 bytes, as OpDev in gpu.rs");
+static_assert(sizeof(P2pArgs) == 80 + 24 * P2P_MAX_OPS, "P2pArgs: an 80-byte head, as Args in gpu.rs");
+static_assert(sizeof(P2pArgsSmall) == 80 + 24 * P2P_SMALL_OPS, "P2pArgsSmall: as Args<SMALL_OPS> in gpu.rs");
 
 namespace {
 
