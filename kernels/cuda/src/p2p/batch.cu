@@ -459,29 +459,37 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             if (threadIdx.x == 0) {
               n = *recvd;
               const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
-              int ok = mscclpp::loadAcquireSys(ready) > n;
-              if (ok) {
-                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(a, peer, c, n % a.slots));
-                const uint64_t tot = h[0], w = h[1];
-                if (tot != op.bytes) {
-                  recordError(a, kErrSize, 1, peer, tot);
-                  ok = -1;
-                } else if ((uint32_t)(w >> 32) != P2P_MAGIC || (uint32_t)w != (uint32_t)idx) {
-                  recordError(a, kErrHeader, 1, peer, w);
-                  ok = -1;
-                }
-              }
-              sAvail = ok;
+              sAvail = mscclpp::loadAcquireSys(ready) > n;
             }
             __syncthreads();
             const int avail = sAvail;
             __syncthreads();
-            if (avail < 0) return;
             if (!avail) break;
             n = *recvd;  // every thread: this block alone writes it, before the barrier above
-            const char* src = reinterpret_cast<const char*>(base + L.slot(a, peer, c, n % a.slots) + P2P_HEADER);
-            blockCopy(reinterpret_cast<char*>(op.buf + off), src, len, a.flags);
+            const uint64_t slot = base + L.slot(a, peer, c, n % a.slots);
+            // The header is checked beside the copy, not before it (one round trip less per
+            // chunk): a bad one ends the launch with an error, whatever the copy wrote into this
+            // receive's own buffer (within its `len` bytes).
+            uint64_t tot = 0, w = 0;
+            if (threadIdx.x == 0) {
+              tot = reinterpret_cast<const uint64_t*>(slot)[0];
+              w = reinterpret_cast<const uint64_t*>(slot)[1];
+            }
+            blockCopy(reinterpret_cast<char*>(op.buf + off), reinterpret_cast<const char*>(slot + P2P_HEADER), len,
+                      a.flags);
+            if (threadIdx.x == 0) {
+              int ok = 1;
+              if (tot != op.bytes) {
+                recordError(a, kErrSize, 1, peer, tot);
+                ok = -1;
+              } else if ((uint32_t)(w >> 32) != P2P_MAGIC || (uint32_t)w != (uint32_t)idx) {
+                recordError(a, kErrHeader, 1, peer, w);
+                ok = -1;
+              }
+              sAvail = ok;
+            }
             __syncthreads();
+            if (sAvail < 0) return;  // every thread reads it before the chunk's last barrier
             if (threadIdx.x == 0) {
               // One release store (no extra fence unless tuned): it orders the block's reads
               // above (the barrier) before the sender may reuse the slot.
