@@ -35,9 +35,12 @@
 //             + payload into the receiver's slot n % slots, and after a block barrier one thread
 //             stores ready[me][c] = n + 1 in the receiver's buffer (release, system scope; no
 //             separate fence), sent = n + 1.
-//   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), checks the header (a total
-//             that differs from its own size is an error), copies the payload out, stores
-//             consumed[me][c] = n + 1 in the sender's buffer (release), recvd = n + 1.
+//   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), copies the payload out
+//             and checks the header beside it (a total that differs from its own size is an
+//             error), stores consumed[me][c] = n + 1 in the sender's buffer (release), recvd =
+//             n + 1.
+// Both ends poll only when the last poll's count is used up: ready - n chunks (receiver) or
+// slots - (n - consumed) free slots (sender) go without another poll.
 // Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x, or packed
 // (P2P_TUNE_PACKED) (first block of the pair + channel) % gridDim.x (the host launches
 // min(tasks, its block limit) blocks: a 1 KiB exchange runs on two):
@@ -446,6 +449,9 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
           progressed = true;
           continue;
         }
+        // Chunks known ready (receive) or slots known free (send) from this task's last poll:
+        // the next ones need no poll (one acquire load and two barriers less per chunk).
+        uint64_t known = 0;
         while (prog[k * P2P_MAX_CHANNELS + c] < total) {
           const uint64_t j = prog[k * P2P_MAX_CHANNELS + c];
           // In place: the send must have read chunk j of this channel out of the buffer first.
@@ -456,15 +462,18 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
           uint64_t n = 0;
           if (op.recv) {
             uint64_t* recvd = reinterpret_cast<uint64_t*>(base + L.recvd(peer, c));
-            if (threadIdx.x == 0) {
-              n = *recvd;
-              const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
-              sAvail = mscclpp::loadAcquireSys(ready) > n;
+            if (known == 0) {
+              if (threadIdx.x == 0) {
+                n = *recvd;
+                const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
+                sAvail = (int)(mscclpp::loadAcquireSys(ready) - n);  // at most `slots`
+              }
+              __syncthreads();
+              known = (uint64_t)sAvail;
+              __syncthreads();
+              if (known == 0) break;
             }
-            __syncthreads();
-            const int avail = sAvail;
-            __syncthreads();
-            if (!avail) break;
+            --known;
             n = *recvd;  // every thread: this block alone writes it, before the barrier above
             const uint64_t slot = base + L.slot(a, peer, c, n % a.slots);
             // The header is checked beside the copy, not before it (one round trip less per
@@ -499,15 +508,18 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             }
           } else {
             uint64_t* sent = reinterpret_cast<uint64_t*>(base + L.sent(peer, c));
-            if (threadIdx.x == 0) {
-              n = *sent;
-              const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.consumed(peer, c));
-              sAvail = n - mscclpp::loadAcquireSys(consumed) < a.slots;
+            if (known == 0) {
+              if (threadIdx.x == 0) {
+                n = *sent;
+                const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.consumed(peer, c));
+                sAvail = (int)(a.slots - (n - mscclpp::loadAcquireSys(consumed)));  // free slots
+              }
+              __syncthreads();
+              known = (uint64_t)sAvail;
+              __syncthreads();
+              if (known == 0) break;
             }
-            __syncthreads();
-            const int avail = sAvail;
-            __syncthreads();
-            if (!avail) break;
+            --known;
             n = *sent;
             const uint64_t dst = a.peerBases[peer] + L.slot(a, a.rank, c, n % a.slots);
             if (threadIdx.x == 0) {
