@@ -189,6 +189,9 @@ pub struct P2pTune {
     /// `ring=64|128|256`: the ring space per sending peer, in slots of 128 KiB (default 64:
     /// 8 MiB per peer); channels x chunk / 128 may then be up to ring / 2.
     pub ring: u32,
+    /// `ll_fit=0|1`: a launch of LL messages only runs one thread per packet of its largest
+    /// message (whole warps, up to 512; default 1) instead of 512 always (0).
+    pub ll_fit: bool,
 }
 
 impl Default for P2pTune {
@@ -202,6 +205,7 @@ impl Default for P2pTune {
             packed: false,
             chunk_kib: 128,
             ring: 64,
+            ll_fit: true,
         }
     }
 }
@@ -238,6 +242,7 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             }
             "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
             "packed" => t.packed = flag.ok_or_else(|| bad(item, "packed=0 or 1"))?,
+            "ll_fit" => t.ll_fit = flag.ok_or_else(|| bad(item, "ll_fit=0 or 1"))?,
             "ring" => {
                 t.ring = num
                     .filter(|n| [64, 128, 256].contains(n))
@@ -253,12 +258,11 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
                     .filter(|n| (1..=1 << 20).contains(n))
                     .ok_or_else(|| bad(item, "abort_poll=1 to 1048576"))?
             }
-            _ => {
-                return Err(bad(
-                    item,
-                    "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk, ring",
-                ))
-            }
+            _ => return Err(bad(
+                item,
+                "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk, ring, \
+                     ll_fit",
+            )),
         }
     }
     if t.channels * (t.chunk_kib / 128) > t.ring / 2 {
@@ -428,7 +432,7 @@ pub const VARS: &[Var] = &[
         "5 (UniqueId), the bootstrap timeout (ip:port)",
         "seconds (or 500ms, 2m): a root refusing connections this long is an error",
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64,ll_fit=1",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -1117,7 +1121,7 @@ mod tests {
         assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
         let t = env_of(&[(
             P2P_TUNE,
-            " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256",
+            " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256,ll_fit=0",
         )])
         .p2p_tune()
         .unwrap();
@@ -1132,6 +1136,7 @@ mod tests {
                 packed: true,
                 chunk_kib: 512,
                 ring: 256,
+                ll_fit: false,
             }
         );
         for bad in [

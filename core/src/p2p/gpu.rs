@@ -345,6 +345,21 @@ fn launches<'a>(list: &[&'a P2pOp], nranks: usize) -> Vec<Vec<&'a P2pOp>> {
         .collect()
 }
 
+/// Threads per block of a `p2p_ll` launch of `part`: one per packet of its largest message
+/// (header included) in whole warps, at most [`THREADS`] ([`P2pTune::ll_fit`]; else always
+/// [`THREADS`]). The kernel's loops stride by its block size, so any count works.
+fn ll_threads(part: &[&P2pOp], tune: &P2pTune) -> u32 {
+    if !tune.ll_fit {
+        return THREADS;
+    }
+    let packets = part
+        .iter()
+        .map(|o| 1 + o.bytes.div_ceil(8))
+        .max()
+        .unwrap_or(1);
+    (packets.next_multiple_of(32) as u32).min(THREADS)
+}
+
 /// The kernel's `flags` word of `tune`.
 fn tune_flags(tune: &P2pTune) -> u32 {
     let mut f = 0;
@@ -384,6 +399,7 @@ fn tune_bytes(t: &P2pTune) -> Vec<u8> {
         t.abort_poll,
         t.chunk_kib,
         t.ring,
+        u32::from(t.ll_fit),
     ]
     .iter()
     .flat_map(|v| v.to_le_bytes())
@@ -590,7 +606,7 @@ impl GpuP2p {
             // p2p_ll: every block of the launch resident at once (its blocks wait only on
             // peers, never on each other, but every rank's must fit together).
             if plan.ll && plan.npairs <= self.max_blocks {
-                let blocks = plan.npairs as u32;
+                let blocks = (plan.npairs as u32, ll_threads(&part, &self.tune));
                 if part.len() <= SMALL_OPS {
                     let args = self.args::<SMALL_OPS>(&plan, timeout);
                     // SAFETY: as below (p2p_ll takes the small argument block).
@@ -602,7 +618,7 @@ impl GpuP2p {
                 }
                 continue;
             }
-            let blocks = plan.tasks.clamp(1, self.max_blocks) as u32;
+            let blocks = (plan.tasks.clamp(1, self.max_blocks) as u32, THREADS);
             if part.len() <= SMALL_OPS {
                 let args = self.args::<SMALL_OPS>(&plan, timeout);
                 // SAFETY: as below.
@@ -648,12 +664,12 @@ impl GpuP2p {
     unsafe fn launch<const N: usize>(
         &self,
         kernel: &<Gpu as Api>::Kernel,
-        blocks: u32,
+        (blocks, threads): (u32, u32),
         s: &<Gpu as Api>::Stream,
         args: &Args<N>,
     ) -> Result<()> {
         // SAFETY: the caller's contract.
-        unsafe { Gpu::launch(kernel, &LaunchConfig::linear(blocks, THREADS), s, args) }
+        unsafe { Gpu::launch(kernel, &LaunchConfig::linear(blocks, threads), s, args) }
             .map_err(|e| hal_err("launch p2p_batch", e))
     }
 
@@ -898,6 +914,29 @@ mod tests {
             }
         }
         assert_eq!(ring_slots(&P2pTune::default()), SLOTS);
+    }
+
+    #[test]
+    fn ll_blocks_fit_the_largest_message() {
+        let o = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 8)]);
+        let refs = o.iter().collect::<Vec<_>>();
+        // 1 KiB: a header and 128 data packets, in 5 warps.
+        assert_eq!(ll_threads(&refs, &P2pTune::default()), 160);
+        let off = P2pTune {
+            ll_fit: false,
+            ..P2pTune::default()
+        };
+        assert_eq!(ll_threads(&refs, &off), THREADS);
+        let o = ops(&[(Dir::Send, 1, 0x1000, LL_MAX)]);
+        assert_eq!(
+            ll_threads(&o.iter().collect::<Vec<_>>(), &P2pTune::default()),
+            THREADS
+        );
+        let o = ops(&[(Dir::Send, 1, 0x1000, 1)]);
+        assert_eq!(
+            ll_threads(&o.iter().collect::<Vec<_>>(), &P2pTune::default()),
+            32
+        );
     }
 
     #[test]

@@ -35,9 +35,12 @@
 //             + payload into the receiver's slot n % slots, and after a block barrier one thread
 //             stores ready[me][c] = n + 1 in the receiver's buffer (release, system scope; no
 //             separate fence), sent = n + 1.
-//   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), checks the header (a total
-//             that differs from its own size is an error), copies the payload out, stores
-//             consumed[me][c] = n + 1 in the sender's buffer (release), recvd = n + 1.
+//   receiver: n = recvd[s][c]; waits until ready[s][c] > n (acquire), copies the payload out
+//             and checks the header beside it (a total that differs from its own size is an
+//             error), stores consumed[me][c] = n + 1 in the sender's buffer (release), recvd =
+//             n + 1.
+// Both ends poll only when the last poll's count is used up: ready - n chunks (receiver) or
+// slots - (n - consumed) free slots (sender) go without another poll.
 // Tasks (op, channel) are owned by block (op.pair + channel * npairs) % gridDim.x, or packed
 // (P2P_TUNE_PACKED) (first block of the pair + channel) % gridDim.x (the host launches
 // min(tasks, its block limit) blocks: a 1 KiB exchange runs on two):
@@ -112,6 +115,10 @@ using P2pArgs = P2pArgsN<P2P_MAX_OPS>;
 #define P2P_TUNE_NO_SELF_SPREAD 4u  // copies to self over their own pair's channels only
 #define P2P_TUNE_PACKED 8u        // task (pair, ch) on block (firstBlock[pair] + ch) % blocks
 using P2pArgsSmall = P2pArgsN<P2P_SMALL_OPS>;
+// The host's mirror (core/src/p2p/gpu.rs `Args<N>`) asserts the same sizes.
+static_assert(sizeof(P2pOpDev) == 24, "P2pOpDev: 24 bytes, as OpDev in gpu.rs");
+static_assert(sizeof(P2pArgs) == 80 + 24 * P2P_MAX_OPS, "P2pArgs: an 80-byte head, as Args in gpu.rs");
+static_assert(sizeof(P2pArgsSmall) == 80 + 24 * P2P_SMALL_OPS, "P2pArgsSmall: as Args<SMALL_OPS> in gpu.rs");
 
 namespace {
 
@@ -442,6 +449,9 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
           progressed = true;
           continue;
         }
+        // Chunks known ready (receive) or slots known free (send) from this task's last poll:
+        // the next ones need no poll (one acquire load and two barriers less per chunk).
+        uint64_t known = 0;
         while (prog[k * P2P_MAX_CHANNELS + c] < total) {
           const uint64_t j = prog[k * P2P_MAX_CHANNELS + c];
           // In place: the send must have read chunk j of this channel out of the buffer first.
@@ -452,32 +462,43 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
           uint64_t n = 0;
           if (op.recv) {
             uint64_t* recvd = reinterpret_cast<uint64_t*>(base + L.recvd(peer, c));
+            if (known == 0) {
+              if (threadIdx.x == 0) {
+                n = *recvd;
+                const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
+                sAvail = (int)(mscclpp::loadAcquireSys(ready) - n);  // at most `slots`
+              }
+              __syncthreads();
+              known = (uint64_t)sAvail;
+              __syncthreads();
+              if (known == 0) break;
+            }
+            --known;
+            n = *recvd;  // every thread: this block alone writes it, before the barrier above
+            const uint64_t slot = base + L.slot(a, peer, c, n % a.slots);
+            // The header is checked beside the copy, not before it (one round trip less per
+            // chunk): a bad one ends the launch with an error, whatever the copy wrote into this
+            // receive's own buffer (within its `len` bytes).
+            uint64_t tot = 0, w = 0;
             if (threadIdx.x == 0) {
-              n = *recvd;
-              const uint64_t* ready = reinterpret_cast<const uint64_t*>(base + L.ready(peer, c));
-              int ok = mscclpp::loadAcquireSys(ready) > n;
-              if (ok) {
-                const uint64_t* h = reinterpret_cast<const uint64_t*>(base + L.slot(a, peer, c, n % a.slots));
-                const uint64_t tot = h[0], w = h[1];
-                if (tot != op.bytes) {
-                  recordError(a, kErrSize, 1, peer, tot);
-                  ok = -1;
-                } else if ((uint32_t)(w >> 32) != P2P_MAGIC || (uint32_t)w != (uint32_t)idx) {
-                  recordError(a, kErrHeader, 1, peer, w);
-                  ok = -1;
-                }
+              tot = reinterpret_cast<const uint64_t*>(slot)[0];
+              w = reinterpret_cast<const uint64_t*>(slot)[1];
+            }
+            blockCopy(reinterpret_cast<char*>(op.buf + off), reinterpret_cast<const char*>(slot + P2P_HEADER), len,
+                      a.flags);
+            if (threadIdx.x == 0) {
+              int ok = 1;
+              if (tot != op.bytes) {
+                recordError(a, kErrSize, 1, peer, tot);
+                ok = -1;
+              } else if ((uint32_t)(w >> 32) != P2P_MAGIC || (uint32_t)w != (uint32_t)idx) {
+                recordError(a, kErrHeader, 1, peer, w);
+                ok = -1;
               }
               sAvail = ok;
             }
             __syncthreads();
-            const int avail = sAvail;
-            __syncthreads();
-            if (avail < 0) return;
-            if (!avail) break;
-            n = *recvd;  // every thread: this block alone writes it, before the barrier above
-            const char* src = reinterpret_cast<const char*>(base + L.slot(a, peer, c, n % a.slots) + P2P_HEADER);
-            blockCopy(reinterpret_cast<char*>(op.buf + off), src, len, a.flags);
-            __syncthreads();
+            if (sAvail < 0) return;  // every thread reads it before the chunk's last barrier
             if (threadIdx.x == 0) {
               // One release store (no extra fence unless tuned): it orders the block's reads
               // above (the barrier) before the sender may reuse the slot.
@@ -487,15 +508,18 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
             }
           } else {
             uint64_t* sent = reinterpret_cast<uint64_t*>(base + L.sent(peer, c));
-            if (threadIdx.x == 0) {
-              n = *sent;
-              const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.consumed(peer, c));
-              sAvail = n - mscclpp::loadAcquireSys(consumed) < a.slots;
+            if (known == 0) {
+              if (threadIdx.x == 0) {
+                n = *sent;
+                const uint64_t* consumed = reinterpret_cast<const uint64_t*>(base + L.consumed(peer, c));
+                sAvail = (int)(a.slots - (n - mscclpp::loadAcquireSys(consumed)));  // free slots
+              }
+              __syncthreads();
+              known = (uint64_t)sAvail;
+              __syncthreads();
+              if (known == 0) break;
             }
-            __syncthreads();
-            const int avail = sAvail;
-            __syncthreads();
-            if (!avail) break;
+            --known;
             n = *sent;
             const uint64_t dst = a.peerBases[peer] + L.slot(a, a.rank, c, n % a.slots);
             if (threadIdx.x == 0) {
