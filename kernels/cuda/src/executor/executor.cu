@@ -616,23 +616,28 @@ __device__ bool takesPart(const ExecOp& o) {
   }
 }
 
-/// A barrier of the `lanes` GPU blocks of one plan block (their writes visible to each other).
-__device__ __noinline__ void laneBarrier(const Run& r) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile uint32_t* gen = r.laneWords + 1;
-    const uint32_t g = *gen;
+/// Thread 0's part of a lane barrier: arrive at the plan block's (count, generation) words and
+/// wait for the other lanes.
+__device__ __noinline__ void laneArrive(uint32_t* words, uint32_t lanes) {
+  volatile uint32_t* gen = words + 1;
+  const uint32_t g = *gen;
+  __threadfence();
+  if (atomicAdd(words, 1u) == lanes - 1) {
+    atomicExch(words, 0u);
     __threadfence();
-    if (atomicAdd(r.laneWords, 1u) == r.lanes - 1) {
-      atomicExch(r.laneWords, 0u);
-      __threadfence();
-      atomicAdd(r.laneWords + 1, 1u);
-    } else {
-      // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
-      MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
-    }
-    __threadfence();
+    atomicAdd(words + 1, 1u);
+  } else {
+    // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+    MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
   }
+  __threadfence();
+}
+
+/// A barrier of the `lanes` GPU blocks of one plan block (their writes visible to each other).
+/// Inline: only thread 0 calls out (a call in every thread costs each its register saves).
+__device__ __forceinline__ void laneBarrier(const Run& r) {
+  __syncthreads();
+  if (threadIdx.x == 0) laneArrive(r.laneWords, r.lanes);
   __syncthreads();
 }
 
