@@ -58,8 +58,28 @@ pub(crate) fn lanes(ctx: &ExecContext, nblocks: u32, bytes: usize) -> u32 {
     want.min(fit).clamp(1, MAX_LANES) as u32
 }
 
+/// The fewest threads per GPU block a one-lane launch gets (whole warps).
+const MIN_THREADS: usize = 128;
+
+/// Threads per GPU block for a launch of `lanes` lanes per plan block, a message of `bytes` on
+/// `nblocks` plan blocks and the plan's `plan_threads`: the plan's, but a one-lane launch only
+/// as many as its block's share has 16-byte vectors (whole warps, at least [`MIN_THREADS`]).
+/// Every op costs each thread of a block its dispatch, while a 1 KiB message has 64 vectors;
+/// no op depends on the thread count (the host interpreter runs the same lists on 1 or more
+/// threads per block), so it is a matter of speed only.
+pub(crate) fn threads(plan_threads: u32, nblocks: u32, bytes: usize, lanes: u32) -> u32 {
+    if lanes > 1 {
+        return plan_threads;
+    }
+    let per_block = bytes.div_ceil(nblocks.max(1) as usize);
+    let want = per_block.div_ceil(16).div_ceil(32) * 32;
+    u32::try_from(want.max(MIN_THREADS))
+        .unwrap_or(u32::MAX)
+        .min(plan_threads)
+}
+
 /// Launches the executor kernel for `args` on `stream` (`args.lanes` GPU blocks per plan
-/// block).
+/// block of `threads` threads).
 ///
 /// # Safety
 /// Every address in `args` stays valid until the kernel finished; `stream` is 0 or a live
@@ -69,6 +89,7 @@ pub(crate) unsafe fn launch(
     plan: &ExecutionPlan,
     ctx: &ExecContext,
     args: ExecArgs,
+    threads: u32,
     stream: RawStream,
 ) -> Result<()> {
     if args.nblocks > ctx.sms {
@@ -80,7 +101,6 @@ pub(crate) unsafe fn launch(
             ctx.sms
         )));
     }
-    let threads = plan.num_threads_per_block();
     // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter.
     unsafe {
         g.launch(
@@ -90,5 +110,26 @@ pub(crate) unsafe fn launch(
             &args,
             stream,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads;
+
+    #[test]
+    fn one_lane_launches_get_the_threads_their_vectors_need() {
+        // 1 KiB on one block: 64 vectors, at least 128 threads.
+        assert_eq!(threads(1024, 1, 1024, 1), 128);
+        // 8 KiB: 512 vectors; 3 blocks: 171 vectors each, in whole warps.
+        assert_eq!(threads(1024, 1, 8 << 10, 1), 512);
+        assert_eq!(threads(1024, 3, 8 << 10, 1), 192);
+        // 16 KiB and more per block, or several lanes: the plan's threads.
+        assert_eq!(threads(1024, 1, 16 << 10, 1), 1024);
+        assert_eq!(threads(1024, 1, 16 << 20, 1), 1024);
+        assert_eq!(threads(1024, 1, 1024, 4), 1024);
+        // Never more than the plan asks for.
+        assert_eq!(threads(64, 1, 1024, 1), 64);
+        assert_eq!(threads(256, 1, 1 << 20, 1), 256);
     }
 }

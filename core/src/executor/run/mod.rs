@@ -272,12 +272,19 @@ impl Executor {
                 // (4 ranks sharing it, 2026-12-04).
                 let ports = low.blocks.iter().any(|b| b.n_port_channels > 0);
                 let mut args = launch_args(low, ctx, call, dtype, packet_type);
+                let bytes = send_size.max(recv_size);
                 args.lanes = if ports {
                     1
                 } else {
-                    gpu::lanes(ctx, args.nblocks, send_size.max(recv_size))
+                    gpu::lanes(ctx, args.nblocks, bytes)
                 };
-                gpu::launch(&g.ctx, plan, ctx, args, stream)
+                let threads = gpu::threads(
+                    plan.num_threads_per_block(),
+                    args.nblocks,
+                    bytes,
+                    args.lanes,
+                );
+                gpu::launch(&g.ctx, plan, ctx, args, threads, stream)
             },
         }
     }

@@ -595,23 +595,49 @@ __device__ bool laneZeroOnly(const ExecOp& o) {
   }
 }
 
-/// A barrier of the `lanes` GPU blocks of one plan block (their writes visible to each other).
-__device__ __noinline__ void laneBarrier(const Run& r) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile uint32_t* gen = r.laneWords + 1;
-    const uint32_t g = *gen;
-    __threadfence();
-    if (atomicAdd(r.laneWords, 1u) == r.lanes - 1) {
-      atomicExch(r.laneWords, 0u);
-      __threadfence();
-      atomicAdd(r.laneWords + 1, 1u);
-    } else {
-      // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
-      MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
-    }
-    __threadfence();
+/// Whether this thread has a part in `o`. Ops of pure synchronisation (signal, wait, flush,
+/// semaphores) run on thread k for channel or semaphore k, so the other threads skip them
+/// without the call (exec's register saves and restores in every thread of a 1024-thread
+/// block are the suspected cost of the ~1.5 us per op that the round-7 plan-speed table shows
+/// at 1 KiB on the H200, LL plans of 2-3 ops against Simple plans of 8-14).
+__device__ bool takesPart(const ExecOp& o) {
+  switch (o.opType) {
+    case EXEC_SIGNAL:
+    case EXEC_RELAXED_SIGNAL:
+    case EXEC_WAIT:
+    case EXEC_RELAXED_WAIT:
+    case EXEC_FLUSH:
+      return threadIdx.x < o.nChannels;
+    case EXEC_SEM_ACQUIRE:
+    case EXEC_SEM_RELEASE:
+      return threadIdx.x < o.nSemaphores;
+    default:
+      return true;
   }
+}
+
+/// Thread 0's part of a lane barrier: arrive at the plan block's (count, generation) words and
+/// wait for the other lanes.
+__device__ __noinline__ void laneArrive(uint32_t* words, uint32_t lanes) {
+  volatile uint32_t* gen = words + 1;
+  const uint32_t g = *gen;
+  __threadfence();
+  if (atomicAdd(words, 1u) == lanes - 1) {
+    atomicExch(words, 0u);
+    __threadfence();
+    atomicAdd(words + 1, 1u);
+  } else {
+    // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+    MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
+  }
+  __threadfence();
+}
+
+/// A barrier of the `lanes` GPU blocks of one plan block (their writes visible to each other).
+/// Inline: only thread 0 calls out (a call in every thread costs each its register saves).
+__device__ __forceinline__ void laneBarrier(const Run& r) {
+  __syncthreads();
+  if (threadIdx.x == 0) laneArrive(r.laneWords, r.lanes);
   __syncthreads();
 }
 
@@ -627,7 +653,11 @@ struct LaneState {
 /// lane barrier (nop after nop) needs none of its own.
 __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   if (r.lanes == 1) {
-    exec(r, o, off, unit);
+    if (o.opType == EXEC_NOP) {
+      __syncthreads();
+    } else if (takesPart(o)) {
+      exec(r, o, off, unit);
+    }
     return;
   }
   bool& dirty = st.dirty;
@@ -645,7 +675,7 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
       st.met = true;
     }
     dirty = false;
-    if (r.lane == 0) {
+    if (r.lane == 0 && takesPart(o)) {
       // Lane 0's own threads only.
       const uint32_t tid = r.tid, nthr = r.nthr;
       r.tid = threadIdx.x;
