@@ -104,7 +104,10 @@ def main():
             flush=True,
         )
         if PROFILE and nbytes in PROFILE_SIZES:
-            profile(rank, t, nbytes)
+            try:
+                profile(rank, t, nbytes)
+            except Exception as e:  # a diagnostic: never the verdict
+                print(f"TORCH_EAGER_PROF rank={rank} bytes={nbytes} error={type(e).__name__}:{e}", flush=True)
     version = ".".join(str(v) for v in torch.cuda.nccl.version())
     dist.destroy_process_group()
     print(f"TORCH_EAGER_DONE rank={rank} ok={int(all_ok)} nccl_version={version}", flush=True)
