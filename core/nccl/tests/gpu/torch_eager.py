@@ -33,7 +33,7 @@ def calls_for(nbytes):
     return 500 if nbytes <= (1 << 20) else (100 if nbytes <= (16 << 20) else 30)
 
 
-def profile(rank, t, nbytes, calls=50, rows=12):
+def profile(rank, t, nbytes, calls=50, rows=8):
     """Prints the busiest rows (host time) of `calls` eager all-reduces of `t` under
     torch.profiler."""
     from torch.profiler import ProfilerActivity, profile as prof
