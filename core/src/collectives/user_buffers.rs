@@ -4,21 +4,22 @@
 //!
 //! A buffer inside a live registration made before (not at its start: nccl-tests moves its
 //! buffers through the registered range call by call, PyTorch's tensors lie inside segments)
-//! is a view of it: one bootstrap all-gather (host only, so also under graph capture) checks
-//! that every rank found the same registration (its creation number) at the same offset; then
-//! the call uses that registration's mappings and device table with the offset (no new
-//! registration, no driver call), else it goes on as a miss. Measured on the H200 (2026-12-04,
-//! nccl-tests `-R 1`, 2 ranks): without views every captured call but the first of each size
-//! was such a miss and copied (all-reduce 0.60x of `-R 0` at 4 MiB, 2.69x at 256 MiB where the
-//! buffer is the registered range itself).
+//! is a view of it: at every miss one bootstrap all-gather (host only, so also under graph
+//! capture) checks that every rank found the same registration (its creation number) at the
+//! same offset; then the call uses that registration's mappings and device table with the
+//! offset (no new registration, no driver call), else it goes on as a miss. Why: nccl-tests
+//! shifts its buffers by the call's size at every iteration (inside the range it registered),
+//! so without views every captured call but the first of a size missed and copied: `-R 1`
+//! all-reduce on the H200 (2026-12-04, 2 ranks) took rsag_pipeline's times, 0.60x of `-R 0` at
+//! 4 MiB, and was zero-copy (2.69x) only at 256 MiB, the range's one slot.
 //!
-//! A miss outside graph capture is collective: every rank registers its buffer for CudaIpc
-//! (memory of this library, or the application's own allocation when the backend can export
-//! it: `cudaMalloc`, cuMem/VMM with a shareable handle type, a host memfd mapping), then one
-//! bootstrap all-gather exchanges the results. If any rank could not register, every rank
+//! Otherwise a miss outside graph capture is collective: every rank registers its buffer for
+//! CudaIpc (memory of this library, or the application's own allocation when the backend can
+//! export it: `cudaMalloc`, cuMem/VMM with a shareable handle type, a host memfd mapping),
+//! then one bootstrap all-gather exchanges the results. If any rank could not register, every rank
 //! caches a negative entry and the caller falls back to a copying algorithm, so all ranks take
 //! the same path; so does a second exchange of whether every rank could map every peer's
-//! buffer. A miss under graph capture returns `None` without any traffic. Ranks must
+//! buffer. Otherwise a miss under graph capture returns `None` (no registration). Ranks must
 //! therefore meet the same buffers in the same order, and free, allocate again and
 //! [`UserBufferCache::forget`] them alike (as with upstream MSCCL++ and NCCL's windows): a
 //! rank that alone meets a miss waits in the exchange until the bootstrap's timeout, an error.
@@ -128,8 +129,9 @@ impl UserBufferCache {
             .map(|(_, ub, off)| (ub, off))
     }
 
-    /// The view of `ptr..ptr+size` inside a registration every rank found at the same offset
-    /// (one bootstrap all-gather, host only), cached; `None` when they did not agree.
+    /// The view of `ptr..ptr+size` inside the registration every rank `found` at the same
+    /// offset (one bootstrap all-gather, host only, found or not), cached; `None` when they did
+    /// not all find the same one.
     fn agree_on_view(
         &self,
         comm: &Communicator,
@@ -147,15 +149,18 @@ impl UserBufferCache {
             Some((ub, off)) if all.iter().all(|x| *x == blob) => Some(Arc::new(ub.view(off))),
             _ => None,
         };
-        crate::log_info!(
-            "COLL",
-            "user buffer {ptr:#x} (+{size} bytes): {}",
-            if view.is_some() {
-                "inside a registration at the same offset on every rank (zero-copy view)"
-            } else {
-                "inside a registration, but not at the same offset on every rank"
+        let said = match (&view, all.iter().any(|x| x.first() == Some(&1))) {
+            (Some(_), _) => {
+                Some("inside a registration at the same offset on every rank (zero-copy view)")
             }
-        );
+            (None, true) => {
+                Some("inside a registration, but not the same one at the same offset on every rank")
+            }
+            (None, false) => None,
+        };
+        if let Some(said) = said {
+            crate::log_info!("COLL", "user buffer {ptr:#x} (+{size} bytes): {said}");
+        }
         if view.is_some() {
             self.lock().entries.insert((ptr, size), view.clone());
         }
@@ -210,12 +215,11 @@ impl UserBufferCache {
             }
             Self::containing(entries, ptr, size)
         };
-        if inside.is_some() {
-            // Every rank found a registration holding the buffer (the same entries on every
-            // rank): agree on it, also under capture (host traffic only).
-            if let Some(view) = self.agree_on_view(comm, ptr, size, inside)? {
-                return Ok(Some(view));
-            }
+        // Every rank meets this miss (the same entries on every rank): agree on a view, also
+        // under capture (host traffic only). Always exchanged, found or not, so a rank that
+        // alone holds a containing registration never pairs its exchange with another's.
+        if let Some(view) = self.agree_on_view(comm, ptr, size, inside)? {
+            return Ok(Some(view));
         }
         if capturing {
             // Rare (once per captured call on a buffer never used outside capture), so said

@@ -62,9 +62,10 @@ if [ $built = 1 ]; then
           "(exit $rc, wrong $w, our init logged by $used of $np ranks, $((SECONDS - t0)) s; log $name.log)"
         awk '$1 ~ /^[0-9]+$/ && NF >= 13 { print $1, $6, $10 }' "$OUT/$name.log" >"$W/$name.t"
         # What the collectives did with the buffers (COLL lines of every rank): registrations
-        # that mapped every rank's buffer (zero-copy), refused ones and capture misses (both
-        # copy), and the algorithms the calls ran.
+        # that mapped every rank's buffer and views inside them (zero-copy), refused ones and
+        # capture misses (both copy), and the algorithms the calls ran.
         say "    buffers: $(grep -c 'mapped on every rank (zero-copy)' "$OUT/$name.log") mapped," \
+          "$(grep -c '(zero-copy view)' "$OUT/$name.log") views,"  \
           "$(grep -c 'not registrable on every rank' "$OUT/$name.log") not registrable," \
           "$(grep -c 'first seen under graph capture' "$OUT/$name.log") capture misses;" \
           "runs: $(grep -o ' runs [a-z_0-9]*' "$OUT/$name.log" | sort | uniq -c | awk '{ printf "%s %s, ", $3, $1 }')"

@@ -33,7 +33,7 @@ def calls_for(nbytes):
     return 500 if nbytes <= (1 << 20) else (100 if nbytes <= (16 << 20) else 30)
 
 
-def profile(rank, t, nbytes, calls=50, rows=12):
+def profile(rank, t, nbytes, calls=50, rows=8):
     """Prints the busiest rows (host time) of `calls` eager all-reduces of `t` under
     torch.profiler."""
     from torch.profiler import ProfilerActivity, profile as prof
@@ -104,7 +104,10 @@ def main():
             flush=True,
         )
         if PROFILE and nbytes in PROFILE_SIZES:
-            profile(rank, t, nbytes)
+            try:
+                profile(rank, t, nbytes)
+            except Exception as e:  # a diagnostic: never the verdict
+                print(f"TORCH_EAGER_PROF rank={rank} bytes={nbytes} error={type(e).__name__}:{e}", flush=True)
     version = ".".join(str(v) for v in torch.cuda.nccl.version())
     dist.destroy_process_group()
     print(f"TORCH_EAGER_DONE rank={rank} ok={int(all_ok)} nccl_version={version}", flush=True)

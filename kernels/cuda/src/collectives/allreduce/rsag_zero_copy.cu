@@ -28,7 +28,9 @@ MSCCLPP_DEVICE_INLINE void rsagZeroCopyAllreduce(const CollArgs& a) {
     const int r = threadIdx.x;
     srcs[r] = reinterpret_cast<const char*>(ins[r]) + inView + begin + x0;
     // dsts[0..n-1): the peers' outputs, in the order after this rank.
-    if (r != rank) dsts[(r - rank - 1 + n) % n] = reinterpret_cast<char*>(outs[r]) + outView + begin + x0;
+    if (r != rank) {
+      dsts[(r - rank - 1 + n) % n] = reinterpret_cast<char*>(outs[r]) + outView + begin + x0;
+    }
   }
   meshBarrier(a, blk);
   blockReduce<T, OP>(reinterpret_cast<char*>(a.recv) + begin + x0, dsts, n - 1, srcs, n, x1 - x0, n);
