@@ -1117,6 +1117,9 @@ mod tests {
         assert_eq!(env_of(&[]).bootstrap_refused_timeout(), None);
         let e = env_of(&[(BOOTSTRAP_REFUSED_TIMEOUT, "1")]);
         assert_eq!(e.bootstrap_refused_timeout(), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
     fn p2p_tune() {
         assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
         let t = env_of(&[(
