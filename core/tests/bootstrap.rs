@@ -230,7 +230,7 @@ fn a_refused_rank_of_the_job_stops_every_rank_at_once() {
         assert_eq!(e.code(), ErrorCode::InvalidUsage, "rank {rank}: {e}");
         let msg = e.to_string();
         assert!(
-            msg.contains("refused a rank of this job") && msg.contains("rank 1"),
+            msg.contains("a rank of this job was refused") && msg.contains("rank 1"),
             "rank {rank}: {msg}"
         );
         assert!(msg.contains("says nranks = 4"), "rank {rank}: {msg}");
