@@ -32,8 +32,8 @@ pub(super) const PEER_HELLO_BYTES: usize = 4 + 2 + 8 + 4;
 pub(super) const REPLY_OK: u8 = 0;
 pub(super) const REPLY_ABORT: u8 = 1;
 /// One byte the root sends as soon as it accepted a hello, before the table (which comes once
-/// every rank is in): a joiner that gets no such byte within [`ROOT_ACK_WAIT`] is not talking
-/// to a bootstrap root (another program took the port).
+/// every rank is in): an `ip:port` joiner that gets no such byte within [`ROOT_ACK_WAIT`] is
+/// not talking to a bootstrap root (another program took the port).
 pub(super) const REPLY_ACK: u8 = 2;
 /// How long a joiner waits for [`REPLY_ACK`] after its hello.
 pub(super) const ROOT_ACK_WAIT: Duration = Duration::from_secs(5);
