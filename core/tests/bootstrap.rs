@@ -230,7 +230,7 @@ fn a_refused_rank_of_the_job_stops_every_rank_at_once() {
         assert_eq!(e.code(), ErrorCode::InvalidUsage, "rank {rank}: {e}");
         let msg = e.to_string();
         assert!(
-            msg.contains("refused a rank of this job") && msg.contains("rank 1"),
+            msg.contains("a rank of this job was refused") && msg.contains("rank 1"),
             "rank {rank}: {msg}"
         );
         assert!(msg.contains("says nranks = 4"), "rank {rank}: {msg}");
@@ -458,6 +458,29 @@ fn a_joiner_at_a_squatted_port_fails_when_no_root_answers() {
         took >= Duration::from_secs(5) && took < Duration::from_secs(7),
         "{took:?}"
     );
+}
+
+#[test]
+fn a_late_rank_0_with_an_id_is_waited_for() {
+    // A UniqueId's listener accepts from the moment the id is made, before rank 0 serves it
+    // (rank 0 may set up its GPU first): a joiner with an id waits for the root's answer past
+    // the 5 s an ip:port joiner gives a silent listener.
+    let id = TcpBootstrap::create_unique_id().expect("create_unique_id");
+    let joiner = std::thread::spawn(move || {
+        let mut b = TcpBootstrap::new(1, 2).expect("new");
+        b.initialize_with_id(&id, Duration::from_secs(30))
+            .expect("rank 1 waits for a late rank 0");
+        b.all_gather(&[1]).expect("all_gather")
+    });
+    std::thread::sleep(Duration::from_millis(5500));
+    let mut b = TcpBootstrap::new(0, 2).expect("new");
+    b.initialize_with_id(&id, Duration::from_secs(30))
+        .expect("rank 0");
+    assert_eq!(
+        b.all_gather(&[0]).expect("all_gather"),
+        vec![vec![0], vec![1]]
+    );
+    assert_eq!(joiner.join().expect("rank 1"), vec![vec![0], vec![1]]);
 }
 
 #[test]

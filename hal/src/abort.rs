@@ -16,7 +16,12 @@
 //!   work as aborted ([`check_since`]).
 //! - Host backend: the same word in plain memory; the emulated device waits
 //!   (`mscclpp::device_emu`) poll it ([`abort_raised`], [`poll_abort`]).
-//! - ROCm: no word yet (modules load without it; waits end at their spin bound).
+//! - ROCm: as on CUDA: `hipHostMalloc(Mapped | Portable)` memory, its device address written
+//!   into each loaded module's `mscclppAbortWord` (`hipModuleGetGlobal`), read with a
+//!   system-scope `__hip_atomic_load`. (Debian's hipcc 15 crashed, "failed to annotate CFG", on
+//!   wait loops that leave on the word while a failed check ends in `__builtin_trap()`; the
+//!   check traps with inline `s_trap 2` instead.) Compiled for gfx90a; not yet run on an AMD
+//!   GPU.
 //!
 //! Scope: the word is per process (all devices, all communicators). While it is raised every
 //! device wait of this process ends early, also those of a communicator that did not fail;

@@ -9,6 +9,8 @@ use std::ffi::c_int;
 pub(super) const HIP_SUCCESS: c_int = 0;
 /// `hipErrorNotReady`.
 pub(super) const HIP_ERROR_NOT_READY: c_int = 600;
+/// `hipErrorNotFound` (e.g. a module global that does not exist).
+pub(super) const HIP_ERROR_NOT_FOUND: c_int = 500;
 /// `hipErrorPeerAccessAlreadyEnabled`.
 pub(super) const HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
 /// `hipMemcpyDefault` (direction inferred from unified addresses).

@@ -188,7 +188,7 @@ unsafe impl Send for SyncStream {}
 /// `on_sync_stream`, also for what it cannot help). One stream per device ordinal, created on
 /// first use and kept for the life of the process (a `RocmDevice` is a plain ordinal with no
 /// owner to destroy it).
-fn on_sync_stream(
+pub(super) fn on_sync_stream(
     dev: &RocmDevice,
     op: &'static str,
     issue: impl FnOnce(HipStream) -> Result<()>,

@@ -9,8 +9,8 @@
 //! foreign handle or pointer it takes could make the runtime touch freed memory.
 
 use super::conv::{
-    HIP_ERROR_NOT_READY, HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED, HIP_MEMCPY_DEFAULT,
-    HIP_STREAM_NON_BLOCKING, HIP_SUCCESS,
+    HIP_ERROR_NOT_FOUND, HIP_ERROR_NOT_READY, HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED,
+    HIP_MEMCPY_DEFAULT, HIP_STREAM_NON_BLOCKING, HIP_SUCCESS,
 };
 use super::sys::{hip, Hip, HipEvent, HipFunction, HipModule, HipStream};
 use crate::auxil::count_driver_call;
@@ -430,6 +430,25 @@ pub(super) mod module {
     pub(in crate::rocm) unsafe fn unload(m: HipModule) -> Result<()> {
         // SAFETY: forwarded from the caller.
         checked("hipModuleUnload", |h| unsafe { (h.hipModuleUnload)(m) })
+    }
+
+    /// `hipModuleGetGlobal`: the device address and size of global `name`, `None` when the
+    /// module has no such global.
+    ///
+    /// # Safety
+    /// `m` is live.
+    pub(in crate::rocm) unsafe fn get_global(
+        m: HipModule,
+        name: &CStr,
+    ) -> Result<Option<(u64, usize)>> {
+        let (mut p, mut size) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: valid out pointers; NUL-terminated name; the caller vouches for the module.
+        let rc = call(|h| unsafe { (h.hipModuleGetGlobal)(&mut p, &mut size, m, name.as_ptr()) })?;
+        if rc == HIP_ERROR_NOT_FOUND {
+            return Ok(None);
+        }
+        check("hipModuleGetGlobal", rc)?;
+        Ok(Some((p as usize as u64, size)))
     }
 
     /// `hipModuleGetFunction`.

@@ -86,6 +86,7 @@ hip_table! {
     hipModuleLoadData: fn(*mut HipModule, *const c_void) -> c_int;
     hipModuleGetFunction: fn(*mut HipFunction, HipModule, *const c_char) -> c_int;
     hipModuleUnload: fn(HipModule) -> c_int;
+    hipModuleGetGlobal: fn(*mut *mut c_void, *mut usize, HipModule, *const c_char) -> c_int;
     hipModuleLaunchKernel: fn(HipFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, HipStream, *mut *mut c_void, *mut *mut c_void) -> c_int;
     hipIpcGetMemHandle: fn(*mut hipIpcMemHandle_t, *mut c_void) -> c_int;
     hipIpcOpenMemHandle: fn(*mut *mut c_void, hipIpcMemHandle_t, c_uint) -> c_int;

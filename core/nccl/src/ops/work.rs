@@ -333,7 +333,10 @@ fn sync_stream(device: i32, stream: u64) -> NResult<()> {
     let dev = Gpu::open_device(usize::try_from(device).unwrap_or(0)).map_err(hal)?;
     // SAFETY: a stream the caller passed to one of the group's calls (live until it returns).
     let s = unsafe { <Gpu as StreamInterop>::borrow_stream(&dev, stream) };
-    Gpu::stream_synchronize(&s, mscclpp::p2p::P2P_STALL_TIMEOUT).map_err(hal)
+    // The kernels give up at the point-to-point timeout (MSCCLPP_P2P_TIMEOUT) and record why;
+    // wait a little longer, so that error is the one reported.
+    let bound = mscclpp::Env::current().p2p_timeout() + std::time::Duration::from_secs(5);
+    Gpu::stream_synchronize(&s, bound).map_err(hal)
 }
 
 /// # Safety

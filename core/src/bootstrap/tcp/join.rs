@@ -34,6 +34,16 @@ pub(super) struct Member {
 
 const ROOT_WHO: &str = "the bootstrap root (rank 0)";
 
+/// How long a joining rank tolerates a root address that does not behave like a root.
+pub(super) struct JoinLimits {
+    /// Refused connections (nothing listens) for this long end the retries.
+    pub(super) refused: Option<RefusedLimit>,
+    /// A listener that accepted the hello but sent no acknowledgement ([`REPLY_ACK`]) within
+    /// this is not a bootstrap root. Only for `ip:port`: a `UniqueId`'s listener exists (and
+    /// accepts) from the moment the id is made, before rank 0 serves it.
+    pub(super) ack_wait: Option<Duration>,
+}
+
 impl Member {
     /// Binds this rank's listener for its peers when its interface is known without talking to
     /// the root (`ifname` given, or `MSCCLPP_SOCKET_IFNAME` set), so a bad interface fails
@@ -105,14 +115,15 @@ impl Member {
         mut listener: Option<TcpListener>,
         deadline: &Deadline,
         cancel: &Cancel,
-        refused: Option<&RefusedLimit>,
+        limits: &JoinLimits,
     ) -> Result<Table> {
         let mut backoff = Backoff::sleeping(Duration::from_millis(1), Duration::from_millis(50));
         let reply_by = deadline.extended(ROOT_REPLY_GRACE);
         // A connection that closes before the root answered (a stale listener on the port, a
         // root that restarted, a stranger's socket) is retried until the deadline.
         let (stream, reply) = loop {
-            let mut stream = connect_retry(root, deadline, ROOT_WHO, cancel, refused)?;
+            let mut stream =
+                connect_retry(root, deadline, ROOT_WHO, cancel, limits.refused.as_ref())?;
             let l = match listener.take() {
                 Some(l) => l,
                 None => self.late_listener(&stream, root)?,
@@ -135,7 +146,7 @@ impl Member {
                     )
                 }
                 Err(Some(e)) => e.to_string(),
-                Ok(()) => match self.read_reply(&mut stream, root, &reply_by) {
+                Ok(()) => match self.read_reply(&mut stream, root, &reply_by, limits.ack_wait) {
                     Ok(reply) => break (stream, reply),
                     Err(Retry::No(e)) => return Err(e),
                     Err(Retry::Yes(why)) => why,
@@ -211,13 +222,14 @@ impl Member {
         )
     }
 
-    /// Reads the root's acknowledgement within [`ROOT_ACK_WAIT`] (a refusal may come instead),
-    /// then the whole reply: status byte by `reply_by`, the rest shortly after.
+    /// Reads the root's acknowledgement within `ack_wait` (a refusal may come instead), then
+    /// the whole reply: status byte by `reply_by`, the rest shortly after.
     fn read_reply(
         &self,
         stream: &mut TcpStream,
         root: SocketAddr,
         reply_by: &Deadline,
+        ack_wait: Option<Duration>,
     ) -> std::result::Result<Reply, Retry> {
         let mut buf = vec![0u8; 1];
         let fail = |e: ReadFail| match e {
@@ -226,7 +238,8 @@ impl Member {
             }
             e => Retry::Yes(e.to_string()),
         };
-        match read_exact_by(stream, &mut buf, &reply_by.capped(ROOT_ACK_WAIT)) {
+        let ack_by = ack_wait.map_or(*reply_by, |w| reply_by.capped(w));
+        match read_exact_by(stream, &mut buf, &ack_by) {
             Ok(()) => {}
             Err(ReadFail::Timeout) if reply_by.remaining().is_some() => {
                 return Err(Retry::No(self.no_answer(root)))

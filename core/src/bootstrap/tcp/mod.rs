@@ -61,11 +61,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use self::job_key::JobKey;
-use self::join::Member;
+use self::join::{JoinLimits, Member};
 use self::mailbox::{show_tag, MailKey};
 use self::mesh::Session;
 use self::root::{run_root, Auth, RootStop};
-use self::wire::{encode_frame_header, KIND_COLLECTIVE, KIND_USER};
+use self::wire::{encode_frame_header, KIND_COLLECTIVE, KIND_USER, ROOT_ACK_WAIT};
 use super::netif::{iface_bind_addr, select_interface};
 use super::socket::{
     bind_listener, lock, random_u64, write_all_by, Cancel, Deadline, RefusedLimit,
@@ -286,7 +286,10 @@ impl TcpBootstrap {
             Auth::JobKey { source, .. } => Some(source.as_str()),
             Auth::UniqueId(_) => None,
         };
-        let refused = refused_limit(&addr);
+        let limits = JoinLimits {
+            refused: refused_limit(&addr),
+            ack_wait: matches!(addr, InitAddr::Addr { .. }).then_some(ROOT_ACK_WAIT),
+        };
         let joined = me.join(
             root,
             auth.nonce(),
@@ -294,7 +297,7 @@ impl TcpBootstrap {
             early,
             &deadline,
             &root_failed,
-            refused.as_ref(),
+            &limits,
         );
         let table = match root_thread {
             None => joined?,

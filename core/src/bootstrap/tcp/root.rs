@@ -245,11 +245,12 @@ pub(super) fn run_root(
                 root.hello(stream, from, &bytes, &deadline);
                 if let Some(why) = root.member_refused.take() {
                     let msg = format!(
-                        "the bootstrap root at {addr} refused a rank of this job, so the job \
-                         cannot complete: {why}"
+                        "a rank of this job was refused, so the job cannot complete: {why}"
                     );
                     root.abort_all(ABORT_PEER_REFUSED, &msg, &deadline);
-                    return Err(Error::invalid(msg));
+                    return Err(Error::invalid(format!(
+                        "the bootstrap root (rank 0) at {addr}: {msg}"
+                    )));
                 }
             }
             Next::Stopped => {

@@ -6,13 +6,16 @@
 //! | message | layout |
 //! |---|---|
 //! | hello (53 bytes) | magic `MSBH` u32, version u16, rank u32, nranks u32, nonce u64, host hash u64, listen address (23) |
+//! | acknowledgement (1 byte) | 2 u8: the root took the hello (sent at once; the table or an abort follows) |
 //! | table | 0 u8, session u64, nranks u32, nranks x (address (23), host hash u64) |
 //! | abort | 1 u8, code u8, length u32 (at most 64 KiB), UTF-8 message |
 //! | peer handshake (18 bytes) | magic `MSBP` u32, version u16, session u64, rank u32 |
 //! | frame | kind u8 (0 user, 1 collective), tag u64, length u64 (at most [`MAX_MESSAGE_BYTES`]), payload |
 //!
-//! An address is family u8 (4 or 6), IP (16), port u16, IPv6 scope id u32. Version 2 (this
-//! one) carries the job key's hash as the nonce in `ip:port` mode; version 1 carried 0.
+//! An address is family u8 (4 or 6), IP (16), port u16, IPv6 scope id u32. Version 3 (this
+//! one) acknowledges each accepted hello at once; version 2 added the job key's hash as the
+//! nonce in `ip:port` mode (version 1 carried 0). Abort codes: 0 timeout, 1 this rank refused,
+//! 2 rank 0 failed, 3 another rank of the job was refused.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -29,8 +32,8 @@ pub(super) const PEER_HELLO_BYTES: usize = 4 + 2 + 8 + 4;
 pub(super) const REPLY_OK: u8 = 0;
 pub(super) const REPLY_ABORT: u8 = 1;
 /// One byte the root sends as soon as it accepted a hello, before the table (which comes once
-/// every rank is in): a joiner that gets no such byte within [`ROOT_ACK_WAIT`] is not talking
-/// to a bootstrap root (another program took the port).
+/// every rank is in): an `ip:port` joiner that gets no such byte within [`ROOT_ACK_WAIT`] is
+/// not talking to a bootstrap root (another program took the port).
 pub(super) const REPLY_ACK: u8 = 2;
 /// How long a joiner waits for [`REPLY_ACK`] after its hello.
 pub(super) const ROOT_ACK_WAIT: Duration = Duration::from_secs(5);

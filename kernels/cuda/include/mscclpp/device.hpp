@@ -76,9 +76,9 @@ namespace mscclpp {
 /// wait that cannot finish any more should be left.
 MSCCLPP_DEVICE_INLINE bool abortRaised() {
 #if defined(MSCCLPP_DEVICE_HIP)
-  // ROCm: the HAL writes no abort word yet (waits end at their spin bound), and reading it in
-  // every wait loop crashes Debian's hipcc (clang 15: "failed to annotate CFG").
-  return false;
+  // A system-scope atomic load of the mapped host word.
+  int* w = const_cast<int*>(mscclppAbortWord);
+  return w != nullptr && __hip_atomic_load(w, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM) != 0;
 #else
   volatile int* w = mscclppAbortWord;
   return w != nullptr && *w != 0;
@@ -108,7 +108,10 @@ static __device__ __attribute__((noinline, unused)) void deviceCheckFailed(const
 #if defined(MSCCLPP_DEVICE_CUDA)
   __trap();
 #else
-  __builtin_trap();
+  // Not __builtin_trap(): its `unreachable` in a wait loop that also leaves on the abort word
+  // crashes Debian's hipcc (clang 15: "failed to annotate CFG"). The same trap as inline asm,
+  // then the end of the wave should the trap handler return.
+  asm volatile("s_trap 2\n\ts_endpgm");
 #endif
 }
 
