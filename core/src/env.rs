@@ -431,6 +431,8 @@ pub const VARS: &[Var] = &[
         BOOTSTRAP_REFUSED_TIMEOUT,
         "5 (UniqueId), the bootstrap timeout (ip:port)",
         "seconds (or 500ms, 2m): a root refusing connections this long is an error",
+    ),
+    var(
         P2P_TUNE,
         "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64,ll_fit=1",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
