@@ -155,6 +155,14 @@ pub const BOOTSTRAP_REFUSED_TIMEOUT: &str = "MSCCLPP_BOOTSTRAP_REFUSED_TIMEOUT";
 /// moment the id is made (an `ip:port` root may start later than its ranks: there the default
 /// is the bootstrap's whole timeout).
 pub const BOOTSTRAP_REFUSED_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// `MSCCLPP_EXECUTOR_MAX_LANES`: the most GPU blocks ("lanes") the executor's GPU kernel gives
+/// one plan thread block (core/src/executor/run/gpu.rs; fewer when the SMs or the message are
+/// smaller).
+pub const EXECUTOR_MAX_LANES: &str = "MSCCLPP_EXECUTOR_MAX_LANES";
+/// The default of [`EXECUTOR_MAX_LANES`].
+pub const EXECUTOR_MAX_LANES_DEFAULT: usize = 64;
+/// The largest value [`EXECUTOR_MAX_LANES`] takes.
+pub const EXECUTOR_MAX_LANES_LIMIT: usize = 64;
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -433,6 +441,11 @@ pub const VARS: &[Var] = &[
         "seconds (or 500ms, 2m): a root refusing connections this long is an error",
     ),
     var(
+        EXECUTOR_MAX_LANES,
+        "64",
+        "integer 1-64: GPU blocks per plan thread block, at most",
+    ),
+    var(
         P2P_TUNE,
         "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64,ll_fit=1",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
@@ -528,6 +541,7 @@ pub struct Env {
     p2p_timeout: Parsed<Option<Duration>>,
     bootstrap_refused_timeout: Parsed<Option<Duration>>,
     p2p_tune: Parsed<P2pTune>,
+    executor_max_lanes: Parsed<usize>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -622,6 +636,23 @@ fn parse_copy_driver_max(value: Option<String>) -> Parsed<usize> {
             format!(
                 "{COPY_DRIVER_MAX_BYTES}={v}: expected a byte count such as 0, 65536, 64K, 256M \
                  or 1G"
+            )
+        })
+}
+
+/// `MSCCLPP_EXECUTOR_MAX_LANES`: an integer from 1 to [`EXECUTOR_MAX_LANES_LIMIT`].
+fn parse_max_lanes(value: Option<String>) -> Parsed<usize> {
+    let Some(v) = non_empty(value) else {
+        return Ok(EXECUTOR_MAX_LANES_DEFAULT);
+    };
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=EXECUTOR_MAX_LANES_LIMIT).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "{EXECUTOR_MAX_LANES}={v}: expected an integer from 1 to \
+                 {EXECUTOR_MAX_LANES_LIMIT}"
             )
         })
 }
@@ -786,6 +817,7 @@ impl Env {
                 lookup(BOOTSTRAP_REFUSED_TIMEOUT),
             ),
             p2p_tune: parse_p2p_tune(lookup(P2P_TUNE)),
+            executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -824,8 +856,8 @@ impl Env {
             err(&self.forced_algorithms), err(&self.nvls_emulation),
             err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
             err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
-            err(&self.bootstrap_refused_timeout),
-            err(&self.check_calls), err(&self.deterministic), err(&self.p2p_tune),
+            err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
+            err(&self.executor_max_lanes),
         ];
         level
             .into_iter()
@@ -933,6 +965,14 @@ impl Env {
     /// memcpy rather than the copy kernel (a byte count, `K`/`M`/`G` suffixes; default 256M).
     pub fn copy_driver_max_bytes(&self) -> Result<usize> {
         Self::typed(&self.copy_driver_max_bytes)
+    }
+    /// `MSCCLPP_EXECUTOR_MAX_LANES`: the most GPU blocks the executor gives one plan thread
+    /// block (default [`EXECUTOR_MAX_LANES_DEFAULT`]); a malformed value is warned about at
+    /// startup and the default used.
+    pub fn executor_max_lanes(&self) -> usize {
+        self.executor_max_lanes
+            .clone()
+            .unwrap_or(EXECUTOR_MAX_LANES_DEFAULT)
     }
     /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress before it
     /// fails (default [`P2P_TIMEOUT_DEFAULT`]). A malformed value is warned about at startup
@@ -1119,6 +1159,23 @@ mod tests {
         assert_eq!(env_of(&[]).bootstrap_refused_timeout(), None);
         let e = env_of(&[(BOOTSTRAP_REFUSED_TIMEOUT, "1")]);
         assert_eq!(e.bootstrap_refused_timeout(), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn executor_max_lanes() {
+        assert_eq!(env_of(&[]).executor_max_lanes(), EXECUTOR_MAX_LANES_DEFAULT);
+        let e = env_of(&[(EXECUTOR_MAX_LANES, " 16 ")]);
+        assert_eq!(e.executor_max_lanes(), 16);
+        for bad in ["0", "65", "-1", "many"] {
+            let e = env_of(&[(EXECUTOR_MAX_LANES, bad)]);
+            assert_eq!(e.executor_max_lanes(), EXECUTOR_MAX_LANES_DEFAULT, "{bad}");
+            assert!(
+                e.problems().iter().any(
+                    |m| m.contains(&format!("{EXECUTOR_MAX_LANES}={bad}: expected an integer"))
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

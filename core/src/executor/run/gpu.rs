@@ -43,7 +43,8 @@ pub(crate) fn sm_count(g: &GpuCtx) -> Result<u32> {
 /// barriers.
 const BYTES_PER_LANE: usize = 32 << 10;
 
-/// The most GPU blocks per plan thread block (the kernel's lanes). A one-block plan of 2 ranks
+/// The most GPU blocks per plan thread block (the kernel's lanes; `MSCCLPP_EXECUTOR_MAX_LANES`
+/// lowers it). A one-block plan of 2 ranks
 /// sharing an H200 may use 64 of their 66 SMs each (the native algorithms use up to all of
 /// them at 16 MiB); plans of more blocks are bounded by the SMs first.
 const MAX_LANES: usize = 64;
@@ -55,7 +56,8 @@ pub(crate) fn lanes(ctx: &ExecContext, nblocks: u32, bytes: usize) -> u32 {
     let nb = nblocks.max(1) as usize;
     let want = bytes.div_ceil(nb * BYTES_PER_LANE);
     let fit = ctx.max_grid as usize / nb;
-    want.min(fit).clamp(1, MAX_LANES) as u32
+    let most = crate::env::env().executor_max_lanes().min(MAX_LANES);
+    want.min(fit).clamp(1, most) as u32
 }
 
 /// The fewest threads per GPU block a one-lane launch gets (whole warps).
