@@ -189,13 +189,14 @@ pub struct P2pTune {
     /// after pair (1), instead of channel `c` of pair `p` on block `p + c * pairs` (0, the
     /// default); both wrap at the grid size.
     pub packed: bool,
-    /// `chunk=128|256|512|1024`: the largest chunk of a message in KiB (default 128); chunks
+    /// `chunk=128|256|512|1024`: the largest chunk of a message in KiB (default 256, measured
+    /// best with `ring=128` on the H200: docs/perf.md); chunks
     /// are a quarter of a channel's share of the message, from 128 KiB up to this. Each
     /// channel's ring then has 64 / (channels x chunk / 128) slots: at most 32 for channels x
     /// chunk / 128 (2 slots a ring at least).
     pub chunk_kib: u32,
-    /// `ring=64|128|256`: the ring space per sending peer, in slots of 128 KiB (default 64:
-    /// 8 MiB per peer); channels x chunk / 128 may then be up to ring / 2.
+    /// `ring=64|128|256`: the ring space per sending peer, in slots of 128 KiB (default 128:
+    /// 16 MiB per peer); channels x chunk / 128 may then be up to ring / 2.
     pub ring: u32,
     /// `ll_fit=0|1`: a launch of LL messages only runs one thread per packet of its largest
     /// message (whole warps, up to 512; default 1) instead of 512 always (0).
@@ -211,8 +212,8 @@ impl Default for P2pTune {
             self_spread: true,
             abort_poll: 256,
             packed: false,
-            chunk_kib: 128,
-            ring: 64,
+            chunk_kib: 256,
+            ring: 128,
             ll_fit: true,
         }
     }
@@ -447,7 +448,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=128,ring=64,ll_fit=1",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -1209,7 +1210,7 @@ mod tests {
             "abort_poll=0",
             "packed=2",
             "chunk=64",
-            "channels=32,chunk=256",
+            "channels=32,chunk=256,ring=64",
             "ring=96",
             "channels=32,chunk=512,ring=128",
             "bogus=1",

@@ -780,7 +780,12 @@ mod tests {
 
     #[test]
     fn chunks_are_a_quarter_of_a_channel_share_clamped() {
-        let t = P2pTune::default();
+        // Round 7's sizes (128 KiB chunks, 8 MiB rings); the default's 256 KiB below.
+        let t = P2pTune {
+            chunk_kib: 128,
+            ring: 64,
+            ..P2pTune::default()
+        };
         assert_eq!(chunk_of(LL_MAX + 1, &t), MIN_CHUNK);
         assert_eq!(chunk_of(1 << 20, &t), (16 << 10).clamp(MIN_CHUNK, CHUNK));
         assert_eq!(chunk_of(64 << 20, &t), CHUNK);

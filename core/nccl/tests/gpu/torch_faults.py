@@ -40,6 +40,11 @@ def main():
             w = dist.all_reduce(x, async_op=True)
             w.wait()
         torch.cuda.synchronize()
+        # The calls enqueued before the death was seen may end (the abort word stops their
+        # kernels, their results undefined, as NCCL's after an abort) before the watchdog's
+        # next poll: the failure then surfaces at the next call, which a training loop makes.
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
         print(f"SURVIVOR rank={rank} error_at_us=0 what=all-reduces completed", flush=True)
     except Exception as e:  # the watchdog's abort surfaces here
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
