@@ -203,6 +203,28 @@ pub struct P2pTune {
     pub ll_fit: bool,
 }
 
+/// Above this many ranks the unset `MSCCLPP_P2P_TUNE` keeps round 7's smaller chunks and rings
+/// ([`P2pTune::default_for`]).
+pub const P2P_TUNE_WIDE_RANKS: usize = 8;
+
+impl P2pTune {
+    /// The default for a communicator of `nranks`: [`P2pTune::default`] up to
+    /// [`P2P_TUNE_WIDE_RANKS`] ranks; above, 128 KiB chunks and 8 MiB of ring per sending peer,
+    /// because the GPU buffer holds a ring for every rank (`nranks` x the ring: 128 MiB at 8
+    /// ranks with the default, 512 MiB instead of 1 GiB at 64).
+    pub fn default_for(nranks: usize) -> P2pTune {
+        let t = P2pTune::default();
+        if nranks <= P2P_TUNE_WIDE_RANKS {
+            return t;
+        }
+        P2pTune {
+            chunk_kib: 128,
+            ring: 64,
+            ..t
+        }
+    }
+}
+
 impl Default for P2pTune {
     fn default() -> P2pTune {
         P2pTune {
@@ -448,7 +470,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1 (chunk=128,ring=64 above 8 ranks)",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -542,6 +564,7 @@ pub struct Env {
     p2p_timeout: Parsed<Option<Duration>>,
     bootstrap_refused_timeout: Parsed<Option<Duration>>,
     p2p_tune: Parsed<P2pTune>,
+    p2p_tune_given: bool,
     executor_max_lanes: Parsed<usize>,
     launcher_job: Vec<(&'static str, String)>,
 }
@@ -818,6 +841,7 @@ impl Env {
                 lookup(BOOTSTRAP_REFUSED_TIMEOUT),
             ),
             p2p_tune: parse_p2p_tune(lookup(P2P_TUNE)),
+            p2p_tune_given: non_empty(lookup(P2P_TUNE)).is_some(),
             executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
@@ -956,6 +980,15 @@ impl Env {
     /// `MSCCLPP_P2P_TUNE`: the GPU point-to-point knobs ([`P2pTune`]; the defaults when unset).
     pub fn p2p_tune(&self) -> Result<P2pTune> {
         Self::typed(&self.p2p_tune)
+    }
+    /// The point-to-point knobs for a communicator of `nranks`: `MSCCLPP_P2P_TUNE`'s when set,
+    /// else [`P2pTune::default_for`]`(nranks)`.
+    pub fn p2p_tune_for(&self, nranks: usize) -> Result<P2pTune> {
+        if self.p2p_tune_given {
+            self.p2p_tune()
+        } else {
+            Ok(P2pTune::default_for(nranks))
+        }
     }
     /// `MSCCLPP_COLL_NET_TRANSPORT`: `ib` or `ethernet` (any case); `None` when unset, and the
     /// collectives then take IB when a device is available, else Ethernet.
@@ -1182,6 +1215,11 @@ mod tests {
     #[test]
     fn p2p_tune() {
         assert_eq!(env_of(&[]).p2p_tune().unwrap(), P2pTune::default());
+        assert_eq!(env_of(&[]).p2p_tune_for(8).unwrap(), P2pTune::default());
+        let wide = env_of(&[]).p2p_tune_for(9).unwrap();
+        assert_eq!((wide.chunk_kib, wide.ring), (128, 64));
+        let given = env_of(&[(P2P_TUNE, "chunk=256,ring=128")]);
+        assert_eq!(given.p2p_tune_for(64).unwrap(), P2pTune::default());
         let t = env_of(&[(
             P2P_TUNE,
             " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256,ll_fit=0",

@@ -452,7 +452,7 @@ impl GpuP2p {
         let keys = b.all_gather(&dev_key)?;
         // Every rank takes part in the exchange, a malformed MSCCLPP_P2P_TUNE too (its bytes
         // differ from every valid value's, so every rank fails).
-        let tune = crate::env::env().p2p_tune();
+        let tune = crate::env::env().p2p_tune_for(nranks);
         let enc = tune.as_ref().map_or_else(|_| b"bad".to_vec(), tune_bytes);
         let tunes = b.all_gather(&enc)?;
         let tune = agreed_tune(tune?, &tunes)?;
