@@ -27,4 +27,16 @@ pub trait StreamInterop: Api {
     fn end_capture(stream: &Self::Stream) -> Result<Self::Graph>;
     /// Launches an instantiated graph on `stream`.
     fn launch_graph(graph: &Self::Graph, stream: &Self::Stream) -> Result<()>;
+    /// Sets this thread's stream-capture mode to relaxed and returns the previous mode for
+    /// [`StreamInterop::restore_capture_mode`]: driver calls that are no stream work (exporting
+    /// and mapping memory for a registration) are then allowed while a stream of any thread
+    /// captures in global mode, as NCCL does around its graph registrations. Backends without
+    /// graph capture have nothing to relax (0).
+    fn relax_capture_mode() -> Result<u32> {
+        Ok(0)
+    }
+    /// Restores the mode [`StreamInterop::relax_capture_mode`] returned.
+    fn restore_capture_mode(_previous: u32) -> Result<()> {
+        Ok(())
+    }
 }

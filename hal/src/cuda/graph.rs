@@ -77,4 +77,16 @@ impl StreamInterop for Cuda {
         // SAFETY: live graph exec and stream.
         unsafe { graph::launch(g.exec, stream.raw) }
     }
+    fn relax_capture_mode() -> Result<u32> {
+        graph::exchange_capture_mode(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map(|m| m as u32)
+    }
+    fn restore_capture_mode(previous: u32) -> Result<()> {
+        let mode = match previous {
+            0 => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            1 => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            _ => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        graph::exchange_capture_mode(mode).map(|_| ())
+    }
 }

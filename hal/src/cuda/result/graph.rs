@@ -17,6 +17,19 @@ pub(in crate::cuda) unsafe fn is_capturing(s: sys::CUstream) -> Result<bool> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// `cuThreadExchangeStreamCaptureMode`: sets this thread's capture mode to `mode`, returns
+/// the previous one.
+pub(in crate::cuda) fn exchange_capture_mode(
+    mode: sys::CUstreamCaptureMode,
+) -> Result<sys::CUstreamCaptureMode> {
+    let mut m = mode;
+    // SAFETY: a valid in/out pointer; no context needed.
+    checked("cuThreadExchangeStreamCaptureMode", || unsafe {
+        sys::cuThreadExchangeStreamCaptureMode(&mut m)
+    })?;
+    Ok(m)
+}
+
 /// `cuStreamBeginCapture(s, THREAD_LOCAL)`.
 ///
 /// # Safety
