@@ -201,6 +201,16 @@ pub struct P2pTune {
     /// `ll_fit=0|1`: a launch of LL messages only runs one thread per packet of its largest
     /// message (whole warps, up to 512; default 1) instead of 512 always (0).
     pub ll_fit: bool,
+    /// `ll_merge=0|1`: a launch of LL messages runs a peer's sends and receives on one block
+    /// (1) instead of one block per (peer, direction) (0, the default).
+    pub ll_merge: bool,
+    /// `direct=N`: an all-to-all captured into a CUDA graph with at least N KiB per rank
+    /// registers its receive buffer and every rank writes its blocks straight into the
+    /// peers' (one copy instead of two through the rings); 0 = never (default 32: on the H200
+    /// shared by 2 ranks, nccl-tests alltoall of 32 KiB per rank took 5.9 us instead of 15.3
+    /// on the rings, but at 4 ranks 16 KiB per rank took 7.9 us where LL packets take 6.4;
+    /// docs/perf.md).
+    pub direct_kib: u32,
 }
 
 /// Above this many ranks the unset `MSCCLPP_P2P_TUNE` keeps round 7's smaller chunks and rings
@@ -237,6 +247,8 @@ impl Default for P2pTune {
             chunk_kib: 256,
             ring: 128,
             ll_fit: true,
+            ll_merge: false,
+            direct_kib: 32,
         }
     }
 }
@@ -274,6 +286,12 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             "self_spread" => t.self_spread = flag.ok_or_else(|| bad(item, "self_spread=0 or 1"))?,
             "packed" => t.packed = flag.ok_or_else(|| bad(item, "packed=0 or 1"))?,
             "ll_fit" => t.ll_fit = flag.ok_or_else(|| bad(item, "ll_fit=0 or 1"))?,
+            "ll_merge" => t.ll_merge = flag.ok_or_else(|| bad(item, "ll_merge=0 or 1"))?,
+            "direct" => {
+                t.direct_kib = num
+                    .filter(|n| *n <= 1 << 22)
+                    .ok_or_else(|| bad(item, "direct=0 to 4194304 (KiB)"))?
+            }
             "ring" => {
                 t.ring = num
                     .filter(|n| [64, 128, 256].contains(n))
@@ -292,7 +310,7 @@ fn parse_p2p_tune(value: Option<String>) -> Parsed<P2pTune> {
             _ => return Err(bad(
                 item,
                 "one of channels, fence, unroll, self_spread, abort_poll, packed, chunk, ring, \
-                     ll_fit",
+                     ll_fit, ll_merge, direct",
             )),
         }
     }
@@ -470,7 +488,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         P2P_TUNE,
-        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1 (chunk=128,ring=64 above 8 ranks)",
+        "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1,ll_merge=0,direct=32 (chunk=128,ring=64 above 8 ranks)",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
     ),
     var("PMIX_NAMESPACE", "unset", "launcher job id (job key)"),
@@ -1222,7 +1240,7 @@ mod tests {
         assert_eq!(given.p2p_tune_for(64).unwrap(), P2pTune::default());
         let t = env_of(&[(
             P2P_TUNE,
-            " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256,ll_fit=0",
+            " channels=16, fence=1,unroll=4 ,self_spread=0,abort_poll=1,packed=1,chunk=512,ring=256,ll_fit=0,ll_merge=1,direct=0",
         )])
         .p2p_tune()
         .unwrap();
@@ -1238,6 +1256,8 @@ mod tests {
                 chunk_kib: 512,
                 ring: 256,
                 ll_fit: false,
+                ll_merge: true,
+                direct_kib: 0,
             }
         );
         for bad in [
@@ -1247,6 +1267,8 @@ mod tests {
             "unroll=2",
             "abort_poll=0",
             "packed=2",
+            "ll_merge=2",
+            "direct=-1",
             "chunk=64",
             "channels=32,chunk=256,ring=64",
             "ring=96",

@@ -21,6 +21,8 @@
 //! matched messages always share a launch number on both ends. Peers on other nodes are
 //! refused.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mscclpp_hal::{prelude::*, Gpu, LaunchConfig, StreamInterop};
@@ -77,6 +79,13 @@ const THREADS: u32 = 512;
 const MAX_BLOCKS: usize = 64;
 /// Communicator tag of the buffer exchange.
 const TAG_MEM: u64 = 0x5032_5001;
+/// The direct all-to-all's most ranks (`P2P_A2A_MAX_RANKS`: receive buffers by value).
+pub const A2A_MAX_RANKS: usize = 16;
+/// The direct all-to-all's most blocks (`P2P_A2A_MAX_BLOCKS`).
+pub const A2A_MAX_BLOCKS: usize = 64;
+/// Bytes of each send block per block of a direct all-to-all launch (the grid: at most
+/// [`A2A_MAX_BLOCKS`] and the point-to-point block limit, the same on every rank).
+const A2A_BYTES_PER_BLOCK: usize = 32 << 10;
 
 /// Offsets inside every rank's point-to-point buffer (the same on every rank; batch.cu's
 /// `P2pLayout`).
@@ -98,9 +107,17 @@ impl GpuLayout {
     pub fn error(&self) -> usize {
         4 * self.nranks * MAX_CHANNELS * 8 + 3 * self.nranks * 8
     }
+    /// The direct all-to-all's word of block `b` of `sender` (batch.cu's `P2pLayout::a2a`).
+    pub fn a2a(&self, sender: usize, b: usize) -> usize {
+        self.error() + 64 + (sender * A2A_MAX_BLOCKS + b) * 8
+    }
+    /// The direct all-to-all's launch count of block `b` of this rank.
+    pub fn a2a_seq(&self, b: usize) -> usize {
+        self.a2a(self.nranks, 0) + b * 8
+    }
     /// LL buffer `k` (0 or 1) of messages from `sender`.
     pub fn ll(&self, sender: usize, k: usize) -> usize {
-        (self.error() + 64).div_ceil(4096) * 4096 + (sender * 2 + k) * LL_BUF
+        self.a2a_seq(A2A_MAX_BLOCKS).div_ceil(4096) * 4096 + (sender * 2 + k) * LL_BUF
     }
     /// Start of the rings; everything before it starts zeroed (counters, LL flags).
     pub fn rings(&self) -> usize {
@@ -148,6 +165,23 @@ struct Args<const N: usize> {
     pad: u32,
     ops: [OpDev; N],
 }
+
+/// `P2pA2aArgs` of batch.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct A2aArgs {
+    base: u64,
+    peer_bases: u64,
+    host_err: u64,
+    timeout_ns: u64,
+    send: u64,
+    per: u64,
+    rank: u32,
+    nranks: u32,
+    recv: [u64; A2A_MAX_RANKS],
+}
+
+const _: () = assert!(std::mem::size_of::<A2aArgs>() == 56 + 8 * A2A_MAX_RANKS);
 
 /// `P2P_TUNE_FENCE`, `P2P_TUNE_UNROLL4`, `P2P_TUNE_NO_SELF_SPREAD` of batch.cu.
 const TUNE_FENCE: u32 = 1;
@@ -263,7 +297,14 @@ fn plan(part: &[&P2pOp], rank: usize, tune: &P2pTune) -> Plan {
             }
         }
     }
-    let npairs = pairs.len();
+    let mut npairs = pairs.len();
+    if tune.ll_merge && part.iter().all(|o| o.bytes <= LL_MAX) {
+        let mut merged = ops.clone();
+        let n = merge_peer_pairs(&mut merged, &pairs, rank);
+        if ll_fits(part, &merged, n) {
+            (ops, npairs) = (merged, n);
+        }
+    }
     let most = tune.channels as usize;
     let spread = if tune.self_spread { 2 } else { 1 };
     // Channels of each pair (a copy to self: virtual channel v on the pair of op k + v % spread,
@@ -293,22 +334,58 @@ fn plan(part: &[&P2pOp], rank: usize, tune: &P2pTune) -> Plan {
             .unwrap_or(0)
     };
     tasks = tasks.max(npairs.min(1));
-    let mut sends = vec![0usize; npairs];
-    let mut recvs = vec![0usize; npairs];
-    for (op, d) in part.iter().zip(&ops) {
-        match op.dir {
-            Dir::Send => sends[d.pair as usize] += 1,
-            Dir::Recv => recvs[d.pair as usize] += 1,
-        }
-    }
-    let ll = part.iter().all(|o| o.bytes <= LL_MAX)
-        && (0..npairs).all(|p| recvs[p] == 0 || sends[p] <= 2);
+    let ll = ll_fits(part, &ops, npairs);
     Plan {
         ops,
         npairs,
         tasks,
         ll,
     }
+}
+
+/// Whether `p2p_ll` may run `part` packed as `ops` on `npairs` blocks: every op at most
+/// [`LL_MAX`] bytes, and a pair that receives sends at most twice (more could wait on the
+/// peer's block in a circle: a send waits for the message two before it to be read).
+fn ll_fits(part: &[&P2pOp], ops: &[OpDev], npairs: usize) -> bool {
+    let mut sends = vec![0usize; npairs];
+    let mut recvs = vec![0usize; npairs];
+    for (op, d) in part.iter().zip(ops) {
+        match op.dir {
+            Dir::Send => sends[d.pair as usize] += 1,
+            Dir::Recv => recvs[d.pair as usize] += 1,
+        }
+    }
+    part.iter().all(|o| o.bytes <= LL_MAX) && (0..npairs).all(|p| recvs[p] == 0 || sends[p] <= 2)
+}
+
+/// `ll_merge` ([`P2pTune::ll_merge`]): the receives from a peer join the blocks of the sends
+/// to it (`p2p_ll` runs a block's sends before its receives), pairs renumbered in order of
+/// first use; copies to self keep theirs. Returns the pairs left.
+fn merge_peer_pairs(ops: &mut [OpDev], pairs: &[(usize, Dir, usize)], rank: usize) -> usize {
+    let to: Vec<usize> = pairs
+        .iter()
+        .enumerate()
+        .map(|(j, &(peer, dir, _))| {
+            let send = pairs
+                .iter()
+                .position(|&(p, d, _)| p == peer && d == Dir::Send);
+            match send {
+                Some(k) if dir == Dir::Recv && peer != rank => k,
+                _ => j,
+            }
+        })
+        .collect();
+    let mut index = vec![usize::MAX; pairs.len()];
+    let mut next = 0;
+    for d in ops.iter_mut() {
+        let t = to[d.pair as usize];
+        if index[t] == usize::MAX {
+            index[t] = next;
+            next += 1;
+        }
+        d.pair = index[t] as u16;
+    }
+    next
 }
 
 /// Splits a batch of more than [`MAX_OPS_PER_LAUNCH`] operations into launches by matching
@@ -425,6 +502,13 @@ pub(super) struct GpuP2p {
     /// `p2p_ll` (launches of LL messages only) and `p2p_ll_big` (more than [`SMALL_OPS`]).
     kernel_ll: <Gpu as Api>::Kernel,
     kernel_ll_big: <Gpu as Api>::Kernel,
+    /// `p2p_a2a_direct`.
+    kernel_a2a: <Gpu as Api>::Kernel,
+    /// For the direct all-to-all's registrations (bootstrap, memory exchange).
+    comm: Arc<Communicator>,
+    /// The direct all-to-all's registrations, kept while this object lives (a captured graph
+    /// may replay them at any time).
+    direct: Mutex<DirectCache>,
     _module: <Gpu as Api>::Module,
     _registered: RegisteredMemory,
     _peers: Vec<Option<RegisteredMemory>>,
@@ -436,8 +520,37 @@ unsafe impl Send for GpuP2p {}
 // SAFETY: as above; `run` only reads them.
 unsafe impl Sync for GpuP2p {}
 
+/// The direct all-to-all's registrations: this rank's receive buffers by `(address, size)`,
+/// and the peers' as mapped here by their serialized registration (a registration the peer
+/// keeps sends the same bytes again, so it maps once).
+#[derive(Default)]
+struct DirectCache {
+    mine: HashMap<(u64, usize), RegisteredMemory>,
+    theirs: HashMap<Vec<u8>, RegisteredMemory>,
+}
+
+/// Sets the thread's capture mode to relaxed while it lives ([`StreamInterop::relax_capture_mode`]):
+/// registering and mapping memory under a global-mode capture.
+struct RelaxedCapture(u32);
+
+impl RelaxedCapture {
+    fn new() -> Result<RelaxedCapture> {
+        Gpu::relax_capture_mode()
+            .map(RelaxedCapture)
+            .map_err(|e| hal_err("relax the stream capture mode", e))
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Err(e) = Gpu::restore_capture_mode(self.0) {
+            crate::log_warn!("P2P", "restoring the stream capture mode failed: {e}");
+        }
+    }
+}
+
 impl GpuP2p {
-    pub(super) fn setup(comm: &Communicator, device: Device) -> Result<GpuP2p> {
+    pub(super) fn setup(comm: &Arc<Communicator>, device: Device) -> Result<GpuP2p> {
         let b = comm.bootstrap();
         let (rank, nranks) = (b.rank(), b.nranks());
         if nranks > u16::MAX as usize {
@@ -481,6 +594,8 @@ impl GpuP2p {
             .map_err(|e| hal_err("look up p2p_ll", e))?;
         let kernel_ll_big = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_LL_BIG.name())
             .map_err(|e| hal_err("look up p2p_ll_big", e))?;
+        let kernel_a2a = Gpu::get_kernel(&module, kernels::p2p::batch::P2P_A2A_DIRECT.name())
+            .map_err(|e| hal_err("look up p2p_a2a_direct", e))?;
 
         let layout = GpuLayout {
             nranks,
@@ -553,6 +668,9 @@ impl GpuP2p {
             kernel_small,
             kernel_ll,
             kernel_ll_big,
+            kernel_a2a,
+            comm: comm.clone(),
+            direct: Mutex::new(DirectCache::default()),
             _module: module,
             _registered: registered,
             _peers: peers,
@@ -631,6 +749,153 @@ impl GpuP2p {
             }
         }
         Ok(())
+    }
+
+    /// The direct all-to-all: block `p` of `per` bytes at `send` straight into block `rank`
+    /// of rank `p`'s receive buffer (`recv`), one launch on `stream`, when the stream captures
+    /// a graph, `per` is at least the tune's `direct` KiB, every rank is on this node (at most
+    /// [`A2A_MAX_RANKS`]) and every rank could register its receive buffer and map every
+    /// peer's (agreed in one bootstrap all-gather, so all ranks take the same path; the
+    /// registrations stay while this object lives, for the graph's replays). `Ok(false)`: not
+    /// taken, run the all-to-all as sends and receives. Graph capture decides locally: every
+    /// rank must capture its all-to-alls alike (as with NCCL's graph registration), or the
+    /// all-gather fails at the bootstrap's timeout. In place (overlapping buffers) a rank
+    /// declines (a peer would overwrite a block this rank still sends).
+    ///
+    /// # Safety
+    /// As [`super::PointToPoint::run`], for `nranks * per` bytes of each buffer.
+    pub(super) unsafe fn all_to_all_direct(
+        &self,
+        (send, recv): (u64, u64),
+        per: usize,
+        stream: RawStream,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let min = self.tune.direct_kib as usize * 1024;
+        let n = self.nranks;
+        if min == 0 || per < min || n > A2A_MAX_RANKS || !self.local.iter().all(|&l| l) {
+            return Ok(false);
+        }
+        // SAFETY: the caller's live stream of this device (or 0); ownership stays with it.
+        let s = unsafe { Gpu::borrow_stream(&self.dev, stream) };
+        if !Gpu::is_capturing(&s).map_err(|e| hal_err("query stream capture", e))? {
+            return Ok(false);
+        }
+        self.device_error(timeout)?;
+        let total = per
+            .checked_mul(n)
+            .ok_or_else(|| Error::invalid("all-to-all: nranks x bytes overflows"))?;
+        let overlap = send < recv + total as u64 && recv < send + total as u64;
+        let b = self.comm.bootstrap();
+        let mut cache = self.direct.lock().unwrap_or_else(|p| p.into_inner());
+        let relaxed = RelaxedCapture::new()?;
+        let mine = if overlap {
+            None
+        } else {
+            match cache.mine.get(&(recv, total)).filter(|m| m.is_current()) {
+                Some(m) => Some(m.clone()),
+                None => match self
+                    .comm
+                    .register_memory(recv, total, Transport::CudaIpc.into())
+                {
+                    Ok(m) => {
+                        crate::log_info!(
+                            "P2P",
+                            "all-to-all receive buffer {recv:#x} (+{total} bytes) registered at \
+                             graph capture: the peers write straight into it"
+                        );
+                        cache.mine.insert((recv, total), m.clone());
+                        Some(m)
+                    }
+                    Err(e) => {
+                        crate::log_info!(
+                            "P2P",
+                            "all-to-all receive buffer {recv:#x} (+{total} bytes) cannot be                              registered, the ranks copy through the rings instead: {e}"
+                        );
+                        None
+                    }
+                },
+            }
+        };
+        // [registered, blocks this rank can run at once, its registration]: every rank runs
+        // the smallest grid (block b waits for block b of every peer: all must be resident).
+        let grid = per
+            .div_ceil(A2A_BYTES_PER_BLOCK)
+            .clamp(1, A2A_MAX_BLOCKS.min(self.max_blocks)) as u8;
+        let mut blob = vec![u8::from(mine.is_some()), grid];
+        if let Some(m) = &mine {
+            blob.extend_from_slice(&m.serialize());
+        }
+        let all = b.all_gather(&blob)?;
+        if !all.iter().all(|x| x.len() > 2 && x[0] == 1) {
+            return Ok(false);
+        }
+        let blocks = all.iter().map(|x| x[1]).min().unwrap_or(1).max(1) as u32;
+        let mut bases = [0u64; A2A_MAX_RANKS];
+        let mut mapped = Ok(());
+        for (p, x) in all.iter().enumerate() {
+            if p == self.rank {
+                bases[p] = recv;
+                continue;
+            }
+            let m = match cache.theirs.get(&x[2..]) {
+                Some(m) => Ok(m.clone()),
+                None => RegisteredMemory::deserialize(&x[2..]),
+            };
+            match m {
+                Ok(m) if m.data() != 0 && m.size() >= total => {
+                    bases[p] = m.data();
+                    cache.theirs.entry(x[2..].to_vec()).or_insert(m);
+                }
+                Ok(m) => {
+                    mapped = Err(Error::remote(
+                        p,
+                        format!(
+                            "all-to-all: expected the peer's receive buffer of {total} bytes                              mapped here, got {} bytes at {:#x}",
+                            m.size(),
+                            m.data()
+                        ),
+                    ));
+                }
+                Err(e) => mapped = Err(e),
+            }
+        }
+        drop(relaxed);
+        if let Err(e) = &mapped {
+            crate::log_info!(
+                "P2P",
+                "all-to-all: mapping a peer's receive buffer failed here, the ranks copy                  through the rings instead: {e}"
+            );
+        }
+        let oks = b.all_gather(&[u8::from(mapped.is_ok())])?;
+        if !oks.iter().all(|x| x.first() == Some(&1)) {
+            return Ok(false);
+        }
+        drop(cache);
+        let args = A2aArgs {
+            base: self.mem.ptr(),
+            peer_bases: self.table.ptr(),
+            host_err: self.host_err.ptr(),
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            send,
+            per: per as u64,
+            rank: self.rank as u32,
+            nranks: n as u32,
+            recv: bases,
+        };
+        // SAFETY: A2aArgs mirrors P2pA2aArgs; the buffers are the caller's (valid until the
+        // stream ran the launch) and the peers' receive buffers, registered and mapped above
+        // and kept in the cache while `self` lives.
+        unsafe {
+            Gpu::launch(
+                &self.kernel_a2a,
+                &LaunchConfig::linear(blocks, THREADS),
+                &s,
+                &args,
+            )
+        }
+        .map_err(|e| hal_err("launch p2p_a2a_direct", e))?;
+        Ok(true)
     }
 
     /// The kernel's argument block for `plan` (at most `N` operations).
@@ -1011,12 +1276,60 @@ mod tests {
     }
 
     #[test]
+    fn ll_merge_runs_a_peer_s_sends_and_receives_on_one_block() {
+        let merge = P2pTune {
+            ll_merge: true,
+            ..P2pTune::default()
+        };
+        // A ring exchange of 3 ranks on rank 0 (send to 1, receive from 2) stays two blocks;
+        // an exchange with rank 1 becomes one.
+        let ring = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 2, 0x2000, 1024)]);
+        let refs: Vec<&P2pOp> = ring.iter().collect();
+        assert_eq!(plan(&refs, 0, &merge).npairs, 2);
+        let both = ops(&[(Dir::Send, 1, 0x1000, 1024), (Dir::Recv, 1, 0x2000, 1024)]);
+        let refs: Vec<&P2pOp> = both.iter().collect();
+        let p = plan(&refs, 0, &merge);
+        assert!(p.ll);
+        assert_eq!(
+            (p.npairs, p.tasks, p.ops[0].pair, p.ops[1].pair),
+            (1, 1, 0, 0)
+        );
+        // An all-to-all of 2 ranks: the copy to self keeps its two pairs, rank 1's two merge.
+        let a2a = all_to_all_of_rank0(1024);
+        let refs: Vec<&P2pOp> = a2a.iter().collect();
+        let p = plan(&refs, 0, &merge);
+        assert_eq!(p.npairs, 3);
+        let pairs: Vec<u16> = p.ops.iter().map(|o| o.pair).collect();
+        assert_eq!(pairs, [0, 1, 2, 2]);
+        // Three sends to a peer it also receives from would wait in a circle: not merged.
+        let many = ops(&[
+            (Dir::Send, 1, 0x100, 64),
+            (Dir::Send, 1, 0x200, 64),
+            (Dir::Send, 1, 0x300, 64),
+            (Dir::Recv, 1, 0x400, 64),
+        ]);
+        let refs: Vec<&P2pOp> = many.iter().collect();
+        let p = plan(&refs, 0, &merge);
+        assert!(p.ll);
+        assert_eq!(p.npairs, 2);
+        // Chunked messages are never merged.
+        let big = ops(&[
+            (Dir::Send, 1, 0x1000, 1 << 20),
+            (Dir::Recv, 1, 0x9000_0000, 1 << 20),
+        ]);
+        let refs: Vec<&P2pOp> = big.iter().collect();
+        assert_eq!(plan(&refs, 0, &merge).npairs, 2);
+    }
+
+    #[test]
     fn layout_keeps_counters_ll_buffers_and_rings_apart() {
         let l = GpuLayout {
             nranks: 4,
             ring_slots: RING_SLOTS,
         };
-        assert!(l.error() + 16 <= l.ll(0, 0));
+        assert!(l.error() + 16 <= l.a2a(0, 0));
+        assert_eq!(l.a2a(3, A2A_MAX_BLOCKS - 1) + 8, l.a2a_seq(0));
+        assert!(l.a2a_seq(A2A_MAX_BLOCKS) <= l.ll(0, 0));
         assert_eq!(l.ll(3, 1) + LL_BUF, l.ll(4, 0));
         assert!(l.ll(4, 0) <= l.rings());
         assert_eq!(l.rings() % 4096, 0);

@@ -253,11 +253,43 @@ impl PointToPoint {
     /// # Safety
     /// As [`PointToPoint::run`], for `nranks * per` bytes of each buffer.
     pub unsafe fn all_to_all(&self, send: u64, recv: u64, per: usize, s: RawStream) -> Result<()> {
+        // SAFETY: forwarded.
+        if unsafe { self.all_to_all_direct(send, recv, per, s) }? {
+            return Ok(());
+        }
         let n = self.nranks;
         let mut ops = blocks(Dir::Send, send, per, n);
         ops.extend(blocks(Dir::Recv, recv, per, n));
         // SAFETY: forwarded.
         unsafe { self.run(&ops, s) }
+    }
+
+    /// [`PointToPoint::all_to_all`]'s direct path alone (GPU, `s` capturing a graph, blocks of
+    /// at least `MSCCLPP_P2P_TUNE`'s `direct` KiB, every rank on this node and able to
+    /// register its receive buffer: each rank writes its blocks straight into the peers'
+    /// receive buffers, one copy instead of two; see `gpu::GpuP2p::all_to_all_direct`).
+    /// `Ok(true)` when it ran, `Ok(false)` when every rank declined (run the sends and
+    /// receives instead). Collective: every rank of the communicator calls it alike (an
+    /// all-to-all), capturing alike.
+    ///
+    /// # Safety
+    /// As [`PointToPoint::all_to_all`].
+    pub unsafe fn all_to_all_direct(
+        &self,
+        send: u64,
+        recv: u64,
+        per: usize,
+        s: RawStream,
+    ) -> Result<bool> {
+        match &self.inner {
+            Inner::Gpu(g) if self.nranks > 1 && per > 0 => {
+                let prints = || (0..self.nranks).flat_map(|p| [(p, true, per), (p, false, per)]);
+                self.check.check_ops(prints)?;
+                // SAFETY: forwarded.
+                unsafe { g.all_to_all_direct((send, recv), per, s, self.timeout) }
+            }
+            _ => Ok(false),
+        }
     }
 
     /// Gather ([`Rooted::Gather`]: every rank's `bytes` at `send` into block `rank` of the

@@ -440,6 +440,77 @@ TEST!(P2pTest, GraphReplayLl, |_ctx| {
     }
 });
 
+// A captured out-of-place all-to-all of 300 KiB + 5 per rank (at least the default
+// `MSCCLPP_P2P_TUNE` `direct` of 32 KiB: on GPUs each rank registers its receive buffer at
+// capture and writes its blocks straight into the peers', `p2p_a2a_direct`; a 5-byte tail
+// past the 16-byte units) and one of 1 KiB per rank (below it: LL packets) in the same graph,
+// replayed 5 times with new data: every block lands where it belongs, nothing past the end.
+TEST!(P2pTest, GraphReplayDirectAllToAll, |_ctx| {
+    let e = env();
+    let Some(stream) = e.stream.as_ref() else {
+        SKIP!("graph capture needs a GPU stream (the host backend has none)")
+    };
+    let (me, n) = (e.p2p.rank(), e.p2p.nranks());
+    let pers = [(300 << 10) + 5, 1 << 10];
+    let sends: Vec<GpuBuffer<u8>> = pers
+        .iter()
+        .map(|&p| filled(e.device, n * p, |_| 0))
+        .collect();
+    let recvs: Vec<GpuBuffer<u8>> = pers
+        .iter()
+        .map(|&p| filled(e.device, n * p, |_| POISON))
+        .collect();
+    ok!(Gpu::begin_capture(stream), "beginning the capture");
+    let captured: Vec<_> = pers
+        .iter()
+        .enumerate()
+        // SAFETY: the buffers outlive every replay (synchronised below).
+        .map(|(k, &per)| unsafe {
+            e.p2p.all_to_all(
+                sends[k].data(),
+                recvs[k].data(),
+                per,
+                raw_stream_of(&e.stream),
+            )
+        })
+        .collect();
+    let graph = ok!(Gpu::end_capture(stream), "ending the capture");
+    for r in captured {
+        ok!(r, "capturing the all-to-all");
+    }
+    for replay in 0..5 {
+        for (k, &per) in pers.iter().enumerate() {
+            let data: Vec<u8> = (0..n * per)
+                .map(|i| pattern(me, i / per, 10 * replay + k, i % per))
+                .collect();
+            ok!(sends[k].copy_from_host(0, &data), "writing");
+            ok!(
+                recvs[k].copy_from_host(0, &vec![POISON; n * per]),
+                "clearing"
+            );
+        }
+        ok!(mp_env().bootstrap.barrier(), "barrier");
+        ok!(Gpu::launch_graph(&graph, stream), "replaying");
+        ok!(sync_stream(&e.stream), "waiting for replay {replay}");
+        ok!(e.p2p.device_error(), "replay {replay} on the device");
+        for (k, &per) in pers.iter().enumerate() {
+            let mut got = vec![0u8; n * per];
+            ok!(recvs[k].copy_to_host(0, &mut got), "reading");
+            let bad =
+                (0..n * per).find(|&i| got[i] != pattern(i / per, me, 10 * replay + k, i % per));
+            EXPECT_TRUE!(
+                bad.is_none(),
+                "replay {replay}, all-to-all of {per} bytes per rank: first wrong byte at {bad:?}"
+            );
+            EXPECT_TRUE!(
+                guard_intact(&recvs[k], n * per),
+                "replay {replay}: the all-to-all of {per} bytes per rank wrote past its end"
+            );
+        }
+        ok!(mp_env().bootstrap.barrier(), "barrier");
+    }
+});
+
 // One captured batch of a chunked message (300 KiB + 9) and an LL one (1001 bytes) per
 // direction, replayed with new data each time: the device counters and LL flags move on.
 TEST!(P2pTest, GraphReplay, |_ctx| {

@@ -13,7 +13,7 @@ use crate::comm::Comm;
 use crate::env::FallbackName;
 use crate::error::NResult;
 use crate::fallback::{FallbackComm, Handle, Stream};
-use crate::ops::work::{CArgs, FallbackCall, NativeWork, P2pCall, Request, Work};
+use crate::ops::work::{AllToAll, CArgs, FallbackCall, NativeWork, P2pCall, Request, Work};
 use mscclpp::p2p::{Dir, P2pOp};
 
 /// A call's sends and receives on one rank: (direction, peer, buffer address), each of the
@@ -173,17 +173,23 @@ impl PointToPoint {
                 stream: a.stream,
             })
             .collect();
+        let a2a = std::ptr::eq(self, &ALL_TO_ALL).then_some(AllToAll {
+            send: a.send,
+            recv: a.recv,
+            per,
+            stream: a.stream,
+        });
         let fallback_calls = calls.clone();
         request.route(
             |ready| {
                 Ok(match parts.not_native {
                     Some(why) => Err(why.to_string()),
                     None if crate::HOST_BACKEND || calls.iter().all(|c| c.op.peer == me) => {
-                        Ok(NativeWork::Parts(calls))
+                        Ok(NativeWork::Parts(calls, a2a))
                     }
                     None => match &ready.p2p {
                         Some(p2p) if calls.iter().all(|c| p2p.reaches(c.op.peer)) => {
-                            Ok(NativeWork::Parts(calls))
+                            Ok(NativeWork::Parts(calls, a2a))
                         }
                         Some(_) => Err("point-to-point between nodes on GPU builds is not \
                                         supported yet"

@@ -91,8 +91,23 @@ pub enum NativeWork {
         _scratch: Option<Scratch>,
     },
     /// Sends and receives, progressed together with the rest of the group's on this
-    /// communicator.
-    Parts(Vec<P2pCall>),
+    /// communicator; an `ncclAlltoAll`'s also name the call ([`AllToAll`]), which may take
+    /// core's direct path instead.
+    Parts(Vec<P2pCall>, Option<AllToAll>),
+}
+
+/// An `ncclAlltoAll` on one rank (a collective: every rank makes it), for
+/// `mscclpp::p2p::PointToPoint::all_to_all_direct`.
+#[derive(Clone, Copy, Debug)]
+pub struct AllToAll {
+    /// The send and receive buffers (`nranks * per` bytes each).
+    pub send: u64,
+    /// See `send`.
+    pub recv: u64,
+    /// Bytes per block.
+    pub per: usize,
+    /// The caller's stream.
+    pub stream: u64,
 }
 
 enum Path {
@@ -246,19 +261,32 @@ pub unsafe fn issue_fallback(list: &[&Work]) -> NResult<()> {
 /// # Safety
 /// The buffers and streams of every call must be valid as `nccl.h` documents for it.
 pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<()> {
-    let parts: Vec<P2pCall> = list
-        .iter()
-        .filter_map(|w| match &w.path {
-            Path::Native(NativeWork::Parts(parts)) => Some(parts.iter().copied()),
-            _ => None,
-        })
-        .flatten()
-        // A zero-count send or receive is a no-op, as in NCCL: it matches nothing (a lone
-        // zero-count send to this rank itself included).
-        .filter(|c| c.op.bytes > 0)
-        .collect();
     // An abort from another thread or a dead peer ends the host-side waits of these calls.
     let result = mscclpp::backoff::watching(comm.watch(ready), || -> NResult<()> {
+        // An all-to-all (collective: every rank has it in its group alike) first tries core's
+        // direct path on its own stream (captured calls on registrable buffers); what it
+        // declines joins the group's sends and receives.
+        let mut direct = vec![false; list.len()];
+        for (w, done) in list.iter().zip(direct.iter_mut()) {
+            if let (Path::Native(NativeWork::Parts(_, Some(a))), Some(p2p)) = (&w.path, &ready.p2p)
+            {
+                // SAFETY: the caller's contract (the all-to-all's buffers and stream).
+                *done = unsafe { p2p.all_to_all_direct(a.send, a.recv, a.per, a.stream) }
+                    .map_err(|e| NcclError::from(e).context(w.call))?;
+            }
+        }
+        let parts: Vec<P2pCall> = list
+            .iter()
+            .zip(&direct)
+            .filter_map(|(w, &done)| match &w.path {
+                Path::Native(NativeWork::Parts(parts, _)) if !done => Some(parts.iter().copied()),
+                _ => None,
+            })
+            .flatten()
+            // A zero-count send or receive is a no-op, as in NCCL: it matches nothing (a lone
+            // zero-count send to this rank itself included).
+            .filter(|c| c.op.bytes > 0)
+            .collect();
         if !parts.is_empty() {
             // SAFETY: the caller's contract.
             unsafe { run_parts(comm, ready, &parts)? };

@@ -6,7 +6,8 @@ torch.distributed with the NCCL backend runs, each result compared exactly with 
 must produce:
   batch_isend_irecv ring and pairwise, blocking send/recv pairs, all_to_all_single with equal
   and unequal (zero included) splits, gather, scatter, all_reduce on new_group subgroups, and
-  an all_reduce captured in a CUDA graph replayed 5 times with changing data.
+  an all_reduce and an all_to_all_single captured in CUDA graphs, each replayed 5 times with
+  changing data.
 Each check prints "PASS <name>" or "FAIL <name>: <why>"; a check that raises ends the run
 (a failed collective leaves the others waiting). The last line is
 "TORCH_P2P rank=<r> world=<w> passed=<n> failed=<m>"; the exit code is 1 on any failure.
@@ -160,6 +161,27 @@ def run_checks():
         static.copy_(base * (it + 1) + rank)
         graph.replay()
         check(f"CUDA graph all_reduce replay {it}", static, base * (it + 1) * world + sum(range(world)))
+
+    # A CUDA graph that captured an all_to_all_single of 1 MiB blocks (ncclAlltoAll: core's
+    # direct path registers the output at capture and the ranks write straight into each
+    # other's), replayed 5 times with new data.
+    n = 1 << 18
+    a2a_in = torch.zeros(world * n, device=DEV)
+    a2a_out = torch.full((world * n,), -1.0, device=DEV)
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            dist.all_to_all_single(a2a_out, a2a_in)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_to_all_single(a2a_out, a2a_in)
+    for it in range(5):
+        a2a_in.copy_(torch.cat([val(rank, j, n) * (it + 1) for j in range(world)]))
+        a2a_out.fill_(-1.0)
+        graph.replay()
+        check(f"CUDA graph all_to_all_single replay {it}", a2a_out,
+              torch.cat([val(i, rank, n) * (it + 1) for i in range(world)]))
 
 
 def main():

@@ -75,6 +75,8 @@
 #define P2P_THREADS 512
 #define P2P_LL_MAX (16 * 1024)
 #define P2P_LL_BUF_BYTES ((1 + P2P_LL_MAX / 8) * 16)  // header packet + data packets
+#define P2P_A2A_MAX_RANKS 16   // the direct all-to-all's most ranks (receive buffers by value)
+#define P2P_A2A_MAX_BLOCKS 64  // and most blocks (its words per sender in the layout)
 
 /// struct P2pOpDev (core/src/p2p/gpu.rs), 24 bytes.
 struct P2pOpDev {
@@ -120,6 +122,20 @@ static_assert(sizeof(P2pOpDev) == 24, "P2pOpDev: 24 bytes, as OpDev in gpu.rs");
 static_assert(sizeof(P2pArgs) == 80 + 24 * P2P_MAX_OPS, "P2pArgs: an 80-byte head, as Args in gpu.rs");
 static_assert(sizeof(P2pArgsSmall) == 80 + 24 * P2P_SMALL_OPS, "P2pArgsSmall: as Args<SMALL_OPS> in gpu.rs");
 
+/// struct A2aArgs (core/src/p2p/gpu.rs): the direct all-to-all (p2p_a2a_direct below).
+struct P2pA2aArgs {
+  uint64_t base;              // this rank's buffer
+  const uint64_t* peerBases;  // [nranks] every rank's buffer mapped here
+  uint64_t* hostErr;          // [2] host-mapped copy of the error words
+  uint64_t timeoutNs;
+  uint64_t send;  // this rank's send buffer: block p (of `per` bytes) goes to rank p
+  uint64_t per;
+  uint32_t rank;
+  uint32_t nranks;
+  uint64_t recv[P2P_A2A_MAX_RANKS];  // every rank's receive buffer as mapped here (own at rank)
+};
+static_assert(sizeof(P2pA2aArgs) == 56 + 8 * P2P_A2A_MAX_RANKS, "P2pA2aArgs: as A2aArgs in gpu.rs");
+
 namespace {
 
 struct P2pLayout {
@@ -140,8 +156,15 @@ struct P2pLayout {
     return 4 * n * P2P_MAX_CHANNELS * 8 + (2 * n + receiver) * 8;
   }
   MSCCLPP_DEVICE_INLINE uint64_t error() const { return 4 * n * P2P_MAX_CHANNELS * 8 + 3 * n * 8; }
+  /// The direct all-to-all's word of block b of `sender` (written by the sender: 2k + 1 when
+  /// its launch k started, 2k + 2 when its writes into this rank's buffer are done).
+  MSCCLPP_DEVICE_INLINE uint64_t a2a(uint64_t sender, uint64_t b) const {
+    return error() + 64 + (sender * P2P_A2A_MAX_BLOCKS + b) * 8;
+  }
+  /// Direct all-to-all launches block b of this rank ran so far (only that block writes it).
+  MSCCLPP_DEVICE_INLINE uint64_t a2aSeq(uint64_t b) const { return a2a(n, 0) + b * 8; }
   MSCCLPP_DEVICE_INLINE uint64_t ll(uint64_t sender, uint64_t k) const {
-    return (error() + 64 + 4095) / 4096 * 4096 + (sender * 2 + k) * (uint64_t)P2P_LL_BUF_BYTES;
+    return (a2aSeq(P2P_A2A_MAX_BLOCKS) + 4095) / 4096 * 4096 + (sender * 2 + k) * (uint64_t)P2P_LL_BUF_BYTES;
   }
   MSCCLPP_DEVICE_INLINE uint64_t rings() const { return (ll(n, 0) + 4095) / 4096 * 4096; }
   /// Slot k of channel c's ring of messages from `sender` (`slots` slots of `slotBytes` per
@@ -573,16 +596,21 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
 namespace {
 
 /// Spins until `ready()` holds; false (error recorded once per block in `sFailed`) on a stall
-/// past the timeout or when another block failed.
+/// past the timeout or when another block failed. The stall clock `t0` (this thread's, shared
+/// by its waits) starts at the first check of its first long wait (0 until then): no clock
+/// read on the way to the first packet.
 template <class A, class F>
-MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t t0, uint64_t recv, uint64_t peer, uint64_t k,
+MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t& t0, uint64_t recv, uint64_t peer, uint64_t k,
                                   int* sFailed) {
   const volatile uint64_t* errWord = reinterpret_cast<const volatile uint64_t*>(a.base + P2pLayout{a.nranks}.error());
   for (uint32_t spin = 1;; ++spin) {
     if (ready()) return true;
     if ((spin & 1023) == 0) {
       if (*(volatile int*)sFailed || *errWord != 0 || mscclpp::abortRaised()) return false;  // or aborted
-      if (nowNs() - t0 > a.timeoutNs) {
+      const uint64_t now = nowNs();
+      if (t0 == 0) {
+        t0 = now;
+      } else if (now - t0 > a.timeoutNs) {
         if (atomicExch(sFailed, 1) == 0) recordError(a, kErrStall, recv, peer, k);
         return false;
       }
@@ -617,10 +645,12 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
     }
   }
   // Everything the block reads before its first packet, issued together (one round trip
-  // instead of four in a row): this thread's payload word of the first send, the error word,
-  // the pair's counters (this block alone writes them, after its final barrier) and the room
-  // word (acquire, last: it orders only what comes after it).
+  // instead of four in a row): this thread's payload word of the first send, the peer's
+  // buffer as mapped here (read after the barrier below it was a second round trip before the
+  // first packet), the error word, the pair's counters (this block alone writes them, after
+  // its final barrier) and the room word.
   uint2 pre = make_uint2(0, 0);
+  const uint64_t peerBase = peer != a.rank ? a.peerBases[peer] : 0;
   if (first >= 0 && threadIdx.x >= 1 && threadIdx.x <= (a.ops[first].bytes + 7) / 8)
     pre = loadPayload(reinterpret_cast<const char*>(a.ops[first].buf), (threadIdx.x - 1) * 8, a.ops[first].bytes);
   const uint64_t err = *reinterpret_cast<volatile uint64_t*>(base + L.error());
@@ -628,11 +658,14 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
   if (peer != a.rank) {
     sent0 = *reinterpret_cast<const uint64_t*>(base + L.llSent(peer));
     recvd0 = *reinterpret_cast<const uint64_t*>(base + L.llRecvd(peer));
-    if (first >= 0) consumed0 = mscclpp::loadAcquireSys(reinterpret_cast<const uint64_t*>(base + L.llConsumed(peer)));
+    // Relaxed, not acquire (an acquire held this thread's later loads behind it): the first
+    // packets' stores depend on its value, and the receiver stored it after its reads of the
+    // buffer had returned.
+    if (first >= 0) consumed0 = *reinterpret_cast<const volatile uint64_t*>(base + L.llConsumed(peer));
   }
   if (threadIdx.x == 0) sFailed = 0;
   if (__syncthreads_or(err != 0)) return;
-  const uint64_t t0 = nowNs();
+  uint64_t t0 = 0;
   uint32_t nSent = 0, nRecvd = 0;
   // A thread whose wait failed (error recorded) skips the rest of the work but still meets
   // every barrier: the block leaves together at the next one.
@@ -661,7 +694,7 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
           continue;
         }
         const uint32_t flag = (uint32_t)(n + 1);
-        mscclpp::LL16Packet* pk = reinterpret_cast<mscclpp::LL16Packet*>(a.peerBases[peer] + L.ll(a.rank, n & 1));
+        mscclpp::LL16Packet* pk = reinterpret_cast<mscclpp::LL16Packet*>(peerBase + L.ll(a.rank, n & 1));
         const char* src = reinterpret_cast<const char*>(op.buf);
         for (uint64_t i = threadIdx.x; i < npk; i += blockDim.x) {
           if (i == 0) {
@@ -696,7 +729,7 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
       // Relaxed (no fence): every packet read above has returned its value (stored out before
       // the barrier), so the sender's next use of the buffer cannot reach those reads.
       if (threadIdx.x == 0)
-        mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(a.peerBases[peer] + L.llConsumed(a.rank)), n + 1);
+        mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(peerBase + L.llConsumed(a.rank)), n + 1);
     }
   }
   if (__syncthreads_or(dead) || peer == a.rank) return;
@@ -708,7 +741,66 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
 
 }  // namespace
 
+namespace {
+
+/// The direct all-to-all (core/src/p2p/gpu.rs `all_to_all_direct`: a captured all-to-all whose
+/// receive buffers every rank registered and mapped): block b of every rank copies part b of
+/// each of its send blocks straight into the peers' receive buffers. Before it writes, block b
+/// of every peer has started (so the peer's receive buffer is free: its earlier stream work is
+/// done); after, it tells them its writes are done and waits for theirs into this rank's buffer.
+/// Both handshakes are one monotonic word per (sender, block) in the receiver's buffer
+/// (P2pLayout::a2a), so a replayed graph stays in step. Every rank runs the same grid (the
+/// host sizes it from `per` alone).
+MSCCLPP_DEVICE_INLINE void a2aDirect(const P2pA2aArgs& a) {
+  __shared__ int sFailed;
+  P2pLayout L{a.nranks};
+  const uint32_t b = blockIdx.x;
+  uint64_t* seqWord = reinterpret_cast<uint64_t*>(a.base + L.a2aSeq(b));
+  const uint64_t seq = *seqWord;  // this block alone writes it, after its last barrier
+  const uint64_t err = *reinterpret_cast<volatile uint64_t*>(a.base + L.error());
+  if (threadIdx.x == 0) sFailed = 0;
+  if (__syncthreads_or(err != 0)) return;
+  uint64_t t0 = 0;
+  const uint32_t t = threadIdx.x;
+  const bool peerThread = t < a.nranks && t != a.rank;  // thread t speaks with rank t
+  bool bad = false;
+  // 1: this block runs (this rank's receive buffer is free), and so does block b of every peer.
+  if (peerThread) {
+    mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(a.peerBases[t] + L.a2a(a.rank, b)), 2 * seq + 1);
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(a.base + L.a2a(t, b));
+    bad = !llWait(a, [&] { return mscclpp::loadAcquireSys(w) >= 2 * seq + 1; }, t0, 1, t, 0, &sFailed);
+  }
+  if (__syncthreads_or(bad)) return;
+  // 2: part b of every block, 16-byte units split evenly over the grid.
+  const uint64_t units = (a.per + 15) / 16;
+  const uint64_t x0 = units * b / gridDim.x * 16;
+  uint64_t x1 = units * (b + 1) / gridDim.x * 16;
+  if (x1 > a.per) x1 = a.per;
+  if (x0 < x1) {
+    for (uint32_t i = 0; i < a.nranks; ++i) {
+      const uint32_t p = (a.rank + i) % a.nranks;  // ranks start on different peers
+      blockCopyN<8>(reinterpret_cast<char*>(a.recv[p] + a.rank * a.per + x0),
+                    reinterpret_cast<const char*>(a.send + p * a.per + x0), x1 - x0);
+    }
+  }
+  __syncthreads();
+  // 3: the writes above are done (release after the barrier), and every peer's into this rank's
+  // buffer too.
+  if (peerThread) {
+    mscclpp::storeReleaseSys(reinterpret_cast<uint64_t*>(a.peerBases[t] + L.a2a(a.rank, b)), 2 * seq + 2);
+    const uint64_t* w = reinterpret_cast<const uint64_t*>(a.base + L.a2a(t, b));
+    bad = !llWait(a, [&] { return mscclpp::loadAcquireSys(w) >= 2 * seq + 2; }, t0, 1, t, 0, &sFailed);
+  }
+  if (__syncthreads_or(bad)) return;
+  if (threadIdx.x == 0) *seqWord = seq + 1;
+}
+
+}  // namespace
+
 extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch(P2pArgs a) { batch(a); }
+
+/// The direct all-to-all (a2aDirect).
+extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_a2a_direct(P2pA2aArgs a) { a2aDirect(a); }
 
 extern "C" __global__ void __launch_bounds__(P2P_THREADS) p2p_batch_small(P2pArgsSmall a) { batch(a); }
 
