@@ -7,6 +7,8 @@
 // extern "C" __global__ void p2p_ll(P2pArgsSmall args);  // (p2p_ll_big: P2pArgs) every op an LL message (or a copy to
 //   self of at most P2P_LL_MAX bytes): one block per (peer, direction) pair, each thread waits
 //   for its own packets (llBatch below); the host picks it (core/src/p2p/gpu.rs, `Plan::ll`).
+// extern "C" __global__ void p2p_a2a_direct(P2pA2aArgs args);  // a captured all-to-all whose
+//   receive buffers every rank registered: blocks written straight into the peers' (a2aDirect).
 //
 // Every rank owns one buffer (`base`, mapped by every peer of the node; same layout everywhere,
 // P2pLayout below): counters, then two LL buffers per sending peer, then the space of
@@ -276,12 +278,13 @@ MSCCLPP_DEVICE_INLINE void recordError(const A& a, uint64_t kind, uint64_t recv,
   P2pLayout L{a.nranks};
   uint64_t* err = reinterpret_cast<uint64_t*>(a.base + L.error());
   const uint64_t word = (1ull << 63) | (kind << 48) | (recv << 40) | peer;
-  if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)word) == 0ull) {
-    err[1] = detail;
-    a.hostErr[1] = detail;
-    __threadfence_system();
-    mscclpp::storeReleaseSys(a.hostErr, word);
-  }
+  // The first error of this rank's buffer is the one recorded and printed (several threads
+  // of the LL kernel may find the same stall).
+  if (atomicCAS((unsigned long long*)err, 0ull, (unsigned long long)word) != 0ull) return;
+  err[1] = detail;
+  a.hostErr[1] = detail;
+  __threadfence_system();
+  mscclpp::storeReleaseSys(a.hostErr, word);
   printf("mscclpp p2p: rank %u: %s rank %llu failed (kind %llu, detail %llu): %s\n", a.rank,
          recv ? "receive from" : "send to", (unsigned long long)peer, (unsigned long long)kind,
          (unsigned long long)detail,
@@ -595,23 +598,22 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
 
 namespace {
 
-/// Spins until `ready()` holds; false (error recorded once per block in `sFailed`) on a stall
-/// past the timeout or when another block failed. The stall clock `t0` (this thread's, shared
+/// Spins until `ready()` holds; false on a stall past the timeout (error recorded) or when
+/// another thread or block failed (the error word is set) or the host aborted. The stall clock `t0` (this thread's, shared
 /// by its waits) starts at the first check of its first long wait (0 until then): no clock
 /// read on the way to the first packet.
 template <class A, class F>
-MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t& t0, uint64_t recv, uint64_t peer, uint64_t k,
-                                  int* sFailed) {
+MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t& t0, uint64_t recv, uint64_t peer, uint64_t k) {
   const volatile uint64_t* errWord = reinterpret_cast<const volatile uint64_t*>(a.base + P2pLayout{a.nranks}.error());
   for (uint32_t spin = 1;; ++spin) {
     if (ready()) return true;
     if ((spin & 1023) == 0) {
-      if (*(volatile int*)sFailed || *errWord != 0 || mscclpp::abortRaised()) return false;  // or aborted
+      if (*errWord != 0 || mscclpp::abortRaised()) return false;  // or aborted
       const uint64_t now = nowNs();
       if (t0 == 0) {
         t0 = now;
       } else if (now - t0 > a.timeoutNs) {
-        if (atomicExch(sFailed, 1) == 0) recordError(a, kErrStall, recv, peer, k);
+        recordError(a, kErrStall, recv, peer, k);
         return false;
       }
     }
@@ -627,7 +629,6 @@ MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t& t0, uint64_t re
 /// llConsumed store.
 template <class A>
 MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
-  __shared__ int sFailed;
   P2pLayout L{a.nranks};
   const uint64_t base = a.base;
   const uint32_t pair = blockIdx.x;
@@ -663,13 +664,13 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
     // buffer had returned.
     if (first >= 0) consumed0 = *reinterpret_cast<const volatile uint64_t*>(base + L.llConsumed(peer));
   }
-  if (threadIdx.x == 0) sFailed = 0;
-  if (__syncthreads_or(err != 0)) return;
   uint64_t t0 = 0;
   uint32_t nSent = 0, nRecvd = 0;
-  // A thread whose wait failed (error recorded) skips the rest of the work but still meets
-  // every barrier: the block leaves together at the next one.
-  bool dead = false;
+  // A thread whose wait failed (error recorded), or that found the error word set (a launch
+  // after an error), skips the rest of the work but still meets every barrier: the block
+  // leaves together at the next one. No barrier before the first packets: each thread sends
+  // as soon as its own loads returned.
+  bool dead = err != 0;
   for (int pass = 0; pass < 2; ++pass) {
     // Every send of the block read its buffer before a receive may overwrite it (in place).
     if (pass == 1) __syncthreads();
@@ -688,8 +689,7 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
         // Room: message n - 2, the buffer's last user, was read (every thread checks itself;
         // the first send with the word read above, normally true at once).
         const bool room = n < 2 || ((int)k == first && consumed0 + 1 >= n);
-        if (dead || (!room && !llWait(a, [&] { return mscclpp::loadAcquireSys(consumed) + 1 >= n; }, t0, 0, peer, k,
-                                      &sFailed))) {
+        if (dead || (!room && !llWait(a, [&] { return mscclpp::loadAcquireSys(consumed) + 1 >= n; }, t0, 0, peer, k))) {
           dead = true;
           continue;
         }
@@ -713,12 +713,11 @@ MSCCLPP_DEVICE_INLINE void llBatch(const A& a) {
       // Each thread waits for its own packets only (one per thread up to 4 KiB).
       for (uint64_t i = threadIdx.x; i < npk && !bad; i += blockDim.x) {
         uint2 v;
-        if (!llWait(a, [&] { return pk[i].readOnce(flag, v); }, t0, 1, peer, k, &sFailed)) {
+        if (!llWait(a, [&] { return pk[i].readOnce(flag, v); }, t0, 1, peer, k)) {
           bad = true;
         } else if (i == 0) {
           if (v.x != (uint32_t)op.bytes || v.y != P2P_MAGIC) {
-            if (atomicExch(&sFailed, 1) == 0)
-              recordError(a, v.y != P2P_MAGIC ? kErrHeader : kErrSize, 1, peer, v.y != P2P_MAGIC ? v.y : v.x);
+            recordError(a, v.y != P2P_MAGIC ? kErrHeader : kErrSize, 1, peer, v.y != P2P_MAGIC ? v.y : v.x);
             bad = true;
           }
         } else {
@@ -752,13 +751,11 @@ namespace {
 /// (P2pLayout::a2a), so a replayed graph stays in step. Every rank runs the same grid (the
 /// host sizes it from `per` alone).
 MSCCLPP_DEVICE_INLINE void a2aDirect(const P2pA2aArgs& a) {
-  __shared__ int sFailed;
   P2pLayout L{a.nranks};
   const uint32_t b = blockIdx.x;
   uint64_t* seqWord = reinterpret_cast<uint64_t*>(a.base + L.a2aSeq(b));
   const uint64_t seq = *seqWord;  // this block alone writes it, after its last barrier
   const uint64_t err = *reinterpret_cast<volatile uint64_t*>(a.base + L.error());
-  if (threadIdx.x == 0) sFailed = 0;
   if (__syncthreads_or(err != 0)) return;
   uint64_t t0 = 0;
   const uint32_t t = threadIdx.x;
@@ -768,7 +765,7 @@ MSCCLPP_DEVICE_INLINE void a2aDirect(const P2pA2aArgs& a) {
   if (peerThread) {
     mscclpp::storeRelaxedSys(reinterpret_cast<uint64_t*>(a.peerBases[t] + L.a2a(a.rank, b)), 2 * seq + 1);
     const uint64_t* w = reinterpret_cast<const uint64_t*>(a.base + L.a2a(t, b));
-    bad = !llWait(a, [&] { return mscclpp::loadAcquireSys(w) >= 2 * seq + 1; }, t0, 1, t, 0, &sFailed);
+    bad = !llWait(a, [&] { return mscclpp::loadAcquireSys(w) >= 2 * seq + 1; }, t0, 1, t, 0);
   }
   if (__syncthreads_or(bad)) return;
   // 2: part b of every block, 16-byte units split evenly over the grid.
@@ -789,7 +786,7 @@ MSCCLPP_DEVICE_INLINE void a2aDirect(const P2pA2aArgs& a) {
   if (peerThread) {
     mscclpp::storeReleaseSys(reinterpret_cast<uint64_t*>(a.peerBases[t] + L.a2a(a.rank, b)), 2 * seq + 2);
     const uint64_t* w = reinterpret_cast<const uint64_t*>(a.base + L.a2a(t, b));
-    bad = !llWait(a, [&] { return mscclpp::loadAcquireSys(w) >= 2 * seq + 2; }, t0, 1, t, 0, &sFailed);
+    bad = !llWait(a, [&] { return mscclpp::loadAcquireSys(w) >= 2 * seq + 2; }, t0, 1, t, 0);
   }
   if (__syncthreads_or(bad)) return;
   if (threadIdx.x == 0) *seqWord = seq + 1;
