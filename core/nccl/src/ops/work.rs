@@ -265,21 +265,29 @@ pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<
     let result = mscclpp::backoff::watching(comm.watch(ready), || -> NResult<()> {
         // An all-to-all (collective: every rank has it in its group alike) first tries core's
         // direct path on its own stream (captured calls on registrable buffers); what it
-        // declines joins the group's sends and receives.
-        let mut direct = vec![false; list.len()];
-        for (w, done) in list.iter().zip(direct.iter_mut()) {
-            if let (Path::Native(NativeWork::Parts(_, Some(a))), Some(p2p)) = (&w.path, &ready.p2p)
-            {
-                // SAFETY: the caller's contract (the all-to-all's buffers and stream).
-                *done = unsafe { p2p.all_to_all_direct(a.send, a.recv, a.per, a.stream) }
-                    .map_err(|e| NcclError::from(e).context(w.call))?;
-            }
-        }
+        // declines joins the group's sends and receives. (No allocation unless the group has
+        // sends or receives: an eager collective allocates nothing per call.)
+        let mut failed: Option<NcclError> = None;
         let parts: Vec<P2pCall> = list
             .iter()
-            .zip(&direct)
-            .filter_map(|(w, &done)| match &w.path {
-                Path::Native(NativeWork::Parts(parts, _)) if !done => Some(parts.iter().copied()),
+            .filter_map(|w| match &w.path {
+                Path::Native(NativeWork::Parts(parts, a2a)) => {
+                    if let (Some(a), Some(p2p)) = (a2a, &ready.p2p) {
+                        if failed.is_some() {
+                            return None;
+                        }
+                        // SAFETY: the caller's contract (the all-to-all's buffers and stream).
+                        match unsafe { p2p.all_to_all_direct(a.send, a.recv, a.per, a.stream) } {
+                            Ok(true) => return None,
+                            Ok(false) => {}
+                            Err(e) => {
+                                failed = Some(NcclError::from(e).context(w.call));
+                                return None;
+                            }
+                        }
+                    }
+                    Some(parts.iter().copied())
+                }
                 _ => None,
             })
             .flatten()
@@ -287,6 +295,9 @@ pub unsafe fn run_native(comm: &Comm, ready: &Ready, list: &[&Work]) -> NResult<
             // zero-count send to this rank itself included).
             .filter(|c| c.op.bytes > 0)
             .collect();
+        if let Some(e) = failed {
+            return Err(e);
+        }
         if !parts.is_empty() {
             // SAFETY: the caller's contract.
             unsafe { run_parts(comm, ready, &parts)? };
