@@ -20,6 +20,12 @@
 //! [`MAX_OPS_PER_LAUNCH`] ops is split into launches by matching index ([`launches`]), so
 //! matched messages always share a launch number on both ends. Peers on other nodes are
 //! refused.
+//!
+//! The direct all-to-all (`all_to_all_direct`, kernel `p2p_a2a_direct`): an all-to-all
+//! captured into a graph, with blocks of at least the tune's `direct` KiB, registers its
+//! receive buffer at capture, the ranks agree in one bootstrap all-gather, and each rank writes
+//! its blocks straight into the peers' receive buffers (one copy instead of two); otherwise it
+//! runs as the sends and receives above.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
