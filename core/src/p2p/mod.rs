@@ -121,7 +121,7 @@ pub enum Rooted {
 
 enum Inner {
     Host(Mutex<host::HostP2p>),
-    Gpu(gpu::GpuP2p),
+    Gpu(Box<gpu::GpuP2p>),
 }
 
 /// The point-to-point state of one communicator (see the module doc).
@@ -143,7 +143,7 @@ impl PointToPoint {
         let (rank, nranks) = (b.rank(), b.nranks());
         let inner = match device.kind {
             DeviceType::Cpu => Inner::Host(Mutex::new(host::HostP2p::setup(&comm)?)),
-            DeviceType::Gpu => Inner::Gpu(gpu::GpuP2p::setup(&comm, device)?),
+            DeviceType::Gpu => Inner::Gpu(Box::new(gpu::GpuP2p::setup(&comm, device)?)),
         };
         Ok(PointToPoint {
             rank,
