@@ -599,9 +599,9 @@ MSCCLPP_DEVICE_INLINE void batch(const A& a) {
 namespace {
 
 /// Spins until `ready()` holds; false on a stall past the timeout (error recorded) or when
-/// another thread or block failed (the error word is set) or the host aborted. The stall clock `t0` (this thread's, shared
-/// by its waits) starts at the first check of its first long wait (0 until then): no clock
-/// read on the way to the first packet.
+/// another thread or block failed (the error word is set) or the host aborted. The stall
+/// clock `t0` (this thread's, shared by its waits) starts at the first check of its first long
+/// wait (0 until then): no clock read on the way to the first packet.
 template <class A, class F>
 MSCCLPP_DEVICE_INLINE bool llWait(const A& a, F ready, uint64_t& t0, uint64_t recv, uint64_t peer, uint64_t k) {
   const volatile uint64_t* errWord = reinterpret_cast<const volatile uint64_t*>(a.base + P2pLayout{a.nranks}.error());
