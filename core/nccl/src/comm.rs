@@ -9,7 +9,7 @@
 //! `ncclInvalidArgument`, never a dereference. The cells cost 16 bytes per communicator ever
 //! created in the process.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -335,8 +335,10 @@ pub struct HandleCell {
 /// The live handles (address -> communicator) and the retired ones (destroyed or aborted).
 #[derive(Default)]
 struct Registry {
-    live: HashMap<usize, (u64, Arc<Comm>)>,
-    retired: HashSet<usize>,
+    // Ordered maps, not hash maps: a job has a handful of communicators, and hashing the
+    // handle (SipHash) was a measurable part of an eager call's host time (issue 28).
+    live: BTreeMap<usize, (u64, Arc<Comm>)>,
+    retired: BTreeSet<usize>,
 }
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {

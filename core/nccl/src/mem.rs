@@ -94,6 +94,10 @@ fn regs() -> &'static Mutex<HashMap<usize, Box<Registration>>> {
 /// Registered ranges by communicator: start -> ends (a range may be registered twice).
 type RangeIndex = HashMap<usize, BTreeMap<u64, Vec<u64>>>;
 
+/// Whether any range was ever registered (in any communicator): until then
+/// [`is_registered`] answers without the lock (an eager call's host time, issue 28).
+static ANY_RANGE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn ranges() -> &'static Mutex<RangeIndex> {
     static T: OnceLock<Mutex<RangeIndex>> = OnceLock::new();
     T.get_or_init(|| Mutex::new(HashMap::new()))
@@ -104,6 +108,9 @@ pub fn is_registered(comm: usize, ptr: u64, bytes: usize) -> bool {
     let Some(end) = ptr.checked_add(bytes as u64) else {
         return false;
     };
+    if !ANY_RANGE.load(std::sync::atomic::Ordering::Acquire) {
+        return false;
+    }
     let g = ranges().lock().unwrap_or_else(|p| p.into_inner());
     let Some(index) = g.get(&comm) else {
         return false;
@@ -145,6 +152,7 @@ pub fn register(comm: usize, ptr: *mut c_void, size: usize) -> NResult<*mut c_vo
         .entry(ptr as u64)
         .or_default()
         .push(end);
+    ANY_RANGE.store(true, std::sync::atomic::Ordering::Release);
     Ok(h as *mut c_void)
 }
 

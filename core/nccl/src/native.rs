@@ -144,9 +144,10 @@ impl Native {
     /// The choice for `call` ([`Collectives::choose`]: forced, the user's selector, a plan or
     /// the default), or why nothing covers it (the fallback then takes it). The one place a
     /// native collective's algorithm is chosen; [`Native::run`] runs exactly this choice.
-    /// `registered`: the call's buffers lie in ranges registered on this communicator (then
-    /// [`Collectives::choose_registered`] prefers the zero-copy algorithms).
-    pub fn choose(&self, call: Call, registered: bool) -> Result<Choice, String> {
+    /// `registered`: whether the call's buffers lie in ranges registered on this communicator
+    /// (then [`Collectives::choose_registered`] prefers the zero-copy algorithms), asked only
+    /// when an algorithm is chosen.
+    pub fn choose(&self, call: Call, registered: impl FnOnce() -> bool) -> Result<Choice, String> {
         let coll = self.coll.as_ref().map_err(Clone::clone)?;
         if call.count == 0 {
             return Ok(Choice {
@@ -164,7 +165,7 @@ impl Native {
                 noop: true,
             });
         }
-        let chosen = if registered {
+        let chosen = if registered() {
             coll.choose_registered(&call)
         } else {
             coll.choose(&call)

@@ -241,9 +241,12 @@ impl Collective {
         // could disagree: never.
         let both_everywhere = !self.shape.send_on_root_only && !self.shape.result_on_root_only;
         let out_everywhere = self.shape.send_on_root_only && !self.shape.result_on_root_only;
-        let reg = |p: u64, b: usize| p != 0 && crate::mem::is_registered(key, p, b);
-        let registered = (both_everywhere && reg(a.send, send_bytes) && reg(a.recv, recv_bytes))
-            || (out_everywhere && reg(a.recv, recv_bytes));
+        // Asked only when an algorithm is chosen (not for a call with nothing to do).
+        let registered = move || {
+            let reg = |p: u64, b: usize| p != 0 && crate::mem::is_registered(key, p, b);
+            (both_everywhere && reg(a.send, send_bytes) && reg(a.recv, recv_bytes))
+                || (out_everywhere && reg(a.recv, recv_bytes))
+        };
         request.route(
             |ready| self.native(&a, root, is_root, registered, ready),
             || Box::new(CollectiveFallback { op: self, args: a }),
@@ -256,7 +259,7 @@ impl Collective {
         a: &CArgs,
         root: usize,
         is_root: bool,
-        registered: bool,
+        registered: impl FnOnce() -> bool,
         ready: &Ready,
     ) -> NResult<Result<NativeWork, String>> {
         if let Err(why) = ready.native.available() {

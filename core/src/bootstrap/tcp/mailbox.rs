@@ -4,6 +4,7 @@
 //! another peer is slow. A dead peer's messages that arrived before its death still count.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use super::wire::{KIND_COLLECTIVE, TAG_GOODBYE};
@@ -29,6 +30,9 @@ struct MailState {
 pub(super) struct Mailbox {
     state: Mutex<MailState>,
     arrived: Condvar,
+    /// Whether any peer was ever marked dead: until then [`Mailbox::first_failure`] answers
+    /// without the lock (every eager NCCL call asks it; the receiver threads take the lock).
+    any_dead: AtomicBool,
 }
 
 /// `rank 1`, `rank 1, rank 3`: how errors name ranks.
@@ -67,6 +71,7 @@ impl Mailbox {
             return;
         }
         let why = st.dead.entry(peer).or_insert(reason).clone();
+        self.any_dead.store(true, Ordering::Release);
         if !st.departed.contains(&peer) && st.device_abort.is_none() {
             // A failure, not a goodbye: no kernel will ever see this peer's signals.
             st.device_abort = crate::communicator::raise_device_abort(Some(peer), why);
@@ -91,6 +96,9 @@ impl Mailbox {
 
     /// The lowest rank that failed (see [`Mailbox::failure`]) and why.
     pub(super) fn first_failure(&self) -> Option<(usize, String)> {
+        if !self.any_dead.load(Ordering::Acquire) {
+            return None;
+        }
         let st = lock(&self.state);
         st.dead
             .iter()
