@@ -38,6 +38,12 @@ fn register_into(
     let o = out(name, handle)?;
     let c = lookup(comm)?;
     let h = mem::register(std::sync::Arc::as_ptr(&c) as usize, buff, size)?;
+    if let Ok(ready) = c.ready() {
+        // Registered whole at the next zero-copy miss outside capture, so later calls inside
+        // it are views, under capture too (a communicator still initializing registers its
+        // buffers call by call instead).
+        ready.native.declare_buffer(buff as u64, size);
+    }
     // SAFETY: checked non-NULL; the caller's pointer.
     unsafe { *o = h };
     Ok(abi::SUCCESS)

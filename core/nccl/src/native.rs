@@ -178,11 +178,20 @@ impl Native {
         })
     }
 
+    /// Declares `ptr..ptr+size` registered (`ncclCommRegister`, `ncclCommWindowRegister`):
+    /// registered whole at the next zero-copy miss outside capture
+    /// ([`Collectives::register_buffer`]).
+    pub fn declare_buffer(&self, ptr: u64, size: usize) {
+        if let Ok(coll) = &self.coll {
+            coll.register_buffer(ptr, size);
+        }
+    }
+
     /// Forgets the collectives' registrations and peer mappings of buffers inside
-    /// `ptr..ptr+size` (`ncclCommDeregister`).
+    /// `ptr..ptr+size`, and its declaration (`ncclCommDeregister`).
     pub fn forget_buffers(&self, ptr: u64, size: usize) {
         if let Ok(coll) = &self.coll {
-            coll.resources().user_buffers().forget(ptr, size);
+            coll.deregister_buffer(ptr, size);
         }
     }
 

@@ -3,7 +3,9 @@
 //! make `ncclAllGather`, `ncclReduceScatter` and `ncclBroadcast` take the zero-copy algorithm
 //! (`zero_copy`, named by the collectives' INFO log, written to a file here), exact, in and out
 //! of place; the same calls at a smaller size on the start of the registered buffers too, and
-//! calls moved through a registered range as nccl-tests `-R 1` does (views of the registration).
+//! calls moved through a registered range as nccl-tests `-R 1` does (views of the registration),
+//! and a reduce-scatter in place inside a registered range no call used before (a view: the
+//! ranges are registered whole at the first miss).
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -275,7 +277,11 @@ fn run(n: usize, log: &std::path::Path) {
 fn moving_through_the_range(comms: &[Comm]) {
     let n = comms.len();
     let (count, slots) = (65_537, 3);
-    let ins: Vec<Buf> = comms.iter().map(|&c| Buf::new(c, slots * count)).collect();
+    // The inputs also hold a reduce-scatter's input of n * count one slot in (below).
+    let ins: Vec<Buf> = comms
+        .iter()
+        .map(|&c| Buf::new(c, slots * n * count))
+        .collect();
     let outs: Vec<Buf> = comms
         .iter()
         .map(|&c| Buf::new(c, slots * n * count))
@@ -305,6 +311,30 @@ fn moving_through_the_range(comms: &[Comm]) {
             }
         }
     }
+    // A reduce-scatter in place one slot into the inputs: a range no call above registered
+    // (the all-gathers register their outputs), so a view only because ncclCommRegister's
+    // ranges are registered whole at the first miss (nccl-tests `-R 1` reduce-scatter in place
+    // reads its input from the receive range).
+    k += 1;
+    let at = n * count;
+    for (r, b) in ins.iter().enumerate() {
+        b.set(at, &(0..n * count).map(|i| v(k, r, i)).collect::<Vec<_>>());
+    }
+    grouped(comms, "ncclReduceScatter", |r, c| {
+        let (send, recv) = (ins[r].at(at), ins[r].at(at + r * count));
+        // SAFETY: registered host buffers holding the call's extents.
+        unsafe { ncclReduceScatter(send, recv, count, INT32, SUM, c.cast(), null_mut()) }
+    });
+    for (r, b) in ins.iter().enumerate() {
+        let got = &b.get()[at + r * count..][..count];
+        for (j, g) in got.iter().enumerate() {
+            let want = (0..n).fold(0i32, |s, p| s.wrapping_add(v(k, p, r * count + j)));
+            assert_eq!(
+                *g, want,
+                "reduce-scatter in place inside the inputs at {n} ranks: rank {r} element {j}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -323,7 +353,8 @@ fn registered_buffers_take_the_zero_copy_gather_scatter_and_broadcast() {
     // The log accumulates over both worlds; every gather/scatter/broadcast line names zero_copy.
     run(2, &log);
     run(4, &log);
-    // The calls moved through the range were views: at 2 and 4 ranks, 2 calls, every rank.
+    // The calls moved through the range were views: at 2 and 4 ranks, 3 calls (2 all-gathers,
+    // 1 reduce-scatter), every rank.
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     let views = text
         .lines()
@@ -331,7 +362,7 @@ fn registered_buffers_take_the_zero_copy_gather_scatter_and_broadcast() {
         .count();
     assert_eq!(
         views,
-        2 * (2 + 4),
+        3 * (2 + 4),
         "calls moved through a registered range are views of it (log {})",
         log.display()
     );

@@ -592,6 +592,24 @@ impl Collectives {
         })
     }
 
+    /// Declares `ptr..ptr+size` a buffer the caller will pass to [`Collectives::choose_registered`]
+    /// calls (local: no peer, no driver; like `ncclCommRegister`): at the next such call outside
+    /// graph capture that needs a registration, every rank registers its declared buffers whole
+    /// (collectively, in declaration order), and every later call anywhere inside them is
+    /// zero-copy without a registration of its own, under graph capture too. Every rank
+    /// declares its corresponding buffers alike. See [`user_buffers`].
+    pub fn register_buffer(&self, ptr: u64, size: usize) {
+        self.res.user_buffers().declare(ptr, size);
+    }
+
+    /// Takes back [`Collectives::register_buffer`] of `ptr..ptr+size` and forgets every
+    /// registration and peer mapping inside it (before the memory is freed; every rank alike).
+    pub fn deregister_buffer(&self, ptr: u64, size: usize) {
+        let cache = self.res.user_buffers();
+        cache.undeclare(ptr, size);
+        cache.forget(ptr, size);
+    }
+
     /// [`Collectives::choose`] with the algorithm named `name` (of this communicator's
     /// collection, plans included) for this one call, whatever is forced or selected: the
     /// same argument and algorithm checks. An unknown name is an error listing the valid ones.

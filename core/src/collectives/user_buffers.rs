@@ -13,6 +13,15 @@
 //! all-reduce on the H200 (2026-12-04, 2 ranks) took rsag_pipeline's times, 0.60x of `-R 0` at
 //! 4 MiB, and was zero-copy (2.69x) only at 256 MiB, the range's one slot.
 //!
+//! Ranges the caller declared registered ([`UserBufferCache::declare`]: `ncclCommRegister`,
+//! `ncclCommWindowRegister`, `Collectives::register_buffer`) are registered whole at the next
+//! miss outside capture (every rank its pending ones, in declaration order, when every rank has
+//! as many: the count rides on the view exchange), so every later call inside them is a view,
+//! also when first met under capture. Why: a registration of the call's own extent covers only
+//! that call; nccl-tests `-R 1` reduce-scatter in place reads its input from the receive range,
+//! which no out-of-place call had registered, so every in-place size missed under capture and
+//! copied (142 misses logged on the H200, 2026-12-04).
+//!
 //! Otherwise a miss outside graph capture is collective: every rank registers its buffer for
 //! CudaIpc (memory of this library, or the application's own allocation when the backend can
 //! export it: `cudaMalloc`, cuMem/VMM with a shareable handle type, a host memfd mapping),
@@ -77,6 +86,10 @@ struct State {
     entries: Entries,
     /// The creation number of the next registration.
     next_seq: u64,
+    /// Ranges the caller declared registered ([`UserBufferCache::declare`]: `ncclCommRegister`,
+    /// `ncclCommWindowRegister`, `Collectives::register_buffer`) and not registered here yet,
+    /// in declaration order.
+    pending: Vec<(u64, usize)>,
 }
 
 /// The cache (see the module doc).
@@ -131,25 +144,48 @@ impl UserBufferCache {
 
     /// The view of `ptr..ptr+size` inside the registration every rank `found` at the same
     /// offset (one bootstrap all-gather, host only, found or not), cached; `None` when they did
-    /// not all find the same one.
+    /// not all find the same one. The same exchange carries every rank's number of pending
+    /// declared ranges: `true` when every rank has the same number, above 0 (ranks that differ
+    /// drop theirs, logged: their buffers are then registered call by call).
     fn agree_on_view(
         &self,
         comm: &Communicator,
         ptr: u64,
         size: usize,
         found: Option<(Arc<UserBuffer>, u64)>,
-    ) -> Result<Option<Arc<UserBuffer>>> {
-        let mut blob = vec![u8::from(found.is_some())];
+    ) -> Result<(Option<Arc<UserBuffer>>, bool)> {
+        // [pending: u32][found: u8]([seq: u64][offset: u64])
+        let pending = u32::try_from(self.pending()).unwrap_or(u32::MAX);
+        let mut blob = pending.to_le_bytes().to_vec();
+        blob.push(u8::from(found.is_some()));
         if let Some((ub, off)) = &found {
             blob.extend_from_slice(&ub.seq.to_le_bytes());
             blob.extend_from_slice(&off.to_le_bytes());
         }
         let all = comm.bootstrap().all_gather(&blob)?;
         let view = match found {
-            Some((ub, off)) if all.iter().all(|x| *x == blob) => Some(Arc::new(ub.view(off))),
+            Some((ub, off)) if all.iter().all(|x| x.get(4..) == blob.get(4..)) => {
+                Some(Arc::new(ub.view(off)))
+            }
             _ => None,
         };
-        let said = match (&view, all.iter().any(|x| x.first() == Some(&1))) {
+        let counts: Vec<u32> = all
+            .iter()
+            .map(|x| {
+                x.get(..4)
+                    .map_or(0, |c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            })
+            .collect();
+        let agreed = counts.iter().all(|c| *c == pending);
+        if !agreed {
+            crate::log_info!(
+                "COLL",
+                "declared buffers pending per rank differ ({counts:?}): every rank drops them; \
+                 their buffers are registered call by call"
+            );
+            self.lock().pending.clear();
+        }
+        let said = match (&view, all.iter().any(|x| x.get(4) == Some(&1))) {
             (Some(_), _) => {
                 Some("inside a registration at the same offset on every rank (zero-copy view)")
             }
@@ -164,7 +200,7 @@ impl UserBufferCache {
         if view.is_some() {
             self.lock().entries.insert((ptr, size), view.clone());
         }
-        Ok(view)
+        Ok((view, agreed && pending > 0))
     }
 
     fn larger(entries: &Entries, ptr: u64, size: usize) -> Option<Arc<UserBuffer>> {
@@ -172,6 +208,31 @@ impl UserBufferCache {
         entries
             .range((ptr, from)..=(ptr, usize::MAX))
             .find_map(|(_, e)| e.as_ref().filter(|ub| ub.local.is_current()).cloned())
+    }
+
+    /// Declares `ptr..ptr+size` registered by the caller (local, no peer, no driver): at the
+    /// next miss outside graph capture every rank registers its declared ranges whole, in
+    /// declaration order, if every rank has as many pending; later calls anywhere inside them
+    /// are views (under capture too). Ranks declare their corresponding buffers alike, as with
+    /// `ncclCommRegister`.
+    pub fn declare(&self, ptr: u64, size: usize) {
+        if size > 0 {
+            self.lock().pending.push((ptr, size));
+        }
+    }
+
+    /// Takes back one declaration of `ptr..ptr+size` not registered yet (registrations made
+    /// from it go with [`UserBufferCache::forget`]).
+    pub fn undeclare(&self, ptr: u64, size: usize) {
+        let mut st = self.lock();
+        if let Some(i) = st.pending.iter().position(|r| *r == (ptr, size)) {
+            st.pending.remove(i);
+        }
+    }
+
+    /// Declared ranges not registered yet.
+    pub fn pending(&self) -> usize {
+        self.lock().pending.len()
     }
 
     /// The registered buffer `(ptr, size)` (or a live larger one starting at `ptr`,
@@ -218,8 +279,16 @@ impl UserBufferCache {
         // Every rank meets this miss (the same entries on every rank): agree on a view, also
         // under capture (host traffic only). Always exchanged, found or not, so a rank that
         // alone holds a containing registration never pairs its exchange with another's.
-        if let Some(view) = self.agree_on_view(comm, ptr, size, inside)? {
+        let (view, pending) = self.agree_on_view(comm, ptr, size, inside)?;
+        if let Some(view) = view {
             return Ok(Some(view));
+        }
+        if !capturing && pending {
+            // Every rank registers its declared ranges whole, then looks again: the call is
+            // now inside one (a view), or goes on as a miss (the pending list is empty, so
+            // this happens once).
+            self.register_pending(comm, device)?;
+            return self.get_or_register(comm, device, ptr, size, capturing);
         }
         if capturing {
             // Rare (once per captured call on a buffer never used outside capture), so said
@@ -231,6 +300,31 @@ impl UserBufferCache {
             );
             return Ok(None);
         }
+        self.register_new(comm, device, ptr, size)
+    }
+
+    /// Registers the declared ranges pending on every rank (as many on each: see
+    /// [`UserBufferCache::agree_on_view`]), in declaration order, each collectively
+    /// ([`UserBufferCache::register_new`]; one some rank cannot register is cached negative).
+    fn register_pending(&self, comm: &Communicator, device: Device) -> Result<()> {
+        let pending = std::mem::take(&mut self.lock().pending);
+        for (p, s) in pending {
+            self.register_new(comm, device, p, s)?;
+        }
+        Ok(())
+    }
+
+    /// Registers `ptr..ptr+size` on every rank (collective: every rank calls it alike) and
+    /// caches the outcome: the registration with every peer's buffer mapped, or `None` when
+    /// some rank could not register or map (agreed, so every rank copies alike).
+    fn register_new(
+        &self,
+        comm: &Communicator,
+        device: Device,
+        ptr: u64,
+        size: usize,
+    ) -> Result<Option<Arc<UserBuffer>>> {
+        let key = (ptr, size);
         let b = comm.bootstrap();
         let (rank, n) = (b.rank(), b.nranks());
         let local = match comm.register_memory(ptr, size, Transport::CudaIpc.into()) {

@@ -12,6 +12,12 @@
 //!   the registered range call by call): at the same offset on every rank a view of the
 //!   registration, also when first met under graph capture, exact; at offsets that differ
 //!   between the ranks no view (copying under capture, a registration of its own outside);
+//! * ZeroCopyTest.DeclaredBuffersAreRegisteredWhole: buffers declared with
+//!   `Collectives::register_buffer` (as `ncclCommRegister` does) are registered whole at the
+//!   first miss, so a reduce-scatter in place further inside the receive buffer (nccl-tests
+//!   `-R 1`: its input lies in a range no out-of-place call registered) is a view when first met
+//!   under graph capture, exact; ranks that declared different numbers of buffers drop them
+//!   alike and register call by call, exact;
 //! * ZeroCopyTest.UnexportableBuffersFallBackAlike (host backend): private memory cannot be
 //!   mapped by the peers; every rank falls back to `fullmesh` inside `zero_copy`, exact;
 //! * CollectivesEagerTest.DriverCallsPerCall (GPU builds): the GPU driver calls one eager
@@ -387,6 +393,97 @@ TEST!(ZeroCopyTest, CallsInsideARegistrationAreViews, |_ctx| {
         run(count, odd, "at offsets that differ between the ranks");
         res.user_buffers().forget(a.data(), a.bytes());
         res.user_buffers().forget(b.data(), b.bytes());
+    }
+});
+
+TEST!(ZeroCopyTest, DeclaredBuffersAreRegisteredWhole, |_ctx| {
+    let env = coll_env();
+    let (rank, n) = (env.coll.rank(), env.coll.nranks());
+    if n == 1 {
+        SKIP!("world size 1 always copies");
+    }
+    if n > 8 {
+        SKIP!("its reduce-scatters of n x 256 KiB took over 20 s at 16 ranks on the CI's cores; 2, 4 and 8 ranks cover it");
+    }
+    let seed = agreed_seed();
+    let res = env.coll.resources();
+    let cache = res.user_buffers();
+    let kind = CollectiveKind::ReduceScatter;
+    let count = ZERO_COPY_MIN_BYTES / 4 + 9;
+    let (ins, _) = extents(kind, count, n);
+    // Two slots each, as nccl-tests' send and receive ranges; fresh (no registration of an
+    // earlier test inside them).
+    let (send, recv) = (
+        poisoned(env.device, 2 * ins * 4),
+        poisoned(env.device, 2 * ins * 4),
+    );
+    let before = cache.pending();
+    env.coll.register_buffer(send.data(), send.bytes());
+    env.coll.register_buffer(recv.data(), recv.bytes());
+    EXPECT_EQ!(cache.pending(), before + 2, "two declarations pending");
+    let mut call = 0u32;
+    let mut run = |bufs: (&GpuBuffer<u8>, &GpuBuffer<u8>, usize), in_place: bool, what: &str| {
+        call += 1;
+        let mut errors = Vec::new();
+        let (name, bad) = registered_call(
+            kind,
+            bufs,
+            ReduceOp::Sum,
+            in_place,
+            count,
+            0,
+            (seed, call),
+            &mut errors,
+        );
+        EXPECT_EQ!(name, "zero_copy", "{what}: the registered choice");
+        EXPECT_EQ!(bad, 0, "{what}: {}", errors.join("; "));
+    };
+    // Out of place at the start of both: the first miss registers both declared buffers whole.
+    run((&send, &recv, 0), false, "out of place");
+    EXPECT_EQ!(
+        cache.pending(),
+        0,
+        "the declared buffers are registered at the first miss"
+    );
+    // In place one slot into the receive buffer: its input (every rank's whole input) lies
+    // where no call read before. First met under capture: a view of the receive buffer's
+    // registration.
+    let p = recv.data() + (ins * 4) as u64;
+    match ok!(
+        cache.get_or_register(res.comm(), res.device(), p, ins * 4, true),
+        "querying the cache as under capture"
+    ) {
+        Some(v) => {
+            EXPECT_EQ!(v.offset, (ins * 4) as u64, "the view's offset");
+            EXPECT_EQ!(v.bases[rank], p, "the own address of the view");
+        }
+        None => FAIL!("a call inside a declared buffer is a view of its registration"),
+    }
+    run(
+        (&recv, &send, ins),
+        true,
+        "in place, one slot into the receive buffer",
+    );
+    // Ranks that declared different numbers of buffers (rank 0 one more) drop them alike at
+    // the next miss; the call registers its own buffers and stays exact.
+    let extra = poisoned(env.device, 4096);
+    if rank == 0 {
+        env.coll.register_buffer(extra.data(), extra.bytes());
+    }
+    // Fresh buffers (`buffers` hands out the same two every time).
+    let (s2, r2) = (poisoned(env.device, ins * 4), poisoned(env.device, ins * 4));
+    run(
+        (&s2, &r2, 0),
+        false,
+        "after declarations that differ between the ranks",
+    );
+    EXPECT_EQ!(
+        cache.pending(),
+        0,
+        "declarations that differ between the ranks are dropped on every rank"
+    );
+    for b in [&send, &recv, &s2, &r2] {
+        env.coll.deregister_buffer(b.data(), b.bytes());
     }
 });
 
