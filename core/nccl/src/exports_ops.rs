@@ -28,7 +28,7 @@ fn collective(
     comm: *mut Comm,
     a: CArgs,
 ) -> NcclResult {
-    guard(call, || group::submit(op.prepare(call, comm, a)?))
+    guard(call, || op.submit(call, comm, a))
 }
 
 /// Runs point-to-point operation `op` for exported function `call`.

@@ -156,7 +156,7 @@ impl Native {
                 noop: false,
             });
         }
-        if call.send == call.recv && coll.nranks() == 1 {
+        if Self::does_nothing(coll, call.send, call.recv, call.count) {
             // The eager host path of a call that does nothing (issue 28: NCCL answers it in
             // 0.33 us on the H200): no algorithm choice, no launch lock, no call record.
             return Ok(Choice {
@@ -185,6 +185,19 @@ impl Native {
         if let Ok(coll) = &self.coll {
             coll.register_buffer(ptr, size);
         }
+    }
+
+    /// Whether a call of `count` elements from `send` to `recv` does nothing here (an in-place
+    /// call at world size 1: every collective with a built-in operator is the identity), the
+    /// `noop` of [`Native::choose`].
+    pub fn is_noop(&self, send: u64, recv: u64, count: usize) -> bool {
+        self.coll
+            .as_ref()
+            .is_ok_and(|coll| Self::does_nothing(coll, send, recv, count))
+    }
+
+    fn does_nothing(coll: &Collectives, send: u64, recv: u64, count: usize) -> bool {
+        count != 0 && send == recv && coll.nranks() == 1
     }
 
     /// Forgets the collectives' registrations and peer mappings of buffers inside

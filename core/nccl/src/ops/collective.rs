@@ -17,7 +17,7 @@ use crate::env::FallbackName;
 use crate::error::{NResult, NcclError};
 use crate::fallback::{FallbackComm, Handle, Stream};
 use crate::native::{data_type, reduce_op};
-use crate::ops::work::{CArgs, FallbackCall, NativeWork, Request, Work};
+use crate::ops::work::{CArgs, FallbackCall, NativeWork, Request};
 
 /// How many of NCCL's counts a buffer holds.
 #[derive(Clone, Copy, Debug)]
@@ -206,13 +206,15 @@ fn check_op(op: c_int, ready: &Ready) -> NResult<()> {
 
 impl Collective {
     /// Checks the C arguments `a` of `call` on `handle` (NULL buffers with a non-zero count,
-    /// count overflow, unknown types and operators, bad roots) and routes the call.
-    pub fn prepare(
+    /// count overflow, unknown types and operators, bad roots), routes the call and submits
+    /// it ([`crate::group::submit`]: queued inside a group, issued outside); a call that does
+    /// nothing natively (in place at world size 1) is answered at once.
+    pub fn submit(
         &'static self,
         call: &'static str,
         handle: *const Comm,
         a: CArgs,
-    ) -> NResult<Work> {
+    ) -> NResult<abi::NcclResult> {
         let request = Request::new(call, handle, &self.name)?;
         let (comm, ready) = (&request.comm, &request.ready);
         let n = comm.nranks;
@@ -233,6 +235,18 @@ impl Collective {
         if !self.shape.result_on_root_only || is_root {
             need_ptr("recvbuff", a.recv, recv_bytes)?;
         }
+        // A call the native path would run as a no-op (`Native::choose`'s `noop`): the same
+        // decision as routing's (not forced to the fallback, a native type and a built-in
+        // operator), made before the work is built (building, moving and dropping it was
+        // most of such a call's host time, issue 28).
+        if ready.native.is_noop(a.send, a.recv, a.count)
+            && !ready.forced.has(self.name.name)
+            && data_type(a.dtype).is_some()
+            && (!self.shape.reduces || reduce_op(a.redop).is_some())
+        {
+            comm.check_usable()?;
+            return Ok(abi::SUCCESS);
+        }
         let key = std::sync::Arc::as_ptr(comm) as usize;
         // Registered: both buffers inside ranges registered with this communicator, for the
         // collectives whose every rank has both buffers; broadcast (the root's input is read
@@ -247,10 +261,10 @@ impl Collective {
             (both_everywhere && reg(a.send, send_bytes) && reg(a.recv, recv_bytes))
                 || (out_everywhere && reg(a.recv, recv_bytes))
         };
-        request.route(
+        crate::group::submit(request.route(
             |ready| self.native(&a, root, is_root, registered, ready),
             || Box::new(CollectiveFallback { op: self, args: a }),
-        )
+        )?)
     }
 
     /// The native path of the checked call `a`, or why it has none.
