@@ -119,8 +119,14 @@ impl Collectives {
         bufs: &[&Buf],
     ) -> PyResult<()> {
         let what = call_name(call.kind);
+        // Every buffer inside one of `register_buffer`'s: the zero-copy algorithms are
+        // preferred (as for NCCL's registered buffers).
+        let registered = bufs
+            .iter()
+            .all(|b| self.inner.is_registered_buffer(b.ptr, b.nbytes));
         let choice = match algorithm {
             Some(name) => self.inner.choose_named(&call, name),
+            None if registered => self.inner.choose_registered(&call),
             None => self.inner.choose(&call),
         }
         .py_ctx(what)?;
@@ -282,6 +288,28 @@ impl Collectives {
     /// `root`: broadcast's; `dtype` overrides the buffers' element type; `algorithm` names the
     /// algorithm for this call; `stream`: the GPU stream (default: the tensor's current one,
     /// else 0).
+    /// Registers `buffer` (a `RawGpuBuffer`, a torch tensor, a CuPy or NumPy array) for the
+    /// zero-copy algorithms, as `ncclCommRegister` does: later calls whose buffers all lie
+    /// inside registered ones prefer them (all-reduce above 1 MiB, all-gather, reduce-scatter
+    /// and broadcast above 256 KiB per rank). Local (no traffic): every rank registers its
+    /// corresponding buffers alike, in the same order. The memory is mapped by the peers at
+    /// the next such call; memory they cannot map (e.g. NumPy's own on the host backend) makes
+    /// every rank copy instead, alike. Call `deregister_buffer` before freeing it.
+    fn register_buffer(&self, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let b = extract(buffer, "buffer", false)?;
+        self.check_device("register_buffer", "buffer", &b)?;
+        self.inner.register_buffer(b.ptr, b.nbytes);
+        Ok(())
+    }
+
+    /// Takes back `register_buffer(buffer)` and unmaps the peers' copies of it (every rank
+    /// alike, before the memory is freed).
+    fn deregister_buffer(&self, buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+        let b = extract(buffer, "buffer", false)?;
+        self.inner.deregister_buffer(b.ptr, b.nbytes);
+        Ok(())
+    }
+
     #[pyo3(signature = (collective, send, recv=None, *, op="sum", root=0, dtype=None, algorithm=None, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn collective(

@@ -36,6 +36,12 @@ def test_unique_id_group(tmp_path: Path) -> None:
     run_ranks("uniqueid", 2, str(tmp_path / "uid"))
 
 
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_registered_buffers(nranks: int) -> None:
+    """register_buffer makes calls on registered buffers zero-copy (exact); deregister undoes it."""
+    run_ranks("registered", nranks)
+
+
 @pytest.mark.parametrize("plan", ["allreduce_ll_n2.json", "allreduce_simple_n2.json"])
 def test_executor_plan(plan: str) -> None:
     run_ranks("executor", 2, str(PLANS / plan))

@@ -238,6 +238,47 @@ def case_executor(g: mscclpp.CommGroup, plan_path: str) -> None:
     g.barrier()
 
 
+def case_registered(g: mscclpp.CommGroup, *args: str) -> None:
+    """register_buffer: calls on registered RawGpuBuffers take the zero-copy algorithms, exact;
+    after deregister_buffer the copying ones again."""
+    r, n = g.rank, g.nranks
+    count = 300_000  # float32 per rank: 1.2 MB, above the 256 KiB from which zero_copy runs
+    send_buf = mscclpp.RawGpuBuffer(n * count * 4)
+    recv_buf = mscclpp.RawGpuBuffer(n * count * 4)
+    send = np.frombuffer(send_buf, dtype=np.float32)
+    recv = np.frombuffer(recv_buf, dtype=np.float32)
+
+    def last() -> str:
+        return str(g.recent_calls()[-1]["algorithm"])
+
+    def gather(what: str) -> str:
+        send[:count] = data(r, count, np.float32)
+        recv[:] = 99
+        g.all_gather(send[:count], recv)
+        check(f"all_gather {what}", recv.copy(), np.concatenate([data(p, count, np.float32) for p in range(n)]))
+        return last()
+
+    assert gather("before registering") != "zero_copy", last()
+    g.register_buffer(send_buf)
+    g.register_buffer(recv_buf)
+    assert gather("on registered buffers") == "zero_copy", last()
+    # Reduce-scatter in place inside the receive buffer (registered whole at the first call).
+    recv[:] = data(r, n * count, np.float32)
+    g.reduce_scatter(recv)
+    full = reduce([data(p, n * count, np.float32) for p in range(n)], "sum")
+    check("reduce_scatter in place on a registered buffer", recv[r * count : (r + 1) * count].copy(), full[r * count : (r + 1) * count])
+    assert last() == "zero_copy", last()
+    # All-reduce of 2.4 MB (zero-copy above 1 MiB).
+    send[:] = data(r, n * count, np.float32)
+    g.all_reduce(send, recv)
+    check("all_reduce on registered buffers", recv.copy(), reduce([data(p, n * count, np.float32) for p in range(n)], "sum"))
+    assert last() == "rsag_zero_copy", last()
+    g.deregister_buffer(send_buf)
+    g.deregister_buffer(recv_buf)
+    assert gather("after deregistering") != "zero_copy", last()
+    g.barrier()
+
+
 P2P_DTYPES = [np.float32, np.float16, np.int8, np.int64]
 # Bytes up to 2.4 MiB: several of the host backend's 512 KiB chunks (GPU: 128 KiB).
 P2P_COUNTS = [0, 1, 37, 65543, 600001]

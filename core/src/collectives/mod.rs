@@ -602,6 +602,12 @@ impl Collectives {
         self.res.user_buffers().declare(ptr, size);
     }
 
+    /// Whether `ptr..ptr+size` lies inside one buffer of [`Collectives::register_buffer`] (the
+    /// Python package's calls then take [`Collectives::choose_registered`]).
+    pub fn is_registered_buffer(&self, ptr: u64, size: usize) -> bool {
+        self.res.user_buffers().is_declared(ptr, size)
+    }
+
     /// Takes back [`Collectives::register_buffer`] of `ptr..ptr+size` and forgets every
     /// registration and peer mapping inside it (before the memory is freed; every rank alike).
     pub fn deregister_buffer(&self, ptr: u64, size: usize) {

@@ -90,6 +90,8 @@ struct State {
     /// `ncclCommWindowRegister`, `Collectives::register_buffer`) and not registered here yet,
     /// in declaration order.
     pending: Vec<(u64, usize)>,
+    /// Every declared range until it is taken back (pending or registered).
+    declared: Vec<(u64, usize)>,
 }
 
 /// The cache (see the module doc).
@@ -217,16 +219,32 @@ impl UserBufferCache {
     /// `ncclCommRegister`.
     pub fn declare(&self, ptr: u64, size: usize) {
         if size > 0 {
-            self.lock().pending.push((ptr, size));
+            let mut st = self.lock();
+            st.pending.push((ptr, size));
+            st.declared.push((ptr, size));
         }
     }
 
-    /// Takes back one declaration of `ptr..ptr+size` not registered yet (registrations made
-    /// from it go with [`UserBufferCache::forget`]).
+    /// Whether `ptr..ptr+size` lies inside one declared range ([`UserBufferCache::declare`]).
+    pub fn is_declared(&self, ptr: u64, size: usize) -> bool {
+        let Some(end) = ptr.checked_add(size as u64) else {
+            return false;
+        };
+        self.lock()
+            .declared
+            .iter()
+            .any(|&(p, s)| p <= ptr && p.saturating_add(s as u64) >= end)
+    }
+
+    /// Takes back one declaration of `ptr..ptr+size` (registrations made from it go with
+    /// [`UserBufferCache::forget`]).
     pub fn undeclare(&self, ptr: u64, size: usize) {
         let mut st = self.lock();
         if let Some(i) = st.pending.iter().position(|r| *r == (ptr, size)) {
             st.pending.remove(i);
+        }
+        if let Some(i) = st.declared.iter().position(|r| *r == (ptr, size)) {
+            st.declared.remove(i);
         }
     }
 

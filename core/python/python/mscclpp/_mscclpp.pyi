@@ -186,6 +186,11 @@ class Collectives:
         ``dtype``, ``op``, ``root``, ``algorithm``, ``state``."""
     def force_algorithm(self, collective: str, name: str | None) -> None:
         """Forces ``name`` for later calls (None un-forces)."""
+    def register_buffer(self, buffer: Any) -> None:
+        """Registers ``buffer`` for the zero-copy algorithms (as ``ncclCommRegister``): calls
+        whose buffers all lie inside registered ones prefer them. Local; every rank alike."""
+    def deregister_buffer(self, buffer: Any) -> None:
+        """Takes back ``register_buffer(buffer)`` (every rank alike, before freeing it)."""
     def collective(
         self,
         collective: str,
