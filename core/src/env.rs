@@ -143,6 +143,11 @@ pub const DETERMINISTIC: &str = "MSCCLPP_DETERMINISTIC";
 pub const COPY_DRIVER_MAX_BYTES: &str = "MSCCLPP_COPY_DRIVER_MAX_BYTES";
 /// The default of [`COPY_DRIVER_MAX_BYTES`]: 256 MiB.
 pub const COPY_DRIVER_MAX_BYTES_DEFAULT: usize = 256 << 20;
+/// `MSCCLPP_COPY_KERNEL_MAX_BYTES`: world-size-1 GPU copies up to this many bytes use the copy
+/// kernel, whatever [`COPY_DRIVER_MAX_BYTES`] says.
+pub const COPY_KERNEL_MAX_BYTES: &str = "MSCCLPP_COPY_KERNEL_MAX_BYTES";
+/// The default of [`COPY_KERNEL_MAX_BYTES`]: 4 MiB.
+pub const COPY_KERNEL_MAX_BYTES_DEFAULT: usize = 4 << 20;
 /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress (a receive
 /// whose send never comes) before it fails.
 pub const P2P_TIMEOUT: &str = "MSCCLPP_P2P_TIMEOUT";
@@ -462,6 +467,11 @@ pub const VARS: &[Var] = &[
         "byte count (K, M, G suffixes)",
     ),
     var(
+        COPY_KERNEL_MAX_BYTES,
+        "4M",
+        "byte count (K, M, G suffixes)",
+    ),
+    var(
         CHECK_CALLS,
         "0",
         "boolean: compare every call's fingerprint across the ranks before it runs",
@@ -577,6 +587,7 @@ pub struct Env {
     nvls_emulation: Parsed<bool>,
     coll_net_transport: Parsed<Option<NetTransport>>,
     copy_driver_max_bytes: Parsed<usize>,
+    copy_kernel_max_bytes: Parsed<usize>,
     check_calls: Parsed<bool>,
     deterministic: Parsed<bool>,
     p2p_timeout: Parsed<Option<Duration>>,
@@ -659,10 +670,11 @@ fn parse_net_transport(value: Option<String>) -> Parsed<Option<NetTransport>> {
     }
 }
 
-/// `MSCCLPP_COPY_DRIVER_MAX_BYTES`: a byte count with an optional K, M or G suffix.
-fn parse_copy_driver_max(value: Option<String>) -> Parsed<usize> {
+/// `name` (`MSCCLPP_COPY_DRIVER_MAX_BYTES`, `MSCCLPP_COPY_KERNEL_MAX_BYTES`): a byte count
+/// with an optional K, M or G suffix; `default` when unset or empty.
+fn parse_bytes(name: &str, value: Option<String>, default: usize) -> Parsed<usize> {
     let Some(v) = value.as_deref().map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(COPY_DRIVER_MAX_BYTES_DEFAULT);
+        return Ok(default);
     };
     let (digits, shift) = match v.as_bytes()[v.len() - 1].to_ascii_uppercase() {
         b'K' => (&v[..v.len() - 1], 10),
@@ -675,10 +687,7 @@ fn parse_copy_driver_max(value: Option<String>) -> Parsed<usize> {
         .ok()
         .and_then(|n| n.checked_mul(1usize << shift))
         .ok_or_else(|| {
-            format!(
-                "{COPY_DRIVER_MAX_BYTES}={v}: expected a byte count such as 0, 65536, 64K, 256M \
-                 or 1G"
-            )
+            format!("{name}={v}: expected a byte count such as 0, 65536, 64K, 256M or 1G")
         })
 }
 
@@ -850,7 +859,16 @@ impl Env {
             forced_algorithms: parse_forced(&lookup),
             nvls_emulation: parse_nvls_emulation(lookup(NVLS_EMULATION)),
             coll_net_transport: parse_net_transport(lookup(COLL_NET_TRANSPORT)),
-            copy_driver_max_bytes: parse_copy_driver_max(lookup(COPY_DRIVER_MAX_BYTES)),
+            copy_driver_max_bytes: parse_bytes(
+                COPY_DRIVER_MAX_BYTES,
+                lookup(COPY_DRIVER_MAX_BYTES),
+                COPY_DRIVER_MAX_BYTES_DEFAULT,
+            ),
+            copy_kernel_max_bytes: parse_bytes(
+                COPY_KERNEL_MAX_BYTES,
+                lookup(COPY_KERNEL_MAX_BYTES),
+                COPY_KERNEL_MAX_BYTES_DEFAULT,
+            ),
             check_calls: parse_bool(CHECK_CALLS, lookup(CHECK_CALLS).as_deref()),
             deterministic: parse_bool(DETERMINISTIC, lookup(DETERMINISTIC).as_deref()),
             p2p_timeout: parse_duration(P2P_TIMEOUT, lookup(P2P_TIMEOUT)),
@@ -898,6 +916,7 @@ impl Env {
             err(&self.force_disable_gdr), err(&self.cudaipc_use_default_stream),
             err(&self.forced_algorithms), err(&self.nvls_emulation),
             err(&self.coll_net_transport), err(&self.copy_driver_max_bytes),
+            err(&self.copy_kernel_max_bytes),
             err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes),
@@ -1017,6 +1036,12 @@ impl Env {
     /// memcpy rather than the copy kernel (a byte count, `K`/`M`/`G` suffixes; default 256M).
     pub fn copy_driver_max_bytes(&self) -> Result<usize> {
         Self::typed(&self.copy_driver_max_bytes)
+    }
+    /// `MSCCLPP_COPY_KERNEL_MAX_BYTES`: world-size-1 GPU copies up to this many bytes use the
+    /// copy kernel before [`Env::copy_driver_max_bytes`] is asked (a byte count, `K`/`M`/`G`
+    /// suffixes; default 4M; `0`: none).
+    pub fn copy_kernel_max_bytes(&self) -> Result<usize> {
+        Self::typed(&self.copy_kernel_max_bytes)
     }
     /// `MSCCLPP_EXECUTOR_MAX_LANES`: the most GPU blocks the executor gives one plan thread
     /// block (default [`EXECUTOR_MAX_LANES_DEFAULT`]); a malformed value is warned about at
@@ -1188,6 +1213,21 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn copy_kernel_max_bytes() {
+        let max = |v: &str| env_of(&[(COPY_KERNEL_MAX_BYTES, v)]).copy_kernel_max_bytes();
+        assert_eq!(env_of(&[]).copy_kernel_max_bytes().unwrap(), 4 << 20);
+        assert_eq!(max("0").unwrap(), 0);
+        assert_eq!(max("1M").unwrap(), 1 << 20);
+        let e = err(max("4 MiB"));
+        assert!(
+            e.contains(&format!(
+                "{COPY_KERNEL_MAX_BYTES}=4 MiB: expected a byte count"
+            )),
+            "{e}"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! `ncclAllReduce` (and the other collectives) at world size 1, outside a group, makes no heap
 //! allocation once the communicator has run it once. A counting global allocator counts the
 //! allocations of this thread between two points; the figure is per call, over many calls.
-//! Host backend (at world size 1 the GPU path adds only the driver's copy, counted by the GPU
+//! Host backend (at world size 1 the GPU path adds only the copy's launch, counted by the GPU
 //! test `CollectivesEagerTest.DriverCallsPerCall`).
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -1,10 +1,16 @@
 //! World size 1: every collective is a copy (out of place) or nothing (in place). On a GPU,
-//! copies up to [`DRIVER_COPY_ENV`] bytes (default 256 MiB) go through the driver's
-//! asynchronous copy (`cuMemcpyAsync`, a memcpy node under graph capture) and larger ones through
-//! a vectorised kernel (kernels/cuda/src/collectives/copy.cu). Measured on one H200 under
-//! nccl-tests (docs/perf.md, 2026-12-01): the driver's copy took 1.05 / 1.29 / 2.44 / 127.75 us
-//! at 1 KiB / 16 KiB / 1 MiB / 256 MiB where the kernel took 1.13 / 1.66 / 2.63 / 139.52, but
-//! 790 us at 1 GiB where the kernel took 544.
+//! copies up to [`KERNEL_COPY_ENV`] bytes (default 4 MiB) go through a vectorised kernel
+//! (kernels/cuda/src/collectives/copy.cu), copies up to [`DRIVER_COPY_ENV`] bytes (default
+//! 256 MiB) through the driver's asynchronous copy (`cuMemcpyAsync`, a memcpy node under graph
+//! capture), and larger ones through the kernel again. Measured on one H200:
+//! * eager (nccl-tests `-c 0 -n 200`, rounds 7 and 8 of docs/perf.md, 2026-12-04): the host
+//!   issues a kernel launch faster than the driver's copy, 4.0-5.1 us per call against 4.9-6.8
+//!   from 1 KiB to 4 MiB (NCCL: 5.1-6.6); from 16 MiB the driver's copy is faster (10.9 against
+//!   11.5 at 16 MiB, 128.9 against 141.1 at 256 MiB);
+//! * in a CUDA graph (nccl-tests `-G`, 2026-12-01): the driver's copy took 1.05 / 1.29 / 2.44 /
+//!   127.75 us at 1 KiB / 16 KiB / 1 MiB / 256 MiB where the kernel took 1.13 / 1.66 / 2.63 /
+//!   139.52 (so a captured small copy costs up to 0.4 us more with the kernel), but 790 us at
+//!   1 GiB where the kernel took 544.
 
 use super::algorithm::native_algorithm;
 use super::gpu::GpuCtx;
@@ -18,9 +24,33 @@ use mscclpp_hal::{Gpu, StreamInterop};
 /// (`0`: always the kernel). Bytes, with an optional K/M/G suffix (powers of 1024).
 pub const DRIVER_COPY_ENV: &str = crate::env::COPY_DRIVER_MAX_BYTES;
 
+/// Copies of at most this many bytes use the kernel before [`DRIVER_COPY_ENV`] is asked
+/// (`0`: none). Bytes, with an optional K/M/G suffix (powers of 1024).
+pub const KERNEL_COPY_ENV: &str = crate::env::COPY_KERNEL_MAX_BYTES;
+
 /// This process's [`DRIVER_COPY_ENV`], read once ([`crate::env::Env::copy_driver_max_bytes`]).
 pub(crate) fn driver_copy_max() -> Result<usize> {
     crate::env::env().copy_driver_max_bytes()
+}
+
+/// This process's [`KERNEL_COPY_ENV`], read once ([`crate::env::Env::copy_kernel_max_bytes`]).
+pub(crate) fn kernel_copy_max() -> Result<usize> {
+    crate::env::env().copy_kernel_max_bytes()
+}
+
+/// Whether a world-size-1 GPU copy of `bytes` goes through the driver's copy (else the
+/// kernel): above [`KERNEL_COPY_ENV`] and at most [`DRIVER_COPY_ENV`].
+pub(crate) fn uses_driver_copy(bytes: usize) -> Result<bool> {
+    Ok(driver_copy_for(
+        bytes,
+        kernel_copy_max()?,
+        driver_copy_max()?,
+    ))
+}
+
+/// [`uses_driver_copy`] with the two thresholds given.
+fn driver_copy_for(bytes: usize, kernel_max: usize, driver_max: usize) -> bool {
+    bytes > kernel_max && bytes <= driver_max
 }
 
 /// The copy "algorithm" of one collective at world size 1.
@@ -94,7 +124,7 @@ native_algorithm! {
         if call.send == call.recv {
             return Ok(());
         }
-        if call.bytes() <= driver_copy_max()? {
+        if uses_driver_copy(call.bytes())? {
             // SAFETY: the caller's live stream of this device; the caller of the collective
             // keeps both (non-overlapping) buffers alive until the stream ran the copy.
             return unsafe {
@@ -127,5 +157,28 @@ native_algorithm! {
             };
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::driver_copy_for;
+
+    #[test]
+    fn small_copies_take_the_kernel_middle_ones_the_driver_huge_ones_the_kernel() {
+        let (k, d) = (4 << 20, 256 << 20);
+        assert!(!driver_copy_for(1024, k, d), "1 KiB: the kernel");
+        assert!(!driver_copy_for(4 << 20, k, d), "4 MiB: the kernel");
+        assert!(
+            driver_copy_for((4 << 20) + 1, k, d),
+            "just above: the driver"
+        );
+        assert!(driver_copy_for(256 << 20, k, d), "256 MiB: the driver");
+        assert!(!driver_copy_for((256 << 20) + 1, k, d), "above: the kernel");
+        assert!(driver_copy_for(1024, 0, d), "no kernel range: the driver");
+        assert!(
+            !driver_copy_for(16 << 20, k, 0),
+            "no driver range: the kernel"
+        );
     }
 }

@@ -36,7 +36,8 @@
 //! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port`, `zero_copy` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh`, `zero_copy` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
-//! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 256M; K/M/G suffixes; `0`: none) use the driver's copy, larger ones the copy kernel |
+//! | `MSCCLPP_COPY_KERNEL_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 4M; K/M/G suffixes; `0`: none) use the copy kernel (an eager launch costs the host less than the driver's copy) |
+//! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | larger GPU copies up to this many bytes (default 256M; `0`: none) use the driver's copy, larger ones the copy kernel |
 //! | `MSCCLPP_NVLS_EMULATION` | all-reduce | `1`: the selector may pick the NVLS variants on the host backend (multicast emulation); `0`/unset: only when forced |
 //! | `MSCCLPP_CHECK_CALLS` | any, and point-to-point | `1`: every call is compared across the ranks before it runs; a mismatch fails it on every rank naming the ranks and calls ([`check`]) |
 //! | `MSCCLPP_DETERMINISTIC` | all-reduce, reduce-scatter | `1`: only algorithms that fold the ranks in rank order, bitwise reproducible ([`deterministic`]) |
@@ -224,6 +225,7 @@ impl CollectivesBuilder {
         let env = crate::env::Env::current();
         let nvls_opt_in = env.nvls_emulation()?;
         copy::driver_copy_max()?;
+        copy::kernel_copy_max()?;
         let comm = self.comm;
         let res = Resources::new(&comm, self.config)?;
         let nvls = nvls::selectable(res.device(), nvls_opt_in);

@@ -570,7 +570,7 @@ TEST!(CollectivesEagerTest, DriverCallsPerCall, |_ctx| {
         "[rank {}] eager all-reduce of 1 KiB at {n} ranks: {per} driver calls per call",
         env.coll.rank()
     );
-    // Context bind + the launch (or the driver's copy at world size 1).
+    // Context bind + the launch (at world size 1 the copy kernel's, or the driver's copy).
     EXPECT_LE!(per, 2.0, "driver calls per eager all-reduce");
     if n == 1 {
         return;

@@ -58,19 +58,22 @@ if [ $built = 1 ]; then
     verdict "all_reduce_perf ws1 -c 1 ($v)" $([ $rc2 = 0 ] && [ "$w" = 0 ] && echo 1 || echo 0) "(exit $rc2, wrong $w)"
     awk '$1 ~ /^[0-9]+$/ && NF >= 12 { print $1, $6, $10 }' "$OUT/ar_ws1_eager.$v.log" >"$W/ws1.$v.t"
   done
-  # Ours with the copy kernel at every size (MSCCLPP_COPY_DRIVER_MAX_BYTES=0) instead of the
-  # driver's copy up to 256 MiB: which of the two costs less per eager call (pre: the
-  # loop's last, ours).
-  # shellcheck disable=SC2086
-  timeout 180 "${pre[@]}" -x MSCCLPP_COPY_DRIVER_MAX_BYTES=0 "$B/all_reduce_perf" $EARGS >"$OUT/ar_ws1_eager.ours_kernel.log" 2>&1
-  rc=$?
-  verdict "all_reduce_perf ws1 eager -c 0 (ours, copy kernel at every size)" $([ $rc = 0 ] && echo 1 || echo 0) "(exit $rc)"
-  awk '$1 ~ /^[0-9]+$/ && NF >= 12 { print $1, $6, $10 }' "$OUT/ar_ws1_eager.ours_kernel.log" >"$W/ws1.kernel.t"
+  # Ours with each copy at every size: the kernel (MSCCLPP_COPY_DRIVER_MAX_BYTES=0) and the
+  # driver's copy (MSCCLPP_COPY_KERNEL_MAX_BYTES=0 MSCCLPP_COPY_DRIVER_MAX_BYTES=1G); the
+  # default takes the kernel up to 4 MiB, the driver's copy above (pre: the loop's last, ours).
+  for alt in kernel driver; do
+    if [ $alt = kernel ]; then xs=(-x MSCCLPP_COPY_DRIVER_MAX_BYTES=0); else xs=(-x MSCCLPP_COPY_KERNEL_MAX_BYTES=0 -x MSCCLPP_COPY_DRIVER_MAX_BYTES=1G); fi
+    # shellcheck disable=SC2086
+    timeout 180 "${pre[@]}" "${xs[@]}" "$B/all_reduce_perf" $EARGS >"$OUT/ar_ws1_eager.ours_$alt.log" 2>&1
+    rc=$?
+    verdict "all_reduce_perf ws1 eager -c 0 (ours, $alt copy at every size)" $([ $rc = 0 ] && echo 1 || echo 0) "(exit $rc)"
+    awk '$1 ~ /^[0-9]+$/ && NF >= 12 { print $1, $6, $10 }' "$OUT/ar_ws1_eager.ours_$alt.log" >"$W/ws1.$alt.t"
+  done
   say ""
-  say "all_reduce_perf world size 1, eager (-c 0 -n 200), us per call: NCCL oop / ours oop, NCCL ip / ours ip (target: ours <= NCCL); ours oop with the copy kernel"
-  paste -d' ' "$W/ws1.nccl.t" "$W/ws1.ours.t" "$W/ws1.kernel.t" |
+  say "all_reduce_perf world size 1, eager (-c 0 -n 200), us per call: NCCL oop / ours oop, NCCL ip / ours ip (target: ours <= NCCL); ours oop with the copy kernel, with the driver's copy at every size"
+  paste -d' ' "$W/ws1.nccl.t" "$W/ws1.ours.t" "$W/ws1.kernel.t" "$W/ws1.driver.t" |
     awk '{ m = (($5 <= $2 && $6 <= $3) ? "target met" : "target missed");
-           printf "%12s %9s / %-9s %9s / %-9s %-14s kernel %s\n", $1, $2, $5, $3, $6, m, $8 }' | tee -a "$SUM"
+           printf "%12s %9s / %-9s %9s / %-9s %-14s kernel %s driver %s\n", $1, $2, $5, $3, $6, m, $8, $11 }' | tee -a "$SUM"
 fi
 
 # ---- 2. PyTorch eager, world size 1 ----------------------------------------------------------

@@ -78,7 +78,8 @@ for t in $TESTS; do
     "(exit $rc2, wrong $w2, our init logged $used time(s))"
 done
 # The world-size-1 copy's two paths side by side: every size through the copy kernel
-# (MSCCLPP_COPY_DRIVER_MAX_BYTES=0) next to the default (the driver's copy up to 256 MiB).
+# (MSCCLPP_COPY_DRIVER_MAX_BYTES=0) next to the default (the kernel up to 4 MiB, the driver's
+# copy up to 256 MiB).
 MSCCLPP_COPY_DRIVER_MAX_BYTES=0 LD_PRELOAD="$LIB" timeout 120 "$B/all_reduce_perf" $ARGS >"$OUT/all_reduce.mscclpp_kernel.log" 2>&1
 rc3=$?; w3=$(wrong_of "$OUT/all_reduce.mscclpp_kernel.log")
 verdict "all_reduce_perf LD_PRELOAD, copy kernel at every size" $([ $rc3 = 0 ] && [ "$w3" = 0 ] && echo 1 || echo 0) "(exit $rc3, wrong $w3)"
