@@ -147,15 +147,16 @@ impl UserBufferCache {
     /// The view of `ptr..ptr+size` inside the registration every rank `found` at the same
     /// offset (one bootstrap all-gather, host only, found or not), cached; `None` when they did
     /// not all find the same one. The same exchange carries every rank's number of pending
-    /// declared ranges: `true` when every rank has the same number, above 0 (ranks that differ
-    /// drop theirs, logged: their buffers are then registered call by call).
+    /// declared ranges: that number when every rank has the same, above 0, else 0 (ranks that
+    /// differ drop the ones they counted, logged: their buffers are then registered call by
+    /// call). Declarations made meanwhile (another thread) stay pending for the next miss.
     fn agree_on_view(
         &self,
         comm: &Communicator,
         ptr: u64,
         size: usize,
         found: Option<(Arc<UserBuffer>, u64)>,
-    ) -> Result<(Option<Arc<UserBuffer>>, bool)> {
+    ) -> Result<(Option<Arc<UserBuffer>>, usize)> {
         // [pending: u32][found: u8]([seq: u64][offset: u64])
         let pending = u32::try_from(self.pending()).unwrap_or(u32::MAX);
         let mut blob = pending.to_le_bytes().to_vec();
@@ -185,7 +186,7 @@ impl UserBufferCache {
                 "declared buffers pending per rank differ ({counts:?}): every rank drops them; \
                  their buffers are registered call by call"
             );
-            self.lock().pending.clear();
+            self.drain_pending(pending as usize);
         }
         let said = match (&view, all.iter().any(|x| x.get(4) == Some(&1))) {
             (Some(_), _) => {
@@ -202,7 +203,14 @@ impl UserBufferCache {
         if view.is_some() {
             self.lock().entries.insert((ptr, size), view.clone());
         }
-        Ok((view, agreed && pending > 0))
+        Ok((view, if agreed { pending as usize } else { 0 }))
+    }
+
+    /// Takes the first `count` pending declarations out of the list.
+    fn drain_pending(&self, count: usize) -> Vec<(u64, usize)> {
+        let mut st = self.lock();
+        let count = count.min(st.pending.len());
+        st.pending.drain(..count).collect()
     }
 
     fn larger(entries: &Entries, ptr: u64, size: usize) -> Option<Arc<UserBuffer>> {
@@ -301,11 +309,10 @@ impl UserBufferCache {
         if let Some(view) = view {
             return Ok(Some(view));
         }
-        if !capturing && pending {
-            // Every rank registers its declared ranges whole, then looks again: the call is
-            // now inside one (a view), or goes on as a miss (the pending list is empty, so
-            // this happens once).
-            self.register_pending(comm, device)?;
+        if !capturing && pending > 0 {
+            // Every rank registers its declared ranges whole (as many as every rank counted),
+            // then looks again: the call is now inside one (a view), or goes on as a miss.
+            self.register_pending(comm, device, pending)?;
             return self.get_or_register(comm, device, ptr, size, capturing);
         }
         if capturing {
@@ -321,12 +328,16 @@ impl UserBufferCache {
         self.register_new(comm, device, ptr, size)
     }
 
-    /// Registers the declared ranges pending on every rank (as many on each: see
+    /// Registers the first `count` declared ranges pending (every rank counted as many: see
     /// [`UserBufferCache::agree_on_view`]), in declaration order, each collectively
     /// ([`UserBufferCache::register_new`]; one some rank cannot register is cached negative).
-    fn register_pending(&self, comm: &Communicator, device: Device) -> Result<()> {
-        let pending = std::mem::take(&mut self.lock().pending);
-        for (p, s) in pending {
+    fn register_pending(&self, comm: &Communicator, device: Device, count: usize) -> Result<()> {
+        let ranges = self.drain_pending(count);
+        for i in 0..count {
+            // Exactly `count` collective registrations on every rank: should another thread
+            // have taken a declaration back meanwhile, this rank takes part with an empty
+            // range (registrable nowhere, so every rank caches that registration negative).
+            let (p, s) = ranges.get(i).copied().unwrap_or((0, 0));
             self.register_new(comm, device, p, s)?;
         }
         Ok(())
