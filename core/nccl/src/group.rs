@@ -74,10 +74,6 @@ pub fn submit(w: Work) -> NResult<NcclResult> {
 /// Issues one call outside a group: [`flush`] of a single call without its batching (no
 /// heap allocation on this path: an eager call's host cost, issue 28).
 fn issue_one(w: &Work) -> NResult<NcclResult> {
-    if w.is_noop() {
-        // Nothing to run, watch or record (an in-place collective at world size 1).
-        return Ok(abi::SUCCESS);
-    }
     let one = [w];
     if w.is_fallback() {
         // SAFETY: the caller of the NCCL function vouched for its buffers and stream.

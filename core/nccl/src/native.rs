@@ -82,9 +82,6 @@ pub struct Choice {
     pub call: Call,
     /// The collectives' choice (algorithm or plan, its check done).
     pub chosen: Option<collectives::Choice>,
-    /// Nothing to run, record or check: an in-place call at world size 1, where every
-    /// collective (built-in operators only, which [`Native::choose`] is given) is the identity.
-    pub noop: bool,
 }
 
 /// A buffer for results a rank discards, kept alive by every queued call that writes it.
@@ -150,20 +147,7 @@ impl Native {
     pub fn choose(&self, call: Call, registered: impl FnOnce() -> bool) -> Result<Choice, String> {
         let coll = self.coll.as_ref().map_err(Clone::clone)?;
         if call.count == 0 {
-            return Ok(Choice {
-                call,
-                chosen: None,
-                noop: false,
-            });
-        }
-        if Self::does_nothing(coll, call.send, call.recv, call.count) {
-            // The eager host path of a call that does nothing (issue 28: NCCL answers it in
-            // 0.33 us on the H200): no algorithm choice, no launch lock, no call record.
-            return Ok(Choice {
-                call,
-                chosen: None,
-                noop: true,
-            });
+            return Ok(Choice { call, chosen: None });
         }
         let chosen = if registered() {
             coll.choose_registered(&call)
@@ -174,7 +158,6 @@ impl Native {
         Ok(Choice {
             call,
             chosen: Some(chosen),
-            noop: false,
         })
     }
 
@@ -187,17 +170,14 @@ impl Native {
         }
     }
 
-    /// Whether a call of `count` elements from `send` to `recv` does nothing here (an in-place
-    /// call at world size 1: every collective with a built-in operator is the identity), the
-    /// `noop` of [`Native::choose`].
+    /// Whether a call of `count` elements from `send` to `recv` does nothing here: an in-place
+    /// call at world size 1, where every collective with a built-in operator is the identity
+    /// (the NCCL collectives answer it before routing, so [`Native::choose`] never sees one;
+    /// issue 28: NCCL answers it in 0.33 us on the H200).
     pub fn is_noop(&self, send: u64, recv: u64, count: usize) -> bool {
         self.coll
             .as_ref()
-            .is_ok_and(|coll| Self::does_nothing(coll, send, recv, count))
-    }
-
-    fn does_nothing(coll: &Collectives, send: u64, recv: u64, count: usize) -> bool {
-        count != 0 && send == recv && coll.nranks() == 1
+            .is_ok_and(|coll| count != 0 && send == recv && coll.nranks() == 1)
     }
 
     /// Forgets the collectives' registrations and peer mappings of buffers inside
@@ -214,9 +194,6 @@ impl Native {
     /// The call's buffers must be valid for the collective's sizes on the comm's device until
     /// the work on the stream completes.
     pub unsafe fn run(&self, choice: &Choice, stream: u64) -> NResult<()> {
-        if choice.noop {
-            return Ok(());
-        }
         let coll = self
             .coll
             .as_ref()

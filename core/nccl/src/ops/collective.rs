@@ -235,10 +235,11 @@ impl Collective {
         if !self.shape.result_on_root_only || is_root {
             need_ptr("recvbuff", a.recv, recv_bytes)?;
         }
-        // A call the native path would run as a no-op (`Native::choose`'s `noop`): the same
-        // decision as routing's (not forced to the fallback, a native type and a built-in
-        // operator), made before the work is built (building, moving and dropping it was
-        // most of such a call's host time, issue 28).
+        // A call that does nothing natively (`Native::is_noop`) and would be routed to the
+        // native path (not forced to the fallback, a native type and a built-in operator: the
+        // decision `Request::route` and `Collective::native` make) is answered before any
+        // work is built (building, moving and dropping it was most of such a call's host
+        // time, issue 28): no algorithm choice, no launch lock, no call record.
         if ready.native.is_noop(a.send, a.recv, a.count)
             && !ready.forced.has(self.name.name)
             && data_type(a.dtype).is_some()

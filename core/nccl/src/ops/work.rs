@@ -222,15 +222,6 @@ impl Work {
     pub fn is_fallback(&self) -> bool {
         matches!(self.path, Path::Fallback(_))
     }
-
-    /// Whether it is a native collective with nothing to do ([`crate::native::Choice`]'s
-    /// `noop`).
-    pub fn is_noop(&self) -> bool {
-        matches!(
-            &self.path,
-            Path::Native(NativeWork::Collective { choice, .. }) if choice.noop
-        )
-    }
 }
 
 /// Issues fallback work inside one group of the fallback library.
