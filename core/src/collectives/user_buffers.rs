@@ -87,11 +87,17 @@ struct State {
     /// The creation number of the next registration.
     next_seq: u64,
     /// Ranges the caller declared registered ([`UserBufferCache::declare`]: `ncclCommRegister`,
-    /// `ncclCommWindowRegister`, `Collectives::register_buffer`) and not registered here yet,
-    /// in declaration order.
-    pending: Vec<(u64, usize)>,
-    /// Every declared range until it is taken back (pending or registered).
-    declared: Vec<(u64, usize)>,
+    /// `ncclCommWindowRegister`, `Collectives::register_buffer`), in declaration order, until
+    /// taken back.
+    declared: Vec<Declared>,
+}
+
+/// A declared range; `pending` until a miss registers it (or the ranks' counts of pending ones
+/// differed there and every rank dropped them).
+struct Declared {
+    ptr: u64,
+    size: usize,
+    pending: bool,
 }
 
 /// The cache (see the module doc).
@@ -206,11 +212,18 @@ impl UserBufferCache {
         Ok((view, if agreed { pending as usize } else { 0 }))
     }
 
-    /// Takes the first `count` pending declarations out of the list.
+    /// Marks the first `count` pending declarations no longer pending; their ranges.
     fn drain_pending(&self, count: usize) -> Vec<(u64, usize)> {
         let mut st = self.lock();
-        let count = count.min(st.pending.len());
-        st.pending.drain(..count).collect()
+        st.declared
+            .iter_mut()
+            .filter(|d| d.pending)
+            .take(count)
+            .map(|d| {
+                d.pending = false;
+                (d.ptr, d.size)
+            })
+            .collect()
     }
 
     fn larger(entries: &Entries, ptr: u64, size: usize) -> Option<Arc<UserBuffer>> {
@@ -227,9 +240,11 @@ impl UserBufferCache {
     /// `ncclCommRegister`.
     pub fn declare(&self, ptr: u64, size: usize) {
         if size > 0 {
-            let mut st = self.lock();
-            st.pending.push((ptr, size));
-            st.declared.push((ptr, size));
+            self.lock().declared.push(Declared {
+                ptr,
+                size,
+                pending: true,
+            });
         }
     }
 
@@ -241,24 +256,24 @@ impl UserBufferCache {
         self.lock()
             .declared
             .iter()
-            .any(|&(p, s)| p <= ptr && p.saturating_add(s as u64) >= end)
+            .any(|d| d.ptr <= ptr && d.ptr.saturating_add(d.size as u64) >= end)
     }
 
     /// Takes back one declaration of `ptr..ptr+size` (registrations made from it go with
     /// [`UserBufferCache::forget`]).
     pub fn undeclare(&self, ptr: u64, size: usize) {
         let mut st = self.lock();
-        if let Some(i) = st.pending.iter().position(|r| *r == (ptr, size)) {
-            st.pending.remove(i);
-        }
-        if let Some(i) = st.declared.iter().position(|r| *r == (ptr, size)) {
+        // A pending one first (the range may be declared twice).
+        let same = |d: &Declared| (d.ptr, d.size) == (ptr, size);
+        let at = st.declared.iter().position(|d| same(d) && d.pending);
+        if let Some(i) = at.or_else(|| st.declared.iter().position(same)) {
             st.declared.remove(i);
         }
     }
 
     /// Declared ranges not registered yet.
     pub fn pending(&self) -> usize {
-        self.lock().pending.len()
+        self.lock().declared.iter().filter(|d| d.pending).count()
     }
 
     /// The registered buffer `(ptr, size)` (or a live larger one starting at `ptr`,
