@@ -8,6 +8,7 @@ use std::mem::{align_of, offset_of, size_of};
 
 use mscclpp::executor::device::{
     op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, REF_SWITCH,
+    TRACE_HEADER_WORDS, TRACE_WORDS,
 };
 
 #[path = "common/cpp_dump.rs"]
@@ -104,6 +105,10 @@ fn executor_structs_match_the_c_header() {
     field!(ExecArgs, dtype, "ExecArgs.dtype");
     field!(ExecArgs, packet, "ExecArgs.packet");
     field!(ExecArgs, nblocks, "ExecArgs.nBlocks");
+    field!(ExecArgs, lanes, "ExecArgs.lanes");
+    field!(ExecArgs, trace, "ExecArgs.trace");
+    assert_eq!(TRACE_WORDS, get("EXEC_TRACE_WORDS value"));
+    assert_eq!(TRACE_HEADER_WORDS, get("EXEC_TRACE_HEADER_WORDS value"));
 
     assert_eq!(usize::from(op::PIPELINE), get("EXEC_PIPELINE value"));
     assert_eq!(usize::from(op::SEM_RELEASE), get("EXEC_SEM_RELEASE value"));

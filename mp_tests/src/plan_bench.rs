@@ -112,6 +112,25 @@ struct PlanRow {
     native_algorithm: String,
 }
 
+/// `--trace`: one more measurement of the plan at `elems` with tracing on; this rank's trace
+/// as text (every rank reads its own: the read is local).
+fn trace_size(
+    pr: &PlanRun,
+    bench: &Bench,
+    o: &Opts,
+    elems: usize,
+    in_place: bool,
+    call: u32,
+) -> Result<String, String> {
+    pr.exec.take_trace().map_err(|e| e.to_string())?;
+    pr.exec.set_trace(true);
+    let m = bench.measure(o, elems, in_place, call);
+    pr.exec.set_trace(false);
+    m?;
+    let traces = pr.exec.take_trace().map_err(|e| e.to_string())?;
+    Ok(traces.iter().map(|t| t.to_string()).collect())
+}
+
 /// Runs the sizes of `o` with the plan and with the native algorithm; true if all values were
 /// right.
 pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
@@ -195,9 +214,19 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
             call += 1;
             bench.use_plan.set(true);
             let ex = bench.measure(&oo, elems, in_place, call);
+            // The traced run is one more measurement, kept out of the timed one's figures.
+            let traced = match (&ex, o.trace) {
+                (Ok(_), true) => Some(trace_size(pr, bench, &oo, elems, in_place, call)),
+                _ => None,
+            };
             bench.use_plan.set(false);
             pr.exec.reset();
             let ex = ex?;
+            if let (Some(t), 0) = (traced.transpose()?, rank) {
+                for l in t.lines() {
+                    println!("#   {l}");
+                }
+            }
             // The native side only when the collectives have an algorithm for this call (the
             // selector answers the same on every rank, so all skip together).
             let (nat, algo) = match bench.coll.algorithm_for(kind, per) {

@@ -40,6 +40,10 @@ fn bad_sweeps_exit_2_before_any_rank_starts() {
             &["--np", "2", "-b", "2M", "-e", "1M"][..],
             "must not exceed the largest",
         ),
+        (
+            &["--np", "2", "--trace"][..],
+            "--trace: traces an execution plan",
+        ),
     ] {
         let start = std::time::Instant::now();
         let o = run(args, &[]);
@@ -104,4 +108,37 @@ fn the_host_backend_says_what_it_measures_and_rows_have_digits() {
             assert!(v > 0.0, "a GB/s cell printed as {cell}: {r}");
         }
     }
+}
+
+#[test]
+fn trace_prints_the_time_of_every_op_of_the_plan() {
+    let port = 29_600 + (std::process::id() % 300) as u16 + 2;
+    let ip_port = format!("--ip_port=127.0.0.1:{port}");
+    let plan = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../core/plans/allreduce_ll_n2.json"
+    );
+    let o = run(
+        &[
+            "--np", "2", &ip_port, "--plan", plan, "--trace", "-b", "1K", "-e", "1K", "-n", "2",
+            "-w", "1",
+        ],
+        &[],
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains("#   trace of `allreduce_ll_n2`, send 1024 B, recv 1024 B"),
+        "{out}"
+    );
+    // Warm-up, timed and checked launches of the traced run: 1 + 2 + 1.
+    assert!(out.contains("block 0: 4 launch(es)"), "{out}");
+    let ops: Vec<&str> = out
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
+            (f.len() == 5 && f[0].parse::<usize>().is_ok()).then(|| f[1])
+        })
+        .collect();
+    assert_eq!(ops, ["ppkt", "respkt", "upkt"], "{out}");
 }

@@ -45,4 +45,5 @@ pub use limits::{
 pub use lower::device;
 pub use plan::ExecutionPlan;
 pub use run::config::{ExecutorConfig, PacketType};
+pub use run::trace::{BlockTrace, OpTrace, PlanTrace};
 pub use run::Executor;

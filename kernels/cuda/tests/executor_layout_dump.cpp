@@ -60,6 +60,9 @@ int main() {
   FIELD(ExecArgs, dtype);
   FIELD(ExecArgs, packet);
   FIELD(ExecArgs, nBlocks);
+  FIELD(ExecArgs, lanes);
+  FIELD(ExecArgs, trace);
+  std::printf("EXEC_TRACE_WORDS value %d\nEXEC_TRACE_HEADER_WORDS value %d\n", EXEC_TRACE_WORDS, EXEC_TRACE_HEADER_WORDS);
   std::printf("EXEC_BLOCK_HEADER_BYTES value %zu\n", EXEC_BLOCK_HEADER_BYTES);
   std::printf("EXEC_PIPELINE value %d\nEXEC_SEM_RELEASE value %d\nEXEC_REDUCE_COPY_SEND_PACKETS value %d\n",
               (int)EXEC_PIPELINE, (int)EXEC_SEM_RELEASE, (int)EXEC_REDUCE_COPY_SEND_PACKETS);

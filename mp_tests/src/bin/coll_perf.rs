@@ -47,6 +47,8 @@ const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
       --plan FILE         run an execution plan (its collective and in/out-of-place) through the
                           executor, each size next to the native algorithm of the same call
       --plan FILE --check only parse and validate the plan (every rank's part); no ranks needed
+      --plan FILE --trace also run each size once more traced and print rank 0's time per op
+                          (us per launch, per thread block; mscclpp::executor::PlanTrace)
       --np N / --ip_port=IP:PORT / --timeout=S   launcher options (as mp_unit_tests)
 Sizes are total bytes as in nccl-tests (all-gather: the gathered buffer; reduce-scatter: the
 send buffer); every size of the sweep must hold at least one element per rank. On the host
@@ -73,6 +75,8 @@ struct Opts {
     json: Option<String>,
     plan: Option<String>,
     plan_check_only: bool,
+    /// `--trace`: a traced run of each plan size after the timed ones.
+    trace: bool,
 }
 
 /// The point-to-point benchmarks (nccl-tests' sendrecv_perf and alltoall_perf).
@@ -123,6 +127,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         json: None,
         plan: None,
         plan_check_only: false,
+        trace: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -206,6 +211,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--algo" => o.algo = Some(value()?),
             "--json" => o.json = Some(value()?),
             "--plan" => o.plan = Some(value()?),
+            "--trace" => o.trace = true,
             "-h" | "--help" => return Err(String::new()),
             _ => return Err(format!("unknown option `{a}`")),
         }
@@ -224,6 +230,9 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             o.minb,
             o.dtype.nccl_name()
         ));
+    }
+    if o.trace && o.plan.is_none() {
+        return Err("--trace: traces an execution plan; give --plan FILE".into());
     }
     if o.p2p.is_some() && (o.plan.is_some() || o.algo.is_some()) {
         return Err("--coll sendrecv/alltoall take no --plan or --algo".into());

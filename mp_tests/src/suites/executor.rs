@@ -442,3 +442,128 @@ TEST!(ExecutorTest, UpstreamPlans, |ctx| {
         );
     }
 });
+
+/// The op names of rank `rank`'s thread block `b` in plan JSON `json`.
+fn plan_op_names(json: &str, rank: usize, b: usize) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    v["gpus"]
+        .as_array()
+        .and_then(|g| g.iter().find(|x| x["id"].as_u64() == Some(rank as u64)))
+        .and_then(|g| g["threadblocks"].as_array())
+        .and_then(|t| t.iter().find(|x| x["id"].as_u64() == Some(b as u64)))
+        .and_then(|t| t["ops"].as_array())
+        .map(|ops| {
+            ops.iter()
+                .map(|o| o["name"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// Executor::set_trace / take_trace: every launch of a traced size counts each GPU block's
+// time and each op's time and runs; the ops are the plan's, in its order; a pipeline's body
+// runs once per step; the counters are zeroed by reading them, and nothing is counted with
+// tracing off. Results stay exact while tracing.
+TEST!(ExecutorTest, TraceCountsEveryOp, |ctx| {
+    let env = exec_env();
+    let n = env.nranks;
+    let seed = agreed_seed();
+    const CALLS: u64 = 3;
+    for family in ["allreduce_simple", "allgather_pipeline"] {
+        let json = match shipped_json(family, n) {
+            Ok(j) => j,
+            Err(reason) => SKIP!("{}", reason),
+        };
+        let plan = ok!(
+            ExecutionPlan::from_json(json, ctx.rank()),
+            "parsing {family}"
+        );
+        let bytes = sizes(&plan)[1];
+        env.exec.set_trace(true);
+        EXPECT_TRUE!(env.exec.tracing());
+        let mut errors = Vec::new();
+        let bad = check_plan(
+            &env.exec,
+            &plan,
+            bytes,
+            &[DataType::F32],
+            &[PacketType::LL16],
+            CALLS as u32,
+            seed,
+            &mut errors,
+        );
+        EXPECT_EQ!(bad, 0, "{family} traced: {:?}", errors);
+        let traces = ok!(env.exec.take_trace(), "reading the trace of {family}");
+        ASSERT_EQ!(traces.len(), 1, "{family}: one traced size");
+        let t = &traces[0];
+        EXPECT_EQ!(t.plan, plan.name());
+        EXPECT_EQ!(t.send_size, bytes as u64);
+        let nblocks = plan.num_threadblocks();
+        // Every GPU block of every launch (lanes > 1 only on a GPU).
+        EXPECT_EQ!(t.blocks.len(), nblocks * t.lanes as usize, "{family}: {t}");
+        for b in &t.blocks {
+            EXPECT_EQ!(
+                b.launches,
+                CALLS,
+                "{family} block {} lane {}",
+                b.block,
+                b.lane
+            );
+            EXPECT_GT!(b.cycles, 0);
+            let names: Vec<&str> = b.ops.iter().map(|o| o.name).collect();
+            let want = plan_op_names(json, ctx.rank(), b.block as usize);
+            let has_pipeline = want.iter().any(|w| w == "pipeline");
+            if !has_pipeline {
+                // One lowered op per plan op, in order, each run once per launch.
+                EXPECT_EQ!(names, want, "{family} block {}", b.block);
+                for o in &b.ops {
+                    EXPECT_EQ!(o.runs, CALLS, "{family} op {} {}", o.index, o.name);
+                }
+                // Thread 0 runs the ops one after the other inside the launch.
+                let ops: u64 = b.ops.iter().map(|o| o.cycles).sum();
+                EXPECT_LE!(
+                    ops,
+                    b.cycles,
+                    "{family} block {}: ops within the launch",
+                    b.block
+                );
+            } else {
+                // The pipeline runs once per launch, its body once per step of it.
+                let p = b.ops.iter().find(|o| o.name == "pipeline");
+                EXPECT_TRUE!(p.is_some(), "{family}: {names:?}");
+                if let Some(p) = p {
+                    EXPECT_EQ!(p.runs, CALLS);
+                    let body: Vec<_> = b.ops.iter().filter(|o| o.index > p.index).collect();
+                    let steps = body.first().map_or(0, |o| o.runs);
+                    EXPECT_TRUE!(steps >= CALLS && steps % CALLS == 0, "{family}: {t}");
+                }
+            }
+            if b.lane == 0 {
+                // A wait lasts until the peer signalled: never no time at all.
+                for o in b.ops.iter().filter(|o| o.name == "wait") {
+                    EXPECT_GT!(o.cycles, 0, "{family} op {}", o.index);
+                }
+            }
+        }
+        if ctx.rank() == 0 {
+            print!("{t}");
+        }
+        // Read counters start again from zero.
+        EXPECT_TRUE!(ok!(env.exec.take_trace(), "reading again").is_empty());
+        // Tracing off: nothing counted.
+        env.exec.set_trace(false);
+        let bad = check_plan(
+            &env.exec,
+            &plan,
+            bytes,
+            &[DataType::F32],
+            &[PacketType::LL16],
+            1,
+            seed,
+            &mut errors,
+        );
+        EXPECT_EQ!(bad, 0, "{family} untraced: {:?}", errors);
+        EXPECT_TRUE!(ok!(env.exec.take_trace(), "reading untraced").is_empty());
+        env.exec.reset();
+    }
+});

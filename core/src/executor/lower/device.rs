@@ -72,6 +72,43 @@ pub mod op {
     pub const GROUP_LOAD_REDUCE_STORE: u8 = 28;
     /// gstore: store a local chunk through a switch chunk (into every rank's copy).
     pub const GROUP_STORE: u8 = 29;
+
+    /// The plan's name of operation code `code` (`"?"` for a code no op has).
+    pub fn name(code: u8) -> &'static str {
+        const NAMES: [&str; 30] = [
+            "nop",
+            "barrier",
+            "put",
+            "pws",
+            "pwsf",
+            "get",
+            "copy",
+            "signal",
+            "wait",
+            "flush",
+            "re",
+            "res",
+            "rre",
+            "rres",
+            "ppkt",
+            "rppkt",
+            "respkt",
+            "cpkt",
+            "upkt",
+            "repkt",
+            "recpkt",
+            "recspkt",
+            "rlxsignal",
+            "rlxwait",
+            "pipeline",
+            "sem_acquire",
+            "sem_release",
+            "glre",
+            "glres",
+            "gstore",
+        ];
+        NAMES.get(usize::from(code)).copied().unwrap_or("?")
+    }
 }
 
 /// `ExecOp.inputRefs[i]` / `outputRefs[i]`: a local buffer type (0..=2), or this bit plus the
@@ -204,7 +241,15 @@ pub struct ExecArgs {
     pub nblocks: u32,
     /// GPU blocks per plan thread block (0 or 1: one); the host interpreter ignores it.
     pub lanes: u32,
+    /// Trace counters ([`TRACE_WORDS`] u64 per GPU block, or per block on the host), 0 when
+    /// off: see `ExecArgs.trace` of the C header.
+    pub trace: u64,
 }
+
+/// Trace words before the per-op pairs: launches, cycles, nanoseconds, prologue cycles.
+pub const TRACE_HEADER_WORDS: usize = 4;
+/// Trace words per GPU block (per block on the host): the header, then (cycles, runs) per op.
+pub const TRACE_WORDS: usize = TRACE_HEADER_WORDS + 2 * MAX_OPS_PER_BLOCK;
 
 /// Bytes of an `ExecBlock` before its ops (what the kernel copies besides the used ops).
 pub const EXEC_BLOCK_HEADER_BYTES: usize = std::mem::offset_of!(ExecBlock, ops);

@@ -47,7 +47,7 @@ const BYTES_PER_LANE: usize = 32 << 10;
 /// lowers it). A one-block plan of 2 ranks
 /// sharing an H200 may use 64 of their 66 SMs each (the native algorithms use up to all of
 /// them at 16 MiB); plans of more blocks are bounded by the SMs first.
-const MAX_LANES: usize = 64;
+pub(crate) const MAX_LANES: usize = 64;
 
 /// GPU blocks per plan thread block for a message of `bytes` on `nblocks` plan blocks: one
 /// per `BYTES_PER_LANE` of each block's share, at most [`MAX_LANES`] and what the SMs left to

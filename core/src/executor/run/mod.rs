@@ -13,9 +13,11 @@ pub(crate) mod config;
 mod context;
 mod gpu;
 mod host;
+pub(crate) mod trace;
 
 use std::collections::hash_map::Entry as Slot;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::collectives::gpu::GpuCtx;
@@ -23,7 +25,7 @@ use crate::collectives::{DataType, RawStream};
 use crate::communicator::Communicator;
 use crate::error::{Error, Result};
 use crate::executor::json::Protocol;
-use crate::executor::lower::device::{ExecArgs, ExecBlock};
+use crate::executor::lower::device::{ExecArgs, ExecBlock, TRACE_WORDS};
 use crate::executor::lower::layout::Layout;
 use crate::executor::lower::lower;
 use crate::executor::plan::ExecutionPlan;
@@ -33,6 +35,7 @@ use crate::transport::{Device, DeviceType};
 use config::{ExecutorConfig, PacketType};
 use context::{Buffers, ExecContext};
 use host::HostLaunch;
+use trace::PlanTrace;
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -67,6 +70,10 @@ struct Lowered {
     /// GPU copy of `blocks` (GPU contexts only).
     on_device: Option<GpuBuffer<ExecBlock>>,
     reuse_chunk: u64,
+    /// Trace counters of this size's launches while tracing ([`Executor::set_trace`]), and the
+    /// lanes of the last traced launch.
+    trace: Option<GpuBuffer<u64>>,
+    traced_lanes: AtomicU32,
 }
 
 struct Entry {
@@ -83,6 +90,8 @@ pub struct Executor {
     /// Per (send, recv): whether every rank agreed to run plans on them (the collectives'
     /// plan choice), with the allocations this rank adopted for them (kept alive).
     agreed: Mutex<HashMap<(u64, u64), Agreement>>,
+    /// Whether launches count their time per op ([`Executor::set_trace`]).
+    tracing: AtomicBool,
 }
 
 /// Whether every rank agreed to run plans on a (send, recv) pair, and the allocations this
@@ -130,7 +139,49 @@ impl Executor {
             entries: Mutex::new(HashMap::new()),
             gpus: Mutex::new(HashMap::new()),
             agreed: Mutex::new(HashMap::new()),
+            tracing: AtomicBool::new(false),
         })
+    }
+
+    /// Starts (`true`) or stops counting where each execution's time goes, op by op, per
+    /// thread block (see [`PlanTrace`]): on, every later launch adds to counters kept per
+    /// (plan, buffers, message size) until [`Executor::take_trace`] reads them. A launch whose
+    /// counters do not exist yet while its stream is being captured is not counted (they are
+    /// made with a synchronous memset). Off by default; on, a GPU launch costs each op of
+    /// thread 0 two reads of the SM's clock and two adds to device memory.
+    pub fn set_trace(&self, on: bool) {
+        self.tracing.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether tracing is on ([`Executor::set_trace`]).
+    pub fn tracing(&self) -> bool {
+        self.tracing.load(Ordering::Relaxed)
+    }
+
+    /// The counters of every (plan, buffers, message size) traced since the last call, which
+    /// it zeroes (later launches count afresh; sizes with nothing counted are left out). Call
+    /// it once the traced executions finished (their streams synchronized) and with nothing
+    /// being captured: the counters are read and zeroed with plain copies. They stay where they
+    /// are until [`Executor::reset`], so a graph captured while tracing keeps counting on
+    /// replay.
+    pub fn take_trace(&self) -> Result<Vec<PlanTrace>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (key, e) in entries.iter() {
+            for (sizes, low) in e.lowered.iter() {
+                let Some(buf) = &low.trace else { continue };
+                let lanes = low.traced_lanes.load(Ordering::Relaxed);
+                let t = trace::read(&key.name, *sizes, &low.blocks, lanes, buf)?;
+                buf.copy_from_host(0, &vec![0u64; buf.len()])?;
+                if !t.blocks.is_empty() {
+                    out.push(t);
+                }
+            }
+        }
+        out.sort_by(|a, b| {
+            (&a.plan, a.send_size, a.recv_size).cmp(&(&b.plan, b.send_size, b.recv_size))
+        });
+        Ok(out)
     }
 
     /// Drops every cached context (connections, channels, scratch). Collective: every rank
@@ -256,14 +307,34 @@ impl Executor {
             stream,
         )?;
         let ctx = &entry.ctx;
-        let low = lowered(&mut entry.lowered, ctx, plan, layout, sizes, gpu.is_some())?;
+        let trace = self.tracing()
+            && match &gpu {
+                // The counters are zeroed with a synchronous copy: not under capture.
+                Some(g) => {
+                    entry.lowered.get(&sizes).is_some_and(|l| l.trace.is_some())
+                        || !g.ctx.is_capturing(stream)?
+                }
+                None => true,
+            };
+        let low = lowered(
+            &mut entry.lowered,
+            ctx,
+            plan,
+            layout,
+            sizes,
+            gpu.is_some(),
+            trace,
+        )?;
         if low.blocks.is_empty() {
             return Ok(());
         }
         match gpu {
             // SAFETY: the context owns every resource the blocks point at; the caller keeps
             // the buffers alive.
-            None => unsafe { self.run_on_host(plan, ctx, low, call, dtype, packet_type) },
+            None => unsafe {
+                low.traced_lanes.store(1, Ordering::Relaxed);
+                self.run_on_host(plan, ctx, low, call, dtype, packet_type, trace)
+            },
             // SAFETY: forwarded from the caller.
             Some(g) => unsafe {
                 // Port channels: one lane. Their data moves through the proxy's copies, which on
@@ -271,13 +342,16 @@ impl Executor {
                 // signals after those copies, `allgather_port_n4` hung at 1 MiB on the H200
                 // (4 ranks sharing it, 2026-12-04).
                 let ports = low.blocks.iter().any(|b| b.n_port_channels > 0);
-                let mut args = launch_args(low, ctx, call, dtype, packet_type);
+                let mut args = launch_args(low, ctx, call, dtype, packet_type, trace);
                 let bytes = send_size.max(recv_size);
                 args.lanes = if ports {
                     1
                 } else {
                     gpu::lanes(ctx, args.nblocks, bytes)
                 };
+                if trace {
+                    low.traced_lanes.store(args.lanes, Ordering::Relaxed);
+                }
                 let threads = gpu::threads(
                     plan.num_threads_per_block(),
                     args.nblocks,
@@ -426,10 +500,11 @@ impl Executor {
             .ok_or_else(|| Error::Internal("executor context vanished".into()))
     }
 
-    /// Runs the lowered blocks on CPU threads.
+    /// Runs the lowered blocks on CPU threads (counting into `low`'s trace when `trace`).
     ///
     /// # Safety
     /// As [`Executor::execute`]; `ctx` is the context `low` was lowered against.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn run_on_host(
         &self,
         plan: &ExecutionPlan,
@@ -438,6 +513,7 @@ impl Executor {
         bufs: Buffers,
         dtype: DataType,
         packet: PacketType,
+        trace: bool,
     ) -> Result<()> {
         let switch: Vec<Vec<_>> = plan
             .rank_plan()
@@ -453,7 +529,7 @@ impl Executor {
         let l = HostLaunch {
             blocks: &low.blocks,
             switch: &switch,
-            args: launch_args(low, ctx, bufs, dtype, packet),
+            args: launch_args(low, ctx, bufs, dtype, packet, trace),
             dtype,
             packet,
             threads: self.cfg.host_threads_per_block,
@@ -480,7 +556,9 @@ impl Executor {
 }
 
 /// The blocks lowered against `ctx` for `sizes` (cached in `cache`), lowered with `layout`
-/// (laid out here when `None`; copied to the GPU when `on_gpu`) on first use.
+/// (laid out here when `None`; copied to the GPU when `on_gpu`) on first use, with zeroed
+/// trace counters when `trace` asks for them and there are none.
+#[allow(clippy::too_many_arguments)]
 fn lowered<'e>(
     cache: &'e mut HashMap<(u64, u64), Lowered>,
     ctx: &ExecContext,
@@ -488,11 +566,29 @@ fn lowered<'e>(
     layout: Option<Layout>,
     sizes: (u64, u64),
     on_gpu: bool,
+    trace: bool,
 ) -> Result<&'e Lowered> {
-    let slot = match cache.entry(sizes) {
-        Slot::Occupied(o) => return Ok(o.into_mut()),
-        Slot::Vacant(v) => v,
+    let low = match cache.entry(sizes) {
+        Slot::Occupied(o) => o.into_mut(),
+        Slot::Vacant(v) => v.insert(lower_size(ctx, plan, layout, sizes, on_gpu)?),
     };
+    if trace && low.trace.is_none() {
+        // Every GPU block a launch of these blocks may have (lanes vary with nothing but the
+        // size, but the most is cheap: 1 KiB per block and lane).
+        let words = low.blocks.len().max(1) * gpu::MAX_LANES * TRACE_WORDS;
+        low.trace = Some(GpuBuffer::new(ctx.device, words)?);
+    }
+    Ok(low)
+}
+
+/// The blocks of `plan` lowered against `ctx` for `sizes` (see [`lowered`]).
+fn lower_size(
+    ctx: &ExecContext,
+    plan: &ExecutionPlan,
+    layout: Option<Layout>,
+    sizes: (u64, u64),
+    on_gpu: bool,
+) -> Result<Lowered> {
     let layout = match layout {
         Some(l) => l,
         None => Layout::new(plan.meta(), plan.rank_plan(), sizes.0, sizes.1)
@@ -508,20 +604,24 @@ fn lowered<'e>(
     } else {
         None
     };
-    Ok(slot.insert(Lowered {
+    Ok(Lowered {
         blocks,
         on_device,
         reuse_chunk: layout.reuse_scratch_chunk(),
-    }))
+        trace: None,
+        traced_lanes: AtomicU32::new(0),
+    })
 }
 
-/// The kernel's argument for a lowered plan on `ctx` (the host interpreter reads the same).
+/// The kernel's argument for a lowered plan on `ctx` (the host interpreter reads the same),
+/// with `low`'s trace counters when `trace`.
 fn launch_args(
     low: &Lowered,
     ctx: &ExecContext,
     bufs: Buffers,
     dtype: DataType,
     packet: PacketType,
+    trace: bool,
 ) -> ExecArgs {
     ExecArgs {
         blocks: low.on_device.as_ref().map_or(0, |b| b.data()),
@@ -540,6 +640,10 @@ fn launch_args(
         },
         nblocks: low.blocks.len() as u32,
         lanes: 1,
+        trace: match (&low.trace, trace) {
+            (Some(t), true) => t.data(),
+            _ => 0,
+        },
     }
 }
 

@@ -9,7 +9,15 @@
 //   Packet operations address packet buffers at twice the chunk offset.
 // ExecBlock (18128 bytes, align 16): one thread block's channels, remote buffers and ops. The
 //   kernel copies the header and the used ops into shared memory.
-// ExecArgs (88 bytes): the kernel's one parameter.
+// ExecArgs (96 bytes): the kernel's one parameter.
+// Trace (ExecArgs.trace, null when off): EXEC_TRACE_WORDS counters per GPU block (block
+//   blockIdx.x at trace + blockIdx.x * EXEC_TRACE_WORDS), added to by its thread 0 on every
+//   launch: [0] launches, [1] cycles from kernel start to end, [2] nanoseconds of the same
+//   (0 where the GPU has no wall clock to read), [3] cycles of the prologue (the block's ops
+//   copied to shared memory), then per op i of the block (its index in ExecBlock.ops) cycles
+//   [4 + 2i] and runs [5 + 2i]. A pipeline's own slot counts its whole loop, its body ops
+//   theirs. Thread 0's view: an op's time ends when thread 0 leaves it; waiting for the
+//   block's other threads shows in the next barrier (nop).
 #ifndef MSCCLPP_EXECUTOR_DEVICE_HPP_
 #define MSCCLPP_EXECUTOR_DEVICE_HPP_
 
@@ -26,6 +34,8 @@ constexpr int EXEC_MAX_SEMAPHORES_PER_OP = 16;
 constexpr int EXEC_MAX_CHANNELS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_OPS_PER_BLOCK = 64;
+constexpr int EXEC_TRACE_HEADER_WORDS = 4;
+constexpr int EXEC_TRACE_WORDS = EXEC_TRACE_HEADER_WORDS + 2 * EXEC_MAX_OPS_PER_BLOCK;
 constexpr uint8_t EXEC_REF_REMOTE = 0x80;
 // Switch-op chunk references: this bit | slot of the block's (host-side) switch channel table.
 constexpr uint8_t EXEC_REF_SWITCH = 0x40;
@@ -145,6 +155,7 @@ struct ExecArgs {
   uint32_t packet;       // 0 LL16, 1 LL8
   uint32_t nBlocks;  // plan blocks
   uint32_t lanes;    // GPU blocks per plan block (0 or 1: one)
+  uint64_t* trace;   // per-op counters (see the file comment), or null
 };
 
 }  // namespace mscclpp

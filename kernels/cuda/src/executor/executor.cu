@@ -19,6 +19,8 @@
 //     order, as before);
 //   - channel ops: thread k of the block handles channel k (k, k + blockDim, ...).
 // Reductions accumulate 16-bit and fp8 floats in f32 (collectives/common.hpp's element rules).
+// With ExecArgs.trace set, thread 0 of each GPU block adds its cycles per op to the trace
+// words (executor_device.hpp); off, the cost is one test of a null pointer per op.
 //
 // extern "C" __global__ void executor_kernel(mscclpp::ExecArgs args);
 //   args.dtype: the element type of reductions (fp8 only on CUDA); args.packet: 0 LL16, 1 LL8.
@@ -696,6 +698,26 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
   dirty = true;
 }
 
+/// The cycle counter of this SM (trace).
+__device__ __forceinline__ uint64_t traceCycles() { return (uint64_t)clock64(); }
+
+/// Nanoseconds of a wall clock (trace; 0 where none is read).
+__device__ __forceinline__ uint64_t traceNs() {
+#if defined(MSCCLPP_DEVICE_HIP)
+  return 0;
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+
+/// Adds an op's cycles and one run to its trace slot (thread 0 of a traced block only).
+__device__ __forceinline__ void traceOp(uint64_t* tr, uint32_t i, uint64_t since, uint64_t runs) {
+  tr[EXEC_TRACE_HEADER_WORDS + 2 * i] += traceCycles() - since;
+  tr[EXEC_TRACE_HEADER_WORDS + 2 * i + 1] += runs;
+}
+
 }  // namespace
 
 // Grid: args.nBlocks plan blocks x args.lanes GPU blocks each (lanes of a plan block are
@@ -703,6 +725,10 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
 // barrier words per plan block.
 extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args) {
   __shared__ ExecBlock blk;
+  // Trace: thread 0 of each GPU block counts into its own words (ExecArgs.trace).
+  uint64_t* const tr = (args.trace != nullptr && threadIdx.x == 0) ? args.trace + (uint64_t)blockIdx.x * EXEC_TRACE_WORDS : nullptr;
+  const uint64_t c0 = tr ? traceCycles() : 0;
+  const uint64_t t0 = tr ? traceNs() : 0;
   const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
   const uint32_t pb = blockIdx.x / lanes;
   const ExecBlock* src = args.blocks + pb;
@@ -723,17 +749,25 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   r.laneWords = args.flags + args.nBlocks + 2 * pb;
   LaneState st;
   __syncthreads();
+  if (tr) tr[3] += traceCycles() - c0;
   for (uint32_t i = 0; i < nOps;) {
     const ExecOp& o = blk.ops[i];
+    const uint64_t s = tr ? traceCycles() : 0;
     if (o.opType == EXEC_PIPELINE) {
       const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
       for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
         const uint64_t off = (uint64_t)itr * o.unitSize;
-        for (uint32_t k = 0; k < nInner; ++k) step(r, blk.ops[i + 1 + k], off, o.unitSize, st);
+        for (uint32_t k = 0; k < nInner; ++k) {
+          const uint64_t sk = tr ? traceCycles() : 0;
+          step(r, blk.ops[i + 1 + k], off, o.unitSize, st);
+          if (tr) traceOp(tr, i + 1 + k, sk, 1);
+        }
       }
+      if (tr) traceOp(tr, i, s, 1);
       i += 1 + nInner;
     } else {
       step(r, o, 0, ~0ull, st);
+      if (tr) traceOp(tr, i, s, 1);
       ++i;
     }
   }
@@ -742,4 +776,9 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   if (lanes > 1 && !st.met) laneBarrier(r);
   __syncthreads();
   if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
+  if (tr) {
+    tr[0] += 1;
+    tr[1] += traceCycles() - c0;
+    tr[2] += traceNs() - t0;
+  }
 }

@@ -15,12 +15,13 @@ mod reduce;
 mod switch;
 mod thread;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use crate::device_emu::packet::HostPacket;
 use crate::error::{Error, Result};
-use crate::executor::lower::device::{op, ExecOp};
+use crate::executor::lower::device::{op, ExecOp, TRACE_HEADER_WORDS, TRACE_WORDS};
 use crate::executor::run::config::PacketType;
 use crate::packet::{LL16Packet, LL8Packet};
 pub(crate) use thread::HostLaunch;
@@ -67,8 +68,8 @@ pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
                         // SAFETY: forwarded from the caller.
                         let r = unsafe {
                             match l.packet {
-                                PacketType::LL16 => t.run::<LL16Packet>(),
-                                PacketType::LL8 => t.run::<LL8Packet>(),
+                                PacketType::LL16 => t.run::<LL16Packet>(b),
+                                PacketType::LL8 => t.run::<LL8Packet>(b),
                             }
                         };
                         if let Err(e) = r {
@@ -93,29 +94,88 @@ pub(crate) unsafe fn run(l: &HostLaunch) -> Result<()> {
     }
 }
 
+/// Thread 0's trace counters of one block (`ExecArgs.trace`, the GPU kernel's layout) with
+/// nanoseconds for cycles.
+struct Trace<'a> {
+    words: &'a [AtomicU64],
+    start: Instant,
+}
+
+impl Trace<'_> {
+    fn add(&self, word: usize, v: u64) {
+        if let Some(w) = self.words.get(word) {
+            w.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds the time since `since` and one run to op `i`'s pair.
+    fn op(&self, i: usize, since: Instant) {
+        self.add(TRACE_HEADER_WORDS + 2 * i, nanos(since));
+        self.add(TRACE_HEADER_WORDS + 2 * i + 1, 1);
+    }
+}
+
+fn nanos(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Thread<'_> {
+    /// Thread 0's trace counters of this block, when the launch traces.
+    fn trace(&self, block: usize) -> Option<Trace<'_>> {
+        if self.l.args.trace == 0 || self.tid != 0 {
+            return None;
+        }
+        let at = self.l.args.trace as usize as *const AtomicU64;
+        // SAFETY: the trace buffer holds TRACE_WORDS words per block of the launch (the
+        // executor allocates it for the most lanes), alive for the launch; u64 words are
+        // aligned for AtomicU64, and every access to them is atomic.
+        let words = unsafe { std::slice::from_raw_parts(at.add(block * TRACE_WORDS), TRACE_WORDS) };
+        Some(Trace {
+            words,
+            start: Instant::now(),
+        })
+    }
+
     /// # Safety
     /// See [`run`].
-    unsafe fn run<P: HostPacket>(&self) -> Result<()> {
+    unsafe fn run<P: HostPacket>(&self, block: usize) -> Result<()> {
+        let tr = self.trace(block);
         let ops = &self.block.ops[..self.block.n_ops as usize];
         let mut i = 0;
         while i < ops.len() {
             let o = &ops[i];
+            let s = Instant::now();
             if o.op_type == op::PIPELINE {
                 let inner = &ops[i + 1..(i + 1 + o.n_inner as usize).min(ops.len())];
                 for it in 0..o.n_iterations {
                     let off = u64::from(it) * u64::from(o.unit_size);
-                    for p in inner {
+                    for (k, p) in inner.iter().enumerate() {
+                        let sk = Instant::now();
                         // SAFETY: forwarded.
                         unsafe { self.exec::<P>(p, off, u64::from(o.unit_size))? };
+                        if let Some(t) = &tr {
+                            t.op(i + 1 + k, sk);
+                        }
                     }
+                }
+                if let Some(t) = &tr {
+                    t.op(i, s);
                 }
                 i += 1 + inner.len();
             } else {
                 // SAFETY: forwarded.
                 unsafe { self.exec::<P>(o, 0, u64::MAX)? };
+                if let Some(t) = &tr {
+                    t.op(i, s);
+                }
                 i += 1;
             }
+        }
+        if let Some(t) = &tr {
+            let total = nanos(t.start);
+            t.add(0, 1);
+            t.add(1, total);
+            t.add(2, total);
         }
         Ok(())
     }
