@@ -510,6 +510,11 @@ TEST!(ExecutorTest, TraceCountsEveryOp, |ctx| {
                 b.lane
             );
             EXPECT_GT!(b.cycles, 0);
+            // Gaps between launches: one fewer than launches (those under 1 ms summed).
+            EXPECT_LE!(b.idle_gaps, CALLS - 1);
+            if b.ns > 0 {
+                EXPECT_TRUE!(b.min_idle_ns.is_some(), "{family}: {t}");
+            }
             let names: Vec<&str> = b.ops.iter().map(|o| o.name).collect();
             let want = plan_op_names(json, ctx.rank(), b.block as usize);
             let has_pipeline = want.iter().any(|w| w == "pipeline");

@@ -246,8 +246,10 @@ pub struct ExecArgs {
     pub trace: u64,
 }
 
-/// Trace words before the per-op pairs: launches, cycles, nanoseconds, prologue cycles.
-pub const TRACE_HEADER_WORDS: usize = 4;
+/// Trace words before the per-op pairs: launches, cycles, nanoseconds, prologue cycles,
+/// idle nanoseconds between launches back to back and how many such gaps, the wall clock at
+/// the last launch's end, the shortest gap + 1.
+pub const TRACE_HEADER_WORDS: usize = 8;
 /// Trace words per GPU block (per block on the host): the header, then (cycles, runs) per op.
 pub const TRACE_WORDS: usize = TRACE_HEADER_WORDS + 2 * MAX_OPS_PER_BLOCK;
 

@@ -46,6 +46,14 @@ pub struct BlockTrace {
     pub ns: u64,
     /// Cycles of the prologue (ops copied to shared memory), over every launch.
     pub prologue_cycles: u64,
+    /// Wall-clock nanoseconds from the end of each launch to the start of the next, summed
+    /// over the gaps shorter than 1 ms (launches issued back to back: the block idle for the
+    /// host's per-call time and the launch latency); 0 without a wall clock.
+    pub idle_ns: u64,
+    /// How many gaps `idle_ns` sums.
+    pub idle_gaps: u64,
+    /// The shortest gap between two launches in nanoseconds, if there were two.
+    pub min_idle_ns: Option<u64>,
     /// The ops that ran, in list order.
     pub ops: Vec<OpTrace>,
 }
@@ -54,6 +62,13 @@ impl BlockTrace {
     /// Nanoseconds per counted cycle (1 on the host), if the block has a wall-clock total.
     pub fn ns_per_cycle(&self) -> Option<f64> {
         (self.ns > 0 && self.cycles > 0).then(|| self.ns as f64 / self.cycles as f64)
+    }
+
+    /// Microseconds idle between two launches issued back to back, on average (see
+    /// `idle_ns`), if there were such and a wall clock.
+    pub fn idle_us(&self) -> Option<f64> {
+        (self.idle_gaps > 0 && self.ns > 0)
+            .then(|| self.idle_ns as f64 / self.idle_gaps as f64 / 1000.0)
     }
 
     /// Microseconds per launch of `cycles` counted over every launch (cycles per launch where
@@ -125,6 +140,9 @@ pub(super) fn read(
                 cycles: w[1],
                 ns: w[2],
                 prologue_cycles: w[3],
+                idle_ns: w[4],
+                idle_gaps: w[5],
+                min_idle_ns: w[7].checked_sub(1),
                 ops,
             });
         }
@@ -155,9 +173,16 @@ impl fmt::Display for PlanTrace {
             } else {
                 "cycles"
             };
+            let idle = match (b.idle_us(), b.min_idle_ns) {
+                (Some(us), Some(least)) => format!(
+                    ", idle between launches {us:.2} us (least {:.2})",
+                    least as f64 / 1000.0
+                ),
+                _ => String::new(),
+            };
             writeln!(
                 f,
-                "  block {}: {} launch(es), {:.2} {unit} per launch, prologue {:.2}",
+                "  block {}: {} launch(es), {:.2} {unit} per launch, prologue {:.2}{idle}",
                 b.block,
                 b.launches,
                 b.per_launch_us(b.cycles),

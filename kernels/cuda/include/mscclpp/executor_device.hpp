@@ -14,8 +14,11 @@
 //   blockIdx.x at trace + blockIdx.x * EXEC_TRACE_WORDS), added to by its thread 0 on every
 //   launch: [0] launches, [1] cycles from kernel start to end, [2] nanoseconds of the same
 //   (0 where the GPU has no wall clock to read), [3] cycles of the prologue (the block's ops
-//   copied to shared memory), then per op i of the block (its index in ExecBlock.ops) cycles
-//   [4 + 2i] and runs [5 + 2i]. A pipeline's own slot counts its whole loop, its body ops
+//   copied to shared memory), [4] nanoseconds from the end of the block's previous launch to
+//   the start of this one, summed over the gaps shorter than 1 ms (launches issued back to
+//   back, not across a synchronisation), [5] how many such gaps, [6] the wall clock at the
+//   end of the last launch, [7] the shortest gap + 1 (0: none yet), then per op i of the
+//   block (its index in ExecBlock.ops) cycles [8 + 2i] and runs [9 + 2i]. A pipeline's own slot counts its whole loop, its body ops
 //   theirs. Thread 0's view: an op's time ends when thread 0 leaves it; waiting for the
 //   block's other threads shows in the next barrier (nop).
 #ifndef MSCCLPP_EXECUTOR_DEVICE_HPP_
@@ -34,7 +37,7 @@ constexpr int EXEC_MAX_SEMAPHORES_PER_OP = 16;
 constexpr int EXEC_MAX_CHANNELS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_OPS_PER_BLOCK = 64;
-constexpr int EXEC_TRACE_HEADER_WORDS = 4;
+constexpr int EXEC_TRACE_HEADER_WORDS = 8;
 constexpr int EXEC_TRACE_WORDS = EXEC_TRACE_HEADER_WORDS + 2 * EXEC_MAX_OPS_PER_BLOCK;
 constexpr uint8_t EXEC_REF_REMOTE = 0x80;
 // Switch-op chunk references: this bit | slot of the block's (host-side) switch channel table.

@@ -712,10 +712,24 @@ __device__ __forceinline__ uint64_t traceNs() {
 #endif
 }
 
-/// Adds an op's cycles and one run to its trace slot (thread 0 of a traced block only).
-__device__ __forceinline__ void traceOp(uint64_t* tr, uint32_t i, uint64_t since, uint64_t runs) {
+/// This GPU block's trace words when the launch traces and this is its thread 0, else null.
+/// Read from the kernel parameter (constant memory) at each use, and the marks below kept in
+/// shared memory, so tracing holds no register across the ops (the kernel is at its register
+/// bound and spills).
+__device__ __forceinline__ uint64_t* traceWords(const ExecArgs& a) {
+  return (a.trace != nullptr && threadIdx.x == 0) ? a.trace + (uint64_t)blockIdx.x * EXEC_TRACE_WORDS : nullptr;
+}
+
+/// Trace marks of thread 0: kernel start (cycles, ns), start of the current op, start of the
+/// current pipeline.
+struct TraceMarks {
+  uint64_t c0, t0, op, pipe;
+};
+
+/// Adds the cycles since `since` and one run to op i's trace slot.
+__device__ __forceinline__ void traceOp(uint64_t* tr, uint32_t i, uint64_t since) {
   tr[EXEC_TRACE_HEADER_WORDS + 2 * i] += traceCycles() - since;
-  tr[EXEC_TRACE_HEADER_WORDS + 2 * i + 1] += runs;
+  tr[EXEC_TRACE_HEADER_WORDS + 2 * i + 1] += 1;
 }
 
 }  // namespace
@@ -726,9 +740,11 @@ __device__ __forceinline__ void traceOp(uint64_t* tr, uint32_t i, uint64_t since
 extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args) {
   __shared__ ExecBlock blk;
   // Trace: thread 0 of each GPU block counts into its own words (ExecArgs.trace).
-  uint64_t* const tr = (args.trace != nullptr && threadIdx.x == 0) ? args.trace + (uint64_t)blockIdx.x * EXEC_TRACE_WORDS : nullptr;
-  const uint64_t c0 = tr ? traceCycles() : 0;
-  const uint64_t t0 = tr ? traceNs() : 0;
+  __shared__ TraceMarks mark;
+  if (traceWords(args)) {
+    mark.c0 = traceCycles();
+    mark.t0 = traceNs();
+  }
   const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
   const uint32_t pb = blockIdx.x / lanes;
   const ExecBlock* src = args.blocks + pb;
@@ -749,25 +765,26 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   r.laneWords = args.flags + args.nBlocks + 2 * pb;
   LaneState st;
   __syncthreads();
-  if (tr) tr[3] += traceCycles() - c0;
+  if (uint64_t* tr = traceWords(args)) tr[3] += traceCycles() - mark.c0;
   for (uint32_t i = 0; i < nOps;) {
     const ExecOp& o = blk.ops[i];
-    const uint64_t s = tr ? traceCycles() : 0;
     if (o.opType == EXEC_PIPELINE) {
+      if (traceWords(args)) mark.pipe = traceCycles();
       const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
       for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
         const uint64_t off = (uint64_t)itr * o.unitSize;
         for (uint32_t k = 0; k < nInner; ++k) {
-          const uint64_t sk = tr ? traceCycles() : 0;
+          if (traceWords(args)) mark.op = traceCycles();
           step(r, blk.ops[i + 1 + k], off, o.unitSize, st);
-          if (tr) traceOp(tr, i + 1 + k, sk, 1);
+          if (uint64_t* tr = traceWords(args)) traceOp(tr, i + 1 + k, mark.op);
         }
       }
-      if (tr) traceOp(tr, i, s, 1);
+      if (uint64_t* tr = traceWords(args)) traceOp(tr, i, mark.pipe);
       i += 1 + nInner;
     } else {
+      if (traceWords(args)) mark.op = traceCycles();
       step(r, o, 0, ~0ull, st);
-      if (tr) traceOp(tr, i, s, 1);
+      if (uint64_t* tr = traceWords(args)) traceOp(tr, i, mark.op);
       ++i;
     }
   }
@@ -776,9 +793,19 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   if (lanes > 1 && !st.met) laneBarrier(r);
   __syncthreads();
   if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
-  if (tr) {
+  if (uint64_t* tr = traceWords(args)) {
+    const uint64_t t1 = traceNs(), t0 = mark.t0;
+    if (tr[0] > 0 && t0 >= tr[6]) {
+      const uint64_t gap = t0 - tr[6];
+      if (gap < 1000000) {
+        tr[4] += gap;
+        tr[5] += 1;
+      }
+      if (tr[7] == 0 || gap + 1 < tr[7]) tr[7] = gap + 1;
+    }
     tr[0] += 1;
-    tr[1] += traceCycles() - c0;
-    tr[2] += traceNs() - t0;
+    tr[1] += traceCycles() - mark.c0;
+    tr[2] += t1 - t0;
+    tr[6] = t1;
   }
 }

@@ -119,6 +119,13 @@ fn nanos(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// `at` on a process-wide nanosecond clock (the GPU's `%globaltimer` stand-in).
+fn clock_ns(at: Instant) -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let e = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(at.saturating_duration_since(e).as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Thread<'_> {
     /// Thread 0's trace counters of this block, when the launch traces.
     fn trace(&self, block: usize) -> Option<Trace<'_>> {
@@ -173,9 +180,23 @@ impl Thread<'_> {
         }
         if let Some(t) = &tr {
             let total = nanos(t.start);
+            let (start, end) = (clock_ns(t.start), clock_ns(Instant::now()));
+            let last = t.words[6].load(Ordering::Relaxed);
+            if t.words[0].load(Ordering::Relaxed) > 0 && start >= last {
+                let gap = start - last;
+                if gap < 1_000_000 {
+                    t.add(4, gap);
+                    t.add(5, 1);
+                }
+                let least = t.words[7].load(Ordering::Relaxed);
+                if least == 0 || gap + 1 < least {
+                    t.words[7].store(gap + 1, Ordering::Relaxed);
+                }
+            }
             t.add(0, 1);
             t.add(1, total);
             t.add(2, total);
+            t.words[6].store(end, Ordering::Relaxed);
         }
         Ok(())
     }
