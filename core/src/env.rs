@@ -168,6 +168,15 @@ pub const EXECUTOR_MAX_LANES: &str = "MSCCLPP_EXECUTOR_MAX_LANES";
 pub const EXECUTOR_MAX_LANES_DEFAULT: usize = 64;
 /// The largest value [`EXECUTOR_MAX_LANES`] takes.
 pub const EXECUTOR_MAX_LANES_LIMIT: usize = 64;
+/// `MSCCLPP_EXECUTOR_BYTES_PER_LANE`: the executor's GPU kernel gives a plan thread block one
+/// more lane per this many bytes of its share of the message (a speed knob: results do not
+/// depend on it).
+pub const EXECUTOR_BYTES_PER_LANE: &str = "MSCCLPP_EXECUTOR_BYTES_PER_LANE";
+/// The default of [`EXECUTOR_BYTES_PER_LANE`].
+pub const EXECUTOR_BYTES_PER_LANE_DEFAULT: usize = 32 << 10;
+/// `MSCCLPP_EXECUTOR_THREADS`: threads per GPU block of the executor's kernel instead of the
+/// plan's `num_threads_per_block` (a speed knob: no op depends on the thread count).
+pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -497,6 +506,16 @@ pub const VARS: &[Var] = &[
         "integer 1-64: GPU blocks per plan thread block, at most",
     ),
     var(
+        EXECUTOR_BYTES_PER_LANE,
+        "32K",
+        "byte count 1K-1G: one more executor lane per this many bytes of a block's share",
+    ),
+    var(
+        EXECUTOR_THREADS,
+        "the plan's",
+        "32-1024, a multiple of 32: executor threads per GPU block",
+    ),
+    var(
         P2P_TUNE,
         "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1,ll_merge=0,direct=32 (chunk=128,ring=64 above 8 ranks)",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
@@ -595,6 +614,8 @@ pub struct Env {
     p2p_tune: Parsed<P2pTune>,
     p2p_tune_given: bool,
     executor_max_lanes: Parsed<usize>,
+    executor_bytes_per_lane: Parsed<usize>,
+    executor_threads: Parsed<Option<u32>>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -706,6 +727,36 @@ fn parse_max_lanes(value: Option<String>) -> Parsed<usize> {
                  {EXECUTOR_MAX_LANES_LIMIT}"
             )
         })
+}
+
+/// `MSCCLPP_EXECUTOR_BYTES_PER_LANE`: a byte count from 1K to 1G.
+fn parse_bytes_per_lane(value: Option<String>) -> Parsed<usize> {
+    let v = value.clone().unwrap_or_default();
+    parse_bytes(
+        EXECUTOR_BYTES_PER_LANE,
+        value,
+        EXECUTOR_BYTES_PER_LANE_DEFAULT,
+    )
+    .ok()
+    .filter(|n| (1 << 10..=1 << 30).contains(n))
+    .ok_or_else(|| {
+        format!(
+            "{EXECUTOR_BYTES_PER_LANE}={}: expected a byte count from 1K to 1G such as 8K or 32768",
+            v.trim()
+        )
+    })
+}
+
+/// `MSCCLPP_EXECUTOR_THREADS`: 32 to 1024 in steps of 32; unset or blank = `None`.
+fn parse_executor_threads(value: Option<String>) -> Parsed<Option<u32>> {
+    let Some(v) = non_empty(value) else {
+        return Ok(None);
+    };
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| (32..=1024).contains(n) && n % 32 == 0)
+        .map(Some)
+        .ok_or_else(|| format!("{EXECUTOR_THREADS}={v}: expected a multiple of 32 from 32 to 1024"))
 }
 
 /// A duration variable: seconds (`30`, `2.5`, `30s`), milliseconds (`500ms`) or minutes
@@ -879,6 +930,8 @@ impl Env {
             p2p_tune: parse_p2p_tune(lookup(P2P_TUNE)),
             p2p_tune_given: non_empty(lookup(P2P_TUNE)).is_some(),
             executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
+            executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
+            executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -919,7 +972,8 @@ impl Env {
             err(&self.copy_kernel_max_bytes),
             err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
-            err(&self.executor_max_lanes),
+            err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
+            err(&self.executor_threads),
         ];
         level
             .into_iter()
@@ -1050,6 +1104,20 @@ impl Env {
         self.executor_max_lanes
             .clone()
             .unwrap_or(EXECUTOR_MAX_LANES_DEFAULT)
+    }
+    /// `MSCCLPP_EXECUTOR_BYTES_PER_LANE`: one more lane of the executor's GPU kernel per this
+    /// many bytes of a plan block's share (default [`EXECUTOR_BYTES_PER_LANE_DEFAULT`]); a
+    /// malformed value is warned about at startup and the default used.
+    pub fn executor_bytes_per_lane(&self) -> usize {
+        self.executor_bytes_per_lane
+            .clone()
+            .unwrap_or(EXECUTOR_BYTES_PER_LANE_DEFAULT)
+    }
+    /// `MSCCLPP_EXECUTOR_THREADS`: threads per GPU block of the executor's kernel in place of
+    /// the plan's (`None`: the plan's); a malformed value is warned about at startup and
+    /// ignored.
+    pub fn executor_threads(&self) -> Option<u32> {
+        self.executor_threads.clone().ok().flatten()
     }
     /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress before it
     /// fails (default [`P2P_TIMEOUT_DEFAULT`]). A malformed value is warned about at startup
@@ -1266,6 +1334,39 @@ mod tests {
                     |m| m.contains(&format!("{EXECUTOR_MAX_LANES}={bad}: expected an integer"))
                 ),
                 "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn executor_launch_knobs() {
+        let e = env_of(&[]);
+        assert_eq!(e.executor_bytes_per_lane(), EXECUTOR_BYTES_PER_LANE_DEFAULT);
+        assert_eq!(e.executor_threads(), None);
+        let e = env_of(&[(EXECUTOR_BYTES_PER_LANE, " 8K "), (EXECUTOR_THREADS, "512")]);
+        assert_eq!(e.executor_bytes_per_lane(), 8 << 10);
+        assert_eq!(e.executor_threads(), Some(512));
+        assert!(e.problems().is_empty(), "{:?}", e.problems());
+        for bad in ["0", "512", "2G", "lots"] {
+            let e = env_of(&[(EXECUTOR_BYTES_PER_LANE, bad)]);
+            assert_eq!(e.executor_bytes_per_lane(), EXECUTOR_BYTES_PER_LANE_DEFAULT);
+            assert!(
+                e.problems().iter().any(|m| m.contains(&format!(
+                    "{EXECUTOR_BYTES_PER_LANE}={bad}: expected a byte count from 1K to 1G"
+                ))),
+                "{bad}: {:?}",
+                e.problems()
+            );
+        }
+        for bad in ["0", "16", "100", "2048", "all"] {
+            let e = env_of(&[(EXECUTOR_THREADS, bad)]);
+            assert_eq!(e.executor_threads(), None);
+            assert!(
+                e.problems().iter().any(|m| m.contains(&format!(
+                    "{EXECUTOR_THREADS}={bad}: expected a multiple of 32"
+                ))),
+                "{bad}: {:?}",
+                e.problems()
             );
         }
     }

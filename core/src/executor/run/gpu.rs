@@ -39,10 +39,6 @@ pub(crate) fn sm_count(g: &GpuCtx) -> Result<u32> {
         .sm_count)
 }
 
-/// Bytes of the message per GPU block below which another lane does not pay for its lane
-/// barriers.
-const BYTES_PER_LANE: usize = 32 << 10;
-
 /// The most GPU blocks per plan thread block (the kernel's lanes; `MSCCLPP_EXECUTOR_MAX_LANES`
 /// lowers it). A one-block plan of 2 ranks
 /// sharing an H200 may use 64 of their 66 SMs each (the native algorithms use up to all of
@@ -50,11 +46,13 @@ const BYTES_PER_LANE: usize = 32 << 10;
 pub(crate) const MAX_LANES: usize = 64;
 
 /// GPU blocks per plan thread block for a message of `bytes` on `nblocks` plan blocks: one
-/// per `BYTES_PER_LANE` of each block's share, at most [`MAX_LANES`] and what the SMs left to
-/// this rank hold (every block must be resident), at least 1.
+/// per `MSCCLPP_EXECUTOR_BYTES_PER_LANE` (default 32 KiB: below it another lane does not pay
+/// for its lane barriers) of each block's share, at most [`MAX_LANES`] and what the SMs left
+/// to this rank hold (every block must be resident), at least 1.
 pub(crate) fn lanes(ctx: &ExecContext, nblocks: u32, bytes: usize) -> u32 {
     let nb = nblocks.max(1) as usize;
-    let want = bytes.div_ceil(nb * BYTES_PER_LANE);
+    let per_lane = crate::env::env().executor_bytes_per_lane().max(1);
+    let want = bytes.div_ceil(nb * per_lane);
     let fit = ctx.max_grid as usize / nb;
     let most = crate::env::env().executor_max_lanes().min(MAX_LANES);
     want.min(fit).clamp(1, most) as u32

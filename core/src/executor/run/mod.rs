@@ -352,12 +352,11 @@ impl Executor {
                 if trace {
                     low.traced_lanes.store(args.lanes, Ordering::Relaxed);
                 }
-                let threads = gpu::threads(
-                    plan.num_threads_per_block(),
-                    args.nblocks,
-                    bytes,
-                    args.lanes,
-                );
+                // MSCCLPP_EXECUTOR_THREADS replaces the plan's threads per block.
+                let plan_threads = crate::env::env()
+                    .executor_threads()
+                    .unwrap_or(plan.num_threads_per_block());
+                let threads = gpu::threads(plan_threads, args.nblocks, bytes, args.lanes);
                 gpu::launch(&g.ctx, plan, ctx, args, threads, stream)
             },
         }
