@@ -250,10 +250,10 @@ pub(crate) fn sizes(plan: &ExecutionPlan) -> Vec<usize> {
     v
 }
 
-fn run_family(ctx: &TestContext, family: &str) {
-    let env = exec_env();
-    let n = env.nranks;
-    let json = match shipped_json(family, n) {
+/// Shipped plan `family` for this world size (its JSON and this rank's part); skips the test,
+/// saying why, where there is none.
+fn shipped_plan(ctx: &TestContext, family: &str) -> (&'static str, ExecutionPlan) {
+    let json = match shipped_json(family, exec_env().nranks) {
         Ok(j) => j,
         Err(reason) => SKIP!("{}", reason),
     };
@@ -261,6 +261,13 @@ fn run_family(ctx: &TestContext, family: &str) {
         ExecutionPlan::from_json(json, ctx.rank()),
         "parsing {family}"
     );
+    (json, plan)
+}
+
+fn run_family(ctx: &TestContext, family: &str) {
+    let env = exec_env();
+    let n = env.nranks;
+    let (_, plan) = shipped_plan(ctx, family);
     ASSERT_EQ!(plan.world_size(), n);
     let seed = agreed_seed();
     let gather = plan.collective() == "allgather";
@@ -466,18 +473,10 @@ fn plan_op_names(json: &str, rank: usize, b: usize) -> Vec<String> {
 // tracing off. Results stay exact while tracing.
 TEST!(ExecutorTest, TraceCountsEveryOp, |ctx| {
     let env = exec_env();
-    let n = env.nranks;
     let seed = agreed_seed();
     const CALLS: u64 = 3;
     for family in ["allreduce_simple", "allgather_pipeline"] {
-        let json = match shipped_json(family, n) {
-            Ok(j) => j,
-            Err(reason) => SKIP!("{}", reason),
-        };
-        let plan = ok!(
-            ExecutionPlan::from_json(json, ctx.rank()),
-            "parsing {family}"
-        );
+        let (json, plan) = shipped_plan(ctx, family);
         let bytes = sizes(&plan)[1];
         env.exec.set_trace(true);
         EXPECT_TRUE!(env.exec.tracing());
