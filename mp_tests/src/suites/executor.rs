@@ -478,19 +478,24 @@ TEST!(ExecutorTest, TraceCountsEveryOp, |ctx| {
     for family in ["allreduce_simple", "allgather_pipeline"] {
         let (json, plan) = shipped_plan(ctx, family);
         let bytes = sizes(&plan)[1];
+        // `calls` executions of f32 with LL16 packets: the mismatches and their descriptions.
+        let run = |calls: u32| {
+            let mut errors = Vec::new();
+            let bad = check_plan(
+                &env.exec,
+                &plan,
+                bytes,
+                &[DataType::F32],
+                &[PacketType::LL16],
+                calls,
+                seed,
+                &mut errors,
+            );
+            (bad, errors)
+        };
         env.exec.set_trace(true);
         EXPECT_TRUE!(env.exec.tracing());
-        let mut errors = Vec::new();
-        let bad = check_plan(
-            &env.exec,
-            &plan,
-            bytes,
-            &[DataType::F32],
-            &[PacketType::LL16],
-            CALLS as u32,
-            seed,
-            &mut errors,
-        );
+        let (bad, errors) = run(CALLS as u32);
         EXPECT_EQ!(bad, 0, "{family} traced: {:?}", errors);
         let traces = ok!(env.exec.take_trace(), "reading the trace of {family}");
         ASSERT_EQ!(traces.len(), 1, "{family}: one traced size");
@@ -556,16 +561,7 @@ TEST!(ExecutorTest, TraceCountsEveryOp, |ctx| {
         EXPECT_TRUE!(ok!(env.exec.take_trace(), "reading again").is_empty());
         // Tracing off: nothing counted.
         env.exec.set_trace(false);
-        let bad = check_plan(
-            &env.exec,
-            &plan,
-            bytes,
-            &[DataType::F32],
-            &[PacketType::LL16],
-            1,
-            seed,
-            &mut errors,
-        );
+        let (bad, errors) = run(1);
         EXPECT_EQ!(bad, 0, "{family} untraced: {:?}", errors);
         EXPECT_TRUE!(ok!(env.exec.take_trace(), "reading untraced").is_empty());
         env.exec.reset();
