@@ -12,6 +12,7 @@
 //!   rank.
 
 use mscclpp::collectives::{Call, DataType, ReduceOp};
+use mscclpp::executor::{ExecutionPlan, PacketType};
 use mscclpp::{Communicator, RegisteredMemory, Transport};
 use mscclpp_framework::*;
 use mscclpp_hal::{prelude::*, Buffer, Gpu, MemoryKind};
@@ -443,4 +444,88 @@ TEST!(RegistrationTest, UnexportableBuffersFallBackAlike, |_ctx| {
         "querying the cache"
     );
     EXPECT_TRUE!(cached.is_none(), "cached as not registrable on every rank");
+});
+
+/// Shipped plan `plan` (an all-reduce) run by the executor on the application's buffers
+/// `send` and `recv` of `count` i32: the mismatches and their descriptions.
+fn plan_all_reduce(
+    plan: &ExecutionPlan,
+    send: u64,
+    recv: u64,
+    count: usize,
+    call_no: u32,
+    seed: u64,
+) -> (usize, Vec<String>) {
+    let env = super::executor::exec_env();
+    let (dtype, op) = (DataType::I32, ReduceOp::Sum);
+    let vals = all_values(dtype, op, seed, call_no, env.nranks, count);
+    let bytes = encode_all(dtype, &vals[env.rank]);
+    ok!(
+        Gpu::write(&device(), &Range(send, bytes.len()), 0, &bytes),
+        "writing the input"
+    );
+    // SAFETY: both buffers hold `count` i32 and live until after the sync.
+    let r = unsafe {
+        env.exec.execute(
+            env.rank,
+            send,
+            recv,
+            bytes.len(),
+            bytes.len(),
+            dtype,
+            plan,
+            env.raw_stream(),
+            PacketType::LL16,
+        )
+    };
+    ok!(r, "executing {} on the application's memory", plan.name());
+    ok!(env.sync(), "waiting");
+    let got = read(recv, bytes.len());
+    let mut errors = Vec::new();
+    let bad = compare_all_reduce(dtype, op, &got, &vals, &mut errors);
+    (bad, errors)
+}
+
+// The executor on the application's memory: a plan runs on adopted buffers; after the
+// application frees them and maps new memory at the same addresses (host backend; GPU builds
+// allocate again wherever the driver puts it), the next execution sets the plan up again for
+// the new memory (a context kept for the old one would have the peers write into the freed
+// memory) and replaces the old context instead of keeping it beside.
+TEST!(RegistrationTest, PlanOnAppMemoryAllocatedAgain, |ctx| {
+    let env = super::executor::exec_env();
+    let json = match super::executor::shipped_json("allreduce_oop", env.nranks) {
+        Ok(j) => j,
+        Err(reason) => SKIP!("{}", reason),
+    };
+    let plan = ok!(ExecutionPlan::from_json(json, ctx.rank()), "parsing");
+    let len = super::executor::sizes(&plan)[1] / 4 * 4;
+    let count = len / 4;
+    let seed = agreed_seed();
+    let before = env.exec.cached_contexts();
+    let send = AppMemory::new(len, MemoryKind::Device, None);
+    let recv = AppMemory::new(len, MemoryKind::Device, None);
+    let (bad, errors) = plan_all_reduce(&plan, send.ptr(), recv.ptr(), count, 0, seed);
+    EXPECT_EQ!(bad, 0, "first call: {}", errors.join("; "));
+    EXPECT_EQ!(env.exec.cached_contexts(), before + 1);
+    let (s_at, r_at) = (send.release_host(), recv.release_host());
+    let send = AppMemory::new(len, MemoryKind::Device, s_at);
+    let recv = AppMemory::new(len, MemoryKind::Device, r_at);
+    for call_no in 1..3 {
+        let (bad, errors) = plan_all_reduce(&plan, send.ptr(), recv.ptr(), count, call_no, seed);
+        EXPECT_EQ!(
+            bad,
+            0,
+            "call {call_no} on the memory allocated again: {}",
+            errors.join("; ")
+        );
+    }
+    let same_place = s_at.is_some_and(|p| p as u64 == send.ptr());
+    if same_place {
+        EXPECT_EQ!(
+            env.exec.cached_contexts(),
+            before + 1,
+            "the context of the freed memory was replaced"
+        );
+    }
+    env.exec.reset();
 });

@@ -61,7 +61,7 @@ pub(crate) struct ExecContext {
     /// The GPU's SM count (0 on the host).
     pub sms: u32,
     /// The allocations of the send and receive buffers (adopted ones may be replaced by the
-    /// application: [`ExecContext::buffers_current`]).
+    /// application: [`ExecContext::holds`]).
     allocs: Vec<Arc<Allocation>>,
     pub scratch: GpuBuffer<u8>,
     /// Bytes of scratch actually used by one execution (the half, with double scratch).
@@ -159,7 +159,9 @@ impl ExecContext {
     /// Sets up the resources of `plan` for the buffers `ext` (registered to their ends) on
     /// `device` with `scratch_bytes` of scratch (collective: every rank of the plan calls it in
     /// the same order, with the same `scratch_bytes`); `call`: the message sizes (switch
-    /// channels bind those); `sms`: the GPU's SM count (GPU devices).
+    /// channels bind those); `sms`: the GPU's SM count (GPU devices); `allocs`: the
+    /// allocations the buffers lie in (kept alive; [`ExecContext::holds`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         comm: &Arc<Communicator>,
         plan: &ExecutionPlan,
@@ -168,6 +170,7 @@ impl ExecContext {
         call: Buffers,
         scratch_bytes: u64,
         sms: Option<u32>,
+        allocs: Vec<Arc<Allocation>>,
     ) -> Result<ExecContext> {
         let bufs = ext;
         let rp = plan.rank_plan();
@@ -178,14 +181,7 @@ impl ExecContext {
         } else {
             0
         };
-        let allocs = [(bufs.send, call.send_size), (bufs.recv, call.recv_size)]
-            .iter()
-            .filter_map(|&(p, n)| {
-                crate::memory::find_allocation(p, n)
-                    .map(|(a, _)| a)
-                    .or_else(|| crate::memory::adopt_allocation(p, n).ok().map(|(a, _)| a))
-            })
-            .collect();
+
         let max_grid = match sms {
             Some(n) => n / gpu_share(comm, device)?.max(1),
             None => 0,
@@ -231,10 +227,18 @@ impl ExecContext {
         })
     }
 
-    /// Whether the send and receive buffers are still the memory set up for (the
-    /// application may free adopted memory and allocate other memory at its address).
-    pub(crate) fn buffers_current(&self) -> bool {
-        self.allocs.iter().all(|a| a.is_current())
+    /// Whether `allocs`, the allocations a call's send and receive buffers lie in now, are the
+    /// ones this context was set up for. The application may free adopted memory and allocate
+    /// other memory at its address: adopting it then makes another `Allocation` (an adoption
+    /// is reused only while its identity is the same), so comparing the objects is the
+    /// identity check, with no query of the driver.
+    pub(crate) fn holds(&self, allocs: &[Arc<Allocation>]) -> bool {
+        self.allocs.len() == allocs.len()
+            && self
+                .allocs
+                .iter()
+                .zip(allocs)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
     }
 
     /// The lowering tables pointing at this context's resources.

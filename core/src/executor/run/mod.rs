@@ -278,7 +278,7 @@ impl Executor {
             recv_size,
         };
         // Everything that can be refused is checked before the (collective) setup.
-        let (device, extents) = self.check_call(rank, plan, call, dtype, packet_type)?;
+        let (device, extents, allocs) = self.check_call(rank, plan, call, dtype, packet_type)?;
         let gpu = if device.kind == DeviceType::Gpu {
             Some(self.gpu(device.id)?)
         } else {
@@ -301,7 +301,7 @@ impl Executor {
             key,
             plan,
             device,
-            extents,
+            (extents, allocs),
             call,
             gpu.as_ref(),
             stream,
@@ -365,7 +365,8 @@ impl Executor {
     /// Refuses a call the plan cannot run (rank, world size, null buffers, alignment and
     /// element size, memory neither ours nor adoptable, or on two devices, switch channels,
     /// fp8 on ROCm); returns the device the plan runs on (the CPU for memory the host
-    /// addresses) and the buffers with their sizes extended to their allocations' ends.
+    /// addresses), the buffers with their sizes extended to their allocations' ends, and
+    /// those allocations (send's, recv's).
     fn check_call(
         &self,
         rank: usize,
@@ -373,7 +374,7 @@ impl Executor {
         bufs: Buffers,
         dtype: DataType,
         packet_type: PacketType,
-    ) -> Result<(Device, Buffers)> {
+    ) -> Result<(Device, Buffers, Vec<Arc<Allocation>>)> {
         let b = self.comm.bootstrap();
         if rank != b.rank() || rank != plan.rank() {
             return Err(err(
@@ -408,8 +409,10 @@ impl Executor {
             ));
         }
         check_alignment(plan, dtype, packet_type)?;
-        let (sd, send_ext) = buffer_extent(send, send_size, "send").map_err(|e| err(plan, e))?;
-        let (rd, recv_ext) = buffer_extent(recv, recv_size, "recv").map_err(|e| err(plan, e))?;
+        let (sd, send_ext, send_alloc) =
+            buffer_extent(send, send_size, "send").map_err(|e| err(plan, e))?;
+        let (rd, recv_ext, recv_alloc) =
+            buffer_extent(recv, recv_size, "recv").map_err(|e| err(plan, e))?;
         let device = (sd, rd);
         if device.0 != device.1 {
             return Err(err(
@@ -446,12 +449,13 @@ impl Executor {
             send_size: send_ext,
             recv_size: recv_ext,
         };
-        Ok((device, extents))
+        Ok((device, extents, vec![send_alloc, recv_alloc]))
     }
 
     /// The cached context of (`plan`, `ext.send`, `ext.recv`), set up (collectively) on first
     /// use, and again when `sizes` need more scratch than it has or the application replaced
-    /// an adopted buffer (every rank alike: see the module doc).
+    /// an adopted buffer (every rank alike: see the module doc). `buffers`: the extents and the
+    /// allocations the call's buffers lie in ([`Executor::check_call`]).
     #[allow(clippy::too_many_arguments)]
     fn entry<'e>(
         &self,
@@ -459,16 +463,17 @@ impl Executor {
         key: Key,
         plan: &ExecutionPlan,
         device: Device,
-        ext: Buffers,
+        buffers: (Buffers, Vec<Arc<Allocation>>),
         call: Buffers,
         gpu: Option<&GpuState>,
         stream: RawStream,
     ) -> Result<&'e mut Entry> {
+        let (ext, allocs) = buffers;
         let sizes = (call.send_size as u64, call.recv_size as u64);
         let need = context::scratch_capacity(plan, sizes.0, sizes.1);
         let fits = entries
             .get(&key)
-            .is_some_and(|e| e.ctx.scratch.bytes() as u64 >= need && e.ctx.buffers_current());
+            .is_some_and(|e| e.ctx.scratch.bytes() as u64 >= need && e.ctx.holds(&allocs));
         if !fits {
             if let Some(g) = gpu {
                 if g.ctx.is_capturing(stream)? {
@@ -485,6 +490,7 @@ impl Executor {
                 call,
                 need,
                 gpu.map(|g| g.sms),
+                allocs,
             )?;
             entries.insert(
                 key.clone(),
@@ -691,17 +697,22 @@ fn check_switch(plan: &ExecutionPlan, device: Device, dtype: DataType) -> Result
 }
 
 /// The device of the allocation holding `ptr..ptr+size` (this library's, or the
-/// application's adopted through the backend) and the bytes from `ptr` to its end.
+/// application's adopted through the backend), the bytes from `ptr` to its end, and the
+/// allocation.
 fn buffer_extent(
     ptr: u64,
     size: usize,
     what: &str,
-) -> std::result::Result<(Device, usize), String> {
+) -> std::result::Result<(Device, usize, Arc<Allocation>), String> {
     let (a, off) = match crate::memory::find_allocation(ptr, size) {
         Some(f) => f,
         None => crate::memory::adopt_allocation(ptr, size).map_err(|e| {
             format!("{what} buffer {ptr:#x} (+{size} bytes): expected memory allocated through mscclpp (GpuBuffer / LocalMemory) or memory the backend can adopt (cudaMalloc, cuMem with a shareable handle, a host memfd mapping): {e}")
         })?,
     };
-    Ok((a.device(), a.size().saturating_sub(off as usize).max(size)))
+    Ok((
+        a.device(),
+        a.size().saturating_sub(off as usize).max(size),
+        a,
+    ))
 }
