@@ -177,6 +177,10 @@ pub const EXECUTOR_BYTES_PER_LANE_DEFAULT: usize = 32 << 10;
 /// `MSCCLPP_EXECUTOR_THREADS`: threads per GPU block of the executor's kernel instead of the
 /// plan's `num_threads_per_block` (a speed knob: no op depends on the thread count).
 pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
+/// `MSCCLPP_EXECUTOR_LANE_SYNC`: how the lanes of a plan block meet in the executor's GPU
+/// kernel: `barrier` (default: every crossing a barrier of all lanes) or `split` (joins where
+/// lane 0 needs the others' data, releases where the others need lane 0's synchronisation).
+pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -516,6 +520,11 @@ pub const VARS: &[Var] = &[
         "32-1024, a multiple of 32: executor threads per GPU block",
     ),
     var(
+        EXECUTOR_LANE_SYNC,
+        "barrier",
+        "barrier or split: how the executor's lanes of a plan block meet",
+    ),
+    var(
         P2P_TUNE,
         "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1,ll_merge=0,direct=32 (chunk=128,ring=64 above 8 ranks)",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
@@ -616,6 +625,7 @@ pub struct Env {
     executor_max_lanes: Parsed<usize>,
     executor_bytes_per_lane: Parsed<usize>,
     executor_threads: Parsed<Option<u32>>,
+    executor_lane_sync_split: Parsed<bool>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -757,6 +767,19 @@ fn parse_executor_threads(value: Option<String>) -> Parsed<Option<u32>> {
         .filter(|n| (32..=1024).contains(n) && n % 32 == 0)
         .map(Some)
         .ok_or_else(|| format!("{EXECUTOR_THREADS}={v}: expected a multiple of 32 from 32 to 1024"))
+}
+
+/// `MSCCLPP_EXECUTOR_LANE_SYNC`: `barrier` (false, also unset or blank) or `split` (true),
+/// any case.
+fn parse_lane_sync(value: Option<String>) -> Parsed<bool> {
+    match non_empty(value) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("barrier") => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("split") => Ok(true),
+        Some(v) => Err(format!(
+            "{EXECUTOR_LANE_SYNC}={v}: expected barrier or split"
+        )),
+    }
 }
 
 /// A duration variable: seconds (`30`, `2.5`, `30s`), milliseconds (`500ms`) or minutes
@@ -932,6 +955,7 @@ impl Env {
             executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
             executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
+            executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -973,7 +997,7 @@ impl Env {
             err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
-            err(&self.executor_threads),
+            err(&self.executor_threads), err(&self.executor_lane_sync_split),
         ];
         level
             .into_iter()
@@ -1118,6 +1142,12 @@ impl Env {
     /// ignored.
     pub fn executor_threads(&self) -> Option<u32> {
         self.executor_threads.clone().ok().flatten()
+    }
+    /// `MSCCLPP_EXECUTOR_LANE_SYNC=split`: the executor's lanes meet at split joins and
+    /// releases instead of lane barriers (default `barrier`); a malformed value is warned about
+    /// at startup and the default used.
+    pub fn executor_lane_sync_split(&self) -> bool {
+        self.executor_lane_sync_split.clone().unwrap_or(false)
     }
     /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress before it
     /// fails (default [`P2P_TIMEOUT_DEFAULT`]). A malformed value is warned about at startup
@@ -1358,6 +1388,18 @@ mod tests {
                 e.problems()
             );
         }
+        assert!(!e.executor_lane_sync_split());
+        assert!(env_of(&[(EXECUTOR_LANE_SYNC, "Split")]).executor_lane_sync_split());
+        assert!(!env_of(&[(EXECUTOR_LANE_SYNC, "barrier")]).executor_lane_sync_split());
+        let e = env_of(&[(EXECUTOR_LANE_SYNC, "fast")]);
+        assert!(!e.executor_lane_sync_split());
+        assert!(
+            e.problems()
+                .iter()
+                .any(|m| m.contains("MSCCLPP_EXECUTOR_LANE_SYNC=fast: expected barrier or split")),
+            "{:?}",
+            e.problems()
+        );
         for bad in ["0", "16", "100", "2048", "all"] {
             let e = env_of(&[(EXECUTOR_THREADS, bad)]);
             assert_eq!(e.executor_threads(), None);

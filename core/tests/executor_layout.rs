@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::mem::{align_of, offset_of, size_of};
 
 use mscclpp::executor::device::{
-    op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, REF_SWITCH,
-    TRACE_HEADER_WORDS, TRACE_WORDS,
+    op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, LANE_WORDS,
+    REF_SWITCH, TRACE_HEADER_WORDS, TRACE_WORDS,
 };
 
 #[path = "common/cpp_dump.rs"]
@@ -107,6 +107,8 @@ fn executor_structs_match_the_c_header() {
     field!(ExecArgs, nblocks, "ExecArgs.nBlocks");
     field!(ExecArgs, lanes, "ExecArgs.lanes");
     field!(ExecArgs, trace, "ExecArgs.trace");
+    field!(ExecArgs, lane_sync, "ExecArgs.laneSync");
+    assert_eq!(LANE_WORDS, get("EXEC_LANE_WORDS value"));
     assert_eq!(TRACE_WORDS, get("EXEC_TRACE_WORDS value"));
     assert_eq!(TRACE_HEADER_WORDS, get("EXEC_TRACE_HEADER_WORDS value"));
 

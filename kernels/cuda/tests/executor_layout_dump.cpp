@@ -62,6 +62,8 @@ int main() {
   FIELD(ExecArgs, nBlocks);
   FIELD(ExecArgs, lanes);
   FIELD(ExecArgs, trace);
+  FIELD(ExecArgs, laneSync);
+  std::printf("EXEC_LANE_WORDS value %d\n", EXEC_LANE_WORDS);
   std::printf("EXEC_TRACE_WORDS value %d\nEXEC_TRACE_HEADER_WORDS value %d\n", EXEC_TRACE_WORDS, EXEC_TRACE_HEADER_WORDS);
   std::printf("EXEC_BLOCK_HEADER_BYTES value %zu\n", EXEC_BLOCK_HEADER_BYTES);
   std::printf("EXEC_PIPELINE value %d\nEXEC_SEM_RELEASE value %d\nEXEC_REDUCE_COPY_SEND_PACKETS value %d\n",

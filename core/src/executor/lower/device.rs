@@ -244,7 +244,15 @@ pub struct ExecArgs {
     /// Trace counters ([`TRACE_WORDS`] u64 per GPU block, or per block on the host), 0 when
     /// off: see `ExecArgs.trace` of the C header.
     pub trace: u64,
+    /// How the lanes of a plan block meet: 0 lane barriers, 1 split joins and releases
+    /// (`MSCCLPP_EXECUTOR_LANE_SYNC`); the host interpreter ignores it.
+    pub lane_sync: u32,
+    /// Padding to the C layout; always 0.
+    pub pad: u32,
 }
+
+/// Lane words per plan block after the launch counters of `ExecArgs::flags`.
+pub const LANE_WORDS: usize = 4;
 
 /// Trace words before the per-op pairs: launches, cycles, nanoseconds, prologue cycles,
 /// idle nanoseconds between launches back to back and how many such gaps, the wall clock at

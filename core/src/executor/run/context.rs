@@ -14,7 +14,7 @@ use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::executor::json::BufferType;
 use crate::executor::limits::MAX_BARRIERS;
-use crate::executor::lower::device::BARRIER_WORDS;
+use crate::executor::lower::device::{BARRIER_WORDS, LANE_WORDS};
 use crate::executor::lower::{layout, Tables};
 use crate::executor::model::RankPlan;
 use crate::executor::plan::ExecutionPlan;
@@ -514,7 +514,8 @@ fn sync_words(
     let semaphores: GpuBuffer<i32> = GpuBuffer::new(device, init.len())?;
     semaphores.copy_from_host(0, &init)?;
     let barriers: GpuBuffer<u32> = GpuBuffer::new(device, MAX_BARRIERS * BARRIER_WORDS)?;
-    // A launch counter per block, then (count, generation) of each block's lane barrier.
-    let flags: GpuBuffer<u32> = GpuBuffer::new(device, 3 * rp.blocks.len().max(1))?;
+    // A launch counter per block, then LANE_WORDS lane words of each block (the lane
+    // barrier's count and generation, or the split sync's join, release and exit words).
+    let flags: GpuBuffer<u32> = GpuBuffer::new(device, (1 + LANE_WORDS) * rp.blocks.len().max(1))?;
     Ok((semaphores, barriers, flags))
 }

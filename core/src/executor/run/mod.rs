@@ -649,6 +649,8 @@ fn launch_args(
             (Some(t), true) => t.data(),
             _ => 0,
         },
+        lane_sync: u32::from(crate::env::env().executor_lane_sync_split()),
+        pad: 0,
     }
 }
 

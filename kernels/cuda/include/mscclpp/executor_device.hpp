@@ -9,7 +9,8 @@
 //   Packet operations address packet buffers at twice the chunk offset.
 // ExecBlock (18128 bytes, align 16): one thread block's channels, remote buffers and ops. The
 //   kernel copies the header and the used ops into shared memory.
-// ExecArgs (96 bytes): the kernel's one parameter.
+// ExecArgs (104 bytes): the kernel's one parameter. ExecArgs.flags: a launch counter per plan
+//   block, then EXEC_LANE_WORDS lane words per plan block.
 // Trace (ExecArgs.trace, null when off): EXEC_TRACE_WORDS counters per GPU block (block
 //   blockIdx.x at trace + blockIdx.x * EXEC_TRACE_WORDS), added to by its thread 0 on every
 //   launch: [0] launches, [1] cycles from kernel start to end, [2] nanoseconds of the same
@@ -38,6 +39,8 @@ constexpr int EXEC_MAX_CHANNELS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_OPS_PER_BLOCK = 64;
 constexpr int EXEC_TRACE_HEADER_WORDS = 8;
+// Lane words per plan block after the launch counters of ExecArgs.flags.
+constexpr int EXEC_LANE_WORDS = 4;
 constexpr int EXEC_TRACE_WORDS = EXEC_TRACE_HEADER_WORDS + 2 * EXEC_MAX_OPS_PER_BLOCK;
 constexpr uint8_t EXEC_REF_REMOTE = 0x80;
 // Switch-op chunk references: this bit | slot of the block's (host-side) switch channel table.
@@ -159,6 +162,8 @@ struct ExecArgs {
   uint32_t nBlocks;  // plan blocks
   uint32_t lanes;    // GPU blocks per plan block (0 or 1: one)
   uint64_t* trace;   // per-op counters (see the file comment), or null
+  uint32_t laneSync;  // 0: lanes meet at lane barriers; 1: split joins and releases
+  uint32_t pad;
 };
 
 }  // namespace mscclpp

@@ -48,7 +48,11 @@ struct Run {
   // Lanes: this GPU block is lane `lane` of `lanes` running the plan block; data ops split
   // their work over tid (0..nthr) of all lanes.
   uint32_t lane, lanes, tid, nthr;
-  uint32_t* laneWords;  // (count, generation) of this plan block's lane barrier
+  uint32_t* laneWords;  // this plan block's lane words (see laneArrive and the split sync)
+  // Split lane sync (ExecArgs.laneSync): joins and releases so far in this launch (the same
+  // on every lane: every lane takes the same steps).
+  bool split;
+  uint32_t joins, releases;
 
   __device__ char* local(uint8_t ty) const {
     if (ty == 0) return a.input;
@@ -643,12 +647,135 @@ __device__ __forceinline__ void laneBarrier(const Run& r) {
   __syncthreads();
 }
 
+// ---- split lane sync (ExecArgs.laneSync = 1) ----
+// The lane barrier makes every lane wait for every other one. Split, each crossing is only the
+// direction it needs:
+//   join    (data moved, lane 0 then runs a synchronisation op): the other lanes arrive
+//           (fence, add to the join count) and go on; lane 0 waits for their arrivals.
+//   release (lane 0 ran synchronisation ops, data ops follow): lane 0 publishes a value, the
+//           other lanes wait for it; nobody waits for them.
+//   a nop after data: join, then release; a nop after nothing: the lane's own __syncthreads.
+// Words (laneWords): [0] join count (arrivals this launch; lane 0 waits for joins x (lanes - 1)),
+// [1] release value ((flag << 20) + releases this launch, compared as serial numbers, so no
+// reset and no lane reads a start value another may have moved), [2] exit count (every other
+// lane arrives once at the end; lane 0 waits for them, then zeroes [0] and [2] for the next
+// launch and writes the launch flag back). Between two joins of a lane there is always a
+// release lane 0 publishes after the first (a join needs data moved since the last crossing,
+// and data after a synchronisation op waits for a release), so arrivals of two joins never mix.
+
+__device__ __noinline__ void joinArrive(uint32_t* words) {
+  __threadfence();
+  atomicAdd(words, 1u);
+}
+
+__device__ __noinline__ void joinWait(uint32_t* words, uint32_t target) {
+  volatile uint32_t* count = words;
+  MSCCLPP_SPIN_UNTIL(*count >= target, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane join");
+  __threadfence();
+}
+
+__device__ __noinline__ void releasePublish(uint32_t* words, uint32_t value) {
+  __threadfence();
+  atomicExch(words + 1, value);
+}
+
+__device__ __noinline__ void releaseWait(uint32_t* words, uint32_t value) {
+  volatile uint32_t* v = words + 1;
+  // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+  MSCCLPP_SPIN_UNTIL((int32_t)(*v - value) >= 0, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane release");
+  __threadfence();
+}
+
+/// The other lanes' data before lane 0 goes on.
+__device__ __forceinline__ void laneJoin(Run& r) {
+  __syncthreads();
+  ++r.joins;
+  if (threadIdx.x == 0) {
+    if (r.lane == 0) {
+      joinWait(r.laneWords, r.joins * (r.lanes - 1));
+    } else {
+      joinArrive(r.laneWords);
+    }
+  }
+  __syncthreads();
+}
+
+/// Lane 0's synchronisation ops before the other lanes go on.
+__device__ __forceinline__ void laneRelease(Run& r) {
+  __syncthreads();
+  ++r.releases;
+  const uint32_t value = (r.flag << 20) + r.releases;
+  if (threadIdx.x == 0) {
+    if (r.lane == 0) {
+      releasePublish(r.laneWords, value);
+    } else {
+      releaseWait(r.laneWords, value);
+    }
+  }
+  __syncthreads();
+}
+
+/// End of a split launch: every other lane arrives; lane 0 waits for them (all joins done and
+/// every lane read the launch flag), then zeroes the counts for the next launch.
+__device__ __noinline__ void laneExitThread0(const Run& r) {
+  uint32_t* w = r.laneWords;
+  if (r.lane != 0) {
+    __threadfence();
+    atomicAdd(w + 2, 1u);
+    return;
+  }
+  volatile uint32_t* exits = w + 2;
+  MSCCLPP_SPIN_UNTIL(*exits >= r.lanes - 1, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane exit");
+  __threadfence();
+  w[0] = 0;
+  w[2] = 0;
+}
+
 /// Where a lane stands relative to the lane barriers.
 struct LaneState {
   bool dirty = false;   // data moved since the last lane barrier
   bool synced = false;  // a lane-0 op ran since the last lane barrier
   bool met = false;     // a lane barrier was passed (every lane read its launch flag before)
 };
+
+/// step() with the split lane sync (several lanes): joins and releases instead of lane
+/// barriers. Out of line, so the barrier path keeps its registers (inlined, this raised the
+/// kernel's spills from 380 to 1236 bytes).
+__device__ __noinline__ void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+  bool& dirty = st.dirty;
+  bool& synced = st.synced;
+  if (o.opType == EXEC_NOP) {
+    if (dirty) {
+      laneJoin(r);
+      laneRelease(r);
+    } else if (synced) {
+      laneRelease(r);
+    } else {
+      __syncthreads();
+    }
+    dirty = false;
+    synced = false;
+    return;
+  }
+  if (laneZeroOnly(o)) {
+    if (dirty) laneJoin(r);
+    dirty = false;
+    if (r.lane == 0 && takesPart(o)) {
+      const uint32_t tid = r.tid, nthr = r.nthr;
+      r.tid = threadIdx.x;
+      r.nthr = blockDim.x;
+      exec(r, o, off, unit);
+      r.tid = tid;
+      r.nthr = nthr;
+    }
+    synced = true;
+    return;
+  }
+  if (synced) laneRelease(r);
+  synced = false;
+  exec(r, o, off, unit);
+  dirty = true;
+}
 
 /// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
 /// laneZeroOnly run on lane 0 between lane barriers. A `nop` with nothing run since the last
@@ -664,6 +791,10 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
   }
   bool& dirty = st.dirty;
   bool& synced = st.synced;
+  if (r.split) {
+    stepSplit(r, o, off, unit, st);
+    return;
+  }
   if (o.opType == EXEC_NOP) {
     if (dirty || synced || !st.met) laneBarrier(r);
     dirty = false;
@@ -775,7 +906,10 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
   r.lanes = lanes;
   r.tid = r.lane * blockDim.x + threadIdx.x;
   r.nthr = lanes * blockDim.x;
-  r.laneWords = args.flags + args.nBlocks + 2 * pb;
+  r.laneWords = args.flags + args.nBlocks + EXEC_LANE_WORDS * pb;
+  r.split = args.laneSync == 1 && lanes > 1;
+  r.joins = 0;
+  r.releases = 0;
   LaneState st;
   __syncthreads();
   if (uint64_t* tr = traceWords(args)) tr[3] += traceCycles() - mark.c0;
@@ -802,8 +936,14 @@ extern "C" __global__ void __launch_bounds__(1024) executor_kernel(ExecArgs args
     }
   }
   // Lane 0 counts the launch once every lane read the flag above: after any lane barrier
-  // (each lane read it before its first op), else after one here.
-  if (lanes > 1 && !st.met) laneBarrier(r);
+  // (each lane read it before its first op), else after one here; split, after every other
+  // lane's exit arrival.
+  if (r.split) {
+    __syncthreads();
+    if (threadIdx.x == 0) laneExitThread0(r);
+  } else if (lanes > 1 && !st.met) {
+    laneBarrier(r);
+  }
   __syncthreads();
   if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
   if (uint64_t* tr = traceWords(args)) {
