@@ -395,4 +395,67 @@ impl Executor {
     fn reset(&self) {
         self.inner.reset();
     }
+
+    /// Starts (`True`) or stops counting where each execution's time goes, op by op, per
+    /// thread block (`take_trace` reads the counts).
+    fn set_trace(&self, on: bool) {
+        self.inner.set_trace(on);
+    }
+
+    /// Whether tracing is on.
+    #[getter]
+    fn tracing(&self) -> bool {
+        self.inner.tracing()
+    }
+
+    /// The counts since the last call (zeroed by reading them), one dict per (plan, buffers,
+    /// message size): `plan`, `send_size`, `recv_size`, `lanes`, `text` (the table `print`
+    /// shows) and `blocks`, one dict per GPU block that ran (per thread block on the host
+    /// backend): `block`, `lane`, `launches`, `us` (per launch; cycles where the GPU has no
+    /// wall clock), `prologue_us`, `idle_us` (between back-to-back launches, or `None`) and
+    /// `ops`: dicts of `index`, `name`, `runs`, `us` (per launch). Call it once the traced
+    /// executions finished (GPU builds: their streams synchronized).
+    fn take_trace<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let traces = py.detach(|| self.inner.take_trace()).py()?;
+        traces
+            .into_iter()
+            .map(|t| {
+                let d = PyDict::new(py);
+                d.set_item("plan", &t.plan)?;
+                d.set_item("send_size", t.send_size)?;
+                d.set_item("recv_size", t.recv_size)?;
+                d.set_item("lanes", t.lanes)?;
+                d.set_item("text", t.to_string())?;
+                let blocks = t
+                    .blocks
+                    .iter()
+                    .map(|b| {
+                        let bd = PyDict::new(py);
+                        bd.set_item("block", b.block)?;
+                        bd.set_item("lane", b.lane)?;
+                        bd.set_item("launches", b.launches)?;
+                        bd.set_item("us", b.per_launch_us(b.cycles))?;
+                        bd.set_item("prologue_us", b.per_launch_us(b.prologue_cycles))?;
+                        bd.set_item("idle_us", b.idle_us())?;
+                        let ops = b
+                            .ops
+                            .iter()
+                            .map(|o| {
+                                let od = PyDict::new(py);
+                                od.set_item("index", o.index)?;
+                                od.set_item("name", o.name)?;
+                                od.set_item("runs", o.runs)?;
+                                od.set_item("us", b.per_launch_us(o.cycles))?;
+                                Ok(od)
+                            })
+                            .collect::<PyResult<Vec<_>>>()?;
+                        bd.set_item("ops", ops)?;
+                        Ok(bd)
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                d.set_item("blocks", blocks)?;
+                Ok(d)
+            })
+            .collect()
+    }
 }

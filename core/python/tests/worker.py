@@ -235,6 +235,26 @@ def case_executor(g: mscclpp.CommGroup, plan_path: str) -> None:
     send[:] = data(r, count, np.float32)
     g.execute(plan, send, recv)
     check(f"plan {plan.name} on NumPy views", recv.copy(), want)
+    # Tracing: two traced runs count two launches of every block and each op of the plan.
+    ex = g.executor
+    assert not ex.tracing
+    ex.set_trace(True)
+    assert ex.tracing
+    for it in range(2):
+        send[:] = data(r, count, np.float32)
+        g.execute(plan, send, recv)
+        check(f"plan {plan.name} traced run {it}", recv.copy(), want)
+    ex.set_trace(False)
+    traces = ex.take_trace()
+    assert len(traces) == 1, traces
+    t = traces[0]
+    assert t["plan"] == plan.name and t["send_size"] == nbytes, t
+    assert f"trace of `{plan.name}`" in t["text"], t["text"]
+    assert t["blocks"] and all(b["launches"] == 2 for b in t["blocks"]), t
+    names = [o["name"] for o in t["blocks"][0]["ops"]]
+    assert names and all(o["runs"] >= 2 and o["us"] >= 0 for o in t["blocks"][0]["ops"]), t
+    print("trace ops:", names)
+    assert ex.take_trace() == [], "reading zeroes the counts"
     g.barrier()
 
 

@@ -304,6 +304,12 @@ class Executor:
         """Runs ``plan`` on library-allocated buffers (collective)."""
     def reset(self) -> None:
         """Drops the cached contexts (collective)."""
+    def set_trace(self, on: bool) -> None:
+        """Starts or stops counting each op's time per thread block."""
+    @property
+    def tracing(self) -> bool: ...
+    def take_trace(self) -> list[dict[str, Any]]:
+        """The counts since the last call, one dict per (plan, buffers, size); zeroes them."""
 
 @final
 class Future:
