@@ -731,6 +731,18 @@ __device__ __noinline__ void laneExitThread0(const Run& r) {
   w[2] = 0;
 }
 
+/// Runs a laneZeroOnly op on lane 0's own threads (those with a part in it); the other lanes
+/// skip it.
+__device__ __forceinline__ void execOnLaneZero(Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if (r.lane != 0 || !takesPart(o)) return;
+  const uint32_t tid = r.tid, nthr = r.nthr;
+  r.tid = threadIdx.x;
+  r.nthr = blockDim.x;
+  exec(r, o, off, unit);
+  r.tid = tid;
+  r.nthr = nthr;
+}
+
 /// Where a lane stands relative to the lane barriers.
 struct LaneState {
   bool dirty = false;   // data moved since the last lane barrier
@@ -760,14 +772,7 @@ __device__ __noinline__ void stepSplit(Run& r, const ExecOp& o, uint64_t off, ui
   if (laneZeroOnly(o)) {
     if (dirty) laneJoin(r);
     dirty = false;
-    if (r.lane == 0 && takesPart(o)) {
-      const uint32_t tid = r.tid, nthr = r.nthr;
-      r.tid = threadIdx.x;
-      r.nthr = blockDim.x;
-      exec(r, o, off, unit);
-      r.tid = tid;
-      r.nthr = nthr;
-    }
+    execOnLaneZero(r, o, off, unit);
     synced = true;
     return;
   }
@@ -808,15 +813,7 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
       st.met = true;
     }
     dirty = false;
-    if (r.lane == 0 && takesPart(o)) {
-      // Lane 0's own threads only.
-      const uint32_t tid = r.tid, nthr = r.nthr;
-      r.tid = threadIdx.x;
-      r.nthr = blockDim.x;
-      exec(r, o, off, unit);
-      r.tid = tid;
-      r.nthr = nthr;
-    }
+    execOnLaneZero(r, o, off, unit);
     synced = true;
     return;
   }
