@@ -72,43 +72,6 @@ pub mod op {
     pub const GROUP_LOAD_REDUCE_STORE: u8 = 28;
     /// gstore: store a local chunk through a switch chunk (into every rank's copy).
     pub const GROUP_STORE: u8 = 29;
-
-    /// The plan's name of operation code `code` (`"?"` for a code no op has).
-    pub fn name(code: u8) -> &'static str {
-        const NAMES: [&str; 30] = [
-            "nop",
-            "barrier",
-            "put",
-            "pws",
-            "pwsf",
-            "get",
-            "copy",
-            "signal",
-            "wait",
-            "flush",
-            "re",
-            "res",
-            "rre",
-            "rres",
-            "ppkt",
-            "rppkt",
-            "respkt",
-            "cpkt",
-            "upkt",
-            "repkt",
-            "recpkt",
-            "recspkt",
-            "rlxsignal",
-            "rlxwait",
-            "pipeline",
-            "sem_acquire",
-            "sem_release",
-            "glre",
-            "glres",
-            "gstore",
-        ];
-        NAMES.get(usize::from(code)).copied().unwrap_or("?")
-    }
 }
 
 /// `ExecOp.inputRefs[i]` / `outputRefs[i]`: a local buffer type (0..=2), or this bit plus the

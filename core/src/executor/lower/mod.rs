@@ -67,6 +67,44 @@ fn code(n: OpName) -> R<u8> {
     })
 }
 
+/// The plan op that lowers to operation code `c` ([`code`] backwards), if any.
+pub(crate) fn plan_op(c: u8) -> Option<OpName> {
+    use OpName::*;
+    Some(match c {
+        op::NOP => Nop,
+        op::BARRIER => Barrier,
+        op::PUT => Put,
+        op::PUT_WITH_SIGNAL => Pws,
+        op::PUT_WITH_SIGNAL_AND_FLUSH => Pwsf,
+        op::GET => Get,
+        op::COPY => Copy,
+        op::SIGNAL => Signal,
+        op::WAIT => Wait,
+        op::FLUSH => Flush,
+        op::REDUCE => Re,
+        op::REDUCE_SEND => Res,
+        op::READ_REDUCE => Rre,
+        op::READ_REDUCE_SEND => Rres,
+        op::PUT_PACKETS => Ppkt,
+        op::READ_PUT_PACKETS => Rppkt,
+        op::REDUCE_SEND_PACKETS => Respkt,
+        op::COPY_PACKETS => Cpkt,
+        op::UNPACK_PACKETS => Upkt,
+        op::REDUCE_PACKETS => Repkt,
+        op::REDUCE_COPY_PACKETS => Recpkt,
+        op::REDUCE_COPY_SEND_PACKETS => Recspkt,
+        op::RELAXED_SIGNAL => Rlxsignal,
+        op::RELAXED_WAIT => Rlxwait,
+        op::PIPELINE => Pipeline,
+        op::SEM_ACQUIRE => SemAcquire,
+        op::SEM_RELEASE => SemRelease,
+        op::GROUP_LOAD_REDUCE => Glre,
+        op::GROUP_LOAD_REDUCE_STORE => Glres,
+        op::GROUP_STORE => Gstore,
+        _ => return None,
+    })
+}
+
 fn u32_of(value: u64, what: &'static str) -> R<u32> {
     u32::try_from(value).map_err(|_| LowerError::Above32Bits { what, value })
 }
@@ -310,6 +348,17 @@ mod tests {
     use crate::executor::plan::ExecutionPlan;
 
     const PIPELINE: &str = include_str!("../../../plans/allgather_pipeline_n2.json");
+
+    #[test]
+    fn plan_op_is_code_backwards() {
+        for c in 0..=u8::MAX {
+            match plan_op(c) {
+                Some(n) => assert_eq!(code(n).ok(), Some(c), "{c} -> {}", n.name()),
+                None => assert!(c > op::GROUP_STORE, "operation code {c} has no plan op"),
+            }
+        }
+        assert_eq!(plan_op(op::READ_REDUCE).map(OpName::name), Some("rre"));
+    }
 
     /// Rank 0's layout at `total` gathered bytes and its pipeline op (the shipped plan: a put
     /// of the own chunk to the peer in 1 KiB steps).

@@ -15,7 +15,9 @@
 use std::fmt;
 
 use crate::error::Result;
-use crate::executor::lower::device::{op, ExecBlock, TRACE_HEADER_WORDS, TRACE_WORDS};
+use crate::executor::json::OpName;
+use crate::executor::lower::device::{ExecBlock, TRACE_HEADER_WORDS, TRACE_WORDS};
+use crate::executor::lower::plan_op;
 use crate::gpu_buffer::GpuBuffer;
 
 /// One op's counters in one GPU block.
@@ -127,7 +129,7 @@ pub(super) fn read(
                     );
                     (runs > 0).then(|| OpTrace {
                         index: i,
-                        name: op::name(blk.ops[i].op_type),
+                        name: plan_op(blk.ops[i].op_type).map_or("?", OpName::name),
                         cycles,
                         runs,
                     })
