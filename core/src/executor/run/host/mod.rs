@@ -115,6 +115,11 @@ impl Trace<'_> {
     }
 }
 
+/// The clock now when tracing, for [`Trace::op`] (no clock read per op otherwise).
+fn mark(tr: &Option<Trace<'_>>) -> Option<Instant> {
+    tr.as_ref().map(|_| Instant::now())
+}
+
 fn nanos(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
@@ -151,28 +156,28 @@ impl Thread<'_> {
         let mut i = 0;
         while i < ops.len() {
             let o = &ops[i];
-            let s = Instant::now();
+            let s = mark(&tr);
             if o.op_type == op::PIPELINE {
                 let inner = &ops[i + 1..(i + 1 + o.n_inner as usize).min(ops.len())];
                 for it in 0..o.n_iterations {
                     let off = u64::from(it) * u64::from(o.unit_size);
                     for (k, p) in inner.iter().enumerate() {
-                        let sk = Instant::now();
+                        let sk = mark(&tr);
                         // SAFETY: forwarded.
                         unsafe { self.exec::<P>(p, off, u64::from(o.unit_size))? };
-                        if let Some(t) = &tr {
+                        if let (Some(t), Some(sk)) = (&tr, sk) {
                             t.op(i + 1 + k, sk);
                         }
                     }
                 }
-                if let Some(t) = &tr {
+                if let (Some(t), Some(s)) = (&tr, s) {
                     t.op(i, s);
                 }
                 i += 1 + inner.len();
             } else {
                 // SAFETY: forwarded.
                 unsafe { self.exec::<P>(o, 0, u64::MAX)? };
-                if let Some(t) = &tr {
+                if let (Some(t), Some(s)) = (&tr, s) {
                     t.op(i, s);
                 }
                 i += 1;
