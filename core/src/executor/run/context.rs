@@ -181,7 +181,6 @@ impl ExecContext {
         } else {
             0
         };
-
         let max_grid = match sms {
             Some(n) => n / gpu_share(comm, device)?.max(1),
             None => 0,

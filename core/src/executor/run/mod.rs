@@ -226,12 +226,8 @@ impl Executor {
         recv: u64,
         recv_size: usize,
     ) -> Result<Vec<Arc<Allocation>>> {
-        let one = |ptr: u64, size: usize| match crate::memory::find_allocation(ptr, size) {
-            Some((a, _)) => Ok(a),
-            None => crate::memory::adopt_allocation(ptr, size).map(|(a, _)| a),
-        };
-        let s = one(send, send_size)?;
-        let r = one(recv, recv_size)?;
+        let (s, _) = find_or_adopt(send, send_size)?;
+        let (r, _) = find_or_adopt(recv, recv_size)?;
         if s.device() != r.device() {
             return Err(Error::invalid(format!(
                 "send buffer {send:#x} on {:?} but recv buffer {recv:#x} on {:?}",
@@ -332,7 +328,9 @@ impl Executor {
             // SAFETY: the context owns every resource the blocks point at; the caller keeps
             // the buffers alive.
             None => unsafe {
-                low.traced_lanes.store(1, Ordering::Relaxed);
+                if trace {
+                    low.traced_lanes.store(1, Ordering::Relaxed);
+                }
                 self.run_on_host(plan, ctx, low, call, dtype, packet_type, trace)
             },
             // SAFETY: forwarded from the caller.
@@ -698,6 +696,16 @@ fn check_switch(plan: &ExecutionPlan, device: Device, dtype: DataType) -> Result
     Ok(())
 }
 
+/// The allocation holding `ptr..ptr+size` and the offset of `ptr` in it: this library's, or
+/// the application's adopted through the backend (a live adoption of the same identity is
+/// reused), or why neither.
+fn find_or_adopt(ptr: u64, size: usize) -> Result<(Arc<Allocation>, u64)> {
+    match crate::memory::find_allocation(ptr, size) {
+        Some(f) => Ok(f),
+        None => crate::memory::adopt_allocation(ptr, size),
+    }
+}
+
 /// The device of the allocation holding `ptr..ptr+size` (this library's, or the
 /// application's adopted through the backend), the bytes from `ptr` to its end, and the
 /// allocation.
@@ -706,12 +714,9 @@ fn buffer_extent(
     size: usize,
     what: &str,
 ) -> std::result::Result<(Device, usize, Arc<Allocation>), String> {
-    let (a, off) = match crate::memory::find_allocation(ptr, size) {
-        Some(f) => f,
-        None => crate::memory::adopt_allocation(ptr, size).map_err(|e| {
-            format!("{what} buffer {ptr:#x} (+{size} bytes): expected memory allocated through mscclpp (GpuBuffer / LocalMemory) or memory the backend can adopt (cudaMalloc, cuMem with a shareable handle, a host memfd mapping): {e}")
-        })?,
-    };
+    let (a, off) = find_or_adopt(ptr, size).map_err(|e| {
+        format!("{what} buffer {ptr:#x} (+{size} bytes): expected memory allocated through mscclpp (GpuBuffer / LocalMemory) or memory the backend can adopt (cudaMalloc, cuMem with a shareable handle, a host memfd mapping): {e}")
+    })?;
     Ok((
         a.device(),
         a.size().saturating_sub(off as usize).max(size),
