@@ -113,7 +113,8 @@ struct PlanRow {
 }
 
 /// `--trace`: one more measurement of the plan at `elems` with tracing on; this rank's trace
-/// as text (every rank reads its own: the read is local).
+/// as text (every rank reads its own: the read is local). Tracing is on only here, and the
+/// read zeroes the counts, so nothing counted earlier is in it.
 fn trace_size(
     pr: &PlanRun,
     bench: &Bench,
@@ -122,7 +123,6 @@ fn trace_size(
     in_place: bool,
     call: u32,
 ) -> Result<String, String> {
-    pr.exec.take_trace().map_err(|e| e.to_string())?;
     pr.exec.set_trace(true);
     let m = bench.measure(o, elems, in_place, call);
     pr.exec.set_trace(false);
