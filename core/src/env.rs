@@ -181,6 +181,11 @@ pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
 /// kernel: `barrier` (default: every crossing a barrier of all lanes) or `split` (joins where
 /// lane 0 needs the others' data, releases where the others need lane 0's synchronisation).
 pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
+/// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's GPU kernel a launch takes: `auto`
+/// (default: the 256-thread build, compiled without the 1024-thread build's register bound,
+/// whenever the launch has at most 256 threads per block) or `wide` (the 1024-thread build
+/// always; for A/B runs).
+pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -525,6 +530,11 @@ pub const VARS: &[Var] = &[
         "barrier or split: how the executor's lanes of a plan block meet",
     ),
     var(
+        EXECUTOR_KERNEL,
+        "auto",
+        "auto or wide: the 256-thread executor kernel for launches that fit it, or never",
+    ),
+    var(
         P2P_TUNE,
         "channels=16,fence=0,unroll=8,self_spread=1,abort_poll=256,packed=0,chunk=256,ring=128,ll_fit=1,ll_merge=0,direct=32 (chunk=128,ring=64 above 8 ranks)",
         "GPU point-to-point knobs (key=value list, the same on every rank)",
@@ -626,6 +636,7 @@ pub struct Env {
     executor_bytes_per_lane: Parsed<usize>,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
+    executor_kernel_wide: Parsed<bool>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -779,6 +790,16 @@ fn parse_lane_sync(value: Option<String>) -> Parsed<bool> {
         Some(v) => Err(format!(
             "{EXECUTOR_LANE_SYNC}={v}: expected barrier or split"
         )),
+    }
+}
+
+/// `MSCCLPP_EXECUTOR_KERNEL`: `auto` (false, also unset or blank) or `wide` (true), any case.
+fn parse_executor_kernel(value: Option<String>) -> Parsed<bool> {
+    match non_empty(value) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("wide") => Ok(true),
+        Some(v) => Err(format!("{EXECUTOR_KERNEL}={v}: expected auto or wide")),
     }
 }
 
@@ -956,6 +977,7 @@ impl Env {
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
             executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
+            executor_kernel_wide: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -998,6 +1020,7 @@ impl Env {
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
             err(&self.executor_threads), err(&self.executor_lane_sync_split),
+            err(&self.executor_kernel_wide),
         ];
         level
             .into_iter()
@@ -1148,6 +1171,12 @@ impl Env {
     /// at startup and the default used.
     pub fn executor_lane_sync_split(&self) -> bool {
         self.executor_lane_sync_split.clone().unwrap_or(false)
+    }
+    /// `MSCCLPP_EXECUTOR_KERNEL=wide`: every executor launch takes the 1024-thread build of
+    /// the kernel (default `auto`: the 256-thread build when the launch fits it); a malformed
+    /// value is warned about at startup and the default used.
+    pub fn executor_kernel_wide(&self) -> bool {
+        self.executor_kernel_wide.clone().unwrap_or(false)
     }
     /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress before it
     /// fails (default [`P2P_TIMEOUT_DEFAULT`]). A malformed value is warned about at startup
@@ -1397,6 +1426,18 @@ mod tests {
             e.problems()
                 .iter()
                 .any(|m| m.contains("MSCCLPP_EXECUTOR_LANE_SYNC=fast: expected barrier or split")),
+            "{:?}",
+            e.problems()
+        );
+        assert!(!env_of(&[]).executor_kernel_wide());
+        assert!(env_of(&[(EXECUTOR_KERNEL, "WIDE")]).executor_kernel_wide());
+        assert!(!env_of(&[(EXECUTOR_KERNEL, "auto")]).executor_kernel_wide());
+        let e = env_of(&[(EXECUTOR_KERNEL, "narrow")]);
+        assert!(!e.executor_kernel_wide());
+        assert!(
+            e.problems()
+                .iter()
+                .any(|m| m.contains("MSCCLPP_EXECUTOR_KERNEL=narrow: expected auto or wide")),
             "{:?}",
             e.problems()
         );

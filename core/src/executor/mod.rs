@@ -6,7 +6,7 @@
 //! - [`Executor::execute`] sets up connections, channels, remote buffers, scratch and
 //!   semaphores on first use of a (plan, buffers) pair and caches them; lowers the plan for
 //!   the message size into `#[repr(C)]` per-block op lists ([`device`]); then either launches
-//!   `kernels/cuda/src/executor/executor.cu` (each block copies its op list into shared memory
+//!   `kernels/cuda/src/executor/executor_body.cuh` (each block copies its op list into shared memory
 //!   and interprets it) or interprets the same lists on one CPU thread per thread block
 //!   through [`crate::device_emu`].
 //! - [`cache`] finds plans under `MSCCLPP_CACHE_DIR` for the collectives and the NCCL library.

@@ -1,6 +1,7 @@
-//! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor.cu`,
-//! [`kernels::executor::EXECUTOR`]): one launch per execution, `lanes` GPU blocks per thread block
-//! of the plan, on the caller's stream.
+//! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor_body.cuh`, built
+//! twice: [`kernels::executor::EXECUTOR`] for up to 1024 threads per block,
+//! [`kernels::executor::EXECUTOR_NARROW`] for up to 256): one launch per execution, `lanes` GPU
+//! blocks per thread block of the plan, on the caller's stream.
 
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::Gpu;
@@ -78,6 +79,21 @@ pub(crate) fn threads(plan_threads: u32, nblocks: u32, bytes: usize, lanes: u32)
         .min(plan_threads)
 }
 
+/// Threads per block the narrow build of the kernel (`executor_narrow.cu`) is compiled for.
+pub(crate) const NARROW_THREADS: u32 = 256;
+
+/// The build of the executor kernel a launch of `threads` threads per block takes: the narrow
+/// one whenever it fits (compiled for 256 threads, the compiler may give each thread up to 255
+/// registers where the 1024-thread build has 64 and spills), unless `wide`
+/// (`MSCCLPP_EXECUTOR_KERNEL=wide`).
+pub(crate) fn kernel(threads: u32, wide: bool) -> kernels::Kernel {
+    if !wide && threads <= NARROW_THREADS {
+        kernels::executor::EXECUTOR_NARROW
+    } else {
+        kernels::executor::EXECUTOR
+    }
+}
+
 /// Launches the executor kernel for `args` on `stream` (`args.lanes` GPU blocks per plan
 /// block of `threads` threads).
 ///
@@ -101,10 +117,11 @@ pub(crate) unsafe fn launch(
             ctx.sms
         )));
     }
-    // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter.
+    // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter (both
+    // builds take the same one).
     unsafe {
         g.launch(
-            kernels::executor::EXECUTOR,
+            kernel(threads, crate::env::env().executor_kernel_wide()),
             args.nblocks * args.lanes.max(1),
             threads,
             &args,
@@ -115,7 +132,21 @@ pub(crate) unsafe fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::threads;
+    use super::{kernel, threads};
+    use crate::kernels;
+
+    #[test]
+    fn launches_that_fit_take_the_narrow_build() {
+        let narrow = kernels::executor::EXECUTOR_NARROW.name();
+        let wide = kernels::executor::EXECUTOR.name();
+        assert_eq!(narrow, "executor_kernel_narrow");
+        assert_eq!(kernel(128, false).name(), narrow);
+        assert_eq!(kernel(256, false).name(), narrow);
+        assert_eq!(kernel(288, false).name(), wide);
+        assert_eq!(kernel(1024, false).name(), wide);
+        // MSCCLPP_EXECUTOR_KERNEL=wide: never the narrow one.
+        assert_eq!(kernel(128, true).name(), wide);
+    }
 
     #[test]
     fn one_lane_launches_get_the_threads_their_vectors_need() {

@@ -1,0 +1,967 @@
+// The executor kernel's body, compiled twice (a header, so the kernel-name scan and the build
+// see only the two entry points): executor.cu, `executor_kernel` for up to 1024 threads per
+// block (64 registers a thread: the interpreter spills), and executor_narrow.cu,
+// `executor_kernel_narrow` for up to 256 (no register bound below the hardware's: almost no
+// spills), which the host launches whenever the launch's threads fit (core/src/executor/run/gpu.rs).
+// One launch per execution, `lanes` GPU
+// blocks per thread block of the plan (ExecArgs.lanes, chosen by the host from the message
+// size and the SMs free per rank; 1 for small messages). Each GPU block copies its plan
+// block's ExecBlock (header and used ops) into shared memory and interprets the ops with the
+// semantics of core/src/executor/run/host (the host backend's interpreter of the same lists):
+//   - flag = flags[plan block] + 1 for this launch (written back at the end by lane 0 once
+//     every lane read it: after any lane barrier, so graph replays count); with double scratch,
+//     launches with an even flag use the second half of every scratch;
+//   - nop = a barrier of the plan block's threads (__syncthreads, or a lane barrier: none when
+//     nothing ran since the last one);
+//     barrier = that + a grid barrier of nBlocks plan blocks (their lane 0s) + that;
+//   - data ops (copy, get, put and packet ops through memory channels, reductions) split their
+//     bytes over the threads of all lanes (16-byte vectors where aligned; reductions and packet
+//     loops keep 2 vectors or payloads per thread in flight); pipelines repeat their inner ops
+//     over unitSize-byte steps;
+//   - sync ops (signal, wait, flush, barrier, semaphores) and port-channel ops run on lane 0:
+//     with several lanes, a lane barrier precedes them when data moved since the last one and
+//     follows them before the next data op (with one lane the block's threads run every op in
+//     order, as before);
+//   - channel ops: thread k of the block handles channel k (k, k + blockDim, ...).
+// Reductions accumulate 16-bit and fp8 floats in f32 (collectives/common.hpp's element rules).
+// With ExecArgs.trace set, thread 0 of each GPU block adds its cycles per op to the trace
+// words (executor_device.hpp); off, the cost is one test of a null pointer per op.
+//
+// executorRun(args), the body of both entry points:
+//   args.dtype: the element type of reductions (fp8 only on CUDA); args.packet: 0 LL16, 1 LL8.
+// hipcc inlines every device function into the kernel (no calls on AMD by default), and each
+// spin bound's printf then costs so many registers that the AMDGPU backend gives up ("no
+// registers from class available"): the spin bounds are compiled out on HIP. The host still
+// bounds every execution by its stream-synchronize timeout.
+#if defined(__HIP__) || defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#define MSCCLPP_NO_DEVICE_CHECKS 1
+#endif
+#include <mscclpp/executor_device.hpp>
+
+#include "../collectives/common.hpp"
+
+using namespace mscclpp;
+using mscclpp::coll::Elem;
+
+namespace {
+
+struct Run {
+  const ExecBlock* b;  // in shared memory
+  ExecArgs a;
+  uint32_t flag;
+  bool even;
+  // Lanes: this GPU block is lane `lane` of `lanes` running the plan block; data ops split
+  // their work over tid (0..nthr) of all lanes.
+  uint32_t lane, lanes, tid, nthr;
+  uint32_t* laneWords;  // this plan block's lane words (see laneArrive and the split sync)
+  // Split lane sync (ExecArgs.laneSync): joins and releases so far in this launch (the same
+  // on every lane: every lane takes the same steps).
+  bool split;
+  uint32_t joins, releases;
+
+  __device__ char* local(uint8_t ty) const {
+    if (ty == 0) return a.input;
+    if (ty == 1) return a.output;
+    return a.scratch + (even ? a.scratchHalf : 0);
+  }
+  /// Base of a chunk reference (local, or a remote buffer reached through a memory channel).
+  __device__ char* loc(uint8_t ref) const {
+    if ((ref & EXEC_REF_REMOTE) == 0) return local(ref);
+    const int slot = ref & ~EXEC_REF_REMOTE;
+    return reinterpret_cast<char*>(b->memoryBuffers[slot]) + (even ? b->memoryBufferHalves[slot] : 0);
+  }
+  __device__ uint64_t it(uint8_t ty, uint64_t off) const {
+    return (ty == 2 && a.reuseChunk > 0) ? off % a.reuseChunk : off;
+  }
+};
+
+__device__ uint64_t stepSize(uint32_t size, uint64_t off, uint64_t unit) {
+  const uint64_t s = size > off ? size - off : 0;
+  return s < unit ? s : unit;
+}
+
+__device__ __noinline__ void gridBarrier(uint32_t* words, uint32_t n) {
+  volatile uint32_t* gen = words + 1;
+  const uint32_t g = *gen;
+  __threadfence();
+  if (atomicAdd(words, 1u) == n - 1) {
+    atomicExch(words, 0u);
+    __threadfence();
+    atomicAdd(words + 1, 1u);
+  } else {
+    MSCCLPP_SPIN_UNTIL(*gen != g, -1, "executor barrier");
+  }
+  __threadfence_system();
+}
+
+// ---- reductions ----
+// One function per element type (the reduce op and the packet format are run-time values), so
+// the kernel stays small enough to compile quickly with nvcc and hipcc.
+
+template <typename A>
+__device__ A combineRt(uint8_t op, A a, A b) {
+  if (op == 1) return coll::combine<coll::OpMin>(a, b);
+  if (op == 2) return coll::combine<coll::OpMax>(a, b);
+  return coll::combine<coll::OpSum>(a, b);
+}
+
+template <typename T>
+__device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  using A = typename Elem<T>::Acc;
+  const uint64_t size = stepSize(o.inputSizes[0], off, unit);
+  if (size == 0) return;
+  const char* in[EXEC_MAX_BUFFERS_PER_OP];
+  char* out[EXEC_MAX_BUFFERS_PER_OP];
+  bool aligned = (size % 16) == 0;
+  for (int i = 0; i < o.nInputs; ++i) {
+    in[i] = r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off);
+    aligned = aligned && ((uintptr_t)in[i] % 16) == 0;
+  }
+  for (int i = 0; i < o.nOutputs; ++i) {
+    out[i] = r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off);
+    aligned = aligned && ((uintptr_t)out[i] % 16) == 0;
+  }
+  const uint8_t op = o.reduceOp;
+  if (aligned) {
+    // Vectors w, w + nthr, ... (U of them) per round: U loads of each input in flight at once
+    // (one at a time left every thread a load latency per 16 bytes and input). The thread of
+    // each vector and the order of the inputs are as before, so the results are the same.
+    using P = coll::Pack<T, uint4>;
+    constexpr int U = P::N <= 8 ? 2 : 1;
+    const uint64_t n = size / 16;
+    for (uint64_t w0 = r.tid; w0 < n; w0 += (uint64_t)U * r.nthr) {
+      uint4 raw[U];
+      A acc[U][P::N];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint64_t w = w0 + (uint64_t)u * r.nthr;
+        if (w < n) raw[u] = reinterpret_cast<const uint4*>(in[0])[w];
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        P p;
+        p.w = raw[u];
+#pragma unroll
+        for (int k = 0; k < P::N; ++k) acc[u][k] = Elem<T>::up(p.v[k]);
+      }
+      for (int i = 1; i < o.nInputs; ++i) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + (uint64_t)u * r.nthr;
+          if (w < n) raw[u] = reinterpret_cast<const uint4*>(in[i])[w];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          P p;
+          p.w = raw[u];
+#pragma unroll
+          for (int k = 0; k < P::N; ++k) acc[u][k] = combineRt(op, acc[u][k], Elem<T>::up(p.v[k]));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint64_t w = w0 + (uint64_t)u * r.nthr;
+        if (w >= n) continue;
+        P p;
+#pragma unroll
+        for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[u][k]);
+        for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
+      }
+    }
+    return;
+  }
+  const uint64_t n = size / sizeof(T);
+  for (uint64_t e = r.tid; e < n; e += r.nthr) {
+    A acc = Elem<T>::up(reinterpret_cast<const T*>(in[0])[e]);
+    for (int i = 1; i < o.nInputs; ++i) acc = combineRt(op, acc, Elem<T>::up(reinterpret_cast<const T*>(in[i])[e]));
+    const T v = Elem<T>::down(acc);
+    for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<T*>(out[i])[e] = v;
+  }
+}
+
+/// A packet payload (8 bytes of LL16, the first 4 of them for LL8) as elements of T.
+template <typename T>
+union Payload {
+  uint2 w;
+  uint32_t u[2];
+  T v[8 / sizeof(T)];
+};
+
+template <typename T>
+__device__ void writePacket(char* base, uint32_t idx, bool ll8, const Payload<T>& p, uint32_t flag) {
+  if (ll8) {
+    reinterpret_cast<LL8Packet*>(base)[idx].write(p.u[0], flag);
+  } else {
+    reinterpret_cast<LL16Packet*>(base)[idx].write(p.w, flag);
+  }
+}
+
+/// Packets i0, i0 + stride, ... (U of them, those below n) of `src`: one load of each first (U
+/// in flight), then a spin on each that did not carry `flag` yet; their payloads into `v`.
+template <typename P, int U>
+__device__ void readPacketsOf(const P* src, uint64_t i0, uint64_t stride, uint64_t n, uint32_t flag,
+                              typename P::Payload (&v)[U]) {
+  bool ok[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint64_t i = i0 + u * stride;
+    ok[u] = i >= n || src[i].readOnce(flag, v[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (!ok[u]) v[u] = src[i0 + u * stride].read(flag);
+  }
+}
+
+/// readPacketsOf for a packet format chosen at run time (`ll8`), payloads as elements of T.
+template <typename T, int U>
+__device__ void readPackets(const char* base, uint32_t i0, uint32_t stride, uint32_t count, bool ll8, uint32_t flag,
+                            Payload<T> (&q)[U]) {
+  if (ll8) {
+    uint32_t v[U];
+    readPacketsOf<LL8Packet, U>(reinterpret_cast<const LL8Packet*>(base), i0, stride, count, flag, v);
+#pragma unroll
+    for (int u = 0; u < U; ++u) q[u].u[0] = v[u];
+  } else {
+    uint2 v[U];
+    readPacketsOf<LL16Packet, U>(reinterpret_cast<const LL16Packet*>(base), i0, stride, count, flag, v);
+#pragma unroll
+    for (int u = 0; u < U; ++u) q[u].w = v[u];
+  }
+}
+
+/// Payloads per thread in flight in the packet copies.
+constexpr int kPacketUnroll = 2;
+
+/// copyToPackets with kPacketUnroll payloads per thread in flight (the same thread per payload).
+template <typename P>
+__device__ void toPackets(char* packets, const char* data, uint64_t bytes, uint32_t tid, uint32_t nthr,
+                          uint32_t flag) {
+  using W = typename P::Payload;
+  constexpr int U = kPacketUnroll;
+  P* dst = reinterpret_cast<P*>(packets);
+  const W* src = reinterpret_cast<const W*>(data);
+  const uint64_t n = bytes / sizeof(W);
+  for (uint64_t i0 = tid; i0 < n; i0 += (uint64_t)U * nthr) {
+    W v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * nthr < n) v[u] = src[i0 + u * nthr];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * nthr < n) dst[i0 + u * nthr].write(v[u], flag);
+    }
+  }
+}
+
+/// copyFromPackets with kPacketUnroll packets per thread read together.
+template <typename P>
+__device__ void fromPackets(char* data, const char* packets, uint64_t bytes, uint32_t tid, uint32_t nthr,
+                            uint32_t flag) {
+  using W = typename P::Payload;
+  constexpr int U = kPacketUnroll;
+  const P* src = reinterpret_cast<const P*>(packets);
+  W* dst = reinterpret_cast<W*>(data);
+  const uint64_t n = bytes / sizeof(W);
+  for (uint64_t i0 = tid; i0 < n; i0 += (uint64_t)U * nthr) {
+    W v[U];
+    readPacketsOf<P, U>(src, i0, nthr, n, flag, v);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * nthr < n) dst[i0 + u * nthr] = v[u];
+    }
+  }
+}
+
+/// repkt / respkt / recpkt / recspkt.
+template <typename T>
+__device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
+  using A = typename Elem<T>::Acc;
+  const bool ll8 = r.a.packet != 0;
+  const uint32_t pay = ll8 ? 4 : 8;
+  const int n = pay / sizeof(T);
+  MSCCLPP_DEVICE_CHECK(n > 0, "executor: element larger than the packet payload");
+  const bool copies = o.opType == EXEC_REDUCE_COPY_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
+  const bool sends = o.opType == EXEC_REDUCE_SEND_PACKETS || o.opType == EXEC_REDUCE_COPY_SEND_PACKETS;
+  const uint32_t count = o.inputSizes[0] / pay;
+  const char* src0 = r.local(o.inputRefs[0]) + o.inputOffsets[0];
+  char* dst0 = r.local(o.outputRefs[0]) + o.outputOffsets[0];
+  constexpr int M = 8 / sizeof(T);
+  // Payloads idx, idx + nthr, ... (U of them) per round, every input's packets read together
+  // (one at a time left every thread a load latency per payload and input). Same thread per
+  // payload and same input order as one at a time.
+  constexpr int U = 2;
+  const uint32_t nthr = r.nthr;
+  for (uint32_t i0 = r.tid; i0 < count; i0 += U * nthr) {
+    Payload<T> p[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t idx = i0 + u * nthr;
+      if (idx >= count) continue;
+      if (ll8) {
+        p[u].u[0] = reinterpret_cast<const uint32_t*>(src0)[idx];
+      } else {
+        p[u].w = reinterpret_cast<const uint2*>(src0)[idx];
+      }
+    }
+    A acc[U][M];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int k = 0; k < M; ++k) acc[u][k] = Elem<T>::up(p[u].v[k]);
+    }
+    for (int j = 1; j < o.nInputs; ++j) {
+      Payload<T> q[U];
+      readPackets<T, U>(r.local(o.inputRefs[j]) + 2 * (uint64_t)o.inputOffsets[j], i0, nthr, count, ll8, r.flag, q);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int k = 0; k < M; ++k) {
+          if (k < n) acc[u][k] = combineRt(o.reduceOp, acc[u][k], Elem<T>::up(q[u].v[k]));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t idx = i0 + u * nthr;
+      if (idx >= count) continue;
+#pragma unroll
+      for (int k = 0; k < M; ++k) {
+        if (k < n) p[u].v[k] = Elem<T>::down(acc[u][k]);
+      }
+      if (ll8) {
+        reinterpret_cast<uint32_t*>(dst0)[idx] = p[u].u[0];
+      } else {
+        reinterpret_cast<uint2*>(dst0)[idx] = p[u].w;
+      }
+      if (copies) writePacket<T>(r.local(o.outputRefs[1]) + 2 * (uint64_t)o.outputOffsets[1], idx, ll8, p[u], r.flag);
+      if (sends) {
+        for (int j = copies ? 2 : 1; j < o.nOutputs; ++j) {
+          writePacket<T>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j], idx, ll8, p[u], r.flag);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+__device__ void reduceOp(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if (o.opType >= EXEC_REDUCE_SEND_PACKETS) {
+    reducePackets<T>(r, o);
+  } else {
+    reduceElems<T>(r, o, off, unit);
+  }
+}
+
+__device__ __noinline__ void reduceDispatch(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  switch (r.a.dtype) {
+    case EXEC_I8: reduceOp<int8_t>(r, o, off, unit); break;
+    case EXEC_U8: reduceOp<uint8_t>(r, o, off, unit); break;
+    case EXEC_I32: reduceOp<int32_t>(r, o, off, unit); break;
+    case EXEC_U32: reduceOp<uint32_t>(r, o, off, unit); break;
+    case EXEC_I64: reduceOp<int64_t>(r, o, off, unit); break;
+    case EXEC_U64: reduceOp<uint64_t>(r, o, off, unit); break;
+    case EXEC_F16: reduceOp<__half>(r, o, off, unit); break;
+    case EXEC_F32: reduceOp<float>(r, o, off, unit); break;
+    case EXEC_F64: reduceOp<double>(r, o, off, unit); break;
+    case EXEC_BF16: reduceOp<coll::bf16_t>(r, o, off, unit); break;
+#if defined(MSCCLPP_COLL_HAS_FP8)
+    case EXEC_FP8E4M3: reduceOp<__nv_fp8_e4m3>(r, o, off, unit); break;
+    case EXEC_FP8E5M2: reduceOp<__nv_fp8_e5m2>(r, o, off, unit); break;
+#endif
+    default: MSCCLPP_DEVICE_CHECK(false, "executor: data type not built for this GPU"); break;
+  }
+}
+
+// ---- data movement ----
+
+/// (dst id, dst offset, src id, src offset) of output i of a port op; packets double offsets.
+struct PortEnds {
+  uint32_t dst, src;
+  uint64_t dstOff, srcOff;
+};
+__device__ PortEnds portEnds(const Run& r, const ExecOp& o, int i, uint64_t off, int k) {
+  const int slot = o.outputRefs[i] & ~EXEC_REF_REMOTE;
+  const int j = i < o.nInputs ? i : 0;
+  const uint8_t st = o.inputRefs[j];
+  PortEnds e;
+  e.dst = r.b->portBuffers[slot];
+  e.dstOff = k * (uint64_t)o.outputOffsets[i] + (r.even ? r.b->portBufferHalves[slot] : 0) + r.it(o.outputTypes[i], off);
+  e.src = st;
+  e.srcOff = k * (uint64_t)o.inputOffsets[j] + ((st == 2 && r.even) ? r.a.scratchHalf : 0) + r.it(st, off);
+  return e;
+}
+
+__device__ __noinline__ void put(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if (o.channelType == EXEC_CHANNEL_MEMORY) {
+    for (int i = 0; i < o.nOutputs; ++i) {
+      const uint64_t size = stepSize(o.outputSizes[i], off, unit);
+      if (size == 0) continue;
+      copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
+           r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+    const uint64_t size = stepSize(o.outputSizes[i], off, unit);
+    if (size == 0) continue;
+    const PortEnds e = portEnds(r, o, i, off, 1);
+    BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
+    if (o.opType == EXEC_PUT) {
+      ch.put(e.dst, e.dstOff, e.src, e.srcOff, size);
+    } else if (o.opType == EXEC_PUT_WITH_SIGNAL) {
+      ch.putWithSignal(e.dst, e.dstOff, e.src, e.srcOff, size);
+    } else {
+      ch.putWithSignalAndFlush(e.dst, e.dstOff, e.src, e.srcOff, size);
+    }
+  }
+}
+
+template <typename P>
+__device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
+  using W = typename P::Payload;
+  const uint64_t size = o.inputSizes[0];
+  char* src = r.local(o.inputRefs[0]);
+  switch (o.opType) {
+    case EXEC_PUT_PACKETS:
+      if (o.channelType == EXEC_CHANNEL_PORT) {
+        for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+          const PortEnds e = portEnds(r, o, i, 0, 2);
+          BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
+          ch.put(e.dst, e.dstOff, e.src, e.srcOff, 2 * (uint64_t)o.inputSizes[i]);
+        }
+      } else {
+        for (int i = 0; i < o.nOutputs; ++i) {
+          toPackets<P>(r.loc(o.outputRefs[i]) + 2 * (uint64_t)o.outputOffsets[i],
+                       r.local(o.inputRefs[i]) + o.inputOffsets[i], o.inputSizes[i], r.tid, r.nthr, r.flag);
+        }
+      }
+      break;
+    case EXEC_COPY_PACKETS:
+      toPackets<P>(r.local(o.outputRefs[0]) + 2 * (uint64_t)o.outputOffsets[0], src + o.inputOffsets[0], size, r.tid,
+                   r.nthr, r.flag);
+      break;
+    case EXEC_UNPACK_PACKETS:
+      fromPackets<P>(r.local(o.outputRefs[0]) + o.outputOffsets[0], src + 2 * (uint64_t)o.inputOffsets[0], size,
+                     r.tid, r.nthr, r.flag);
+      break;
+    default: {  // EXEC_READ_PUT_PACKETS
+      const P* pk = reinterpret_cast<const P*>(src + 2 * (uint64_t)o.inputOffsets[0]);
+      const uint64_t n = size / sizeof(W);
+      constexpr int U = kPacketUnroll;
+      for (uint64_t i0 = r.tid; i0 < n; i0 += (uint64_t)U * r.nthr) {
+        W v[U];
+        readPacketsOf<P, U>(pk, i0, r.nthr, n, r.flag, v);
+        if (o.channelType == EXEC_CHANNEL_MEMORY) {
+          for (int j = 0; j < o.nOutputs; ++j) {
+            P* q = reinterpret_cast<P*>(r.loc(o.outputRefs[j]) + 2 * (uint64_t)o.outputOffsets[j]);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+              if (i0 + u * r.nthr < n) q[i0 + u * r.nthr].write(v[u], r.flag);
+            }
+          }
+        }
+      }
+      if (o.channelType == EXEC_CHANNEL_PORT) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+          const PortEnds e = portEnds(r, o, i, 0, 2);
+          BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
+          ch.put(e.dst, e.dstOff, e.src, e.srcOff, 2 * size);
+        }
+      }
+    }
+  }
+}
+
+__device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  switch (o.opType) {
+    case EXEC_NOP:
+      __syncthreads();
+      break;
+    case EXEC_BARRIER:
+      __syncthreads();
+      if (threadIdx.x == 0 && o.nBlocks > 1) gridBarrier(r.a.barriers + 2 * o.barrierId, o.nBlocks);
+      __syncthreads();
+      break;
+    case EXEC_SIGNAL:
+    case EXEC_RELAXED_SIGNAL:
+      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+        if (o.channelType == EXEC_CHANNEL_MEMORY) {
+          BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+          if (o.opType == EXEC_SIGNAL) {
+            h.signal();
+          } else {
+            h.relaxedSignal();
+          }
+        } else {
+          BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+          h.signal();
+        }
+      }
+      break;
+    case EXEC_WAIT:
+    case EXEC_RELAXED_WAIT:
+      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+        if (o.channelType == EXEC_CHANNEL_MEMORY) {
+          BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+          if (o.opType == EXEC_WAIT) {
+            h.wait();
+          } else {
+            h.relaxedWait();
+          }
+        } else {
+          BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+          h.wait();
+        }
+      }
+      break;
+    case EXEC_FLUSH:
+      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+        BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+        h.flush();
+      }
+      break;
+    case EXEC_PUT:
+    case EXEC_PUT_WITH_SIGNAL:
+    case EXEC_PUT_WITH_SIGNAL_AND_FLUSH:
+      put(r, o, off, unit);
+      break;
+    case EXEC_GET:
+      for (int i = 0; i < o.nInputs; ++i) {
+        const uint64_t size = stepSize(o.inputSizes[i], off, unit);
+        if (size == 0) continue;
+        copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
+             r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
+      }
+      break;
+    case EXEC_COPY: {
+      const uint64_t size = stepSize(o.inputSizes[0], off, unit);
+      if (size > 0) {
+        copy(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off),
+             r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, r.tid, r.nthr);
+      }
+      break;
+    }
+    case EXEC_REDUCE:
+    case EXEC_REDUCE_SEND:
+    case EXEC_READ_REDUCE:
+    case EXEC_READ_REDUCE_SEND:
+    case EXEC_REDUCE_PACKETS:
+    case EXEC_REDUCE_SEND_PACKETS:
+    case EXEC_REDUCE_COPY_PACKETS:
+    case EXEC_REDUCE_COPY_SEND_PACKETS:
+      reduceDispatch(r, o, off, unit);
+      break;
+    case EXEC_PUT_PACKETS:
+    case EXEC_READ_PUT_PACKETS:
+    case EXEC_COPY_PACKETS:
+    case EXEC_UNPACK_PACKETS:
+      if (r.a.packet == 0) {
+        movePackets<LL16Packet>(r, o);
+      } else {
+        movePackets<LL8Packet>(r, o);
+      }
+      break;
+    case EXEC_SEM_ACQUIRE:
+      for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+        int32_t* s = r.a.semaphores + o.semaphoreIds[k];
+        volatile int32_t* vs = s;
+        bool done = false;
+        for (int64_t polls = 0; !done && !mscclpp::pollAbort(polls); ++polls) {  // the abort word ends it
+          const int32_t v = *vs;
+          done = v > 0 && atomicCAS(s, v, v - 1) == v;
+        }
+        __threadfence();
+      }
+      break;
+    case EXEC_SEM_RELEASE:
+      for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+        __threadfence();
+        atomicAdd(r.a.semaphores + o.semaphoreIds[k], 1);
+      }
+      break;
+    default:
+      MSCCLPP_DEVICE_CHECK(false, "executor: unknown operation code");
+  }
+}
+
+/// Whether `o` runs on the first lane only (then the other lanes wait at a lane barrier):
+/// synchronisation (signal, wait, flush, barrier, semaphores) and everything through a port
+/// channel (the proxy reads the data). Every other op moves data and splits over all lanes.
+__device__ bool laneZeroOnly(const ExecOp& o) {
+  switch (o.opType) {
+    case EXEC_BARRIER:
+    case EXEC_SIGNAL:
+    case EXEC_RELAXED_SIGNAL:
+    case EXEC_WAIT:
+    case EXEC_RELAXED_WAIT:
+    case EXEC_FLUSH:
+    case EXEC_SEM_ACQUIRE:
+    case EXEC_SEM_RELEASE:
+      return true;
+    default:
+      return o.channelType == EXEC_CHANNEL_PORT;
+  }
+}
+
+/// Whether this thread has a part in `o`. Ops of pure synchronisation (signal, wait, flush,
+/// semaphores) run on thread k for channel or semaphore k, so the other threads skip them
+/// without the call (exec's register saves and restores in every thread of a 1024-thread
+/// block are the suspected cost of the ~1.5 us per op that the round-7 plan-speed table shows
+/// at 1 KiB on the H200, LL plans of 2-3 ops against Simple plans of 8-14).
+__device__ bool takesPart(const ExecOp& o) {
+  switch (o.opType) {
+    case EXEC_SIGNAL:
+    case EXEC_RELAXED_SIGNAL:
+    case EXEC_WAIT:
+    case EXEC_RELAXED_WAIT:
+    case EXEC_FLUSH:
+      return threadIdx.x < o.nChannels;
+    case EXEC_SEM_ACQUIRE:
+    case EXEC_SEM_RELEASE:
+      return threadIdx.x < o.nSemaphores;
+    default:
+      return true;
+  }
+}
+
+/// Thread 0's part of a lane barrier: arrive at the plan block's (count, generation) words and
+/// wait for the other lanes.
+__device__ __noinline__ void laneArrive(uint32_t* words, uint32_t lanes) {
+  volatile uint32_t* gen = words + 1;
+  const uint32_t g = *gen;
+  __threadfence();
+  if (atomicAdd(words, 1u) == lanes - 1) {
+    atomicExch(words, 0u);
+    __threadfence();
+    atomicAdd(words + 1, 1u);
+  } else {
+    // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+    MSCCLPP_SPIN_UNTIL(*gen != g, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane barrier");
+  }
+  __threadfence();
+}
+
+/// A barrier of the `lanes` GPU blocks of one plan block (their writes visible to each other).
+/// Inline: only thread 0 calls out (a call in every thread costs each its register saves).
+__device__ __forceinline__ void laneBarrier(const Run& r) {
+  __syncthreads();
+  if (threadIdx.x == 0) laneArrive(r.laneWords, r.lanes);
+  __syncthreads();
+}
+
+// ---- split lane sync (ExecArgs.laneSync = 1) ----
+// The lane barrier makes every lane wait for every other one. Split, each crossing is only the
+// direction it needs:
+//   join    (data moved, lane 0 then runs a synchronisation op): the other lanes arrive
+//           (fence, add to the join count) and go on; lane 0 waits for their arrivals.
+//   release (lane 0 ran synchronisation ops, data ops follow): lane 0 publishes a value, the
+//           other lanes wait for it; nobody waits for them.
+//   a nop after data: join, then release; a nop after nothing: the lane's own __syncthreads.
+// Words (laneWords): [0] join count (arrivals this launch; lane 0 waits for joins x (lanes - 1)),
+// [1] release value ((flag << 20) + releases this launch, compared as serial numbers, so no
+// reset and no lane reads a start value another may have moved), [2] exit count (every other
+// lane arrives once at the end; lane 0 waits for them, then zeroes [0] and [2] for the next
+// launch and writes the launch flag back). Between two joins of a lane there is always a
+// release lane 0 publishes after the first (a join needs data moved since the last crossing,
+// and data after a synchronisation op waits for a release), so arrivals of two joins never mix.
+
+__device__ __noinline__ void joinArrive(uint32_t* words) {
+  __threadfence();
+  atomicAdd(words, 1u);
+}
+
+__device__ __noinline__ void joinWait(uint32_t* words, uint32_t target) {
+  volatile uint32_t* count = words;
+  MSCCLPP_SPIN_UNTIL(*count >= target, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane join");
+  __threadfence();
+}
+
+__device__ __noinline__ void releasePublish(uint32_t* words, uint32_t value) {
+  __threadfence();
+  atomicExch(words + 1, value);
+}
+
+__device__ __noinline__ void releaseWait(uint32_t* words, uint32_t value) {
+  volatile uint32_t* v = words + 1;
+  // Lane 0 may be in a bounded wait for a peer meanwhile: a longer bound than that one.
+  MSCCLPP_SPIN_UNTIL((int32_t)(*v - value) >= 0, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane release");
+  __threadfence();
+}
+
+/// The other lanes' data before lane 0 goes on.
+__device__ __forceinline__ void laneJoin(Run& r) {
+  __syncthreads();
+  ++r.joins;
+  if (threadIdx.x == 0) {
+    if (r.lane == 0) {
+      joinWait(r.laneWords, r.joins * (r.lanes - 1));
+    } else {
+      joinArrive(r.laneWords);
+    }
+  }
+  __syncthreads();
+}
+
+/// Lane 0's synchronisation ops before the other lanes go on.
+__device__ __forceinline__ void laneRelease(Run& r) {
+  __syncthreads();
+  ++r.releases;
+  const uint32_t value = (r.flag << 20) + r.releases;
+  if (threadIdx.x == 0) {
+    if (r.lane == 0) {
+      releasePublish(r.laneWords, value);
+    } else {
+      releaseWait(r.laneWords, value);
+    }
+  }
+  __syncthreads();
+}
+
+/// End of a split launch: every other lane arrives; lane 0 waits for them (all joins done and
+/// every lane read the launch flag), then zeroes the counts for the next launch.
+__device__ __noinline__ void laneExitThread0(const Run& r) {
+  uint32_t* w = r.laneWords;
+  if (r.lane != 0) {
+    __threadfence();
+    atomicAdd(w + 2, 1u);
+    return;
+  }
+  volatile uint32_t* exits = w + 2;
+  MSCCLPP_SPIN_UNTIL(*exits >= r.lanes - 1, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane exit");
+  __threadfence();
+  w[0] = 0;
+  w[2] = 0;
+}
+
+/// Runs a laneZeroOnly op on lane 0's own threads (those with a part in it); the other lanes
+/// skip it.
+__device__ __forceinline__ void execOnLaneZero(Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if (r.lane != 0 || !takesPart(o)) return;
+  const uint32_t tid = r.tid, nthr = r.nthr;
+  r.tid = threadIdx.x;
+  r.nthr = blockDim.x;
+  exec(r, o, off, unit);
+  r.tid = tid;
+  r.nthr = nthr;
+}
+
+/// Where a lane stands relative to the lane barriers.
+struct LaneState {
+  bool dirty = false;   // data moved since the last lane barrier
+  bool synced = false;  // a lane-0 op ran since the last lane barrier
+  bool met = false;     // a lane barrier was passed (every lane read its launch flag before)
+};
+
+/// step() with the split lane sync (several lanes): joins and releases instead of lane
+/// barriers. Out of line, so the barrier path keeps its registers (inlined, this raised the
+/// kernel's spills from 380 to 1236 bytes).
+__device__ __noinline__ void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+  bool& dirty = st.dirty;
+  bool& synced = st.synced;
+  if (o.opType == EXEC_NOP) {
+    if (dirty) {
+      laneJoin(r);
+      laneRelease(r);
+    } else if (synced) {
+      laneRelease(r);
+    } else {
+      __syncthreads();
+    }
+    dirty = false;
+    synced = false;
+    return;
+  }
+  if (laneZeroOnly(o)) {
+    if (dirty) laneJoin(r);
+    dirty = false;
+    execOnLaneZero(r, o, off, unit);
+    synced = true;
+    return;
+  }
+  if (synced) laneRelease(r);
+  synced = false;
+  exec(r, o, off, unit);
+  dirty = true;
+}
+
+/// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
+/// laneZeroOnly run on lane 0 between lane barriers. A `nop` with nothing run since the last
+/// lane barrier (nop after nop) needs none of its own.
+__device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+  if (r.lanes == 1) {
+    if (o.opType == EXEC_NOP) {
+      __syncthreads();
+    } else if (takesPart(o)) {
+      exec(r, o, off, unit);
+    }
+    return;
+  }
+  bool& dirty = st.dirty;
+  bool& synced = st.synced;
+  if (r.split) {
+    stepSplit(r, o, off, unit, st);
+    return;
+  }
+  if (o.opType == EXEC_NOP) {
+    if (dirty || synced || !st.met) laneBarrier(r);
+    dirty = false;
+    synced = false;
+    st.met = true;
+    return;
+  }
+  if (laneZeroOnly(o)) {
+    if (dirty) {
+      laneBarrier(r);
+      st.met = true;
+    }
+    dirty = false;
+    execOnLaneZero(r, o, off, unit);
+    synced = true;
+    return;
+  }
+  if (synced) {
+    laneBarrier(r);
+    st.met = true;
+  }
+  synced = false;
+  exec(r, o, off, unit);
+  dirty = true;
+}
+
+/// The cycle counter of this SM (trace).
+__device__ __forceinline__ uint64_t traceCycles() { return (uint64_t)clock64(); }
+
+/// Nanoseconds of a wall clock (trace; 0 where none is read).
+__device__ __forceinline__ uint64_t traceNs() {
+#if defined(MSCCLPP_DEVICE_HIP)
+  return 0;
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#endif
+}
+
+/// This GPU block's trace words when the launch traces and this is its thread 0, else null.
+/// Read from the kernel parameter (constant memory) at each use, and the marks below kept in
+/// shared memory, so tracing holds no register across the ops (the kernel is at its register
+/// bound and spills).
+__device__ __forceinline__ uint64_t* traceWords(const ExecArgs& a) {
+  return (a.trace != nullptr && threadIdx.x == 0) ? a.trace + (uint64_t)blockIdx.x * EXEC_TRACE_WORDS : nullptr;
+}
+
+/// Trace marks of thread 0: kernel start (cycles, ns), start of the current op, start of the
+/// current pipeline.
+struct TraceMarks {
+  uint64_t c0, t0, op, pipe;
+};
+
+/// Adds the cycles since `since` and one run to op i's trace slot.
+__device__ __forceinline__ void traceOp(uint64_t* tr, uint32_t i, uint64_t since) {
+  tr[EXEC_TRACE_HEADER_WORDS + 2 * i] += traceCycles() - since;
+  tr[EXEC_TRACE_HEADER_WORDS + 2 * i + 1] += 1;
+}
+
+}  // namespace
+
+// The body of both entry points (executor.cu, executor_narrow.cu), `args` their parameter.
+// Grid: args.nBlocks plan blocks x args.lanes GPU blocks each (lanes of a plan block are
+// consecutive). Flags: one launch counter per plan block, then (count, generation) lane
+// barrier words per plan block.
+__device__ __forceinline__ void executorRun(const ExecArgs& args) {
+  __shared__ ExecBlock blk;
+  // Trace: thread 0 of each GPU block counts into its own words (ExecArgs.trace).
+  __shared__ TraceMarks mark;
+  if (traceWords(args)) {
+    mark.c0 = traceCycles();
+    mark.t0 = traceNs();
+  }
+  const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
+  const uint32_t pb = blockIdx.x / lanes;
+  const ExecBlock* src = args.blocks + pb;
+  const uint32_t nOps = src->nOps;
+  const uint32_t words = (uint32_t)((EXEC_BLOCK_HEADER_BYTES + nOps * sizeof(ExecOp)) / sizeof(uint4));
+  // Up to 4 loads of each thread in flight before its stores: a one-lane launch of 128 threads
+  // copies the 1.7 KiB header and 256 bytes per op in one round of load latency for up to 25
+  // ops (one round per 2 KiB before).
+  for (uint32_t i0 = threadIdx.x; i0 < words; i0 += 4 * blockDim.x) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t i = i0 + u * blockDim.x;
+      if (i < words) v[u] = reinterpret_cast<const uint4*>(src)[i];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t i = i0 + u * blockDim.x;
+      if (i < words) reinterpret_cast<uint4*>(&blk)[i] = v[u];
+    }
+  }
+  Run r;
+  r.b = &blk;
+  r.a = args;
+  r.flag = args.flags[pb] + 1;
+  r.even = (r.flag & 1u) == 0;
+  r.lane = blockIdx.x % lanes;
+  r.lanes = lanes;
+  r.tid = r.lane * blockDim.x + threadIdx.x;
+  r.nthr = lanes * blockDim.x;
+  r.laneWords = args.flags + args.nBlocks + EXEC_LANE_WORDS * pb;
+  r.split = args.laneSync == 1 && lanes > 1;
+  r.joins = 0;
+  r.releases = 0;
+  LaneState st;
+  __syncthreads();
+  if (uint64_t* tr = traceWords(args)) tr[3] += traceCycles() - mark.c0;
+  for (uint32_t i = 0; i < nOps;) {
+    const ExecOp& o = blk.ops[i];
+    if (o.opType == EXEC_PIPELINE) {
+      if (traceWords(args)) mark.pipe = traceCycles();
+      const uint32_t nInner = (i + 1 + o.nInner <= nOps) ? o.nInner : nOps - i - 1;
+      for (uint32_t itr = 0; itr < o.nIterations; ++itr) {
+        const uint64_t off = (uint64_t)itr * o.unitSize;
+        for (uint32_t k = 0; k < nInner; ++k) {
+          if (traceWords(args)) mark.op = traceCycles();
+          step(r, blk.ops[i + 1 + k], off, o.unitSize, st);
+          if (uint64_t* tr = traceWords(args)) traceOp(tr, i + 1 + k, mark.op);
+        }
+      }
+      if (uint64_t* tr = traceWords(args)) traceOp(tr, i, mark.pipe);
+      i += 1 + nInner;
+    } else {
+      if (traceWords(args)) mark.op = traceCycles();
+      step(r, o, 0, ~0ull, st);
+      if (uint64_t* tr = traceWords(args)) traceOp(tr, i, mark.op);
+      ++i;
+    }
+  }
+  // Lane 0 counts the launch once every lane read the flag above: after any lane barrier
+  // (each lane read it before its first op), else after one here; split, after every other
+  // lane's exit arrival.
+  if (r.split) {
+    __syncthreads();
+    if (threadIdx.x == 0) laneExitThread0(r);
+  } else if (lanes > 1 && !st.met) {
+    laneBarrier(r);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
+  if (uint64_t* tr = traceWords(args)) {
+    const uint64_t t1 = traceNs(), t0 = mark.t0;
+    if (tr[0] > 0 && t0 >= tr[6]) {
+      const uint64_t gap = t0 - tr[6];
+      if (gap < 1000000) {
+        tr[4] += gap;
+        tr[5] += 1;
+      }
+      if (tr[7] == 0 || gap + 1 < tr[7]) tr[7] = gap + 1;
+    }
+    tr[0] += 1;
+    tr[1] += traceCycles() - mark.c0;
+    tr[2] += t1 - t0;
+    tr[6] = t1;
+  }
+}

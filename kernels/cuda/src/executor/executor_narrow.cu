@@ -1,0 +1,10 @@
+// The executor kernel for launches of up to 256 threads per block (code object
+// "executor/executor_narrow"): the same body as executor.cu's (executor_body.cuh), compiled
+// for 256 threads, so the compiler may give each thread up to 255 registers where the
+// 1024-thread kernel has 64 and spills (sm_90, `ptxas -v`: 3218 bytes of spill stores over the
+// kernel and its calls at 1024 threads, 476 at 256). The host launches it whenever the launch's
+// threads fit: every one-lane launch of a small message, and every launch under
+// MSCCLPP_EXECUTOR_THREADS <= 256.
+#include "executor_body.cuh"
+
+extern "C" __global__ void __launch_bounds__(256) executor_kernel_narrow(ExecArgs args) { executorRun(args); }
