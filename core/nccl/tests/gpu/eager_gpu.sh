@@ -36,6 +36,15 @@ say "library: $LIB ($(stat -c %s "$LIB" 2>/dev/null) bytes); $(nvidia-smi -L 2>/
 [ -f "$LIB" ] || { verdict "libmscclpp_nccl.so exists" 0 "($LIB)"; exit 1; }
 echo quit | nvidia-cuda-mps-control >/dev/null 2>&1   # parts 1 and 2 without MPS
 
+# The order of n runs of each library, alternating: nccl ours ours nccl nccl ours ...
+alternating() {
+  local i out=()
+  for ((i = 0; i < $1; i++)); do
+    if [ $((i % 2)) = 0 ]; then out+=(nccl ours); else out+=(ours nccl); fi
+  done
+  echo "${out[@]}"
+}
+
 # ---- 1. nccl-tests at world size 1, eager ----------------------------------------------------
 build_mpi_nccl_tests "all_reduce"
 mpi_x_list
@@ -46,10 +55,7 @@ if [ $built = 1 ]; then
   # keeps each library's fastest run: one run of each put the two within 0.5 % at 16-256 MiB,
   # either way round from run to run (round 12: the same driver copy on both sides).
   NT_ROUNDS=${EAGER_NT_ROUNDS:-3}
-  nt_order=()
-  for ((i = 0; i < NT_ROUNDS; i++)); do
-    if [ $((i % 2)) = 0 ]; then nt_order+=(nccl ours); else nt_order+=(ours nccl); fi
-  done
+  read -r -a nt_order <<<"$(alternating "$NT_ROUNDS")"
   : >"$W/ws1.nccl.all"; : >"$W/ws1.ours.all"
   declare -A ntrun=([nccl]=0 [ours]=0)
   for v in "${nt_order[@]}"; do
@@ -105,10 +111,7 @@ PY=$ROOT/core/nccl/tests/gpu/torch_eager.py
 # between two no-ops (ours in place at world size 1 does nothing, NCCL almost nothing) on
 # whichever ran second. torch.profiler rows come from each library's first run.
 ROUNDS=${EAGER_ROUNDS:-2}
-order=()
-for ((i = 0; i < ROUNDS; i++)); do
-  if [ $((i % 2)) = 0 ]; then order+=(nccl ours); else order+=(ours nccl); fi
-done
+read -r -a order <<<"$(alternating "$ROUNDS")"
 : >"$W/torch.nccl.all"; : >"$W/torch.ours.all"
 declare -A nrun=([nccl]=0 [ours]=0)
 for v in "${order[@]}"; do
