@@ -172,8 +172,10 @@ pub const EXECUTOR_MAX_LANES_LIMIT: usize = 64;
 /// more lane per this many bytes of its share of the message (a speed knob: results do not
 /// depend on it).
 pub const EXECUTOR_BYTES_PER_LANE: &str = "MSCCLPP_EXECUTOR_BYTES_PER_LANE";
-/// The default of [`EXECUTOR_BYTES_PER_LANE`].
+/// The default of [`EXECUTOR_BYTES_PER_LANE`] (Simple plans).
 pub const EXECUTOR_BYTES_PER_LANE_DEFAULT: usize = 32 << 10;
+/// The default of [`EXECUTOR_BYTES_PER_LANE`] for LL (packet) plans.
+pub const EXECUTOR_BYTES_PER_LANE_LL: usize = 8 << 10;
 /// `MSCCLPP_EXECUTOR_THREADS`: threads per GPU block of the executor's kernel instead of the
 /// plan's `num_threads_per_block` (a speed knob: no op depends on the thread count).
 pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
@@ -516,7 +518,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         EXECUTOR_BYTES_PER_LANE,
-        "32K",
+        "32K (LL plans 8K)",
         "byte count 1K-1G: one more executor lane per this many bytes of a block's share",
     ),
     var(
@@ -634,6 +636,7 @@ pub struct Env {
     p2p_tune_given: bool,
     executor_max_lanes: Parsed<usize>,
     executor_bytes_per_lane: Parsed<usize>,
+    executor_bytes_per_lane_given: bool,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
     executor_kernel_wide: Parsed<bool>,
@@ -975,6 +978,8 @@ impl Env {
             p2p_tune_given: non_empty(lookup(P2P_TUNE)).is_some(),
             executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
+            executor_bytes_per_lane_given: non_empty(lookup(EXECUTOR_BYTES_PER_LANE)).is_some()
+                && parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)).is_ok(),
             executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
             executor_kernel_wide: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
@@ -1159,6 +1164,12 @@ impl Env {
         self.executor_bytes_per_lane
             .clone()
             .unwrap_or(EXECUTOR_BYTES_PER_LANE_DEFAULT)
+    }
+    /// `MSCCLPP_EXECUTOR_BYTES_PER_LANE` when set to a valid value (the executor then uses it
+    /// for every plan; unset, LL plans take [`EXECUTOR_BYTES_PER_LANE_LL`]).
+    pub fn executor_bytes_per_lane_given(&self) -> Option<usize> {
+        self.executor_bytes_per_lane_given
+            .then(|| self.executor_bytes_per_lane())
     }
     /// `MSCCLPP_EXECUTOR_THREADS`: threads per GPU block of the executor's kernel in place of
     /// the plan's (`None`: the plan's); a malformed value is warned about at startup and
@@ -1402,13 +1413,16 @@ mod tests {
         let e = env_of(&[]);
         assert_eq!(e.executor_bytes_per_lane(), EXECUTOR_BYTES_PER_LANE_DEFAULT);
         assert_eq!(e.executor_threads(), None);
+        assert_eq!(e.executor_bytes_per_lane_given(), None);
         let e = env_of(&[(EXECUTOR_BYTES_PER_LANE, " 8K "), (EXECUTOR_THREADS, "512")]);
         assert_eq!(e.executor_bytes_per_lane(), 8 << 10);
+        assert_eq!(e.executor_bytes_per_lane_given(), Some(8 << 10));
         assert_eq!(e.executor_threads(), Some(512));
         assert!(e.problems().is_empty(), "{:?}", e.problems());
         for bad in ["0", "512", "2G", "lots"] {
             let e = env_of(&[(EXECUTOR_BYTES_PER_LANE, bad)]);
             assert_eq!(e.executor_bytes_per_lane(), EXECUTOR_BYTES_PER_LANE_DEFAULT);
+            assert_eq!(e.executor_bytes_per_lane_given(), None);
             assert!(
                 e.problems().iter().any(|m| m.contains(&format!(
                     "{EXECUTOR_BYTES_PER_LANE}={bad}: expected a byte count from 1K to 1G"

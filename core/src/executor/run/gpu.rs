@@ -47,14 +47,13 @@ pub(crate) fn sm_count(g: &GpuCtx) -> Result<u32> {
 pub(crate) const MAX_LANES: usize = 64;
 
 /// GPU blocks per plan thread block for a message of `bytes` on `nblocks` plan blocks: one
-/// per `MSCCLPP_EXECUTOR_BYTES_PER_LANE` (default 32 KiB: below it another lane does not pay
-/// for its lane barriers) of each block's share, at most [`MAX_LANES`] and what the SMs left
-/// to this rank hold (every block must be resident), at least 1.
-pub(crate) fn lanes(ctx: &ExecContext, nblocks: u32, bytes: usize) -> u32 {
+/// per `per_lane` bytes of each block's share (below it another lane does not pay for its lane
+/// barriers), at most [`MAX_LANES`] (`MSCCLPP_EXECUTOR_MAX_LANES` lowers it) and what the SMs
+/// left to this rank hold (`max_grid`: every block must be resident), at least 1.
+pub(crate) fn lanes(max_grid: u32, nblocks: u32, bytes: usize, per_lane: usize) -> u32 {
     let nb = nblocks.max(1) as usize;
-    let per_lane = crate::env::env().executor_bytes_per_lane().max(1);
-    let want = bytes.div_ceil(nb * per_lane);
-    let fit = ctx.max_grid as usize / nb;
+    let want = bytes.div_ceil(nb * per_lane.max(1));
+    let fit = max_grid as usize / nb;
     let most = crate::env::env().executor_max_lanes().min(MAX_LANES);
     want.min(fit).clamp(1, most) as u32
 }
@@ -62,12 +61,82 @@ pub(crate) fn lanes(ctx: &ExecContext, nblocks: u32, bytes: usize) -> u32 {
 /// The fewest threads per GPU block a one-lane launch gets (whole warps).
 const MIN_THREADS: usize = 128;
 
+/// Bytes of a lane's share per thread an LL plan's multi-lane launch aims at (each thread
+/// polls its packets in turn).
+const LL_BYTES_PER_THREAD: usize = 256;
+
+/// A launch's shape: lanes per plan block and threads per GPU block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub lanes: u32,
+    pub threads: u32,
+}
+
+/// What decides a launch's shape besides the message: the plan and the knobs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ShapeInputs {
+    /// The plan's `num_threads_per_block`.
+    pub plan_threads: u32,
+    /// LL (packet) plan.
+    pub packet: bool,
+    /// Port channels: one lane (their data moves through the proxy's copies, which on one GPU
+    /// are kernels of their own; with every SM held by lanes spinning on the signals after
+    /// those copies, `allgather_port_n4` hung at 1 MiB on the H200, 4 ranks sharing it).
+    pub ports: bool,
+    /// The SMs left to this rank (`ExecContext::max_grid`).
+    pub max_grid: u32,
+    /// `MSCCLPP_EXECUTOR_BYTES_PER_LANE` when set.
+    pub bytes_per_lane: Option<usize>,
+    /// `MSCCLPP_EXECUTOR_THREADS` when set.
+    pub threads: Option<u32>,
+}
+
+/// The shape of a launch of `bytes` on `nblocks` plan blocks. By the H200's plan-sweep of
+/// round 12 (2 ranks sharing it, docs/perf.md), unless the knobs say otherwise:
+/// - lanes: one per 32 KiB of a block's share, 8 KiB for LL plans ([`lanes`]);
+/// - one lane: the threads its vectors need ([`threads`]);
+/// - several lanes, Simple plans: [`NARROW_THREADS`] per lane (the narrow build; 1.3-1.6x
+///   faster than the plan's 1024 at 1 and 16 MiB);
+/// - several lanes, LL plans: one thread per [`LL_BYTES_PER_THREAD`] of a lane's share, from
+///   [`NARROW_THREADS`] up to the plan's (256 narrow threads won at 1 MiB, 1024 at 16 MiB).
+pub(crate) fn shape(inp: &ShapeInputs, nblocks: u32, bytes: usize) -> Shape {
+    let default_per_lane = if inp.packet {
+        crate::env::EXECUTOR_BYTES_PER_LANE_LL
+    } else {
+        crate::env::EXECUTOR_BYTES_PER_LANE_DEFAULT
+    };
+    let lanes = if inp.ports {
+        1
+    } else {
+        lanes(
+            inp.max_grid,
+            nblocks,
+            bytes,
+            inp.bytes_per_lane.unwrap_or(default_per_lane),
+        )
+    };
+    let threads = match inp.threads {
+        Some(t) => threads(t, nblocks, bytes, lanes),
+        None if lanes == 1 => threads(inp.plan_threads, nblocks, bytes, 1),
+        None if !inp.packet => inp.plan_threads.min(NARROW_THREADS),
+        None => {
+            let share = bytes.div_ceil(nblocks.max(1) as usize * lanes as usize);
+            let want = share.div_ceil(LL_BYTES_PER_THREAD).div_ceil(32) * 32;
+            u32::try_from(want)
+                .unwrap_or(u32::MAX)
+                .max(NARROW_THREADS)
+                .min(inp.plan_threads)
+        }
+    };
+    Shape { lanes, threads }
+}
+
 /// Threads per GPU block for a launch of `lanes` lanes per plan block, a message of `bytes` on
-/// `nblocks` plan blocks and the plan's `plan_threads`: the plan's, but a one-lane launch only
-/// as many as its block's share has 16-byte vectors (whole warps, at least [`MIN_THREADS`]).
-/// Every op costs each thread of a block its dispatch, while a 1 KiB message has 64 vectors;
-/// no op depends on the thread count (the host interpreter runs the same lists on 1 or more
-/// threads per block), so it is a matter of speed only.
+/// `nblocks` plan blocks and `plan_threads` (the plan's, or the knob's): those, but a one-lane
+/// launch only as many as its block's share has 16-byte vectors (whole warps, at least
+/// [`MIN_THREADS`]). Every op costs each thread of a block its dispatch, while a 1 KiB message
+/// has 64 vectors; no op depends on the thread count (the host interpreter runs the same lists
+/// on 1 or more threads per block), so it is a matter of speed only.
 pub(crate) fn threads(plan_threads: u32, nblocks: u32, bytes: usize, lanes: u32) -> u32 {
     if lanes > 1 {
         return plan_threads;
@@ -132,8 +201,79 @@ pub(crate) unsafe fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::{kernel, threads};
+    use super::{kernel, shape, threads, Shape, ShapeInputs};
     use crate::kernels;
+
+    #[test]
+    fn launch_shapes_follow_the_protocol_and_the_knobs() {
+        let simple = ShapeInputs {
+            plan_threads: 1024,
+            packet: false,
+            ports: false,
+            max_grid: 66,
+            bytes_per_lane: None,
+            threads: None,
+        };
+        let ll = ShapeInputs {
+            packet: true,
+            ..simple
+        };
+        let s = |lanes, threads| Shape { lanes, threads };
+        // 1 KiB: one lane, the threads of its vectors (narrow), either protocol.
+        assert_eq!(shape(&simple, 1, 1 << 10), s(1, 128));
+        assert_eq!(shape(&ll, 1, 1 << 10), s(1, 128));
+        // Simple: a lane per 32 KiB, 256 threads each once there are several.
+        assert_eq!(shape(&simple, 1, 1 << 20), s(32, 256));
+        assert_eq!(shape(&simple, 1, 16 << 20), s(64, 256));
+        // LL: a lane per 8 KiB; a thread per 256 bytes of a lane's share, 256 at least.
+        assert_eq!(shape(&ll, 1, 1 << 20), s(64, 256));
+        assert_eq!(shape(&ll, 1, 16 << 20), s(64, 1024));
+        assert_eq!(shape(&ll, 1, 4 << 20), s(64, 256));
+        assert_eq!(shape(&ll, 1, 8 << 20), s(64, 512));
+        // Never more threads than the plan's, never more lanes than the SMs hold.
+        assert_eq!(
+            shape(
+                &ShapeInputs {
+                    plan_threads: 128,
+                    ..ll
+                },
+                1,
+                16 << 20
+            ),
+            s(64, 128)
+        );
+        assert_eq!(
+            shape(
+                &ShapeInputs {
+                    max_grid: 8,
+                    ..simple
+                },
+                2,
+                16 << 20
+            ),
+            s(4, 256)
+        );
+        // Port channels: one lane.
+        assert_eq!(
+            shape(
+                &ShapeInputs {
+                    ports: true,
+                    ..simple
+                },
+                1,
+                16 << 20
+            ),
+            s(1, 1024)
+        );
+        // The knobs replace the defaults.
+        let knobs = ShapeInputs {
+            bytes_per_lane: Some(1 << 20),
+            threads: Some(512),
+            ..ll
+        };
+        assert_eq!(shape(&knobs, 1, 16 << 20), s(16, 512));
+        assert_eq!(shape(&knobs, 1, 1 << 10), s(1, 128));
+    }
 
     #[test]
     fn launches_that_fit_take_the_narrow_build() {

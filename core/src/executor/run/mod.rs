@@ -335,26 +335,26 @@ impl Executor {
             },
             // SAFETY: forwarded from the caller.
             Some(g) => unsafe {
-                // Port channels: one lane. Their data moves through the proxy's copies, which on
-                // one GPU are kernels of their own; with every SM held by lanes spinning on the
-                // signals after those copies, `allgather_port_n4` hung at 1 MiB on the H200
-                // (4 ranks sharing it, 2026-12-04).
                 let ports = low.blocks.iter().any(|b| b.n_port_channels > 0);
                 let mut args = launch_args(low, ctx, call, dtype, packet_type, trace);
-                let bytes = send_size.max(recv_size);
-                args.lanes = if ports {
-                    1
-                } else {
-                    gpu::lanes(ctx, args.nblocks, bytes)
-                };
+                let env = crate::env::env();
+                let shape = gpu::shape(
+                    &gpu::ShapeInputs {
+                        plan_threads: plan.num_threads_per_block(),
+                        packet: plan.is_packet(),
+                        ports,
+                        max_grid: ctx.max_grid,
+                        bytes_per_lane: env.executor_bytes_per_lane_given(),
+                        threads: env.executor_threads(),
+                    },
+                    args.nblocks,
+                    send_size.max(recv_size),
+                );
+                args.lanes = shape.lanes;
                 if trace {
                     low.traced_lanes.store(args.lanes, Ordering::Relaxed);
                 }
-                // MSCCLPP_EXECUTOR_THREADS replaces the plan's threads per block.
-                let plan_threads = crate::env::env()
-                    .executor_threads()
-                    .unwrap_or(plan.num_threads_per_block());
-                let threads = gpu::threads(plan_threads, args.nblocks, bytes, args.lanes);
+                let threads = shape.threads;
                 gpu::launch(&g.ctx, plan, ctx, args, threads, stream)
             },
         }
