@@ -635,8 +635,7 @@ pub struct Env {
     p2p_tune: Parsed<P2pTune>,
     p2p_tune_given: bool,
     executor_max_lanes: Parsed<usize>,
-    executor_bytes_per_lane: Parsed<usize>,
-    executor_bytes_per_lane_given: bool,
+    executor_bytes_per_lane: Parsed<Option<usize>>,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
     executor_kernel_wide: Parsed<bool>,
@@ -753,16 +752,19 @@ fn parse_max_lanes(value: Option<String>) -> Parsed<usize> {
         })
 }
 
-/// `MSCCLPP_EXECUTOR_BYTES_PER_LANE`: a byte count from 1K to 1G.
-fn parse_bytes_per_lane(value: Option<String>) -> Parsed<usize> {
-    let v = value.clone().unwrap_or_default();
+/// `MSCCLPP_EXECUTOR_BYTES_PER_LANE`: a byte count from 1K to 1G; unset or blank = `None`.
+fn parse_bytes_per_lane(value: Option<String>) -> Parsed<Option<usize>> {
+    let Some(v) = non_empty(value) else {
+        return Ok(None);
+    };
     parse_bytes(
         EXECUTOR_BYTES_PER_LANE,
-        value,
+        Some(v.clone()),
         EXECUTOR_BYTES_PER_LANE_DEFAULT,
     )
     .ok()
     .filter(|n| (1 << 10..=1 << 30).contains(n))
+    .map(Some)
     .ok_or_else(|| {
         format!(
             "{EXECUTOR_BYTES_PER_LANE}={}: expected a byte count from 1K to 1G such as 8K or 32768",
@@ -978,8 +980,6 @@ impl Env {
             p2p_tune_given: non_empty(lookup(P2P_TUNE)).is_some(),
             executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
-            executor_bytes_per_lane_given: non_empty(lookup(EXECUTOR_BYTES_PER_LANE)).is_some()
-                && parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)).is_ok(),
             executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
             executor_kernel_wide: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
@@ -1158,18 +1158,11 @@ impl Env {
             .unwrap_or(EXECUTOR_MAX_LANES_DEFAULT)
     }
     /// `MSCCLPP_EXECUTOR_BYTES_PER_LANE`: one more lane of the executor's GPU kernel per this
-    /// many bytes of a plan block's share (default [`EXECUTOR_BYTES_PER_LANE_DEFAULT`]); a
-    /// malformed value is warned about at startup and the default used.
-    pub fn executor_bytes_per_lane(&self) -> usize {
-        self.executor_bytes_per_lane
-            .clone()
-            .unwrap_or(EXECUTOR_BYTES_PER_LANE_DEFAULT)
-    }
-    /// `MSCCLPP_EXECUTOR_BYTES_PER_LANE` when set to a valid value (the executor then uses it
-    /// for every plan; unset, LL plans take [`EXECUTOR_BYTES_PER_LANE_LL`]).
-    pub fn executor_bytes_per_lane_given(&self) -> Option<usize> {
-        self.executor_bytes_per_lane_given
-            .then(|| self.executor_bytes_per_lane())
+    /// many bytes of a plan block's share, for every plan (`None`, unset: the executor's
+    /// defaults, [`EXECUTOR_BYTES_PER_LANE_DEFAULT`] and [`EXECUTOR_BYTES_PER_LANE_LL`]); a
+    /// malformed value is warned about at startup and ignored.
+    pub fn executor_bytes_per_lane(&self) -> Option<usize> {
+        self.executor_bytes_per_lane.clone().ok().flatten()
     }
     /// `MSCCLPP_EXECUTOR_THREADS`: threads per GPU block of the executor's kernel in place of
     /// the plan's (`None`: the plan's); a malformed value is warned about at startup and
@@ -1411,18 +1404,15 @@ mod tests {
     #[test]
     fn executor_launch_knobs() {
         let e = env_of(&[]);
-        assert_eq!(e.executor_bytes_per_lane(), EXECUTOR_BYTES_PER_LANE_DEFAULT);
+        assert_eq!(e.executor_bytes_per_lane(), None);
         assert_eq!(e.executor_threads(), None);
-        assert_eq!(e.executor_bytes_per_lane_given(), None);
         let e = env_of(&[(EXECUTOR_BYTES_PER_LANE, " 8K "), (EXECUTOR_THREADS, "512")]);
-        assert_eq!(e.executor_bytes_per_lane(), 8 << 10);
-        assert_eq!(e.executor_bytes_per_lane_given(), Some(8 << 10));
+        assert_eq!(e.executor_bytes_per_lane(), Some(8 << 10));
         assert_eq!(e.executor_threads(), Some(512));
         assert!(e.problems().is_empty(), "{:?}", e.problems());
         for bad in ["0", "512", "2G", "lots"] {
             let e = env_of(&[(EXECUTOR_BYTES_PER_LANE, bad)]);
-            assert_eq!(e.executor_bytes_per_lane(), EXECUTOR_BYTES_PER_LANE_DEFAULT);
-            assert_eq!(e.executor_bytes_per_lane_given(), None);
+            assert_eq!(e.executor_bytes_per_lane(), None);
             assert!(
                 e.problems().iter().any(|m| m.contains(&format!(
                     "{EXECUTOR_BYTES_PER_LANE}={bad}: expected a byte count from 1K to 1G"

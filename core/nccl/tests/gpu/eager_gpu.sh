@@ -50,6 +50,12 @@ build_mpi_nccl_tests "all_reduce"
 mpi_x_list
 EARGS="-b 1K -e 256M -f 4 -d half -c 0 -n 200 -w 20 -g 1"
 CARGS="-b 1K -e 256M -f 4 -d half -c 1 -n 20 -w 5 -g 1"
+# pre = the launcher of one nccl-tests rank for library $1: mpirun (the MPI build), ours by
+# LD_PRELOAD.
+nt_launcher() {
+  pre=(mpirun --oversubscribe -np 1 ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0)
+  if [ "$1" = ours ]; then pre+=(-x LD_PRELOAD="$LIB" -x MSCCLPP_LOG_LEVEL=INFO -x MSCCLPP_LOG_SUBSYS=NCCL); fi
+}
 if [ $built = 1 ]; then
   # The eager runs alternate A B B A A B ... (EAGER_NT_ROUNDS of each, default 3) and each size
   # keeps each library's fastest run: one run of each put the two within 0.5 % at 16-256 MiB,
@@ -59,9 +65,7 @@ if [ $built = 1 ]; then
   : >"$W/ws1.nccl.all"; : >"$W/ws1.ours.all"
   declare -A ntrun=([nccl]=0 [ours]=0)
   for v in "${nt_order[@]}"; do
-    # One rank through mpirun (the MPI build), ours by LD_PRELOAD.
-    pre=(mpirun --oversubscribe -np 1 ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0)
-    [ $v = ours ] && pre+=(-x LD_PRELOAD="$LIB" -x MSCCLPP_LOG_LEVEL=INFO -x MSCCLPP_LOG_SUBSYS=NCCL)
+    nt_launcher $v
     k=${ntrun[$v]}
     ntrun[$v]=$((k + 1))
     log=$OUT/ar_ws1_eager.$v.$k.log
@@ -88,7 +92,7 @@ if [ $built = 1 ]; then
   # Ours with each copy at every size: the kernel (MSCCLPP_COPY_DRIVER_MAX_BYTES=0) and the
   # driver's copy (MSCCLPP_COPY_KERNEL_MAX_BYTES=0 MSCCLPP_COPY_DRIVER_MAX_BYTES=1G); the
   # default takes the kernel up to 4 MiB, the driver's copy above.
-  pre=(mpirun --oversubscribe -np 1 ${XS[@]+"${XS[@]}"} -x NCCL_TESTS_DEVICE=0 -x LD_PRELOAD="$LIB" -x MSCCLPP_LOG_LEVEL=INFO -x MSCCLPP_LOG_SUBSYS=NCCL)
+  nt_launcher ours
   for alt in kernel driver; do
     if [ $alt = kernel ]; then xs=(-x MSCCLPP_COPY_DRIVER_MAX_BYTES=0); else xs=(-x MSCCLPP_COPY_KERNEL_MAX_BYTES=0 -x MSCCLPP_COPY_DRIVER_MAX_BYTES=1G); fi
     # shellcheck disable=SC2086

@@ -344,7 +344,7 @@ impl Executor {
                         packet: plan.is_packet(),
                         ports,
                         max_grid: ctx.max_grid,
-                        bytes_per_lane: env.executor_bytes_per_lane_given(),
+                        bytes_per_lane: env.executor_bytes_per_lane(),
                         threads: env.executor_threads(),
                     },
                     args.nblocks,
