@@ -13,7 +13,10 @@
 //! Failures stop the build with a message naming the tool, the command and its output (build
 //! scripts report by panicking).
 
+mod cache;
 mod names;
+
+pub use cache::{Cache, CACHE_VAR, COMPILER_VARS};
 
 pub use names::{group, scan_source, write_names, Entry, NameOptions, Vocabulary};
 
@@ -113,7 +116,11 @@ pub fn rerun_if_changed(dirs: &[&Path]) {
         "ROCM_PATH",
         "PATH",
         SKIP_DEVICE_CODE,
-    ] {
+        CACHE_VAR,
+    ]
+    .iter()
+    .chain(COMPILER_VARS)
+    {
         println!("cargo::rerun-if-env-changed={var}");
     }
 }
@@ -142,6 +149,7 @@ pub fn compile_tree(
     let hip_inc = kernels.join("hip").join("include");
     let mut objects = Vec::new();
     let mut jobs: Vec<(String, Command)> = Vec::new();
+    let mut compiler = Vec::new();
     match backend {
         Backend::Host => {}
         Backend::Cuda => {
@@ -151,6 +159,7 @@ pub fn compile_tree(
                 ))
             });
             let gencode = nvcc_gencode(&nvcc);
+            compiler = cache::compiler_identity(&nvcc);
             for src in &sources {
                 let stem = stem_of(src, src_root);
                 let dst = out.join(format!("{}.fatbin", stem.replace('/', "__")));
@@ -174,6 +183,7 @@ pub fn compile_tree(
                     ))
                 });
             let archs = hip_archs(&hipcc, out);
+            compiler = cache::compiler_identity(&hipcc);
             for src in &sources {
                 let stem = stem_of(src, src_root);
                 let dst = out.join(format!("{}.hsaco", stem.replace('/', "__")));
@@ -193,8 +203,60 @@ pub fn compile_tree(
             }
         }
     }
-    run_all(jobs);
+    // What every object's key shares: the compiler and every file a source can include.
+    let mut base = cache::Digest::default();
+    base.add(&compiler);
+    for var in COMPILER_VARS {
+        base.add(var.as_bytes());
+        base.add(std::env::var_os(var).unwrap_or_default().as_encoded_bytes());
+    }
+    cache::add_tree(&mut base, src_root);
+    cache::add_tree(&mut base, kernels);
+    let store = Cache::for_out_dir(out);
+    let mut misses = Vec::new();
+    for ((what, cmd), (stem, dst)) in jobs.into_iter().zip(&objects) {
+        let key = object_key(&base, stem, &cmd);
+        if !store.fetch(&key, dst) {
+            misses.push((what, cmd, key, dst.clone()));
+        }
+    }
+    let keys: Vec<(String, PathBuf)> = misses
+        .iter()
+        .map(|(_, _, k, d)| (k.clone(), d.clone()))
+        .collect();
+    run_all(misses.into_iter().map(|(w, c, _, _)| (w, c)).collect());
+    for (key, dst) in keys {
+        store.store(&key, &dst);
+    }
+    store.prune();
     objects
+}
+
+/// The store key of one compile: `base`, the source's name and the command's flags and
+/// variables, without the paths of the output and the source (they differ between target
+/// folders and checkouts, the bytes do not).
+fn object_key(base: &cache::Digest, stem: &str, cmd: &Command) -> String {
+    let mut d = base.clone();
+    d.add(stem.as_bytes());
+    let args: Vec<_> = cmd.get_args().collect();
+    let last = args.len().saturating_sub(1);
+    let mut skip_next = false;
+    for (i, a) in args.iter().enumerate() {
+        if skip_next || i == last {
+            skip_next = false;
+            continue;
+        }
+        if *a == "-o" {
+            skip_next = true;
+            continue;
+        }
+        d.add(a.as_encoded_bytes());
+    }
+    for (k, v) in cmd.get_envs() {
+        d.add(k.as_encoded_bytes());
+        d.add(v.unwrap_or_default().as_encoded_bytes());
+    }
+    d.hex()
 }
 
 /// Runs the compiler commands on as many threads as cargo gives this build script
