@@ -79,21 +79,7 @@ impl Digest {
 /// that does not exist adds only its name.
 pub fn add_tree(d: &mut Digest, dir: &Path) {
     d.add(dir.to_string_lossy().as_bytes());
-    let mut files = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(cur) = todo.pop() {
-        let Ok(rd) = std::fs::read_dir(&cur) else {
-            continue;
-        };
-        for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
+    let files = crate::files_under(dir, |_| true);
     for f in files {
         d.add(
             f.strip_prefix(dir)

@@ -318,6 +318,12 @@ fn fail(msg: &str) -> ! {
 
 /// Every `.cu` file under `dir`, subfolders included (`collectives/allreduce.cu`), sorted.
 pub fn list_sources(dir: &Path) -> Vec<PathBuf> {
+    files_under(dir, |p| p.extension().is_some_and(|x| x == "cu"))
+}
+
+/// Every file under `dir` (subfolders included) that `keep` accepts, sorted; unreadable
+/// folders are left out.
+pub(crate) fn files_under(dir: &Path, keep: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
     let mut v = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
@@ -327,7 +333,7 @@ pub fn list_sources(dir: &Path) -> Vec<PathBuf> {
         for p in rd.filter_map(|e| e.ok().map(|e| e.path())) {
             if p.is_dir() {
                 todo.push(p);
-            } else if p.extension().is_some_and(|x| x == "cu") {
+            } else if keep(&p) {
                 v.push(p);
             }
         }
