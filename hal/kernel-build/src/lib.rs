@@ -184,6 +184,7 @@ pub fn compile_tree(
                 });
             let archs = hip_archs(&hipcc, out);
             compiler = cache::compiler_identity(&hipcc);
+            let mut call_flags: Option<Vec<String>> = None;
             for src in &sources {
                 let stem = stem_of(src, src_root);
                 let dst = out.join(format!("{}.hsaco", stem.replace('/', "__")));
@@ -197,6 +198,10 @@ pub fn compile_tree(
                     .arg(&hip_inc)
                     .arg("-I")
                     .arg(&cuda_inc);
+                if wants_function_calls(src) {
+                    let flags = call_flags.get_or_insert_with(|| hip_call_flags(&hipcc, out));
+                    cmd.args(flags.iter());
+                }
                 cmd.arg("-o").arg(&dst).arg(src);
                 jobs.push((format!("hipcc {}", src.display()), cmd));
                 objects.push((stem, dst));
@@ -474,6 +479,62 @@ fn nvcc_gencode(nvcc: &Path) -> Vec<String> {
     flags
 }
 
+/// The line a source carries when its `__noinline__` functions must stay calls on ROCm.
+pub const FUNCTION_CALLS_MARKER: &str = "// mscclpp-kernel-build: amdgpu-function-calls";
+
+/// Whether `src` carries [`FUNCTION_CALLS_MARKER`] on a line of its own.
+pub fn wants_function_calls(src: &Path) -> bool {
+    std::fs::read_to_string(src)
+        .map(|t| t.lines().any(|l| l.trim() == FUNCTION_CALLS_MARKER))
+        .unwrap_or(false)
+}
+
+/// The flags that keep a marked source's functions as calls on ROCm: hipcc 5.x adds
+/// `-mllvm -amdgpu-early-inline-all=true -mllvm -amdgpu-function-calls=false`, which inlines
+/// everything into the kernel, `__noinline__` too. For the executor (an interpreter whose ops
+/// are out-of-line functions, as in the CUDA build) that made one 7 MB function that took
+/// hipcc ~7 minutes per build (2026-12-05, gfx90a, clang 15); with calls, 218 KB in 14 s.
+/// Each flag is kept only if this hipcc accepts it (newer LLVM may not know
+/// `-amdgpu-function-calls`; newer hipcc no longer inlines everything).
+fn hip_call_flags(hipcc: &Path, out: &Path) -> Vec<String> {
+    let probe = out.join("hal_probe_calls.hip");
+    if std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_err() {
+        return Vec::new();
+    }
+    let mut flags = Vec::new();
+    for opt in [
+        "-amdgpu-early-inline-all=false",
+        "-amdgpu-function-calls=true",
+    ] {
+        let ok = Command::new(hipcc)
+            .env("HIP_PLATFORM", "amd")
+            .args([
+                "-x",
+                "hip",
+                "--offload-arch=gfx90a",
+                "--genco",
+                "-mllvm",
+                opt,
+                "-o",
+            ])
+            .arg(out.join("hal_probe_calls.hsaco"))
+            .arg(&probe)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            flags.push("-mllvm".to_string());
+            flags.push(opt.to_string());
+        } else {
+            println!(
+                "cargo::warning=hipcc {} rejects -mllvm {opt}; leaving it out",
+                hipcc.display()
+            );
+        }
+    }
+    flags
+}
+
 /// `--offload-arch` flags: gfx90a always, gfx942 when this hipcc accepts it; or exactly the
 /// comma list in `MSCCLPP_HIP_ARCHS` (e.g. `gfx90a`: CI builds one arch, each arch of each
 /// kernel file is a separate, slow hipcc compile).
@@ -521,6 +582,31 @@ fn hip_archs(hipcc: &Path, out: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_function_calls_marker_must_be_a_line_of_its_own() {
+        let dir = std::env::temp_dir().join(format!("mscclpp-kmarker-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marked = dir.join("a.cu");
+        std::fs::write(
+            &marked,
+            format!("// x\n  {FUNCTION_CALLS_MARKER}\n#include \"b.cuh\"\n"),
+        )
+        .unwrap();
+        assert!(wants_function_calls(&marked));
+        let quoted = dir.join("b.cu");
+        std::fs::write(&quoted, format!("// see {FUNCTION_CALLS_MARKER} in a.cu\n")).unwrap();
+        assert!(!wants_function_calls(&quoted), "mentioned, not carried");
+        assert!(!wants_function_calls(&dir.join("missing.cu")));
+        let shipped = kernels_dir(2).join("cuda/src/executor");
+        for k in ["executor.cu", "executor_narrow.cu"] {
+            assert!(
+                wants_function_calls(&shipped.join(k)),
+                "{k} carries the marker"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn stems_keep_subfolders_and_sources_are_found_recursively() {

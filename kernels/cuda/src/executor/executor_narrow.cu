@@ -5,6 +5,8 @@
 // kernel and its calls at 1024 threads, 476 at 256). The host launches it whenever the launch's
 // threads fit: every one-lane launch of a small message, and every launch under
 // MSCCLPP_EXECUTOR_THREADS <= 256.
+// On ROCm the ops stay out-of-line functions, as here (hal/kernel-build: FUNCTION_CALLS_MARKER).
+// mscclpp-kernel-build: amdgpu-function-calls
 #include "executor_body.cuh"
 
 extern "C" __global__ void __launch_bounds__(256) executor_kernel_narrow(ExecArgs args) { executorRun(args); }
