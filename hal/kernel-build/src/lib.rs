@@ -497,32 +497,12 @@ pub fn wants_function_calls(src: &Path) -> bool {
 /// Each flag is kept only if this hipcc accepts it (newer LLVM may not know
 /// `-amdgpu-function-calls`; newer hipcc no longer inlines everything).
 fn hip_call_flags(hipcc: &Path, out: &Path) -> Vec<String> {
-    let probe = out.join("hal_probe_calls.hip");
-    if std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_err() {
-        return Vec::new();
-    }
     let mut flags = Vec::new();
     for opt in [
         "-amdgpu-early-inline-all=false",
         "-amdgpu-function-calls=true",
     ] {
-        let ok = Command::new(hipcc)
-            .env("HIP_PLATFORM", "amd")
-            .args([
-                "-x",
-                "hip",
-                "--offload-arch=gfx90a",
-                "--genco",
-                "-mllvm",
-                opt,
-                "-o",
-            ])
-            .arg(out.join("hal_probe_calls.hsaco"))
-            .arg(&probe)
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if ok {
+        if hipcc_accepts(hipcc, out, &["--offload-arch=gfx90a", "-mllvm", opt]) {
             flags.push("-mllvm".to_string());
             flags.push(opt.to_string());
         } else {
@@ -533,6 +513,22 @@ fn hip_call_flags(hipcc: &Path, out: &Path) -> Vec<String> {
         }
     }
     flags
+}
+
+/// Whether `hipcc` compiles an empty kernel with `args` (into `out`).
+fn hipcc_accepts(hipcc: &Path, out: &Path, args: &[&str]) -> bool {
+    let probe = out.join("hal_probe.hip");
+    std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_ok()
+        && Command::new(hipcc)
+            .env("HIP_PLATFORM", "amd")
+            .args(["-x", "hip", "--genco"])
+            .args(args)
+            .arg("-o")
+            .arg(out.join("hal_probe.hsaco"))
+            .arg(&probe)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
 }
 
 /// `--offload-arch` flags: gfx90a always, gfx942 when this hipcc accepts it; or exactly the
@@ -558,16 +554,7 @@ fn hip_archs(hipcc: &Path, out: &Path) -> Vec<String> {
             .collect();
     }
     let mut archs = vec!["--offload-arch=gfx90a".to_string()];
-    let probe = out.join("hal_probe_gfx942.hip");
-    let ok = std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_ok()
-        && Command::new(hipcc)
-            .env("HIP_PLATFORM", "amd")
-            .args(["-x", "hip", "--offload-arch=gfx942", "--genco", "-o"])
-            .arg(out.join("hal_probe_gfx942.hsaco"))
-            .arg(&probe)
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
+    let ok = hipcc_accepts(hipcc, out, &["--offload-arch=gfx942"]);
     if ok {
         archs.push("--offload-arch=gfx942".to_string());
     } else {
