@@ -4,8 +4,9 @@
 //! Why: cargo reruns a build script whenever one of its `rerun-if-env-changed` variables
 //! changes (PATH among them, as the compilers are found through it), and builds of other
 //! profiles or feature sets run it again in their own `OUT_DIR`. The device code is the same
-//! each time, and for ROCm it is most of the build: hipcc takes about 7 minutes per executor
-//! kernel on one core. A hit copies the object instead.
+//! each time, and for ROCm it is most of the build (hipcc takes 7-30 s per source on one core;
+//! it took ~7 minutes per executor build before the executor's functions stayed out of line).
+//! A hit copies the object instead.
 //!
 //! The key hashes: the compiler's path and its `--version` output, the compiler flags (every
 //! argument but the output path), the source's name, the environment variables the compilers
@@ -23,8 +24,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
-/// Turns the store off when `0`; `1` or unset keeps it on.
+/// Turns the store off when `0`; `1`, empty or unset keeps it on; anything else stops the
+/// build (a typo must not silently change what a build does).
 pub const CACHE_VAR: &str = "MSCCLPP_KERNEL_CACHE";
+
+fn cache_on() -> bool {
+    match std::env::var(CACHE_VAR) {
+        Err(_) => true,
+        Ok(v) if v.is_empty() || v == "1" => true,
+        Ok(v) if v == "0" => false,
+        Ok(v) => crate::fail(&format!("{CACHE_VAR}: expected 0 or 1, got {v:?}")),
+    }
+}
 
 /// Variables nvcc or hipcc read that change what they produce.
 pub const COMPILER_VARS: &[&str] = &[
@@ -120,7 +131,7 @@ impl Cache {
     /// The store of the target folder that holds `out` (an `OUT_DIR`,
     /// `<target>/[<triple>/]<profile>/build/<pkg>/out[/sub]`).
     pub fn for_out_dir(out: &Path) -> Cache {
-        let on = !matches!(std::env::var(CACHE_VAR).as_deref(), Ok("0"));
+        let on = cache_on();
         let target = out
             .ancestors()
             .find(|p| p.file_name().is_some_and(|n| n == "build"))

@@ -110,15 +110,13 @@ pub fn rerun_if_changed(dirs: &[&Path]) {
         "NVCC",
         "MSCCLPP_CUDA_ARCHS",
         "MSCCLPP_HIP_ARCHS",
-        "CUDA_HOME",
-        "CUDA_PATH",
         "HIPCC",
-        "ROCM_PATH",
         "PATH",
         SKIP_DEVICE_CODE,
         CACHE_VAR,
     ]
     .iter()
+    // CUDA_HOME, CUDA_PATH and ROCM_PATH among them (the compilers are also found through them).
     .chain(COMPILER_VARS)
     {
         println!("cargo::rerun-if-env-changed={var}");
@@ -215,8 +213,10 @@ pub fn compile_tree(
         base.add(var.as_bytes());
         base.add(std::env::var_os(var).unwrap_or_default().as_encoded_bytes());
     }
-    cache::add_tree(&mut base, src_root);
     cache::add_tree(&mut base, kernels);
+    if !src_root.starts_with(kernels) {
+        cache::add_tree(&mut base, src_root);
+    }
     let store = Cache::for_out_dir(out);
     let mut misses = Vec::new();
     for ((what, cmd), (stem, dst)) in jobs.into_iter().zip(&objects) {
@@ -225,11 +225,11 @@ pub fn compile_tree(
             misses.push((what, cmd, key, dst.clone()));
         }
     }
-    let keys: Vec<(String, PathBuf)> = misses
-        .iter()
-        .map(|(_, _, k, d)| (k.clone(), d.clone()))
-        .collect();
-    run_all(misses.into_iter().map(|(w, c, _, _)| (w, c)).collect());
+    let (jobs, keys): (Vec<_>, Vec<_>) = misses
+        .into_iter()
+        .map(|(what, cmd, key, dst)| ((what, cmd), (key, dst)))
+        .unzip();
+    run_all(jobs);
     for (key, dst) in keys {
         store.store(&key, &dst);
     }
