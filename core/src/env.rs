@@ -185,8 +185,10 @@ pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
 pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
 /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's GPU kernel a launch takes: `auto`
 /// (default: the 256-thread build, compiled without the 1024-thread build's register bound,
-/// whenever the launch has at most 256 threads per block) or `wide` (the 1024-thread build
-/// always; for A/B runs).
+/// whenever the launch has at most 256 threads per block), `wide` (the 1024-thread build
+/// always) or `prefetch` (the 256-thread build whose reductions load the next input while they
+/// combine one, where `auto` takes the 256-thread build; not measured on a GPU yet). The last
+/// two are for A/B runs.
 pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
@@ -638,7 +640,7 @@ pub struct Env {
     executor_bytes_per_lane: Parsed<Option<usize>>,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
-    executor_kernel_wide: Parsed<bool>,
+    executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
 }
 
@@ -798,13 +800,28 @@ fn parse_lane_sync(value: Option<String>) -> Parsed<bool> {
     }
 }
 
-/// `MSCCLPP_EXECUTOR_KERNEL`: `auto` (false, also unset or blank) or `wide` (true), any case.
-fn parse_executor_kernel(value: Option<String>) -> Parsed<bool> {
+/// Which build of the executor's GPU kernel launches take (`MSCCLPP_EXECUTOR_KERNEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecutorKernel {
+    /// The 256-thread build when the launch fits it, else the 1024-thread one.
+    #[default]
+    Auto,
+    /// The 1024-thread build always.
+    Wide,
+    /// The 256-thread prefetch build when the launch fits it, else the 1024-thread one.
+    Prefetch,
+}
+
+/// `MSCCLPP_EXECUTOR_KERNEL`: `auto` (also unset or blank), `wide` or `prefetch`, any case.
+fn parse_executor_kernel(value: Option<String>) -> Parsed<ExecutorKernel> {
     match non_empty(value) {
-        None => Ok(false),
-        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(false),
-        Some(v) if v.eq_ignore_ascii_case("wide") => Ok(true),
-        Some(v) => Err(format!("{EXECUTOR_KERNEL}={v}: expected auto or wide")),
+        None => Ok(ExecutorKernel::Auto),
+        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(ExecutorKernel::Auto),
+        Some(v) if v.eq_ignore_ascii_case("wide") => Ok(ExecutorKernel::Wide),
+        Some(v) if v.eq_ignore_ascii_case("prefetch") => Ok(ExecutorKernel::Prefetch),
+        Some(v) => Err(format!(
+            "{EXECUTOR_KERNEL}={v}: expected auto, wide or prefetch"
+        )),
     }
 }
 
@@ -982,7 +999,7 @@ impl Env {
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
             executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
-            executor_kernel_wide: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
+            executor_kernel: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
                 .filter_map(|&name| lookup(name).map(|v| (name, v)))
@@ -1025,7 +1042,7 @@ impl Env {
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
             err(&self.executor_threads), err(&self.executor_lane_sync_split),
-            err(&self.executor_kernel_wide),
+            err(&self.executor_kernel),
         ];
         level
             .into_iter()
@@ -1176,11 +1193,11 @@ impl Env {
     pub fn executor_lane_sync_split(&self) -> bool {
         self.executor_lane_sync_split.clone().unwrap_or(false)
     }
-    /// `MSCCLPP_EXECUTOR_KERNEL=wide`: every executor launch takes the 1024-thread build of
-    /// the kernel (default `auto`: the 256-thread build when the launch fits it); a malformed
-    /// value is warned about at startup and the default used.
-    pub fn executor_kernel_wide(&self) -> bool {
-        self.executor_kernel_wide.clone().unwrap_or(false)
+    /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's kernel launches take
+    /// ([`ExecutorKernel`], default `auto`); a malformed value is warned about at startup and
+    /// the default used.
+    pub fn executor_kernel(&self) -> ExecutorKernel {
+        self.executor_kernel.clone().unwrap_or_default()
     }
     /// `MSCCLPP_P2P_TIMEOUT`: how long a point-to-point batch may make no progress before it
     /// fails (default [`P2P_TIMEOUT_DEFAULT`]). A malformed value is warned about at startup
@@ -1433,15 +1450,18 @@ mod tests {
             "{:?}",
             e.problems()
         );
-        assert!(!env_of(&[]).executor_kernel_wide());
-        assert!(env_of(&[(EXECUTOR_KERNEL, "WIDE")]).executor_kernel_wide());
-        assert!(!env_of(&[(EXECUTOR_KERNEL, "auto")]).executor_kernel_wide());
+        assert_eq!(env_of(&[]).executor_kernel(), ExecutorKernel::Auto);
+        let kernel = |v| env_of(&[(EXECUTOR_KERNEL, v)]).executor_kernel();
+        assert_eq!(kernel("WIDE"), ExecutorKernel::Wide);
+        assert_eq!(kernel("auto"), ExecutorKernel::Auto);
+        assert_eq!(kernel("Prefetch"), ExecutorKernel::Prefetch);
         let e = env_of(&[(EXECUTOR_KERNEL, "narrow")]);
-        assert!(!e.executor_kernel_wide());
+        assert_eq!(e.executor_kernel(), ExecutorKernel::Auto);
         assert!(
             e.problems()
                 .iter()
-                .any(|m| m.contains("MSCCLPP_EXECUTOR_KERNEL=narrow: expected auto or wide")),
+                .any(|m| m
+                    .contains("MSCCLPP_EXECUTOR_KERNEL=narrow: expected auto, wide or prefetch")),
             "{:?}",
             e.problems()
         );

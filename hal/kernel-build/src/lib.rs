@@ -586,7 +586,7 @@ mod tests {
         assert!(!wants_function_calls(&quoted), "mentioned, not carried");
         assert!(!wants_function_calls(&dir.join("missing.cu")));
         let shipped = kernels_dir(2).join("cuda/src/executor");
-        for k in ["executor.cu", "executor_narrow.cu"] {
+        for k in ["executor.cu", "executor_narrow.cu", "executor_prefetch.cu"] {
             assert!(
                 wants_function_calls(&shipped.join(k)),
                 "{k} carries the marker"

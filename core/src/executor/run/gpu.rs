@@ -9,6 +9,7 @@ use mscclpp_hal::Gpu;
 use super::context::ExecContext;
 use crate::collectives::gpu::GpuCtx;
 use crate::collectives::{DataType, RawStream};
+use crate::env::ExecutorKernel;
 use crate::error::{Error, Result};
 use crate::executor::lower::device::ExecArgs;
 use crate::executor::plan::ExecutionPlan;
@@ -153,13 +154,16 @@ pub(crate) const NARROW_THREADS: u32 = 256;
 
 /// The build of the executor kernel a launch of `threads` threads per block takes: the narrow
 /// one whenever it fits (compiled for 256 threads, the compiler may give each thread up to 255
-/// registers where the 1024-thread build has 64 and spills), unless `wide`
-/// (`MSCCLPP_EXECUTOR_KERNEL=wide`).
-pub(crate) fn kernel(threads: u32, wide: bool) -> kernels::Kernel {
-    if !wide && threads <= NARROW_THREADS {
-        kernels::executor::EXECUTOR_NARROW
-    } else {
-        kernels::executor::EXECUTOR
+/// registers where the 1024-thread build has 64 and spills), unless `MSCCLPP_EXECUTOR_KERNEL`
+/// says `wide` (the 1024-thread build always) or `prefetch` (the prefetch build where the
+/// narrow one would run).
+pub(crate) fn kernel(threads: u32, choice: ExecutorKernel) -> kernels::Kernel {
+    match choice {
+        ExecutorKernel::Auto if threads <= NARROW_THREADS => kernels::executor::EXECUTOR_NARROW,
+        ExecutorKernel::Prefetch if threads <= NARROW_THREADS => {
+            kernels::executor::EXECUTOR_PREFETCH
+        }
+        _ => kernels::executor::EXECUTOR,
     }
 }
 
@@ -190,7 +194,7 @@ pub(crate) unsafe fn launch(
     // builds take the same one).
     unsafe {
         g.launch(
-            kernel(threads, crate::env::env().executor_kernel_wide()),
+            kernel(threads, crate::env::env().executor_kernel()),
             args.nblocks * args.lanes.max(1),
             threads,
             &args,
@@ -201,7 +205,7 @@ pub(crate) unsafe fn launch(
 
 #[cfg(test)]
 mod tests {
-    use super::{kernel, shape, threads, Shape, ShapeInputs};
+    use super::{kernel, shape, threads, ExecutorKernel, Shape, ShapeInputs};
     use crate::kernels;
 
     #[test]
@@ -280,12 +284,17 @@ mod tests {
         let narrow = kernels::executor::EXECUTOR_NARROW.name();
         let wide = kernels::executor::EXECUTOR.name();
         assert_eq!(narrow, "executor_kernel_narrow");
-        assert_eq!(kernel(128, false).name(), narrow);
-        assert_eq!(kernel(256, false).name(), narrow);
-        assert_eq!(kernel(288, false).name(), wide);
-        assert_eq!(kernel(1024, false).name(), wide);
+        let auto = ExecutorKernel::Auto;
+        assert_eq!(kernel(128, auto).name(), narrow);
+        assert_eq!(kernel(256, auto).name(), narrow);
+        assert_eq!(kernel(288, auto).name(), wide);
+        assert_eq!(kernel(1024, auto).name(), wide);
         // MSCCLPP_EXECUTOR_KERNEL=wide: never the narrow one.
-        assert_eq!(kernel(128, true).name(), wide);
+        assert_eq!(kernel(128, ExecutorKernel::Wide).name(), wide);
+        // MSCCLPP_EXECUTOR_KERNEL=prefetch: the prefetch build where the narrow one would run.
+        let prefetch = ExecutorKernel::Prefetch;
+        assert_eq!(kernel(256, prefetch).name(), "executor_kernel_prefetch");
+        assert_eq!(kernel(1024, prefetch).name(), wide);
     }
 
     #[test]

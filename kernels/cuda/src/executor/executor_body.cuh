@@ -105,6 +105,30 @@ __device__ A combineRt(uint8_t op, A a, A b) {
   return coll::combine<coll::OpSum>(a, b);
 }
 
+/// The prefetch build (executor_prefetch.cu: 256 threads, opt-in with
+/// MSCCLPP_EXECUTOR_KERNEL=prefetch, not measured on a GPU yet) loads a reduction's next input
+/// while it combines one (twice the loads of a thread in flight); the other two builds keep the
+/// loop they were measured with.
+#if defined(MSCCLPP_EXECUTOR_PREFETCH)
+constexpr bool kPrefetch = true;
+#else
+constexpr bool kPrefetch = false;
+#endif
+
+/// acc[u][k] = acc[u][k] (op) element k of vector v[u].
+template <typename T, int U>
+__device__ __forceinline__ void fold(uint8_t op, typename Elem<T>::Acc (&acc)[U][coll::Pack<T, uint4>::N],
+                                     const uint4 (&v)[U]) {
+  using P = coll::Pack<T, uint4>;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    P p;
+    p.w = v[u];
+#pragma unroll
+    for (int k = 0; k < P::N; ++k) acc[u][k] = combineRt(op, acc[u][k], Elem<T>::up(p.v[k]));
+  }
+}
+
 template <typename T>
 __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   using A = typename Elem<T>::Acc;
@@ -124,11 +148,70 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
   const uint8_t op = o.reduceOp;
   if (aligned) {
     // Vectors w, w + nthr, ... (U of them) per round: U loads of each input in flight at once
-    // (one at a time left every thread a load latency per 16 bytes and input). The thread of
-    // each vector and the order of the inputs are as before, so the results are the same.
+    // (one at a time left every thread a load latency per 16 bytes and input). The prefetch
+    // build (kPrefetch) also loads the next input's vectors before this input's are combined
+    // (two buffers taking turns), so 2U loads of a thread are in flight where one input at a
+    // time costs a load latency per input (a 2-input reduction of 16 MiB at 2 ranks took
+    // 45-53 us on the H200, the native rsag's whole all-reduce 51), and clamps the vectors of a
+    // round into the message, so every load is defined (a conditional one kept the vectors in
+    // local memory). The thread of each vector and the order of the inputs are as before, so
+    // the results are the same.
     using P = coll::Pack<T, uint4>;
     constexpr int U = P::N <= 8 ? 2 : 1;
     const uint64_t n = size / 16;
+    const int nIn = o.nInputs;
+    if constexpr (kPrefetch) {
+      for (uint64_t w0 = r.tid; w0 < n; w0 += (uint64_t)U * r.nthr) {
+        A acc[U][P::N];
+        // Vector u of this round, clamped into the message (those past the end are not stored).
+        uint64_t wc[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + (uint64_t)u * r.nthr;
+          wc[u] = w < n ? w : n - 1;
+        }
+        uint4 x[U], y[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) x[u] = reinterpret_cast<const uint4*>(in[0])[wc[u]];
+        if (nIn > 1) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) y[u] = reinterpret_cast<const uint4*>(in[1])[wc[u]];
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          P p;
+          p.w = x[u];
+#pragma unroll
+          for (int k = 0; k < P::N; ++k) acc[u][k] = Elem<T>::up(p.v[k]);
+        }
+        // y holds input i: combine it while input i + 1 arrives in x, then x while input i + 2
+        // arrives in y.
+        for (int i = 1; i < nIn; i += 2) {
+          if (i + 1 < nIn) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) x[u] = reinterpret_cast<const uint4*>(in[i + 1])[wc[u]];
+          }
+          fold<T, U>(op, acc, y);
+          if (i + 1 < nIn) {
+            if (i + 2 < nIn) {
+#pragma unroll
+              for (int u = 0; u < U; ++u) y[u] = reinterpret_cast<const uint4*>(in[i + 2])[wc[u]];
+            }
+            fold<T, U>(op, acc, x);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + (uint64_t)u * r.nthr;
+          if (w >= n) continue;
+          P p;
+#pragma unroll
+          for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[u][k]);
+          for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
+        }
+      }
+      return;
+    }
     for (uint64_t w0 = r.tid; w0 < n; w0 += (uint64_t)U * r.nthr) {
       uint4 raw[U];
       A acc[U][P::N];
