@@ -115,8 +115,8 @@ constexpr bool kPrefetch = true;
 constexpr bool kPrefetch = false;
 #endif
 
-/// acc[u][k] = acc[u][k] (op) element k of vector v[u].
-template <typename T, int U>
+/// acc[u][k] = element k of vector v[u], widened (First), else acc[u][k] (op) that.
+template <typename T, int U, bool First = false>
 __device__ __forceinline__ void fold(uint8_t op, typename Elem<T>::Acc (&acc)[U][coll::Pack<T, uint4>::N],
                                      const uint4 (&v)[U]) {
   using P = coll::Pack<T, uint4>;
@@ -125,7 +125,25 @@ __device__ __forceinline__ void fold(uint8_t op, typename Elem<T>::Acc (&acc)[U]
     P p;
     p.w = v[u];
 #pragma unroll
-    for (int k = 0; k < P::N; ++k) acc[u][k] = combineRt(op, acc[u][k], Elem<T>::up(p.v[k]));
+    for (int k = 0; k < P::N; ++k) {
+      acc[u][k] = First ? Elem<T>::up(p.v[k]) : combineRt(op, acc[u][k], Elem<T>::up(p.v[k]));
+    }
+  }
+}
+
+/// Stores vector u of acc (narrowed) at w0 + u * nthr of every output, those below n.
+template <typename T, int U>
+__device__ __forceinline__ void storeRound(const typename Elem<T>::Acc (&acc)[U][coll::Pack<T, uint4>::N],
+                                           char* const* out, int nOut, uint64_t w0, uint64_t nthr, uint64_t n) {
+  using P = coll::Pack<T, uint4>;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const uint64_t w = w0 + (uint64_t)u * nthr;
+    if (w >= n) continue;
+    P p;
+#pragma unroll
+    for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[u][k]);
+    for (int i = 0; i < nOut; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
   }
 }
 
@@ -177,13 +195,7 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
 #pragma unroll
           for (int u = 0; u < U; ++u) y[u] = reinterpret_cast<const uint4*>(in[1])[wc[u]];
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          P p;
-          p.w = x[u];
-#pragma unroll
-          for (int k = 0; k < P::N; ++k) acc[u][k] = Elem<T>::up(p.v[k]);
-        }
+        fold<T, U, true>(op, acc, x);
         // y holds input i: combine it while input i + 1 arrives in x, then x while input i + 2
         // arrives in y.
         for (int i = 1; i < nIn; i += 2) {
@@ -200,15 +212,7 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
             fold<T, U>(op, acc, x);
           }
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const uint64_t w = w0 + (uint64_t)u * r.nthr;
-          if (w >= n) continue;
-          P p;
-#pragma unroll
-          for (int k = 0; k < P::N; ++k) p.v[k] = Elem<T>::down(acc[u][k]);
-          for (int i = 0; i < o.nOutputs; ++i) reinterpret_cast<uint4*>(out[i])[w] = p.w;
-        }
+        storeRound<T, U>(acc, out, o.nOutputs, w0, r.nthr, n);
       }
       return;
     }
@@ -220,26 +224,14 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
         const uint64_t w = w0 + (uint64_t)u * r.nthr;
         if (w < n) raw[u] = reinterpret_cast<const uint4*>(in[0])[w];
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        P p;
-        p.w = raw[u];
-#pragma unroll
-        for (int k = 0; k < P::N; ++k) acc[u][k] = Elem<T>::up(p.v[k]);
-      }
+      fold<T, U, true>(op, acc, raw);
       for (int i = 1; i < o.nInputs; ++i) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const uint64_t w = w0 + (uint64_t)u * r.nthr;
           if (w < n) raw[u] = reinterpret_cast<const uint4*>(in[i])[w];
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          P p;
-          p.w = raw[u];
-#pragma unroll
-          for (int k = 0; k < P::N; ++k) acc[u][k] = combineRt(op, acc[u][k], Elem<T>::up(p.v[k]));
-        }
+        fold<T, U>(op, acc, raw);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
