@@ -147,6 +147,14 @@ __device__ __forceinline__ void storeRound(const typename Elem<T>::Acc (&acc)[U]
   }
 }
 
+/// Vector wc[u] of `in` into v[u], for each u (the prefetch build's rounds: indexes already
+/// clamped into the message, so every load is defined and the vectors stay in registers).
+template <int U>
+__device__ __forceinline__ void loadRound(uint4 (&v)[U], const char* in, const uint64_t (&wc)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) v[u] = reinterpret_cast<const uint4*>(in)[wc[u]];
+}
+
 template <typename T>
 __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   using A = typename Elem<T>::Acc;
@@ -189,26 +197,16 @@ __device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t
           wc[u] = w < n ? w : n - 1;
         }
         uint4 x[U], y[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) x[u] = reinterpret_cast<const uint4*>(in[0])[wc[u]];
-        if (nIn > 1) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) y[u] = reinterpret_cast<const uint4*>(in[1])[wc[u]];
-        }
+        loadRound<U>(x, in[0], wc);
+        if (nIn > 1) loadRound<U>(y, in[1], wc);
         fold<T, U, true>(op, acc, x);
         // y holds input i: combine it while input i + 1 arrives in x, then x while input i + 2
         // arrives in y.
         for (int i = 1; i < nIn; i += 2) {
-          if (i + 1 < nIn) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) x[u] = reinterpret_cast<const uint4*>(in[i + 1])[wc[u]];
-          }
+          if (i + 1 < nIn) loadRound<U>(x, in[i + 1], wc);
           fold<T, U>(op, acc, y);
           if (i + 1 < nIn) {
-            if (i + 2 < nIn) {
-#pragma unroll
-              for (int u = 0; u < U; ++u) y[u] = reinterpret_cast<const uint4*>(in[i + 2])[wc[u]];
-            }
+            if (i + 2 < nIn) loadRound<U>(y, in[i + 2], wc);
             fold<T, U>(op, acc, x);
           }
         }
