@@ -148,9 +148,6 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
             ))
         }
     };
-    if o.graph > 0 {
-        return Err("-G is not supported with --plan".into());
-    }
     let (n, rank) = (bench.coll.nranks(), bench.coll.rank());
     if plan.world_size() != n {
         return Err(format!(

@@ -35,7 +35,8 @@ const USAGE: &str = "coll_perf [options]  (nccl-tests flags)
   -w, --warmup_iters N    warm-up iterations (default 5)
   -c, --check 0|1         check results (default 1)
   -G, --cudagraph N       capture the iterations in a CUDA graph and launch it N times (GPU builds
-                          only; the host backend refuses -G above 0)
+                          only; the host backend refuses -G above 0); with --plan: after at
+                          least one warm-up call (-w 1+, the plan's setup), without --trace
       --op-kind / --coll  allreduce | allgather | reducescatter | broadcast | sendrecv | alltoall
                           (default allreduce; sendrecv: each rank sends SIZE bytes to rank+1 and
                           receives from rank-1, busbw = algbw; alltoall: SIZE = the whole send
@@ -233,6 +234,22 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     }
     if o.trace && o.plan.is_none() {
         return Err("--trace: traces an execution plan; give --plan FILE".into());
+    }
+    if o.graph > 0 && o.plan.is_some() {
+        // Only launches can be captured: a plan's setup and a traced launch's counter reset
+        // must run outside the graph.
+        if o.trace {
+            return Err(format!(
+                "-G {} with --trace: a traced launch zeroes its counts with a synchronous copy, which a CUDA graph capture cannot hold; trace without -G",
+                o.graph
+            ));
+        }
+        if o.warmup == 0 {
+            return Err(format!(
+                "-G {} --plan with -w 0: a plan's first call sets up its context (a collective setup), which a CUDA graph capture cannot hold; give -w 1 or more",
+                o.graph
+            ));
+        }
     }
     if o.p2p.is_some() && (o.plan.is_some() || o.algo.is_some()) {
         return Err("--coll sendrecv/alltoall take no --plan or --algo".into());
@@ -1056,6 +1073,23 @@ mod tests {
                 .contains("-G 10: CUDA graphs need a GPU build"));
         } else {
             assert_eq!(r.expect("-G on a GPU build").graph, 10);
+        }
+    }
+
+    #[test]
+    fn plans_in_graph_mode_need_a_warm_up_and_no_trace() {
+        let cold = parse(&args("-G 10 -w 0 --plan p.json"));
+        let traced = parse(&args("-G 10 -w 5 --plan p.json --trace"));
+        let fine = parse(&args("-G 10 -w 5 --plan p.json"));
+        if Gpu::NAME == "host" {
+            for r in [cold, traced, fine] {
+                assert!(r.expect_err("-G").contains("CUDA graphs need a GPU build"));
+            }
+        } else {
+            assert!(cold.expect_err("-w 0").contains("give -w 1 or more"));
+            assert!(traced.expect_err("--trace").contains("trace without -G"));
+            let o = fine.expect("-G with a plan and a warm-up");
+            assert_eq!((o.graph, o.warmup), (10, 5));
         }
     }
 }
