@@ -184,11 +184,11 @@ pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
 /// lane 0 needs the others' data, releases where the others need lane 0's synchronisation).
 pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
 /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's GPU kernel a launch takes: `auto`
-/// (default: the 256-thread build, compiled without the 1024-thread build's register bound,
-/// whenever the launch has at most 256 threads per block), `wide` (the 1024-thread build
-/// always) or `prefetch` (the 256-thread build whose reductions load the next input while they
-/// combine one, where `auto` takes the 256-thread build; not measured on a GPU yet). The last
-/// two are for A/B runs.
+/// (default; also `prefetch`: whenever the launch has at most 256 threads per block, the
+/// 256-thread build, compiled without the 1024-thread build's register bound, whose reductions
+/// load the next input while they combine one), `narrow` (there the 256-thread build without
+/// that prefetch, round 12's default) or `wide` (the 1024-thread build always). The last two
+/// are for A/B runs.
 pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
@@ -803,24 +803,29 @@ fn parse_lane_sync(value: Option<String>) -> Parsed<bool> {
 /// Which build of the executor's GPU kernel launches take (`MSCCLPP_EXECUTOR_KERNEL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExecutorKernel {
-    /// The 256-thread build when the launch fits it, else the 1024-thread one.
+    /// The 256-thread prefetch build when the launch fits it, else the 1024-thread one
+    /// (`auto`, `prefetch`).
     #[default]
     Auto,
     /// The 1024-thread build always.
     Wide,
-    /// The 256-thread prefetch build when the launch fits it, else the 1024-thread one.
-    Prefetch,
+    /// The 256-thread build without the reductions' prefetch when the launch fits it, else the
+    /// 1024-thread one.
+    Narrow,
 }
 
-/// `MSCCLPP_EXECUTOR_KERNEL`: `auto` (also unset or blank), `wide` or `prefetch`, any case.
+/// `MSCCLPP_EXECUTOR_KERNEL`: `auto` or `prefetch` (also unset or blank), `narrow` or `wide`,
+/// any case.
 fn parse_executor_kernel(value: Option<String>) -> Parsed<ExecutorKernel> {
     match non_empty(value) {
         None => Ok(ExecutorKernel::Auto),
-        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(ExecutorKernel::Auto),
+        Some(v) if v.eq_ignore_ascii_case("auto") || v.eq_ignore_ascii_case("prefetch") => {
+            Ok(ExecutorKernel::Auto)
+        }
         Some(v) if v.eq_ignore_ascii_case("wide") => Ok(ExecutorKernel::Wide),
-        Some(v) if v.eq_ignore_ascii_case("prefetch") => Ok(ExecutorKernel::Prefetch),
+        Some(v) if v.eq_ignore_ascii_case("narrow") => Ok(ExecutorKernel::Narrow),
         Some(v) => Err(format!(
-            "{EXECUTOR_KERNEL}={v}: expected auto, wide or prefetch"
+            "{EXECUTOR_KERNEL}={v}: expected auto, prefetch, narrow or wide"
         )),
     }
 }
@@ -1454,14 +1459,13 @@ mod tests {
         let kernel = |v| env_of(&[(EXECUTOR_KERNEL, v)]).executor_kernel();
         assert_eq!(kernel("WIDE"), ExecutorKernel::Wide);
         assert_eq!(kernel("auto"), ExecutorKernel::Auto);
-        assert_eq!(kernel("Prefetch"), ExecutorKernel::Prefetch);
-        let e = env_of(&[(EXECUTOR_KERNEL, "narrow")]);
+        assert_eq!(kernel("Prefetch"), ExecutorKernel::Auto);
+        assert_eq!(kernel("NARROW"), ExecutorKernel::Narrow);
+        let e = env_of(&[(EXECUTOR_KERNEL, "thin")]);
         assert_eq!(e.executor_kernel(), ExecutorKernel::Auto);
         assert!(
-            e.problems()
-                .iter()
-                .any(|m| m
-                    .contains("MSCCLPP_EXECUTOR_KERNEL=narrow: expected auto, wide or prefetch")),
+            e.problems().iter().any(|m| m
+                .contains("MSCCLPP_EXECUTOR_KERNEL=thin: expected auto, prefetch, narrow or wide")),
             "{:?}",
             e.problems()
         );

@@ -1,7 +1,8 @@
 //! GPU launches of the executor kernel (`kernels/cuda/src/executor/executor_body.cuh`, built
-//! twice: [`kernels::executor::EXECUTOR`] for up to 1024 threads per block,
-//! [`kernels::executor::EXECUTOR_NARROW`] for up to 256): one launch per execution, `lanes` GPU
-//! blocks per thread block of the plan, on the caller's stream.
+//! three times: [`kernels::executor::EXECUTOR`] for up to 1024 threads per block,
+//! [`kernels::executor::EXECUTOR_PREFETCH`] and [`kernels::executor::EXECUTOR_NARROW`] for up
+//! to 256): one launch per execution, `lanes` GPU blocks per thread block of the plan, on the
+//! caller's stream.
 
 use mscclpp_hal::prelude::*;
 use mscclpp_hal::Gpu;
@@ -96,7 +97,7 @@ pub(crate) struct ShapeInputs {
 /// round 12 (2 ranks sharing it, docs/perf.md), unless the knobs say otherwise:
 /// - lanes: one per 32 KiB of a block's share, 8 KiB for LL plans ([`lanes`]);
 /// - one lane: the threads its vectors need ([`threads`]);
-/// - several lanes, Simple plans: [`NARROW_THREADS`] per lane (the narrow build; 1.3-1.6x
+/// - several lanes, Simple plans: [`NARROW_THREADS`] per lane (a 256-thread build; 1.3-1.6x
 ///   faster than the plan's 1024 at 1 and 16 MiB);
 /// - several lanes, LL plans: one thread per [`LL_BYTES_PER_THREAD`] of a lane's share, from
 ///   [`NARROW_THREADS`] up to the plan's (256 narrow threads won at 1 MiB, 1024 at 16 MiB).
@@ -149,20 +150,20 @@ pub(crate) fn threads(plan_threads: u32, nblocks: u32, bytes: usize, lanes: u32)
         .min(plan_threads)
 }
 
-/// Threads per block the narrow build of the kernel (`executor_narrow.cu`) is compiled for.
+/// Threads per block the 256-thread builds of the kernel (`executor_prefetch.cu`,
+/// `executor_narrow.cu`) are compiled for.
 pub(crate) const NARROW_THREADS: u32 = 256;
 
-/// The build of the executor kernel a launch of `threads` threads per block takes: the narrow
-/// one whenever it fits (compiled for 256 threads, the compiler may give each thread up to 255
-/// registers where the 1024-thread build has 64 and spills), unless `MSCCLPP_EXECUTOR_KERNEL`
-/// says `wide` (the 1024-thread build always) or `prefetch` (the prefetch build where the
-/// narrow one would run).
+/// The build of the executor kernel a launch of `threads` threads per block takes: a 256-thread
+/// build whenever it fits (compiled for 256 threads, the compiler may give each thread up to
+/// 255 registers where the 1024-thread build has 64 and spills): the prefetch one (its
+/// reductions load the next input while they combine one: 3-9 % faster at 16 MiB on the H100,
+/// docs/perf.md), or with `MSCCLPP_EXECUTOR_KERNEL=narrow` the one without; `wide` takes the
+/// 1024-thread build always.
 pub(crate) fn kernel(threads: u32, choice: ExecutorKernel) -> kernels::Kernel {
     match choice {
-        ExecutorKernel::Auto if threads <= NARROW_THREADS => kernels::executor::EXECUTOR_NARROW,
-        ExecutorKernel::Prefetch if threads <= NARROW_THREADS => {
-            kernels::executor::EXECUTOR_PREFETCH
-        }
+        ExecutorKernel::Auto if threads <= NARROW_THREADS => kernels::executor::EXECUTOR_PREFETCH,
+        ExecutorKernel::Narrow if threads <= NARROW_THREADS => kernels::executor::EXECUTOR_NARROW,
         _ => kernels::executor::EXECUTOR,
     }
 }
@@ -280,21 +281,23 @@ mod tests {
     }
 
     #[test]
-    fn launches_that_fit_take_the_narrow_build() {
+    fn launches_that_fit_take_a_256_thread_build() {
+        let prefetch = kernels::executor::EXECUTOR_PREFETCH.name();
         let narrow = kernels::executor::EXECUTOR_NARROW.name();
         let wide = kernels::executor::EXECUTOR.name();
+        assert_eq!(prefetch, "executor_kernel_prefetch");
         assert_eq!(narrow, "executor_kernel_narrow");
         let auto = ExecutorKernel::Auto;
-        assert_eq!(kernel(128, auto).name(), narrow);
-        assert_eq!(kernel(256, auto).name(), narrow);
+        assert_eq!(kernel(128, auto).name(), prefetch);
+        assert_eq!(kernel(256, auto).name(), prefetch);
         assert_eq!(kernel(288, auto).name(), wide);
         assert_eq!(kernel(1024, auto).name(), wide);
-        // MSCCLPP_EXECUTOR_KERNEL=wide: never the narrow one.
+        // MSCCLPP_EXECUTOR_KERNEL=wide: never a 256-thread one.
         assert_eq!(kernel(128, ExecutorKernel::Wide).name(), wide);
-        // MSCCLPP_EXECUTOR_KERNEL=prefetch: the prefetch build where the narrow one would run.
-        let prefetch = ExecutorKernel::Prefetch;
-        assert_eq!(kernel(256, prefetch).name(), "executor_kernel_prefetch");
-        assert_eq!(kernel(1024, prefetch).name(), wide);
+        // MSCCLPP_EXECUTOR_KERNEL=narrow: the 256-thread build without the prefetch.
+        let nar = ExecutorKernel::Narrow;
+        assert_eq!(kernel(256, nar).name(), narrow);
+        assert_eq!(kernel(1024, nar).name(), wide);
     }
 
     #[test]

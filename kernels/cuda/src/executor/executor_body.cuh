@@ -105,10 +105,10 @@ __device__ A combineRt(uint8_t op, A a, A b) {
   return coll::combine<coll::OpSum>(a, b);
 }
 
-/// The prefetch build (executor_prefetch.cu: 256 threads, opt-in with
-/// MSCCLPP_EXECUTOR_KERNEL=prefetch, not measured on a GPU yet) loads a reduction's next input
-/// while it combines one (twice the loads of a thread in flight); the other two builds keep the
-/// loop they were measured with.
+/// The prefetch build (executor_prefetch.cu: 256 threads, the default where a launch fits it;
+/// measured on the H100 in round 13) loads a reduction's next input while it combines one
+/// (twice the loads of a thread in flight); the other two builds (narrow: the A/B knob, wide)
+/// keep the loop round 12 measured.
 #if defined(MSCCLPP_EXECUTOR_PREFETCH)
 constexpr bool kPrefetch = true;
 #else

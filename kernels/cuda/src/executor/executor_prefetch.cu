@@ -1,9 +1,10 @@
 // The executor kernel's prefetch build (code object "executor/executor_prefetch"): the narrow
 // build (executor_narrow.cu, up to 256 threads per block) whose reductions load the next
-// input while they combine one (kPrefetch in executor_body.cuh). Opt-in for A/B runs
-// (MSCCLPP_EXECUTOR_KERNEL=prefetch): `ptxas -v` for sm_90 shows its reductions' vectors in
-// registers and 0.6 KB of spill stores over the interpreter (the narrow build: 0.5 KB), but it
-// has not run on a GPU yet, so the default launches keep the two measured builds.
+// input while they combine one (kPrefetch in executor_body.cuh). The default for launches of
+// up to 256 threads since round 13 (H100: 3-9 % faster at 16 MiB for the reducing plans,
+// docs/executor.md; MSCCLPP_EXECUTOR_KERNEL=narrow takes executor_narrow.cu instead).
+// `ptxas -v` for sm_90: its reductions' vectors in registers and 0.6 KB of spill stores over
+// the interpreter (the narrow build: 0.5 KB).
 // On ROCm the ops stay out-of-line functions, as here (hal/kernel-build: FUNCTION_CALLS_MARKER).
 // mscclpp-kernel-build: amdgpu-function-calls
 #define MSCCLPP_EXECUTOR_PREFETCH 1
