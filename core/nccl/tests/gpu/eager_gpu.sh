@@ -21,7 +21,8 @@
 # Usage (repository root; the .so and mp_unit_tests built with --features cuda --release):
 #   bash core/nccl/tests/gpu/eager_gpu.sh
 # Env: OUT (logs, default /tmp/mscclpp_nccl_eager), MSCCLPP_NCCL_SO, BIN (mp_unit_tests' folder,
-# default .gpu/bin), PYTHON (default /opt/torch/.venv/bin/python, else python3), NCCL_TESTS_SRC,
+# default .gpu/bin), PYTHON (default /opt/torch/.venv/bin/python, else python3), EAGER_CPUS (the
+# CPUs the PyTorch runs are pinned to, see part 2), NCCL_TESTS_SRC,
 # CUDA_HOME, CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY (MPS for part 3).
 set -uo pipefail
 cd "$(dirname "$0")/../../../.." || exit 1
@@ -116,6 +117,15 @@ PY=$ROOT/core/nccl/tests/gpu/torch_eager.py
 # whichever ran second. torch.profiler rows come from each library's first run.
 ROUNDS=${EAGER_ROUNDS:-2}
 read -r -a order <<<"$(alternating "$ROUNDS")"
+# The runs are pinned to the same CPUs (EAGER_CPUS, a taskset list; default 2-5 where taskset
+# exists and the machine has 8 or more CPUs; empty: not pinned). nccl-tests above runs under
+# mpirun, which binds its rank to a core; the Python runs were not bound, and on the H100
+# (round 13) runs of one library differed up to 1.8x (1 KiB: NCCL 15.6 to 28.4 us per call),
+# more than any difference between the libraries.
+pin=()
+cpus=${EAGER_CPUS-$(command -v taskset >/dev/null && [ "$(nproc)" -ge 8 ] && echo 2-5)}
+[ -n "$cpus" ] && pin=(taskset -c "$cpus")
+say "PyTorch runs pinned to CPUs: ${cpus:-none}"
 : >"$W/torch.nccl.all"; : >"$W/torch.ours.all"
 declare -A nrun=([nccl]=0 [ours]=0)
 for v in "${order[@]}"; do
@@ -125,7 +135,7 @@ for v in "${order[@]}"; do
   prof=0
   [ "${nrun[$v]}" = 0 ] && prof=${EAGER_PROFILE:-1}
   nrun[$v]=$((nrun[$v] + 1))
-  MASTER_PORT=$([ $v = ours ] && echo 29573 || echo 29572) EAGER_PROFILE=$prof timeout 300 "${pre[@]}" "$PYTHON" "$PY" >"$log" 2>&1
+  MASTER_PORT=$([ $v = ours ] && echo 29573 || echo 29572) EAGER_PROFILE=$prof timeout 300 ${pin[@]+"${pin[@]}"} "${pre[@]}" "$PYTHON" "$PY" >"$log" 2>&1
   rc=$?
   done_line=$(grep TORCH_EAGER_DONE "$log" | tail -1)
   verdict "torch_eager.py ws1 ($v, $(basename "$log"))" $([ $rc = 0 ] && echo "$done_line" | grep -q "ok=1" && echo 1 || echo 0) \
