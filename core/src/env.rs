@@ -536,7 +536,7 @@ pub const VARS: &[Var] = &[
     var(
         EXECUTOR_KERNEL,
         "auto",
-        "auto or wide: the 256-thread executor kernel for launches that fit it, or never",
+        "auto (or prefetch), narrow or wide: which build of the executor kernel a launch takes",
     ),
     var(
         P2P_TUNE,

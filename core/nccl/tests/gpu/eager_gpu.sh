@@ -8,8 +8,8 @@
 #      (target: ours <= NCCL at every size). Then the same with the results checked (-c 1,
 #      -n 20) for both: exit 0, 0 wrong.
 #   2. PyTorch eager all_reduce per call at world size 1 (tests/gpu/torch_eager.py, float32 1 KiB
-#      to 64 MiB, the fastest of 5 rounds), the system NCCL and ours, alternating A B B A
-#      (EAGER_ROUNDS=2; the best run of each per size); a table, with the host time
+#      to 256 MiB, the sizes taking turns over 15 rounds, the fastest batch), the system NCCL and
+#      ours, alternating A B B A A B (EAGER_ROUNDS=3; the best run of each per size); a table, with the host time
 #      to issue a call next to it (host-bound or GPU-bound), and (EAGER_PROFILE=1, the default)
 #      torch.profiler's busiest host rows and the GPU work at 16 and 64 KiB for both libraries.
 #   3. Under MPS: ours at 2 ranks sharing the GPU, all_reduce_perf -b 1K -e 1K -c 0 -n 200 eager
@@ -111,11 +111,11 @@ fi
 
 # ---- 2. PyTorch eager, world size 1 ----------------------------------------------------------
 PY=$ROOT/core/nccl/tests/gpu/torch_eager.py
-# The libraries alternate, A B B A (EAGER_ROUNDS=2, the default; A B A B ... A B B A for more),
+# The libraries alternate, A B B A A B (EAGER_ROUNDS=3, the default),
 # and each size keeps its best run of each: a single run of each put differences of up to 9 us
 # between two no-ops (ours in place at world size 1 does nothing, NCCL almost nothing) on
 # whichever ran second. torch.profiler rows come from each library's first run.
-ROUNDS=${EAGER_ROUNDS:-2}
+ROUNDS=${EAGER_ROUNDS:-3}
 read -r -a order <<<"$(alternating "$ROUNDS")"
 # The runs are pinned to the same CPUs (EAGER_CPUS, a taskset list; default 2-5 where taskset
 # exists and the machine has 8 or more CPUs; empty: not pinned). nccl-tests above runs under
@@ -141,16 +141,17 @@ for v in "${order[@]}"; do
   verdict "torch_eager.py ws1 ($v, $(basename "$log"))" $([ $rc = 0 ] && echo "$done_line" | grep -q "ok=1" && echo 1 || echo 0) \
     "(exit $rc; ${done_line:-no result, see $(basename "$log")})"
   grep "^TORCH_EAGER " "$log" |
-    sed -E 's/.*bytes=([0-9]+) us_per_call=([0-9.]+) issue_us=([0-9.]+).*/\1 \2 \3/' >>"$W/torch.$v.all"
+    sed -E 's/.*bytes=([0-9]+) us_per_call=([0-9.]+) issue_us=([0-9.]+) median_us=([0-9.]+).*/\1 \2 \3 \4/' >>"$W/torch.$v.all"
 done
-# Per size: the best run's time per call and its issue time, and every run's time.
+# Per size: the best run's time per call and its issue time, and every run's fastest batch and
+# median batch (fastest/median).
 for v in nccl ours; do
   sort -n -k1,1 -k2,2g "$W/torch.$v.all" |
-    awk '{ runs[$1] = runs[$1] (runs[$1] == "" ? "" : ",") $2 } !($1 in best) { best[$1] = $2; issue[$1] = $3; order[++n] = $1 }
+    awk '{ runs[$1] = runs[$1] (runs[$1] == "" ? "" : ",") $2 "/" $4 } !($1 in best) { best[$1] = $2; issue[$1] = $3; order[++n] = $1 }
          END { for (i = 1; i <= n; i++) print order[i], best[order[i]], issue[order[i]], runs[order[i]] }' >"$W/torch.$v.t"
 done
 say ""
-say "PyTorch eager all_reduce (float32, in place) world size 1, us per call, best of $ROUNDS run(s) each, alternating: NCCL / ours (target: ours <= NCCL); host time to issue a call: NCCL / ours; every run: NCCL | ours"
+say "PyTorch eager all_reduce (float32, in place) world size 1, us per call, best of $ROUNDS run(s) each, alternating (sizes taking turns within a run, torch_eager.py): NCCL / ours (target: ours <= NCCL); host time to issue a call: NCCL / ours; every run's fastest/median batch: NCCL | ours"
 paste -d' ' "$W/torch.nccl.t" "$W/torch.ours.t" |
   awk '{ printf "%12s %9s / %-9s %-14s issue %s / %s   runs %s | %s\n", $1, $2, $6, ($6 <= $2 ? "target met" : "target missed"), $3, $7, $4, $8 }' | tee -a "$SUM"
 # torch.profiler's busiest rows at the sizes around the jump (torch_eager.py EAGER_PROFILE=1).
