@@ -76,7 +76,7 @@ PERF_TEST!(PlanPerfTest, PlansNextToNative, |ctx| {
             if is_gpu_build() { "GPU" } else { "host" }
         );
         println!(
-            "# {:<22} {:>10} {:>10} {:>10} {:>7}  native algorithm",
+            "# {:<24} {:>10} {:>10} {:>10} {:>7}  native algorithm",
             "plan", "bytes", "plan_us", "native_us", "ratio"
         );
     }
@@ -179,7 +179,7 @@ PERF_TEST!(PlanPerfTest, PlansNextToNative, |ctx| {
                 .unwrap_or("?");
             if rank == 0 {
                 println!(
-                    "  {:<22} {:>10} {:>10.2} {:>10.2} {:>7.2}  {native}",
+                    "  {:<24} {:>10} {:>10.2} {:>10.2} {:>7.2}  {native}",
                     plan.name(),
                     recv,
                     p_us,

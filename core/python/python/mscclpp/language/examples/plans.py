@@ -12,6 +12,10 @@ per peer unless said):
   allreduce_put      in place; put chunks into peers' scratch, re+put or res of chunk r.
   allreduce_ll       LL, double scratch; ppkt, respkt (split), upkt.
   allreduce_ll_fwd   LL, double scratch; ppkt, recspkt / repkt+cpkt+rppkt / recpkt+rppkt, upkt.
+  allreduce_allpair_ll
+                     LL, double scratch, out of place, up to 1 MiB (the native allpair_packet's
+                     one hop): ppkt of the whole input to every peer, repkt of the input and
+                     every peer's packets into the output (split).
   allgather_simple   in place; rlxsignal/rlxwait start sync, put, signal/wait.
   allgather_oop      out of place; copy, put, signal/wait.
   allgather_ll       LL, double scratch; ppkt, upkt.
@@ -205,6 +209,25 @@ def allreduce_ll_fwd(n: int) -> CollectiveProgram:
     return prog
 
 
+def allreduce_allpair_ll(n: int) -> CollectiveProgram:
+    """One hop, as the native allpair_packet (its selector's choice up to 16 KiB): block j puts
+    the whole input as packets into peer j's scratch (slot pos(r, p)), then all blocks reduce
+    the input with every peer's packets into the output. Each rank sends n - 1 copies of its
+    input, so the plan stops at 1 MiB (max_message_size)."""
+    with program(f"allreduce_allpair_ll_n{n}", AllReduce(n, 1, False), n, ll=True,
+                 max_message_size=1 << 20) as prog:
+        inp, out = inputs(n), outputs(n)
+        scratch = [Buffer(r, n * (n - 1)) for r in range(n)]
+        for r in range(n):
+            rank, ps, tbs, group, ch = blocks(r, n)
+            for j, p in enumerate(ps):
+                k = pos(r, p)
+                ch[p].put_packets(scratch[p][k * n:(k + 1) * n], inp[r][0:n], tb=j)
+            rank.reduce(inp[r][0:n], [scratch[r][k * n:(k + 1) * n] for k in range(n - 1)], tb_group=group,
+                        dst_chunk=out[r][0:n], packet=True)
+    return prog
+
+
 def allreduce_nvls_family(n: int, name: str, load_store: bool) -> CollectiveProgram:
     with program(f"{name}_n{n}", AllReduce(n, 1, True), n) as prog:
         inp = inputs(n)
@@ -338,6 +361,7 @@ FAMILIES: list[Callable[[int], CollectiveProgram]] = [
     allreduce_put,
     allreduce_ll,
     allreduce_ll_fwd,
+    allreduce_allpair_ll,
     allgather_simple,
     allgather_oop,
     allgather_ll,
