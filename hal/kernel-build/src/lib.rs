@@ -182,6 +182,7 @@ pub fn compile_tree(
                 });
             let archs = hip_archs(&hipcc, out);
             compiler = cache::compiler_identity(&hipcc);
+            let tmp = hip_tmp(out);
             let mut call_flags: Option<Vec<String>> = None;
             for src in &sources {
                 let stem = stem_of(src, src_root);
@@ -189,7 +190,7 @@ pub fn compile_tree(
                 let mut cmd = Command::new(&hipcc);
                 // hipcc picks the NVIDIA platform when it finds nvcc (PATH, /usr/local/cuda);
                 // we always want AMD code objects here.
-                cmd.env("HIP_PLATFORM", "amd");
+                cmd.env("HIP_PLATFORM", "amd").env("TMPDIR", &tmp);
                 cmd.args(["-x", "hip"])
                     .args(&archs)
                     .args(["--genco", "-O3", "-std=c++17", "-I"])
@@ -258,6 +259,10 @@ fn object_key(base: &cache::Digest, stem: &str, cmd: &Command) -> String {
         d.add(a.as_encoded_bytes());
     }
     for (k, v) in cmd.get_envs() {
+        // TMPDIR is a folder of this target folder (hip_tmp): it changes no byte.
+        if k == "TMPDIR" {
+            continue;
+        }
         d.add(k.as_encoded_bytes());
         d.add(v.unwrap_or_default().as_encoded_bytes());
     }
@@ -515,12 +520,24 @@ fn hip_call_flags(hipcc: &Path, out: &Path) -> Vec<String> {
     flags
 }
 
+/// The TMPDIR of hipcc's processes: a folder in `out`. hipcc (clang's offload bundling) leaves
+/// an empty `/tmp/<source>-<hex>` folder behind per compile; every ROCm build left about 30 of
+/// them on the CI machine, now they go with the target folder.
+fn hip_tmp(out: &Path) -> PathBuf {
+    let tmp = out.join("hip-tmp");
+    if let Err(e) = std::fs::create_dir_all(&tmp) {
+        fail(&format!("creating {}: {e}", tmp.display()));
+    }
+    tmp
+}
+
 /// Whether `hipcc` compiles an empty kernel with `args` (into `out`).
 fn hipcc_accepts(hipcc: &Path, out: &Path, args: &[&str]) -> bool {
     let probe = out.join("hal_probe.hip");
     std::fs::write(&probe, "extern \"C\" __global__ void hal_probe() {}\n").is_ok()
         && Command::new(hipcc)
             .env("HIP_PLATFORM", "amd")
+            .env("TMPDIR", hip_tmp(out))
             .args(["-x", "hip", "--genco"])
             .args(args)
             .arg("-o")
@@ -569,6 +586,35 @@ fn hip_archs(hipcc: &Path, out: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_key_ignores_the_output_source_and_tmpdir_but_not_flags_or_other_variables() {
+        let base = cache::Digest::default();
+        let cmd = |out: &str, tmp: &str, flag: &str, platform: &str| {
+            let mut c = Command::new("hipcc");
+            c.env("HIP_PLATFORM", platform)
+                .env("TMPDIR", tmp)
+                .args(["--genco", flag, "-o", out, "src.hip"]);
+            c
+        };
+        let a = object_key(&base, "k", &cmd("/a/k.hsaco", "/a/hip-tmp", "-O3", "amd"));
+        assert_eq!(
+            a,
+            object_key(&base, "k", &cmd("/b/k.hsaco", "/b/hip-tmp", "-O3", "amd"))
+        );
+        assert_ne!(
+            a,
+            object_key(&base, "k", &cmd("/a/k.hsaco", "/a/hip-tmp", "-O2", "amd"))
+        );
+        assert_ne!(
+            a,
+            object_key(
+                &base,
+                "k",
+                &cmd("/a/k.hsaco", "/a/hip-tmp", "-O3", "nvidia")
+            )
+        );
+    }
 
     #[test]
     fn the_function_calls_marker_must_be_a_line_of_its_own() {
