@@ -248,17 +248,20 @@ pub(crate) fn sizes(plan: &ExecutionPlan) -> Vec<usize> {
     if is_gpu_build() {
         v.push(up(4 << 20));
     }
-    // Only sizes within the plan's message range (the executor refuses the others; an
-    // all-gather's range is of its output, core/src/executor/lower/layout.rs).
+    v.retain(|&b| in_message_range(plan, b));
+    v
+}
+
+/// Whether a call of `send` bytes per rank lies within the plan's message range (the executor
+/// refuses the others; an all-gather's range is of its output,
+/// core/src/executor/lower/layout.rs).
+pub(crate) fn in_message_range(plan: &ExecutionPlan, send: usize) -> bool {
     let per = if plan.collective() == "allgather" {
         plan.world_size()
     } else {
         1
     };
-    v.retain(|&b| {
-        (plan.min_message_size()..=plan.max_message_size()).contains(&((b * per) as u64))
-    });
-    v
+    (plan.min_message_size()..=plan.max_message_size()).contains(&((send * per) as u64))
 }
 
 /// Shipped plan `family` for this world size (its JSON and this rank's part); skips the test,

@@ -15,7 +15,7 @@ use mscclpp::executor::{ExecutionPlan, PacketType};
 use mscclpp_framework::*;
 
 use super::coll_common::{agreed_seed, buffers, coll_env};
-use super::executor::{check_plan, exec_env, SHIPPED};
+use super::executor::{check_plan, exec_env, in_message_range, SHIPPED};
 use super::memory_channel::common::{is_gpu_build, ok};
 use crate::world::mp_env;
 
@@ -95,8 +95,7 @@ PERF_TEST!(PlanPerfTest, PlansNextToNative, |ctx| {
         for &total in sizes() {
             // Send bytes per rank, in whole chunks of the plan.
             let send = if gather { total / n } else { total } / unit * unit;
-            let ranged = if gather { send * n } else { send } as u64;
-            if send == 0 || !(plan.min_message_size()..=plan.max_message_size()).contains(&ranged) {
+            if send == 0 || !in_message_range(&plan, send) {
                 continue;
             }
             let recv = if gather { send * n } else { send };
