@@ -190,6 +190,11 @@ pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
 /// that prefetch, round 12's default) or `wide` (the 1024-thread build always). The last two
 /// are for A/B runs.
 pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
+/// `MSCCLPP_EXECUTOR_JIT`: whether GPU executions of plans run kernels compiled from the plan at
+/// load time (core/src/executor/run/jit.rs; CUDA, with libnvrtc) instead of the interpreter.
+/// Off by default until it has run on a GPU (`1`/`true` turns it on; without a run-time
+/// compiler, or for a plan that does not compile, the interpreter runs).
+pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -534,6 +539,11 @@ pub const VARS: &[Var] = &[
         "barrier or split: how the executor's lanes of a plan block meet",
     ),
     var(
+        EXECUTOR_JIT,
+        "0",
+        "boolean: GPU plans run kernels compiled from the plan at load time (NVRTC), else the interpreter",
+    ),
+    var(
         EXECUTOR_KERNEL,
         "auto",
         "auto (or prefetch), narrow or wide: which build of the executor kernel a launch takes",
@@ -640,6 +650,7 @@ pub struct Env {
     executor_bytes_per_lane: Parsed<Option<usize>>,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
+    executor_jit: Parsed<bool>,
     executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
 }
@@ -1004,6 +1015,7 @@ impl Env {
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
             executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
+            executor_jit: parse_bool(EXECUTOR_JIT, lookup(EXECUTOR_JIT).as_deref()),
             executor_kernel: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
@@ -1047,7 +1059,7 @@ impl Env {
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
             err(&self.executor_threads), err(&self.executor_lane_sync_split),
-            err(&self.executor_kernel),
+            err(&self.executor_kernel), err(&self.executor_jit),
         ];
         level
             .into_iter()
@@ -1197,6 +1209,11 @@ impl Env {
     /// at startup and the default used.
     pub fn executor_lane_sync_split(&self) -> bool {
         self.executor_lane_sync_split.clone().unwrap_or(false)
+    }
+    /// `MSCCLPP_EXECUTOR_JIT`: whether GPU plans run kernels compiled from the plan (default
+    /// off); a malformed value is warned about at startup and the default used.
+    pub fn executor_jit(&self) -> bool {
+        self.executor_jit.clone().unwrap_or(false)
     }
     /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's kernel launches take
     /// ([`ExecutorKernel`], default `auto`); a malformed value is warned about at startup and

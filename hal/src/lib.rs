@@ -448,6 +448,29 @@ pub trait ModuleApi {
     fn load_module(dev: &<Self as Api>::Device, code: &[u8]) -> Result<<Self as Api>::Module>
     where
         Self: Api;
+    /// Compiles the GPU C++ `source` (named `name` in messages) at run time for devices of
+    /// compute capability `arch` (major, minor: [`DeviceProperties::compute_capability`]), with
+    /// the in-memory `headers` (include name, text) and extra compiler `options`, into a code
+    /// object [`ModuleApi::load_module`] takes. Needs no device. CUDA: NVRTC (libnvrtc found at
+    /// run time, see the backend's `rtc.rs`), the toolkit's include folder added. Backends
+    /// without a run-time compiler (host, ROCm for now) answer [`Error::Unsupported`].
+    fn compile_source(
+        arch: (u32, u32),
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+    ) -> Result<Vec<u8>>
+    where
+        Self: Api,
+    {
+        let _ = (arch, name, source, headers, options);
+        unsupported(
+            "compile_source",
+            Self::NAME,
+            "this backend has no run-time compiler",
+        )
+    }
     /// Looks up an `extern "C"` kernel by name.
     fn get_kernel(module: &<Self as Api>::Module, name: &str) -> Result<<Self as Api>::Kernel>
     where

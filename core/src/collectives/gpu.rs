@@ -126,6 +126,27 @@ impl GpuCtx {
             .map_err(|e| hal_err(&format!("launch {}", k.name()), e))
     }
 
+    /// Launches `kernel` (loaded outside this context's code objects: a plan compiled at run
+    /// time) on `blocks` blocks of `threads` threads with its parameters packed in `params`.
+    ///
+    /// # Safety
+    /// As [`GpuCtx::launch`]: `params` covers the kernel's parameters, and `kernel` was loaded on
+    /// this context's device.
+    pub(crate) unsafe fn launch_loaded(
+        &self,
+        kernel: &<Gpu as Api>::Kernel,
+        blocks: u32,
+        threads: u32,
+        params: &[u8],
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: forwarded from the caller (stream ownership stays with the caller).
+        let s = unsafe { Gpu::borrow_stream(&self.dev, stream) };
+        // SAFETY: forwarded from the caller.
+        unsafe { Gpu::launch_raw(kernel, &LaunchConfig::linear(blocks, threads), &s, params) }
+            .map_err(|e| hal_err("launch a compiled plan", e))
+    }
+
     /// Whether `stream` is being captured into a graph.
     pub fn is_capturing(&self, stream: RawStream) -> Result<bool> {
         // SAFETY: the caller of the collective passed a live stream (or 0).

@@ -12,7 +12,8 @@
 //! ([`crate::DeviceApi`]), `memory.rs` ([`crate::MemoryApi`], [`crate::HostRegisterApi`]),
 //! `stream.rs` ([`crate::StreamApi`]), `module.rs` ([`crate::ModuleApi`]), `ipc.rs`
 //! ([`crate::IpcApi`]), `multicast.rs` ([`crate::MulticastApi`]); `conv.rs` maps between our
-//! types and the driver's.
+//! types and the driver's. `rtc.rs` is NVRTC (run-time compilation, behind
+//! [`crate::ModuleApi::compile_source`]): a library of its own, found and called there.
 
 mod conv;
 mod device;
@@ -23,6 +24,7 @@ mod memory;
 mod module;
 mod multicast;
 mod result;
+mod rtc;
 mod stream;
 
 backend_api! { Cuda, "cuda", host_addressable: false, graph: graph::CudaGraph,

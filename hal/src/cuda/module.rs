@@ -128,6 +128,16 @@ impl ModuleApi for Cuda {
         })
     }
 
+    fn compile_source(
+        arch: (u32, u32),
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+    ) -> Result<Vec<u8>> {
+        super::rtc::compile(arch, name, source, headers, options)
+    }
+
     fn get_kernel(m: &CudaModule, name: &str) -> Result<CudaKernel> {
         let cname = CString::new(name)
             .map_err(|_| Error::invalid("get_kernel(cuda)", "a name without NUL", name))?;

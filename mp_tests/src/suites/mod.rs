@@ -16,6 +16,7 @@ mod determinism;
 mod device_abort;
 mod executor;
 mod executor_bad;
+mod executor_jit;
 mod fifo;
 mod ib;
 mod ib_reg;

@@ -182,15 +182,7 @@ pub(crate) unsafe fn launch(
     threads: u32,
     stream: RawStream,
 ) -> Result<()> {
-    if args.nblocks > ctx.sms {
-        return Err(Error::Executor(format!(
-            "plan `{}`: {} thread blocks on GPU {} with {} SMs: every block must be resident (they wait on each other)",
-            plan.name(),
-            args.nblocks,
-            ctx.device.id,
-            ctx.sms
-        )));
-    }
+    check_resident(plan, ctx, &args)?;
     // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter (both
     // builds take the same one).
     unsafe {
@@ -202,6 +194,48 @@ pub(crate) unsafe fn launch(
             stream,
         )
     }
+}
+
+/// Launches the compiled plan of `jit` (jit.rs) with `args` and its values on `stream`, in the
+/// shape of [`launch`].
+///
+/// # Safety
+/// As [`launch`]; `jit` was made from the blocks `args` points at.
+pub(crate) unsafe fn launch_jit(
+    g: &GpuCtx,
+    plan: &ExecutionPlan,
+    ctx: &ExecContext,
+    jit: &super::jit::JitLaunch,
+    args: &ExecArgs,
+    threads: u32,
+    stream: RawStream,
+) -> Result<()> {
+    check_resident(plan, ctx, args)?;
+    let params = super::jit::params(args, &jit.values);
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        g.launch_loaded(
+            &jit.kernel.kernel,
+            args.nblocks * args.lanes.max(1),
+            threads,
+            &params,
+            stream,
+        )
+    }
+}
+
+/// Every plan block must be resident at once (they wait on each other).
+fn check_resident(plan: &ExecutionPlan, ctx: &ExecContext, args: &ExecArgs) -> Result<()> {
+    if args.nblocks > ctx.sms {
+        return Err(Error::Executor(format!(
+            "plan `{}`: {} thread blocks on GPU {} with {} SMs: every block must be resident (they wait on each other)",
+            plan.name(),
+            args.nblocks,
+            ctx.device.id,
+            ctx.sms
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

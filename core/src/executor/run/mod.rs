@@ -13,6 +13,7 @@ pub(crate) mod config;
 mod context;
 mod gpu;
 mod host;
+mod jit;
 pub(crate) mod trace;
 
 use std::collections::hash_map::Entry as Slot;
@@ -28,6 +29,7 @@ use crate::executor::json::Protocol;
 use crate::executor::lower::device::{ExecArgs, ExecBlock, TRACE_WORDS};
 use crate::executor::lower::layout::Layout;
 use crate::executor::lower::lower;
+use crate::executor::model;
 use crate::executor::plan::ExecutionPlan;
 use crate::gpu_buffer::GpuBuffer;
 use crate::memory::Allocation;
@@ -74,6 +76,9 @@ struct Lowered {
     /// lanes of the last traced launch.
     trace: Option<GpuBuffer<u64>>,
     traced_lanes: AtomicU32,
+    /// The compiled plan kernel of each (data type code, packet code, thread bound) this size
+    /// ran with, and this size's values (jit.rs); `None`: it runs on the interpreter.
+    jit: HashMap<(u32, u32, u32), Option<jit::JitLaunch>>,
 }
 
 struct Entry {
@@ -103,6 +108,10 @@ type Agreement = (bool, Vec<Arc<Allocation>>);
 struct GpuState {
     ctx: Arc<GpuCtx>,
     sms: u32,
+    /// Compute capability (what plans are compiled for).
+    arch: (u32, u32),
+    /// The plans compiled for this GPU (jit.rs).
+    jit: Arc<jit::JitCache>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -182,6 +191,66 @@ impl Executor {
             (&a.plan, a.send_size, a.recv_size).cmp(&(&b.plan, b.send_size, b.recv_size))
         });
         Ok(out)
+    }
+
+    /// The CUDA source of the kernel a GPU execution of `plan` (this rank's part) compiles at
+    /// load time for a call of `send_size`/`recv_size` bytes of `dtype` with `packet` packets
+    /// (`MSCCLPP_EXECUTOR_JIT`; docs/executor.md "Plans compiled at load time"), for launches of
+    /// up to the plan's `num_threads_per_block` threads (the GPU path may launch a narrower
+    /// one). One source serves every size whose lowered ops have the same structure (the
+    /// offsets and sizes are values of the launch). Needs no GPU: for reading what a plan
+    /// becomes, and for [`Executor::compile_kernel_source`].
+    pub fn kernel_source(
+        plan: &ExecutionPlan,
+        send_size: usize,
+        recv_size: usize,
+        dtype: DataType,
+        packet: PacketType,
+    ) -> Result<String> {
+        let rp = plan.rank_plan();
+        let layout = Layout::new(plan.meta(), rp, send_size as u64, recv_size as u64)
+            .map_err(|e| err(plan, e))?;
+        // The source holds table indexes, never table contents: empty handles of the plan's
+        // table sizes lower alike.
+        let len = |f: &dyn Fn(&model::Block) -> &Vec<usize>| {
+            rp.blocks
+                .iter()
+                .flat_map(|b| f(b).iter().copied())
+                .max()
+                .map_or(0, |m| m + 1)
+        };
+        let zeroed = || crate::executor::lower::device::ExecBlock::zeroed();
+        let proto = zeroed();
+        let memory_channels = vec![proto.memory_channels[0]; len(&|b| &b.memory_channels)];
+        let port_channels = vec![proto.port_channels[0]; len(&|b| &b.port_channels)];
+        let nbuf = len(&|b| &b.memory_buffers).max(len(&|b| &b.port_buffers));
+        let memory_buffers = vec![0u64; nbuf];
+        let port_buffers = vec![0u32; nbuf];
+        let halves = vec![0u32; nbuf];
+        let tables = crate::executor::lower::Tables {
+            memory_channels: &memory_channels,
+            port_channels: &port_channels,
+            memory_buffers: &memory_buffers,
+            port_buffers: &port_buffers,
+            halves: &halves,
+        };
+        let blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
+        let bound = if plan.num_threads_per_block() <= gpu::NARROW_THREADS {
+            gpu::NARROW_THREADS
+        } else {
+            1024
+        };
+        jit::generate(&blocks, dtype, packet == PacketType::LL8, bound)
+            .map(|g| g.source)
+            .map_err(|why| err(plan, why))
+    }
+
+    /// Compiles a source of [`Executor::kernel_source`] for GPUs of compute capability `arch`
+    /// (major, minor) into a code object, with the run-time compiler of this build's GPU
+    /// backend (CUDA: libnvrtc, see docs/executor.md); needs no GPU. Other backends, or no
+    /// libnvrtc: an error saying so.
+    pub fn compile_kernel_source(source: &str, arch: (u32, u32)) -> Result<Vec<u8>> {
+        jit::compile(arch, source).map_err(|e| crate::memory::hal_err("compile a plan kernel", e))
     }
 
     /// Drops every cached context (connections, channels, scratch). Collective: every rank
@@ -355,6 +424,41 @@ impl Executor {
                     low.traced_lanes.store(args.lanes, Ordering::Relaxed);
                 }
                 let threads = shape.threads;
+                // A compiled plan when there is one (or it can be made now: not while the stream
+                // is captured, since loading a module there is not allowed); not while tracing
+                // (the interpreter counts the ops).
+                if !trace && env.executor_jit() {
+                    let bound = if threads <= gpu::NARROW_THREADS {
+                        gpu::NARROW_THREADS
+                    } else {
+                        1024
+                    };
+                    let key = (args.dtype, args.packet, bound);
+                    if !low.jit.contains_key(&key) && !g.ctx.is_capturing(stream)? {
+                        let made = match jit::generate(&low.blocks, dtype, args.packet != 0, bound)
+                        {
+                            Ok(gen) => {
+                                g.jit
+                                    .get(g.ctx.device(), g.arch, &gen.source)
+                                    .map(|kernel| jit::JitLaunch {
+                                        kernel,
+                                        values: gen.values,
+                                    })
+                            }
+                            Err(why) => {
+                                log::info!(
+                                    "executor: plan `{}` runs on the interpreter: {why}",
+                                    plan.name()
+                                );
+                                None
+                            }
+                        };
+                        low.jit.insert(key, made);
+                    }
+                    if let Some(Some(j)) = low.jit.get(&key) {
+                        return gpu::launch_jit(&g.ctx, plan, ctx, j, &args, threads, stream);
+                    }
+                }
                 gpu::launch(&g.ctx, plan, ctx, args, threads, stream)
             },
         }
@@ -549,9 +653,17 @@ impl Executor {
             return Ok(g.clone());
         }
         let ctx = Arc::new(GpuCtx::new(id)?);
+        let arch = {
+            use mscclpp_hal::prelude::*;
+            mscclpp_hal::Gpu::properties(ctx.device())
+                .map_err(|e| crate::memory::hal_err("device properties", e))?
+                .compute_capability
+        };
         let g = GpuState {
             sms: gpu::sm_count(&ctx)?,
+            arch,
             ctx,
+            jit: Arc::new(jit::JitCache::default()),
         };
         m.insert(id, g.clone());
         Ok(g)
@@ -570,7 +682,7 @@ fn lowered<'e>(
     sizes: (u64, u64),
     on_gpu: bool,
     trace: bool,
-) -> Result<&'e Lowered> {
+) -> Result<&'e mut Lowered> {
     let low = match cache.entry(sizes) {
         Slot::Occupied(o) => o.into_mut(),
         Slot::Vacant(v) => v.insert(lower_size(ctx, plan, layout, sizes, on_gpu)?),
@@ -613,6 +725,7 @@ fn lower_size(
         reuse_chunk: layout.reuse_scratch_chunk(),
         trace: None,
         traced_lanes: AtomicU32::new(0),
+        jit: HashMap::new(),
     })
 }
 

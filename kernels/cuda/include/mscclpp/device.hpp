@@ -28,7 +28,23 @@
 #ifndef MSCCLPP_DEVICE_HPP_
 #define MSCCLPP_DEVICE_HPP_
 
+#if defined(__CUDACC_RTC__)
+// NVRTC (the executor's plans compiled at load time, core/src/executor/run/jit.rs) has no C
+// library headers: the fixed-width types come from libcu++ instead.
+#include <cuda/std/cstddef>
+#include <cuda/std/cstdint>
+using cuda::std::int16_t;
+using cuda::std::int32_t;
+using cuda::std::int64_t;
+using cuda::std::int8_t;
+using cuda::std::uint16_t;
+using cuda::std::uint32_t;
+using cuda::std::uint64_t;
+using cuda::std::uint8_t;
+using cuda::std::uintptr_t;
+#else
 #include <stdint.h>
+#endif
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
 #define MSCCLPP_DEVICE_COMPILE 1
@@ -39,8 +55,10 @@
 #define MSCCLPP_DEVICE_CUDA 1
 #endif
 
-#if defined(MSCCLPP_DEVICE_COMPILE)
+#if defined(MSCCLPP_DEVICE_COMPILE) && !defined(__CUDACC_RTC__)
 #include <stdio.h>
+#endif
+#if defined(MSCCLPP_DEVICE_COMPILE)
 #define MSCCLPP_DEVICE_INLINE __forceinline__ __device__
 #define MSCCLPP_HOST_DEVICE_INLINE __forceinline__ __host__ __device__
 #else

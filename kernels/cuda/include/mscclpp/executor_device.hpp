@@ -25,7 +25,9 @@
 #ifndef MSCCLPP_EXECUTOR_DEVICE_HPP_
 #define MSCCLPP_EXECUTOR_DEVICE_HPP_
 
+#if !defined(__CUDACC_RTC__)
 #include <stddef.h>
+#endif
 
 #include "memory_channel_device.hpp"
 #include "port_channel_device.hpp"
@@ -145,7 +147,12 @@ struct alignas(16) ExecBlock {
   ExecOp ops[EXEC_MAX_OPS_PER_BLOCK];
 };
 
-constexpr size_t EXEC_BLOCK_HEADER_BYTES = offsetof(ExecBlock, ops);
+// The ops come last and fill whole 16-byte units, so the header is what is before them (written
+// without offsetof, which NVRTC cannot evaluate as a constant; checked against it elsewhere).
+constexpr size_t EXEC_BLOCK_HEADER_BYTES = sizeof(ExecBlock) - sizeof(ExecOp) * EXEC_MAX_OPS_PER_BLOCK;
+#if !defined(__CUDACC_RTC__)
+static_assert(EXEC_BLOCK_HEADER_BYTES == offsetof(ExecBlock, ops), "ExecBlock: ops are its last member");
+#endif
 
 struct ExecArgs {
   const ExecBlock* blocks;

@@ -43,6 +43,20 @@
 using namespace mscclpp;
 using mscclpp::coll::Elem;
 
+// Plans compiled at load time (MSCCLPP_EXECUTOR_JIT; core/src/executor/run/jit.rs generates the
+// source): every op is a constant of the generated kernel, so the op functions are inlined into
+// it and the compiler keeps only the branches each op takes; the element type
+// (MSCCLPP_EXECUTOR_JIT_TYPE) and the packet format (MSCCLPP_EXECUTOR_JIT_LL8) are constants too.
+// The interpreter builds keep the op functions out of line (their registers and code size).
+// EXEC_JIT_INLINE: inlined in generated kernels, the compiler's choice in the interpreter.
+#if defined(MSCCLPP_EXECUTOR_JIT)
+#define EXEC_OP_FN __forceinline__
+#define EXEC_JIT_INLINE __forceinline__
+#else
+#define EXEC_OP_FN __noinline__
+#define EXEC_JIT_INLINE
+#endif
+
 namespace {
 
 struct Run {
@@ -74,6 +88,16 @@ struct Run {
     return (ty == 2 && a.reuseChunk > 0) ? off % a.reuseChunk : off;
   }
 };
+
+/// Whether packets are LL8 (else LL16): the launch's, or the generated kernel's constant.
+__device__ __forceinline__ bool packetLL8(const Run& r) {
+#if defined(MSCCLPP_EXECUTOR_JIT)
+  (void)r;
+  return MSCCLPP_EXECUTOR_JIT_LL8 != 0;
+#else
+  return r.a.packet != 0;
+#endif
+}
 
 __device__ uint64_t stepSize(uint32_t size, uint64_t off, uint64_t unit) {
   const uint64_t s = size > off ? size - off : 0;
@@ -156,7 +180,7 @@ __device__ __forceinline__ void loadRound(uint4 (&v)[U], const char* in, const u
 }
 
 template <typename T>
-__device__ __noinline__ void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+__device__ EXEC_OP_FN void reduceElems(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   using A = typename Elem<T>::Acc;
   const uint64_t size = stepSize(o.inputSizes[0], off, unit);
   if (size == 0) return;
@@ -349,9 +373,9 @@ __device__ void fromPackets(char* data, const char* packets, uint64_t bytes, uin
 
 /// repkt / respkt / recpkt / recspkt.
 template <typename T>
-__device__ __noinline__ void reducePackets(const Run& r, const ExecOp& o) {
+__device__ EXEC_OP_FN void reducePackets(const Run& r, const ExecOp& o) {
   using A = typename Elem<T>::Acc;
-  const bool ll8 = r.a.packet != 0;
+  const bool ll8 = packetLL8(r);
   const uint32_t pay = ll8 ? 4 : 8;
   const int n = pay / sizeof(T);
   MSCCLPP_DEVICE_CHECK(n > 0, "executor: element larger than the packet payload");
@@ -427,7 +451,10 @@ __device__ void reduceOp(const Run& r, const ExecOp& o, uint64_t off, uint64_t u
   }
 }
 
-__device__ __noinline__ void reduceDispatch(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+__device__ EXEC_OP_FN void reduceDispatch(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+#if defined(MSCCLPP_EXECUTOR_JIT)
+  reduceOp<MSCCLPP_EXECUTOR_JIT_TYPE>(r, o, off, unit);
+#else
   switch (r.a.dtype) {
     case EXEC_I8: reduceOp<int8_t>(r, o, off, unit); break;
     case EXEC_U8: reduceOp<uint8_t>(r, o, off, unit); break;
@@ -445,6 +472,7 @@ __device__ __noinline__ void reduceDispatch(const Run& r, const ExecOp& o, uint6
 #endif
     default: MSCCLPP_DEVICE_CHECK(false, "executor: data type not built for this GPU"); break;
   }
+#endif
 }
 
 // ---- data movement ----
@@ -466,7 +494,7 @@ __device__ PortEnds portEnds(const Run& r, const ExecOp& o, int i, uint64_t off,
   return e;
 }
 
-__device__ __noinline__ void put(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+__device__ EXEC_OP_FN void put(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   if (o.channelType == EXEC_CHANNEL_MEMORY) {
     for (int i = 0; i < o.nOutputs; ++i) {
       const uint64_t size = stepSize(o.outputSizes[i], off, unit);
@@ -492,7 +520,7 @@ __device__ __noinline__ void put(const Run& r, const ExecOp& o, uint64_t off, ui
 }
 
 template <typename P>
-__device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
+__device__ EXEC_OP_FN void movePackets(const Run& r, const ExecOp& o) {
   using W = typename P::Payload;
   const uint64_t size = o.inputSizes[0];
   char* src = r.local(o.inputRefs[0]);
@@ -548,115 +576,136 @@ __device__ __noinline__ void movePackets(const Run& r, const ExecOp& o) {
   }
 }
 
-__device__ __noinline__ void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
-  switch (o.opType) {
-    case EXEC_NOP:
-      __syncthreads();
-      break;
-    case EXEC_BARRIER:
-      __syncthreads();
-      if (threadIdx.x == 0 && o.nBlocks > 1) gridBarrier(r.a.barriers + 2 * o.barrierId, o.nBlocks);
-      __syncthreads();
-      break;
-    case EXEC_SIGNAL:
-    case EXEC_RELAXED_SIGNAL:
-      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
-        if (o.channelType == EXEC_CHANNEL_MEMORY) {
-          BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
-          if (o.opType == EXEC_SIGNAL) {
-            h.signal();
-          } else {
-            h.relaxedSignal();
-          }
-        } else {
-          BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+/// Op `OP` (an ExecOpType) of `o`: exec's cases one at a time, so a generated plan kernel
+/// (MSCCLPP_EXECUTOR_JIT) instantiates only the code of the ops it has.
+template <int OP>
+__device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if constexpr (OP == EXEC_NOP) {
+    __syncthreads();
+  } else if constexpr (OP == EXEC_BARRIER) {
+    __syncthreads();
+    if (threadIdx.x == 0 && o.nBlocks > 1) gridBarrier(r.a.barriers + 2 * o.barrierId, o.nBlocks);
+    __syncthreads();
+  } else if constexpr (OP == EXEC_SIGNAL || OP == EXEC_RELAXED_SIGNAL) {
+    for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+      if (o.channelType == EXEC_CHANNEL_MEMORY) {
+        BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+        if (OP == EXEC_SIGNAL) {
           h.signal();
-        }
-      }
-      break;
-    case EXEC_WAIT:
-    case EXEC_RELAXED_WAIT:
-      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
-        if (o.channelType == EXEC_CHANNEL_MEMORY) {
-          BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
-          if (o.opType == EXEC_WAIT) {
-            h.wait();
-          } else {
-            h.relaxedWait();
-          }
         } else {
-          BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
-          h.wait();
+          h.relaxedSignal();
         }
-      }
-      break;
-    case EXEC_FLUSH:
-      for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
-        BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
-        h.flush();
-      }
-      break;
-    case EXEC_PUT:
-    case EXEC_PUT_WITH_SIGNAL:
-    case EXEC_PUT_WITH_SIGNAL_AND_FLUSH:
-      put(r, o, off, unit);
-      break;
-    case EXEC_GET:
-      for (int i = 0; i < o.nInputs; ++i) {
-        const uint64_t size = stepSize(o.inputSizes[i], off, unit);
-        if (size == 0) continue;
-        copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
-             r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
-      }
-      break;
-    case EXEC_COPY: {
-      const uint64_t size = stepSize(o.inputSizes[0], off, unit);
-      if (size > 0) {
-        copy(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off),
-             r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, r.tid, r.nthr);
-      }
-      break;
-    }
-    case EXEC_REDUCE:
-    case EXEC_REDUCE_SEND:
-    case EXEC_READ_REDUCE:
-    case EXEC_READ_REDUCE_SEND:
-    case EXEC_REDUCE_PACKETS:
-    case EXEC_REDUCE_SEND_PACKETS:
-    case EXEC_REDUCE_COPY_PACKETS:
-    case EXEC_REDUCE_COPY_SEND_PACKETS:
-      reduceDispatch(r, o, off, unit);
-      break;
-    case EXEC_PUT_PACKETS:
-    case EXEC_READ_PUT_PACKETS:
-    case EXEC_COPY_PACKETS:
-    case EXEC_UNPACK_PACKETS:
-      if (r.a.packet == 0) {
-        movePackets<LL16Packet>(r, o);
       } else {
-        movePackets<LL8Packet>(r, o);
+        BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+        h.signal();
       }
-      break;
-    case EXEC_SEM_ACQUIRE:
-      for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
-        int32_t* s = r.a.semaphores + o.semaphoreIds[k];
-        volatile int32_t* vs = s;
-        bool done = false;
-        for (int64_t polls = 0; !done && !mscclpp::pollAbort(polls); ++polls) {  // the abort word ends it
-          const int32_t v = *vs;
-          done = v > 0 && atomicCAS(s, v, v - 1) == v;
+    }
+  } else if constexpr (OP == EXEC_WAIT || OP == EXEC_RELAXED_WAIT) {
+    for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+      if (o.channelType == EXEC_CHANNEL_MEMORY) {
+        BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+        if (OP == EXEC_WAIT) {
+          h.wait();
+        } else {
+          h.relaxedWait();
         }
-        __threadfence();
+      } else {
+        BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+        h.wait();
       }
-      break;
-    case EXEC_SEM_RELEASE:
-      for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
-        __threadfence();
-        atomicAdd(r.a.semaphores + o.semaphoreIds[k], 1);
+    }
+  } else if constexpr (OP == EXEC_FLUSH) {
+    for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+      BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
+      h.flush();
+    }
+  } else if constexpr (OP == EXEC_PUT || OP == EXEC_PUT_WITH_SIGNAL || OP == EXEC_PUT_WITH_SIGNAL_AND_FLUSH) {
+    put(r, o, off, unit);
+  } else if constexpr (OP == EXEC_GET) {
+    for (int i = 0; i < o.nInputs; ++i) {
+      const uint64_t size = stepSize(o.inputSizes[i], off, unit);
+      if (size == 0) continue;
+      copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
+           r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
+    }
+  } else if constexpr (OP == EXEC_COPY) {
+    const uint64_t size = stepSize(o.inputSizes[0], off, unit);
+    if (size > 0) {
+      copy(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off),
+           r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, r.tid, r.nthr);
+    }
+  } else if constexpr (OP == EXEC_REDUCE || OP == EXEC_REDUCE_SEND || OP == EXEC_READ_REDUCE ||
+                       OP == EXEC_READ_REDUCE_SEND || OP == EXEC_REDUCE_PACKETS || OP == EXEC_REDUCE_SEND_PACKETS ||
+                       OP == EXEC_REDUCE_COPY_PACKETS || OP == EXEC_REDUCE_COPY_SEND_PACKETS) {
+    reduceDispatch(r, o, off, unit);
+  } else if constexpr (OP == EXEC_PUT_PACKETS || OP == EXEC_READ_PUT_PACKETS || OP == EXEC_COPY_PACKETS ||
+                       OP == EXEC_UNPACK_PACKETS) {
+    if (!packetLL8(r)) {
+      movePackets<LL16Packet>(r, o);
+    } else {
+      movePackets<LL8Packet>(r, o);
+    }
+  } else if constexpr (OP == EXEC_SEM_ACQUIRE) {
+    for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+      int32_t* s = r.a.semaphores + o.semaphoreIds[k];
+      volatile int32_t* vs = s;
+      bool done = false;
+      for (int64_t polls = 0; !done && !mscclpp::pollAbort(polls); ++polls) {  // the abort word ends it
+        const int32_t v = *vs;
+        done = v > 0 && atomicCAS(s, v, v - 1) == v;
       }
-      break;
-    default:
-      MSCCLPP_DEVICE_CHECK(false, "executor: unknown operation code");
+      __threadfence();
+    }
+  } else if constexpr (OP == EXEC_SEM_RELEASE) {
+    for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+      __threadfence();
+      atomicAdd(r.a.semaphores + o.semaphoreIds[k], 1);
+    }
+  } else {
+    MSCCLPP_DEVICE_CHECK(false, "executor: unknown operation code");
+  }
+}
+
+__device__ EXEC_OP_FN void exec(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  switch (o.opType) {
+    case EXEC_NOP: execOp<EXEC_NOP>(r, o, off, unit); break;
+    case EXEC_BARRIER: execOp<EXEC_BARRIER>(r, o, off, unit); break;
+    case EXEC_SIGNAL: execOp<EXEC_SIGNAL>(r, o, off, unit); break;
+    case EXEC_RELAXED_SIGNAL: execOp<EXEC_RELAXED_SIGNAL>(r, o, off, unit); break;
+    case EXEC_WAIT: execOp<EXEC_WAIT>(r, o, off, unit); break;
+    case EXEC_RELAXED_WAIT: execOp<EXEC_RELAXED_WAIT>(r, o, off, unit); break;
+    case EXEC_FLUSH: execOp<EXEC_FLUSH>(r, o, off, unit); break;
+    case EXEC_PUT: execOp<EXEC_PUT>(r, o, off, unit); break;
+    case EXEC_PUT_WITH_SIGNAL: execOp<EXEC_PUT_WITH_SIGNAL>(r, o, off, unit); break;
+    case EXEC_PUT_WITH_SIGNAL_AND_FLUSH: execOp<EXEC_PUT_WITH_SIGNAL_AND_FLUSH>(r, o, off, unit); break;
+    case EXEC_GET: execOp<EXEC_GET>(r, o, off, unit); break;
+    case EXEC_COPY: execOp<EXEC_COPY>(r, o, off, unit); break;
+    case EXEC_REDUCE: execOp<EXEC_REDUCE>(r, o, off, unit); break;
+    case EXEC_REDUCE_SEND: execOp<EXEC_REDUCE_SEND>(r, o, off, unit); break;
+    case EXEC_READ_REDUCE: execOp<EXEC_READ_REDUCE>(r, o, off, unit); break;
+    case EXEC_READ_REDUCE_SEND: execOp<EXEC_READ_REDUCE_SEND>(r, o, off, unit); break;
+    case EXEC_REDUCE_PACKETS: execOp<EXEC_REDUCE_PACKETS>(r, o, off, unit); break;
+    case EXEC_REDUCE_SEND_PACKETS: execOp<EXEC_REDUCE_SEND_PACKETS>(r, o, off, unit); break;
+    case EXEC_REDUCE_COPY_PACKETS: execOp<EXEC_REDUCE_COPY_PACKETS>(r, o, off, unit); break;
+    case EXEC_REDUCE_COPY_SEND_PACKETS: execOp<EXEC_REDUCE_COPY_SEND_PACKETS>(r, o, off, unit); break;
+    case EXEC_PUT_PACKETS: execOp<EXEC_PUT_PACKETS>(r, o, off, unit); break;
+    case EXEC_READ_PUT_PACKETS: execOp<EXEC_READ_PUT_PACKETS>(r, o, off, unit); break;
+    case EXEC_COPY_PACKETS: execOp<EXEC_COPY_PACKETS>(r, o, off, unit); break;
+    case EXEC_UNPACK_PACKETS: execOp<EXEC_UNPACK_PACKETS>(r, o, off, unit); break;
+    case EXEC_SEM_ACQUIRE: execOp<EXEC_SEM_ACQUIRE>(r, o, off, unit); break;
+    case EXEC_SEM_RELEASE: execOp<EXEC_SEM_RELEASE>(r, o, off, unit); break;
+    default: MSCCLPP_DEVICE_CHECK(false, "executor: unknown operation code"); break;
+  }
+}
+
+/// Op `o` through exec (OP < 0: the interpreter's run-time dispatch) or as op OP (generated
+/// kernels).
+template <int OP>
+__device__ __forceinline__ void execAny(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  if constexpr (OP < 0) {
+    exec(r, o, off, unit);
+  } else {
+    execOp<OP>(r, o, off, unit);
   }
 }
 
@@ -795,15 +844,14 @@ __device__ __forceinline__ void laneRelease(Run& r) {
 
 /// End of a split launch: every other lane arrives; lane 0 waits for them (all joins done and
 /// every lane read the launch flag), then zeroes the counts for the next launch.
-__device__ __noinline__ void laneExitThread0(const Run& r) {
-  uint32_t* w = r.laneWords;
-  if (r.lane != 0) {
+__device__ __noinline__ void laneExitThread0(uint32_t* w, uint32_t lane, uint32_t lanes) {
+  if (lane != 0) {
     __threadfence();
     atomicAdd(w + 2, 1u);
     return;
   }
   volatile uint32_t* exits = w + 2;
-  MSCCLPP_SPIN_UNTIL(*exits >= r.lanes - 1, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane exit");
+  MSCCLPP_SPIN_UNTIL(*exits >= lanes - 1, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane exit");
   __threadfence();
   w[0] = 0;
   w[2] = 0;
@@ -811,12 +859,13 @@ __device__ __noinline__ void laneExitThread0(const Run& r) {
 
 /// Runs a laneZeroOnly op on lane 0's own threads (those with a part in it); the other lanes
 /// skip it.
+template <int OP>
 __device__ __forceinline__ void execOnLaneZero(Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   if (r.lane != 0 || !takesPart(o)) return;
   const uint32_t tid = r.tid, nthr = r.nthr;
   r.tid = threadIdx.x;
   r.nthr = blockDim.x;
-  exec(r, o, off, unit);
+  execAny<OP>(r, o, off, unit);
   r.tid = tid;
   r.nthr = nthr;
 }
@@ -831,7 +880,8 @@ struct LaneState {
 /// step() with the split lane sync (several lanes): joins and releases instead of lane
 /// barriers. Out of line, so the barrier path keeps its registers (inlined, this raised the
 /// kernel's spills from 380 to 1236 bytes).
-__device__ __noinline__ void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+template <int OP>
+__device__ EXEC_OP_FN void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   bool& dirty = st.dirty;
   bool& synced = st.synced;
   if (o.opType == EXEC_NOP) {
@@ -850,32 +900,33 @@ __device__ __noinline__ void stepSplit(Run& r, const ExecOp& o, uint64_t off, ui
   if (laneZeroOnly(o)) {
     if (dirty) laneJoin(r);
     dirty = false;
-    execOnLaneZero(r, o, off, unit);
+    execOnLaneZero<OP>(r, o, off, unit);
     synced = true;
     return;
   }
   if (synced) laneRelease(r);
   synced = false;
-  exec(r, o, off, unit);
+  execAny<OP>(r, o, off, unit);
   dirty = true;
 }
 
 /// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
 /// laneZeroOnly run on lane 0 between lane barriers. A `nop` with nothing run since the last
 /// lane barrier (nop after nop) needs none of its own.
-__device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+template <int OP = -1>
+__device__ EXEC_JIT_INLINE void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   if (r.lanes == 1) {
     if (o.opType == EXEC_NOP) {
       __syncthreads();
     } else if (takesPart(o)) {
-      exec(r, o, off, unit);
+      execAny<OP>(r, o, off, unit);
     }
     return;
   }
   bool& dirty = st.dirty;
   bool& synced = st.synced;
   if (r.split) {
-    stepSplit(r, o, off, unit, st);
+    stepSplit<OP>(r, o, off, unit, st);
     return;
   }
   if (o.opType == EXEC_NOP) {
@@ -891,7 +942,7 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
       st.met = true;
     }
     dirty = false;
-    execOnLaneZero(r, o, off, unit);
+    execOnLaneZero<OP>(r, o, off, unit);
     synced = true;
     return;
   }
@@ -900,7 +951,7 @@ __device__ void step(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneS
     st.met = true;
   }
   synced = false;
-  exec(r, o, off, unit);
+  execAny<OP>(r, o, off, unit);
   dirty = true;
 }
 
@@ -938,6 +989,50 @@ __device__ __forceinline__ void traceOp(uint64_t* tr, uint32_t i, uint64_t since
   tr[EXEC_TRACE_HEADER_WORDS + 2 * i + 1] += 1;
 }
 
+/// The Run of this GPU block of a launch of `args`, its plan block's tables at `b`.
+__device__ __forceinline__ void runSetup(Run& r, const ExecArgs& args, const ExecBlock* b) {
+  const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
+  const uint32_t pb = blockIdx.x / lanes;
+  r.b = b;
+  r.a = args;
+  r.flag = args.flags[pb] + 1;
+  r.even = (r.flag & 1u) == 0;
+  r.lane = blockIdx.x % lanes;
+  r.lanes = lanes;
+  r.tid = r.lane * blockDim.x + threadIdx.x;
+  r.nthr = lanes * blockDim.x;
+  r.laneWords = args.flags + args.nBlocks + EXEC_LANE_WORDS * pb;
+  r.split = args.laneSync == 1 && lanes > 1;
+  r.joins = 0;
+  r.releases = 0;
+}
+
+/// The end of a launch: lane 0 counts the launch once every lane read the flag (runSetup):
+/// after any lane barrier (each lane read it before its first op), else after one here;
+/// split, after every other lane's exit arrival.
+__device__ __forceinline__ void runFinish(Run& r, LaneState& st) {
+  if (r.split) {
+    __syncthreads();
+    if (threadIdx.x == 0) laneExitThread0(r.laneWords, r.lane, r.lanes);
+  } else if (r.lanes > 1 && !st.met) {
+    laneBarrier(r);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && r.lane == 0) r.a.flags[blockIdx.x / r.lanes] = r.flag;
+}
+
+#if defined(MSCCLPP_EXECUTOR_JIT)
+/// The start of a generated plan kernel (core/src/executor/run/jit.rs): its ops are constants of
+/// the kernel, so nothing is copied into shared memory; the plan block's channel and buffer
+/// tables are read where an op uses them, from args.blocks.
+__device__ __forceinline__ uint32_t jitBegin(Run& r, const ExecArgs& args) {
+  const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
+  const uint32_t pb = blockIdx.x / lanes;
+  runSetup(r, args, args.blocks + pb);
+  return pb;
+}
+#endif
+
 }  // namespace
 
 // The body of both entry points (executor.cu, executor_narrow.cu), `args` their parameter.
@@ -974,18 +1069,7 @@ __device__ __forceinline__ void executorRun(const ExecArgs& args) {
     }
   }
   Run r;
-  r.b = &blk;
-  r.a = args;
-  r.flag = args.flags[pb] + 1;
-  r.even = (r.flag & 1u) == 0;
-  r.lane = blockIdx.x % lanes;
-  r.lanes = lanes;
-  r.tid = r.lane * blockDim.x + threadIdx.x;
-  r.nthr = lanes * blockDim.x;
-  r.laneWords = args.flags + args.nBlocks + EXEC_LANE_WORDS * pb;
-  r.split = args.laneSync == 1 && lanes > 1;
-  r.joins = 0;
-  r.releases = 0;
+  runSetup(r, args, &blk);
   LaneState st;
   __syncthreads();
   if (uint64_t* tr = traceWords(args)) tr[3] += traceCycles() - mark.c0;
@@ -1011,17 +1095,7 @@ __device__ __forceinline__ void executorRun(const ExecArgs& args) {
       ++i;
     }
   }
-  // Lane 0 counts the launch once every lane read the flag above: after any lane barrier
-  // (each lane read it before its first op), else after one here; split, after every other
-  // lane's exit arrival.
-  if (r.split) {
-    __syncthreads();
-    if (threadIdx.x == 0) laneExitThread0(r);
-  } else if (lanes > 1 && !st.met) {
-    laneBarrier(r);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0 && r.lane == 0) args.flags[pb] = r.flag;
+  runFinish(r, st);
   if (uint64_t* tr = traceWords(args)) {
     const uint64_t t1 = traceNs(), t0 = mark.t0;
     if (tr[0] > 0 && t0 >= tr[6]) {
