@@ -22,6 +22,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/.."   # repository root
 out="${KEEP:-$(mktemp -d)}"
 mkdir -p "$out"
+# Without KEEP the outputs go when the script ends (every CI run left a /tmp/tmp.* folder), and
+# hipcc's own temporary folders (it leaves empty /tmp/<source>-<hex> ones) are made inside it.
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$out"' EXIT
+mkdir -p "$out/hip-tmp"
 fail=0
 note() { printf '%s\n' "$*"; }
 bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
@@ -60,7 +64,7 @@ compile_one() {
   if [ "$tool" = nvcc ]; then
     "$nvcc" -std=c++17 -O3 -I kernels/cuda/include -fatbin "${all_gencode[@]}" "$f" -o "$out/$stem.fatbin" >"$out/$stem.nvcc.log" 2>&1
   else
-    HIP_PLATFORM=amd "$hipcc" -x hip --offload-arch=gfx90a --genco -I kernels/hip/include -I kernels/cuda/include \
+    TMPDIR="$out/hip-tmp" HIP_PLATFORM=amd "$hipcc" -x hip --offload-arch=gfx90a --genco -I kernels/hip/include -I kernels/cuda/include \
       "$f" -o "$out/$stem.hsaco" >"$out/$stem.hipcc.log" 2>&1
   fi
 }
@@ -129,4 +133,5 @@ for line in "${expect[@]}"; do
 done
 [ "$fail" = 0 ] && note "ok   layout_dump ($(wc -l <"$out/layout.txt") lines)"
 
-if [ "$fail" = 0 ]; then note "all device-code checks passed (outputs in $out)"; else note "device-code checks FAILED (outputs in $out)"; exit 1; fi
+where="outputs in $out"; [ -n "${KEEP:-}" ] || where="KEEP=dir keeps the outputs"
+if [ "$fail" = 0 ]; then note "all device-code checks passed ($where)"; else note "device-code checks FAILED ($where)"; exit 1; fi
