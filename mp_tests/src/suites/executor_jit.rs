@@ -1,8 +1,9 @@
 //! ExecutorJitTest: plans compiled at load time (`MSCCLPP_EXECUTOR_JIT`,
 //! core/src/executor/run/jit.rs). Needs no GPU: every shipped plan (2 and 4 ranks, first and
 //! last rank's part, NVLS plans left out: the GPU executor refuses switch operations) becomes a
-//! kernel source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16 and, for LL
-//! plans, both packet formats; one structure per plan (the sizes share a source); and, on a
+//! kernel source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of 256
+//! threads (and of 1024 for the first rank) and, for LL plans, both packet
+//! formats; one structure per plan (the sizes share a source); and, on a
 //! CUDA build with libnvrtc, each distinct source compiles for sm_90. The work is split over the
 //! ranks (job k on rank k % world size), so each source compiles once. Without a run-time
 //! compiler (host or ROCm build, or no libnvrtc) the compile half skips, saying why.
@@ -28,7 +29,7 @@ fn source_sizes(plan: &ExecutionPlan) -> Vec<usize> {
 
 TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
     let (rank, world) = (ctx.rank(), ctx.size());
-    // (plan, rank, dtype, packet) -> its source: one per structure.
+    // (plan, rank, dtype, packet, threads) -> its source: one per structure.
     let mut sources: BTreeMap<String, String> = BTreeMap::new();
     let mut job = 0usize;
     for (family, jsons) in SHIPPED {
@@ -38,7 +39,10 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
         for json in &jsons[..2] {
             let probe = ok!(ExecutionPlan::from_json(json, 0), "parsing {family}");
             let n = probe.world_size();
-            for r in [0, n - 1] {
+            // Kernels for launches of up to 256 threads per block (small messages' one-lane
+            // launches, Simple plans' lanes), and for the first rank also up to 1024 (LL plans'
+            // wide lanes, MSCCLPP_EXECUTOR_THREADS above 256).
+            for (r, threads) in [(0, 256), (0, 1024), (n - 1, 256)] {
                 job += 1;
                 if job % world != rank {
                     continue;
@@ -55,36 +59,35 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
                 };
                 let sizes = source_sizes(&plan);
                 EXPECT_TRUE!(!sizes.is_empty(), "{family} n{n}: no size in its range");
-                for dtype in [DataType::F16] {
-                    for &packet in packets {
-                        let mut seen: Vec<String> = Vec::new();
-                        for &bytes in &sizes {
-                            let recv = if gather { bytes * n } else { bytes };
-                            let src = ok!(
-                                Executor::kernel_source(&plan, bytes, recv, dtype, packet),
-                                "{family} n{n} rank {r}: kernel source of {bytes} bytes, {dtype:?}, {packet:?}"
+                let dtype = DataType::F16;
+                for &packet in packets {
+                    let mut seen: Vec<String> = Vec::new();
+                    for &bytes in &sizes {
+                        let recv = if gather { bytes * n } else { bytes };
+                        let src = ok!(
+                                Executor::kernel_source(&plan, bytes, recv, dtype, packet, threads),
+                                "{family} n{n} rank {r}: kernel source of {bytes} bytes, {dtype:?}, {packet:?}, {threads} threads"
                             );
-                            EXPECT_TRUE!(
-                                src.contains("extern \"C\" __global__") && src.contains("step<"),
-                                "{family} n{n} rank {r}: not a plan kernel:\n{src}"
-                            );
-                            if !seen.contains(&src) {
-                                seen.push(src);
-                            }
+                        EXPECT_TRUE!(
+                            src.contains("extern \"C\" __global__") && src.contains("step<"),
+                            "{family} n{n} rank {r}: not a plan kernel:\n{src}"
+                        );
+                        if !seen.contains(&src) {
+                            seen.push(src);
                         }
-                        // The offsets and sizes are launch values: one kernel for every size.
-                        EXPECT_EQ!(
+                    }
+                    // The offsets and sizes are launch values: one kernel for every size.
+                    EXPECT_EQ!(
                             seen.len(),
                             1,
-                            "{family} n{n} rank {r} {dtype:?} {packet:?}: the sizes {sizes:?} gave {} structures",
+                            "{family} n{n} rank {r} {dtype:?} {packet:?} {threads} threads: the sizes {sizes:?} gave {} structures",
                             seen.len()
                         );
-                        for (i, s) in seen.into_iter().enumerate() {
-                            sources.insert(
-                                format!("{family}_n{n} rank {r} {dtype:?} {packet:?} #{i}"),
-                                s,
-                            );
-                        }
+                    for (i, s) in seen.into_iter().enumerate() {
+                        sources.insert(
+                            format!("{family}_n{n} rank {r} {dtype:?} {packet:?} {threads}t #{i}"),
+                            s,
+                        );
                     }
                 }
             }

@@ -200,11 +200,18 @@ pub(crate) fn generate(
          #define MSCCLPP_EXECUTOR_JIT 1\n\
          #define MSCCLPP_EXECUTOR_JIT_TYPE {}\n\
          #define MSCCLPP_EXECUTOR_JIT_LL8 {}\n\
-         #include \"executor_body.cuh\"\n\n\
+         {}#include \"executor_body.cuh\"\n\n\
          struct JitParams {{\n  ExecArgs a;\n  uint32_t v[{nv}];\n}};\n\n\
          namespace {{\n",
         elem_type(dtype),
-        u8::from(ll8)
+        u8::from(ll8),
+        // The interpreter's default for launches of up to 256 threads: reductions load the next
+        // input while they combine one (executor_prefetch.cu).
+        if bound <= 256 {
+            "#define MSCCLPP_EXECUTOR_PREFETCH 1\n"
+        } else {
+            ""
+        }
     );
     for (f, body) in bodies.iter().enumerate() {
         let _ = write!(
@@ -434,6 +441,12 @@ mod tests {
             .contains("for (uint32_t itr = 0; itr < nIt; ++itr)"));
         assert!(g.source.contains("step<14>(r, o, off, unit, st);"));
         assert!(g.source.contains("__launch_bounds__(1024)"));
+        assert!(!g.source.contains("MSCCLPP_EXECUTOR_PREFETCH"));
+        let narrow =
+            generate(&[block(&[put_packets(0, 1024)])], DataType::F16, false, 256).unwrap();
+        assert!(narrow
+            .source
+            .contains("#define MSCCLPP_EXECUTOR_PREFETCH 1\n"));
     }
 
     #[test]

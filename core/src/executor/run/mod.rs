@@ -195,17 +195,19 @@ impl Executor {
 
     /// The CUDA source of the kernel a GPU execution of `plan` (this rank's part) compiles at
     /// load time for a call of `send_size`/`recv_size` bytes of `dtype` with `packet` packets
-    /// (`MSCCLPP_EXECUTOR_JIT`; docs/executor.md "Plans compiled at load time"), for launches of
-    /// up to the plan's `num_threads_per_block` threads (the GPU path may launch a narrower
-    /// one). One source serves every size whose lowered ops have the same structure (the
-    /// offsets and sizes are values of the launch). Needs no GPU: for reading what a plan
-    /// becomes, and for [`Executor::compile_kernel_source`].
+    /// launched with `threads` threads per GPU block (`MSCCLPP_EXECUTOR_JIT`; docs/executor.md
+    /// "Plans compiled at load time"; the GPU path picks the threads per size, at most the
+    /// plan's `num_threads_per_block`, and compiles for up to 256 or up to 1024). One source
+    /// serves every size whose lowered ops have the same structure (the offsets and sizes are
+    /// values of the launch). Needs no GPU: for reading what a plan becomes, and for
+    /// [`Executor::compile_kernel_source`].
     pub fn kernel_source(
         plan: &ExecutionPlan,
         send_size: usize,
         recv_size: usize,
         dtype: DataType,
         packet: PacketType,
+        threads: u32,
     ) -> Result<String> {
         let rp = plan.rank_plan();
         let layout = Layout::new(plan.meta(), rp, send_size as u64, recv_size as u64)
@@ -235,7 +237,7 @@ impl Executor {
             halves: &halves,
         };
         let blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
-        let bound = if plan.num_threads_per_block() <= gpu::NARROW_THREADS {
+        let bound = if threads <= gpu::NARROW_THREADS {
             gpu::NARROW_THREADS
         } else {
             1024
