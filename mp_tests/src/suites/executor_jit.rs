@@ -1,12 +1,16 @@
 //! ExecutorJitTest: plans compiled at load time (`MSCCLPP_EXECUTOR_JIT`,
-//! core/src/executor/run/jit.rs). Needs no GPU: every shipped plan (2 and 4 ranks, first and
-//! last rank's part, NVLS plans left out: the GPU executor refuses switch operations) becomes a
-//! kernel source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of 256
-//! threads (and of 1024 for the first rank) and, for LL plans, both packet
-//! formats; one structure per plan (the sizes share a source); and, on a
-//! CUDA build with libnvrtc, each distinct source compiles for sm_90. The work is split over the
-//! ranks (job k on rank k % world size), so each source compiles once. Without a run-time
-//! compiler (host or ROCm build, or no libnvrtc) the compile half skips, saying why.
+//! core/src/executor/run/jit.rs). Needs no GPU. A plan's part for a rank becomes a kernel
+//! source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of up to 256
+//! threads (and up to 1024 for the first rank) and, for LL plans, both packet formats; the sizes
+//! must share one source (one structure per plan); on a CUDA build with libnvrtc each distinct
+//! source compiles for sm_90. The work is split over the ranks (unit k on rank k % world size),
+//! so each source compiles once. Without a run-time compiler (host or ROCm build, or no
+//! libnvrtc) the compile half skips, saying why.
+//!
+//! - ShippedPlansCompile: every shipped plan at 2 and 4 ranks, first and last rank's part (NVLS
+//!   plans left out: the GPU executor refuses switch operations).
+//! - UpstreamPlansCompile: every plan of the folder `MSCCLPP_EXECUTOR_UPSTREAM_PLANS` (upstream
+//!   MSCCL++'s, as ExecutorTest.UpstreamPlans), every rank's part; skipped when unset.
 
 use std::collections::BTreeMap;
 
@@ -27,72 +31,72 @@ fn source_sizes(plan: &ExecutionPlan) -> Vec<usize> {
     v
 }
 
-TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
-    let (rank, world) = (ctx.rank(), ctx.size());
-    // (plan, rank, dtype, packet, threads) -> its source: one per structure.
-    let mut sources: BTreeMap<String, String> = BTreeMap::new();
-    let mut job = 0usize;
-    for (family, jsons) in SHIPPED {
-        if family.contains("nvls") {
+/// One unit of work: plan `name` (JSON `json`), rank `rank`'s part, launches of up to
+/// `threads` threads.
+struct Unit<'a> {
+    name: &'a str,
+    json: &'a str,
+    rank: usize,
+    threads: u32,
+}
+
+/// The sources of this rank's share of `units` (see the module doc), by a name per (plan, rank,
+/// packet, width); fails the test where a source cannot be made or the sizes disagree.
+fn sources_of(ctx: &TestContext, units: &[Unit]) -> BTreeMap<String, String> {
+    let mut sources = BTreeMap::new();
+    for (k, u) in units.iter().enumerate() {
+        if k % ctx.size() != ctx.rank() {
             continue;
         }
-        for json in &jsons[..2] {
-            let probe = ok!(ExecutionPlan::from_json(json, 0), "parsing {family}");
-            let n = probe.world_size();
-            // Kernels for launches of up to 256 threads per block (small messages' one-lane
-            // launches, Simple plans' lanes), and for the first rank also up to 1024 (LL plans'
-            // wide lanes, MSCCLPP_EXECUTOR_THREADS above 256).
-            for (r, threads) in [(0, 256), (0, 1024), (n - 1, 256)] {
-                job += 1;
-                if job % world != rank {
-                    continue;
-                }
-                let plan = ok!(
-                    ExecutionPlan::from_json(json, r),
-                    "parsing {family} rank {r}"
+        let (name, r, threads) = (u.name, u.rank, u.threads);
+        let plan = ok!(
+            ExecutionPlan::from_json(u.json, r),
+            "parsing {name} rank {r}"
+        );
+        let n = plan.world_size();
+        let gather = plan.collective() == "allgather";
+        let packets: &[PacketType] = if plan.is_packet() {
+            &[PacketType::LL16, PacketType::LL8]
+        } else {
+            &[PacketType::LL16]
+        };
+        let sizes = source_sizes(&plan);
+        EXPECT_TRUE!(!sizes.is_empty(), "{name}: no size in its range");
+        let dtype = DataType::F16;
+        for &packet in packets {
+            let mut seen: Vec<String> = Vec::new();
+            for &bytes in &sizes {
+                let recv = if gather { bytes * n } else { bytes };
+                let src = ok!(
+                    Executor::kernel_source(&plan, bytes, recv, dtype, packet, threads),
+                    "{name} rank {r}: kernel source of {bytes} bytes, {dtype:?}, {packet:?}, {threads} threads"
                 );
-                let gather = plan.collective() == "allgather";
-                let packets: &[PacketType] = if plan.is_packet() {
-                    &[PacketType::LL16, PacketType::LL8]
-                } else {
-                    &[PacketType::LL16]
-                };
-                let sizes = source_sizes(&plan);
-                EXPECT_TRUE!(!sizes.is_empty(), "{family} n{n}: no size in its range");
-                let dtype = DataType::F16;
-                for &packet in packets {
-                    let mut seen: Vec<String> = Vec::new();
-                    for &bytes in &sizes {
-                        let recv = if gather { bytes * n } else { bytes };
-                        let src = ok!(
-                                Executor::kernel_source(&plan, bytes, recv, dtype, packet, threads),
-                                "{family} n{n} rank {r}: kernel source of {bytes} bytes, {dtype:?}, {packet:?}, {threads} threads"
-                            );
-                        EXPECT_TRUE!(
-                            src.contains("extern \"C\" __global__") && src.contains("step<"),
-                            "{family} n{n} rank {r}: not a plan kernel:\n{src}"
-                        );
-                        if !seen.contains(&src) {
-                            seen.push(src);
-                        }
-                    }
-                    // The offsets and sizes are launch values: one kernel for every size.
-                    EXPECT_EQ!(
-                            seen.len(),
-                            1,
-                            "{family} n{n} rank {r} {dtype:?} {packet:?} {threads} threads: the sizes {sizes:?} gave {} structures",
-                            seen.len()
-                        );
-                    for (i, s) in seen.into_iter().enumerate() {
-                        sources.insert(
-                            format!("{family}_n{n} rank {r} {dtype:?} {packet:?} {threads}t #{i}"),
-                            s,
-                        );
-                    }
+                EXPECT_TRUE!(
+                    src.contains("extern \"C\" __global__") && src.contains("step<"),
+                    "{name} rank {r}: not a plan kernel:\n{src}"
+                );
+                if !seen.contains(&src) {
+                    seen.push(src);
                 }
+            }
+            // The offsets and sizes are launch values: one kernel for every size.
+            EXPECT_EQ!(
+                seen.len(),
+                1,
+                "{name} rank {r} {packet:?} {threads} threads: the sizes {sizes:?} gave {} structures",
+                seen.len()
+            );
+            for (i, s) in seen.into_iter().enumerate() {
+                sources.insert(format!("{name} rank {r} {packet:?} {threads}t #{i}"), s);
             }
         }
     }
+    sources
+}
+
+/// Compiles each distinct source of `sources` for sm_90; skips (after the sources were checked)
+/// where this build has no run-time compiler.
+fn compile_all(ctx: &TestContext, sources: BTreeMap<String, String>) {
     // Distinct sources only (two plans of one structure are one kernel).
     let mut distinct: BTreeMap<String, String> = BTreeMap::new();
     for (name, src) in sources {
@@ -122,7 +126,81 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
         }
     }
     eprintln!(
-        "rank {rank}: {compiled} plan kernels compiled for sm_90 in {:.1} s",
+        "rank {}: {compiled} plan kernels compiled for sm_90 in {:.1} s",
+        ctx.rank(),
         t0.elapsed().as_secs_f64()
     );
+}
+
+TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
+    let mut names = Vec::new();
+    for (family, jsons) in SHIPPED {
+        if family.contains("nvls") {
+            continue;
+        }
+        for json in &jsons[..2] {
+            let n = ok!(ExecutionPlan::from_json(json, 0), "parsing {family}").world_size();
+            names.push((format!("{family}_n{n}"), *json, n));
+        }
+    }
+    let mut units = Vec::new();
+    for (name, json, n) in &names {
+        // Up to 256 threads per block (small messages' one-lane launches, Simple plans'
+        // lanes), and for the first rank also up to 1024 (LL plans' wide lanes,
+        // MSCCLPP_EXECUTOR_THREADS above 256).
+        for (rank, threads) in [(0, 256), (0, 1024), (n - 1, 256)] {
+            units.push(Unit {
+                name,
+                json,
+                rank,
+                threads,
+            });
+        }
+    }
+    let sources = sources_of(ctx, &units);
+    compile_all(ctx, sources);
+});
+
+TEST!(ExecutorJitTest, UpstreamPlansCompile, |ctx| {
+    let Ok(dir) = std::env::var("MSCCLPP_EXECUTOR_UPSTREAM_PLANS") else {
+        SKIP!("set MSCCLPP_EXECUTOR_UPSTREAM_PLANS to a folder of plans made by upstream's DSL (docs/executor.md says how)");
+    };
+    let mut files: Vec<_> = ok!(std::fs::read_dir(&dir), "listing {dir}")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut plans = Vec::new();
+    for f in &files {
+        let json = ok!(std::fs::read_to_string(f), "reading {}", f.display());
+        let probe = ok!(
+            ExecutionPlan::from_json(&json, 0),
+            "parsing {}",
+            f.display()
+        );
+        if probe.uses_switch_channels() {
+            continue;
+        }
+        let name = f
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        plans.push((name, json, probe.world_size()));
+    }
+    if plans.is_empty() {
+        SKIP!("no plan without switch channels in {dir}");
+    }
+    let mut units = Vec::new();
+    for (name, json, n) in &plans {
+        for rank in 0..*n {
+            units.push(Unit {
+                name,
+                json,
+                rank,
+                threads: 256,
+            });
+        }
+    }
+    let sources = sources_of(ctx, &units);
+    compile_all(ctx, sources);
 });
