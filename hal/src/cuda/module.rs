@@ -135,7 +135,14 @@ impl ModuleApi for Cuda {
         headers: &[(&str, &str)],
         options: &[String],
     ) -> Result<Vec<u8>> {
-        super::rtc::compile(arch, name, source, headers, options)
+        super::rtc::compile(
+            super::rtc::cache_dir(),
+            arch,
+            name,
+            source,
+            headers,
+            options,
+        )
     }
 
     fn get_kernel(m: &CudaModule, name: &str) -> Result<CudaKernel> {

@@ -223,19 +223,9 @@ fn log(p: &Program) -> String {
         .to_string()
 }
 
-/// Compiles `source` for compute capability `cc` into a cubin (see the module doc).
+/// Compiles `source` for compute capability `cc` into a cubin (see the module doc), the code
+/// kept in the folder `cache` ([`cache_dir`]; `None`: not kept).
 pub(super) fn compile(
-    cc: (u32, u32),
-    name: &str,
-    source: &str,
-    headers: &[(&str, &str)],
-    options: &[String],
-) -> Result<Vec<u8>> {
-    compile_cached(cache_dir(), cc, name, source, headers, options)
-}
-
-/// [`compile`] with the cache in `cache` (`None`: none).
-fn compile_cached(
     cache: Option<PathBuf>,
     cc: (u32, u32),
     name: &str,
@@ -329,7 +319,7 @@ fn compile_cached(
 }
 
 /// The cache folder (see the module doc), or `None` when caching is off.
-fn cache_dir() -> Option<PathBuf> {
+pub(super) fn cache_dir() -> Option<PathBuf> {
     match std::env::var_os("MSCCLPP_RTC_CACHE") {
         Some(v) if v == "0" || v.eq_ignore_ascii_case("off") => None,
         Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
@@ -408,7 +398,7 @@ mod tests {
         }
         let src =
             "#include \"answer.h\"\nextern \"C\" __global__ void k(int* p) { *p = ANSWER; }\n";
-        let code = compile_cached(
+        let code = compile(
             None,
             (9, 0),
             "t.cu",
@@ -418,7 +408,7 @@ mod tests {
         )
         .expect("compile");
         assert_eq!(&code[..4], b"\x7fELF");
-        let e = compile_cached(
+        let e = compile(
             None,
             (9, 0),
             "bad.cu",
@@ -445,15 +435,14 @@ mod tests {
         }
         let cache = std::env::temp_dir().join(format!("mscclpp-rtc-test-{}", std::process::id()));
         let src = "extern \"C\" __global__ void k(int* p) { *p = 7; }\n";
-        let a =
-            compile_cached(Some(cache.clone()), (9, 0), "c.cu", src, &[], &[]).expect("compile");
+        let a = compile(Some(cache.clone()), (9, 0), "c.cu", src, &[], &[]).expect("compile");
         let files = || std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
         assert_eq!(files(), 1);
-        let b = compile_cached(Some(cache.clone()), (9, 0), "c.cu", src, &[], &[]).expect("cached");
+        let b = compile(Some(cache.clone()), (9, 0), "c.cu", src, &[], &[]).expect("cached");
         assert_eq!(a, b);
         assert_eq!(files(), 1);
         let other = src.replace('7', "8");
-        compile_cached(Some(cache.clone()), (9, 0), "c.cu", &other, &[], &[]).expect("compile");
+        compile(Some(cache.clone()), (9, 0), "c.cu", &other, &[], &[]).expect("compile");
         assert_eq!(files(), 2);
         let _ = std::fs::remove_dir_all(&cache);
     }
