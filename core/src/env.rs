@@ -1472,6 +1472,20 @@ mod tests {
             "{:?}",
             e.problems()
         );
+        // Plans compiled at load time: off unless asked; a malformed value is a problem.
+        assert!(!env_of(&[]).executor_jit());
+        assert!(env_of(&[(EXECUTOR_JIT, "1")]).executor_jit());
+        assert!(env_of(&[(EXECUTOR_JIT, " On ")]).executor_jit());
+        assert!(!env_of(&[(EXECUTOR_JIT, "0")]).executor_jit());
+        let e = env_of(&[(EXECUTOR_JIT, "sometimes")]);
+        assert!(!e.executor_jit());
+        assert!(
+            e.problems()
+                .iter()
+                .any(|m| m.contains("MSCCLPP_EXECUTOR_JIT=sometimes: expected a boolean")),
+            "{:?}",
+            e.problems()
+        );
         assert_eq!(env_of(&[]).executor_kernel(), ExecutorKernel::Auto);
         let kernel = |v| env_of(&[(EXECUTOR_KERNEL, v)]).executor_kernel();
         assert_eq!(kernel("WIDE"), ExecutorKernel::Wide);

@@ -25,6 +25,12 @@ pub const HOSTID: &str = "MSCCLPP_HOSTID";
 pub const FORCE_DISABLE_NVLS: &str = "MSCCLPP_FORCE_DISABLE_NVLS";
 /// `NCCL_NVLS_ENABLE`: NCCL's switch, honoured too (`0` turns NVLS off).
 pub const NCCL_NVLS_ENABLE: &str = "NCCL_NVLS_ENABLE";
+/// `MSCCLPP_NVRTC_SO`: the libnvrtc to load (run-time compilation, CUDA).
+pub const NVRTC_SO: &str = "MSCCLPP_NVRTC_SO";
+/// `MSCCLPP_CUDA_INCLUDE`: the CUDA include folder run-time compilation uses.
+pub const CUDA_INCLUDE: &str = "MSCCLPP_CUDA_INCLUDE";
+/// `MSCCLPP_RTC_CACHE`: where run-time compiled code is kept.
+pub const RTC_CACHE: &str = "MSCCLPP_RTC_CACHE";
 
 /// One environment variable: its name, its default and what it does.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +83,25 @@ pub const VARS: &[Var] = &[
         name: NCCL_NVLS_ENABLE,
         default: "unset (NVLS allowed)",
         doc: "integer; 0 turns NVLS off like MSCCLPP_FORCE_DISABLE_NVLS",
+    },
+    Var {
+        name: NVRTC_SO,
+        default: "libnvrtc.so.13 / libnvrtc.so by the loader, then lib64/ and lib/ of $CUDA_HOME, \
+                  $CUDA_PATH, /usr/local/cuda",
+        doc: "path of the libnvrtc to load (and only it): CUDA run-time compilation of execution \
+              plans (MSCCLPP_EXECUTOR_JIT)",
+    },
+    Var {
+        name: CUDA_INCLUDE,
+        default: "include/ of $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, then beside libnvrtc",
+        doc: "folder with the CUDA headers (cuda_fp16.h; libcu++ in it or its cccl/) that \
+              run-time compiled sources include",
+    },
+    Var {
+        name: RTC_CACHE,
+        default: "$XDG_CACHE_HOME/mscclpp/rtc, else ~/.cache/mscclpp/rtc",
+        doc: "folder where run-time compiled code is kept by a hash of its inputs; 0 or off: \
+              not kept",
     },
 ];
 

@@ -36,7 +36,7 @@ fn nvrtc() -> Result<&'static Path> {
     let r = LIB.get_or_init(|| {
         let mut tried = Vec::new();
         let mut candidates: Vec<PathBuf> = Vec::new();
-        match std::env::var_os("MSCCLPP_NVRTC_SO") {
+        match std::env::var_os(crate::env::NVRTC_SO) {
             Some(p) if !p.is_empty() => candidates.push(PathBuf::from(p)),
             _ => {
                 candidates.push("libnvrtc.so.13".into());
@@ -150,7 +150,7 @@ fn toolkit_roots() -> Vec<PathBuf> {
 
 /// The toolkit include folder (see the module doc), or an error listing where it looked.
 fn include_dir(nvrtc_dir: &Path) -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("MSCCLPP_CUDA_INCLUDE").filter(|p| !p.is_empty()) {
+    if let Some(p) = std::env::var_os(crate::env::CUDA_INCLUDE).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if p.join("cuda_fp16.h").is_file() {
             return Ok(p);
@@ -320,7 +320,7 @@ pub(super) fn compile(
 
 /// The cache folder (see the module doc), or `None` when caching is off.
 pub(super) fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os("MSCCLPP_RTC_CACHE") {
+    match std::env::var_os(crate::env::RTC_CACHE) {
         Some(v) if v == "0" || v.eq_ignore_ascii_case("off") => None,
         Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
         _ => std::env::var_os("XDG_CACHE_HOME")
