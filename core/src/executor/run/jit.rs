@@ -83,7 +83,7 @@ fn scalar(out: &mut String, name: &str, v: u64) {
 }
 
 /// One op as a block of C++ that builds it and runs `step`: structure as literals, the offsets
-/// and sizes its functions read (entries below max(inputs, outputs)) from the values.
+/// and sizes from the values.
 fn op_code(out: &mut String, o: &ExecOp, values: &mut Vec<u32>, off: &str, unit: &str) {
     out.push_str("    {\n      ExecOp o{};");
     scalar(out, "opType", o.op_type.into());
@@ -101,7 +101,22 @@ fn op_code(out: &mut String, o: &ExecOp, values: &mut Vec<u32>, off: &str, unit:
     bytes(out, "semaphoreIds", &o.semaphore_ids);
     scalar(out, "barrierId", o.barrier_id.into());
     scalar(out, "nBlocks", o.n_blocks.into());
-    let live = usize::from(o.n_inputs.max(o.n_outputs)).min(o.input_offsets.len());
+    // The entries the op functions read (below max(inputs, outputs)), and any non-zero one past
+    // them: every value the interpreter could see reaches the kernel (the rest are 0 in both).
+    let arrays = [
+        &o.input_offsets,
+        &o.input_sizes,
+        &o.output_offsets,
+        &o.output_sizes,
+    ];
+    let last_set = arrays
+        .iter()
+        .filter_map(|a| a.iter().rposition(|&v| v != 0))
+        .max()
+        .map_or(0, |i| i + 1);
+    let live = usize::from(o.n_inputs.max(o.n_outputs))
+        .max(last_set)
+        .min(o.input_offsets.len());
     for (name, arr) in [
         ("inputOffsets", &o.input_offsets),
         ("inputSizes", &o.input_sizes),
@@ -458,6 +473,20 @@ mod tests {
         assert_eq!(p.len() % 8, 0);
         assert_eq!(&p[head..head + 4], &7u32.to_le_bytes());
         assert_eq!(&p[head + 8..head + 12], &11u32.to_le_bytes());
+    }
+
+    #[test]
+    fn offsets_past_the_counts_still_reach_the_kernel() {
+        let mut w = ExecOp::zeroed();
+        w.op_type = op::WAIT;
+        w.n_channels = 1;
+        let plain = generate(&[block(&[w])], DataType::F16, false, 256).unwrap();
+        assert_eq!(plain.values, vec![1]);
+        w.input_sizes[1] = 64;
+        let g = generate(&[block(&[w])], DataType::F16, false, 256).unwrap();
+        // Entries 0 and 1 of the four arrays.
+        assert_eq!(g.values, vec![1, 0, 0, 0, 64, 0, 0, 0, 0]);
+        assert!(g.source.contains("o.inputSizes[1] = v(3);"));
     }
 
     #[test]
