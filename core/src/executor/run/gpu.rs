@@ -211,17 +211,18 @@ pub(crate) unsafe fn launch_jit(
     stream: RawStream,
 ) -> Result<()> {
     check_resident(plan, ctx, args)?;
-    let params = super::jit::params(args, &jit.values);
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        g.launch_loaded(
-            &jit.kernel.kernel,
-            args.nblocks * args.lanes.max(1),
-            threads,
-            &params,
-            stream,
-        )
-    }
+    jit.with_params(args, |params| {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            g.launch_loaded(
+                &jit.kernel.kernel,
+                args.nblocks * args.lanes.max(1),
+                threads,
+                params,
+                stream,
+            )
+        }
+    })
 }
 
 /// Every plan block must be resident at once (they wait on each other).

@@ -169,7 +169,7 @@ fn block_code(b: &ExecBlock) -> (String, Vec<u32>) {
 }
 
 /// The kernel source and values for `blocks` with reductions of `dtype`, packets LL8 when
-/// `ll8`, launches of up to `bound` threads per GPU block; `None` with the reason when the
+/// `ll8`, launches of up to `bound` threads per GPU block; an error with the reason when the
 /// plan cannot be compiled (too many values for a kernel parameter).
 pub(crate) fn generate(
     blocks: &[Box<ExecBlock>],
@@ -253,21 +253,15 @@ pub(crate) fn generate(
     Ok(Generated { source: s, values })
 }
 
-/// The kernel parameter of a generated kernel: `args`, then `values`, padded to 8 bytes.
-pub(crate) fn params(args: &ExecArgs, values: &[u32]) -> Vec<u8> {
-    let head = std::mem::size_of::<ExecArgs>();
-    let mut out = Vec::with_capacity(head + 4 * values.len().max(1) + 8);
-    // SAFETY: ExecArgs is a #[repr(C)] struct of integers; its bytes are plain data.
-    out.extend_from_slice(unsafe {
-        std::slice::from_raw_parts((args as *const ExecArgs).cast::<u8>(), head)
-    });
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
+/// The bytes after the `ExecArgs` in a generated kernel's parameter: `values` (little-endian
+/// u32s; one 0 where there are none, the C array has at least one) padded to 8 bytes.
+pub(crate) fn values_tail(values: &[u32]) -> Vec<u8> {
+    let mut out: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     if values.is_empty() {
         out.extend_from_slice(&[0; 4]);
     }
-    while out.len() % 8 != 0 {
+    let head = std::mem::size_of::<ExecArgs>();
+    while !(head + out.len()).is_multiple_of(8) {
         out.push(0);
     }
     out
@@ -283,7 +277,37 @@ pub(crate) struct JitKernel {
 /// A compiled kernel and the values of the size it runs (what a launch needs).
 pub(crate) struct JitLaunch {
     pub kernel: Arc<JitKernel>,
-    pub values: Vec<u32>,
+    /// [`values_tail`] of the size's values.
+    pub tail: Vec<u8>,
+}
+
+impl JitLaunch {
+    /// Calls `f` with the kernel parameter for `args` ([`with_params`]).
+    pub(crate) fn with_params<R>(&self, args: &ExecArgs, f: impl FnOnce(&[u8]) -> R) -> R {
+        with_params(args, &self.tail, f)
+    }
+}
+
+/// Calls `f` with a generated kernel's parameter: `args`, then `tail` ([`values_tail`]). On the
+/// stack when it fits 2 KiB (a launch makes no heap allocation: issue 28), else on the heap.
+pub(crate) fn with_params<R>(args: &ExecArgs, tail: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
+    const STACK: usize = 2048;
+    let head = std::mem::size_of::<ExecArgs>();
+    let len = head + tail.len();
+    // SAFETY: ExecArgs is a #[repr(C)] struct of integers; its bytes are plain data.
+    let args_bytes =
+        unsafe { std::slice::from_raw_parts((args as *const ExecArgs).cast::<u8>(), head) };
+    if len <= STACK {
+        let mut buf = [0u8; STACK];
+        buf[..head].copy_from_slice(args_bytes);
+        buf[head..len].copy_from_slice(tail);
+        f(&buf[..len])
+    } else {
+        let mut buf = Vec::with_capacity(len);
+        buf.extend_from_slice(args_bytes);
+        buf.extend_from_slice(tail);
+        f(&buf)
+    }
 }
 
 /// Compiled kernels by source, per GPU context (a failed compile is remembered as `None`, so it
@@ -467,12 +491,23 @@ mod tests {
     #[test]
     fn the_parameter_is_the_args_then_the_values_padded() {
         // SAFETY: ExecArgs is integers only.
-        let args: ExecArgs = unsafe { std::mem::zeroed() };
-        let p = params(&args, &[7, 9, 11]);
+        let mut args: ExecArgs = unsafe { std::mem::zeroed() };
+        args.nblocks = 3;
         let head = std::mem::size_of::<ExecArgs>();
-        assert_eq!(p.len() % 8, 0);
-        assert_eq!(&p[head..head + 4], &7u32.to_le_bytes());
-        assert_eq!(&p[head + 8..head + 12], &11u32.to_le_bytes());
+        for values in [vec![7u32, 9, 11], (0..1000).collect()] {
+            let p = with_params(&args, &values_tail(&values), |p| p.to_vec());
+            assert!(p.len().is_multiple_of(8));
+            assert_eq!(p.len(), (head + 4 * values.len()).div_ceil(8) * 8);
+            // SAFETY: ExecArgs is integers only.
+            let args_bytes = unsafe {
+                std::slice::from_raw_parts((&args as *const ExecArgs).cast::<u8>(), head)
+            };
+            assert_eq!(&p[..head], args_bytes);
+            assert_eq!(&p[head..head + 4], &values[0].to_le_bytes());
+            assert_eq!(&p[head + 8..head + 12], &values[2].to_le_bytes());
+        }
+        // No values: one zero (the C array has a length of at least one).
+        assert_eq!(with_params(&args, &values_tail(&[]), |p| p.len()), head + 8);
     }
 
     #[test]

@@ -444,7 +444,7 @@ impl Executor {
                                     .get(g.ctx.device(), g.arch, &gen.source)
                                     .map(|kernel| jit::JitLaunch {
                                         kernel,
-                                        values: gen.values,
+                                        tail: jit::values_tail(&gen.values),
                                     })
                             }
                             Err(why) => {
