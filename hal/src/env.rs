@@ -158,6 +158,49 @@ pub fn force_disable_gdr() -> Result<bool, String> {
     parse_bool(FORCE_DISABLE_GDR, read_string(FORCE_DISABLE_GDR).as_deref())
 }
 
+/// `MSCCLPP_NVRTC_SO` now ([`parse_library_path`]).
+pub fn nvrtc_so() -> Option<PathBuf> {
+    parse_library_path(read(NVRTC_SO))
+}
+
+/// `MSCCLPP_CUDA_INCLUDE` now ([`parse_library_path`]: a folder, same rules).
+pub fn cuda_include() -> Option<PathBuf> {
+    parse_library_path(read(CUDA_INCLUDE))
+}
+
+/// The CUDA toolkit folders to look in, in order: `$CUDA_HOME`, `$CUDA_PATH` (those set and not
+/// blank), `/usr/local/cuda`.
+pub fn cuda_roots() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|k| parse_library_path(read(k)))
+        .collect();
+    v.push("/usr/local/cuda".into());
+    v
+}
+
+/// The parser of `MSCCLPP_RTC_CACHE` (`value`), with `XDG_CACHE_HOME` and `HOME` for the
+/// default: `None` for `0` or `off` (any case), the value's folder when set, else
+/// `$XDG_CACHE_HOME/mscclpp/rtc`, else `$HOME/.cache/mscclpp/rtc`, else `None`.
+pub fn parse_rtc_cache(
+    value: Option<OsString>,
+    xdg_cache_home: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    match parse_library_path(value) {
+        Some(p) if p.as_os_str() == "0" || p.as_os_str().eq_ignore_ascii_case("off") => None,
+        Some(p) => Some(p),
+        None => parse_library_path(xdg_cache_home)
+            .or_else(|| parse_library_path(home).map(|h| h.join(".cache")))
+            .map(|c| c.join("mscclpp").join("rtc")),
+    }
+}
+
+/// `MSCCLPP_RTC_CACHE` now ([`parse_rtc_cache`]).
+pub fn rtc_cache() -> Option<PathBuf> {
+    parse_rtc_cache(read(RTC_CACHE), read("XDG_CACHE_HOME"), read("HOME"))
+}
+
 /// The parser of `MSCCLPP_HOSTID`: `None` when unset or blank, else the value trimmed.
 pub fn parse_hostid(value: Option<String>) -> Option<String> {
     value.and_then(|v| {
@@ -269,5 +312,25 @@ mod tests {
         assert!(VARS
             .iter()
             .all(|v| !v.doc.is_empty() && !v.default.is_empty()));
+    }
+
+    #[test]
+    fn rtc_cache_folder() {
+        let os = |s: &str| Some(OsString::from(s));
+        assert_eq!(parse_rtc_cache(os("0"), os("/x"), os("/h")), None);
+        assert_eq!(parse_rtc_cache(os(" OFF "), None, os("/h")), None);
+        assert_eq!(
+            parse_rtc_cache(os("/c"), os("/x"), os("/h")),
+            Some(PathBuf::from("/c"))
+        );
+        assert_eq!(
+            parse_rtc_cache(None, os("/x"), os("/h")),
+            Some(PathBuf::from("/x/mscclpp/rtc"))
+        );
+        assert_eq!(
+            parse_rtc_cache(os(""), os(" "), os("/h")),
+            Some(PathBuf::from("/h/.cache/mscclpp/rtc"))
+        );
+        assert_eq!(parse_rtc_cache(None, None, None), None);
     }
 }

@@ -36,12 +36,12 @@ fn nvrtc() -> Result<&'static Path> {
     let r = LIB.get_or_init(|| {
         let mut tried = Vec::new();
         let mut candidates: Vec<PathBuf> = Vec::new();
-        match std::env::var_os(crate::env::NVRTC_SO) {
-            Some(p) if !p.is_empty() => candidates.push(PathBuf::from(p)),
-            _ => {
+        match crate::env::nvrtc_so() {
+            Some(p) => candidates.push(p),
+            None => {
                 candidates.push("libnvrtc.so.13".into());
                 candidates.push("libnvrtc.so".into());
-                for base in toolkit_roots() {
+                for base in crate::env::cuda_roots() {
                     for lib in ["lib64", "lib"] {
                         candidates.push(base.join(lib).join("libnvrtc.so.13"));
                         candidates.push(base.join(lib).join("libnvrtc.so"));
@@ -136,22 +136,9 @@ fn preload_builtins(dir: &Path) {
     }
 }
 
-/// `$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda` (those set).
-fn toolkit_roots() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(std::env::var_os)
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    v.push("/usr/local/cuda".into());
-    v
-}
-
 /// The toolkit include folder (see the module doc), or an error listing where it looked.
 fn include_dir(nvrtc_dir: &Path) -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os(crate::env::CUDA_INCLUDE).filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
+    if let Some(p) = crate::env::cuda_include() {
         if p.join("cuda_fp16.h").is_file() {
             return Ok(p);
         }
@@ -162,7 +149,10 @@ fn include_dir(nvrtc_dir: &Path) -> Result<PathBuf> {
         ));
     }
     let mut tried = Vec::new();
-    let mut dirs: Vec<PathBuf> = toolkit_roots().iter().map(|r| r.join("include")).collect();
+    let mut dirs: Vec<PathBuf> = crate::env::cuda_roots()
+        .iter()
+        .map(|r| r.join("include"))
+        .collect();
     if let Some(up) = nvrtc_dir.parent() {
         dirs.push(up.join("include"));
     }
@@ -320,15 +310,7 @@ pub(super) fn compile(
 
 /// The cache folder (see the module doc), or `None` when caching is off.
 pub(super) fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os(crate::env::RTC_CACHE) {
-        Some(v) if v == "0" || v.eq_ignore_ascii_case("off") => None,
-        Some(v) if !v.is_empty() => Some(PathBuf::from(v)),
-        _ => std::env::var_os("XDG_CACHE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|c| c.join("mscclpp").join("rtc")),
-    }
+    crate::env::rtc_cache()
 }
 
 /// The cache file of one compilation: a 128-bit hash (two SipHash passes, std's) of its
