@@ -35,11 +35,10 @@ pub(crate) fn dtype_code(d: DataType) -> u32 {
     }
 }
 
-/// The SM count of `g`'s GPU.
-pub(crate) fn sm_count(g: &GpuCtx) -> Result<u32> {
-    Ok(Gpu::properties(g.device())
-        .map_err(|e| hal_err("query the GPU's properties", e))?
-        .sm_count)
+/// The SM count and compute capability of `g`'s GPU (one properties query).
+pub(crate) fn sms_and_arch(g: &GpuCtx) -> Result<(u32, (u32, u32))> {
+    let p = Gpu::properties(g.device()).map_err(|e| hal_err("query the GPU's properties", e))?;
+    Ok((p.sm_count, p.compute_capability))
 }
 
 /// The most GPU blocks per plan thread block (the kernel's lanes; `MSCCLPP_EXECUTOR_MAX_LANES`
@@ -196,6 +195,17 @@ pub(crate) unsafe fn launch(
     }
 }
 
+/// The thread bound a compiled plan (jit.rs) is built for when launched with `threads` threads
+/// per block: [`NARROW_THREADS`] where they fit (as [`kernel`] picks the 256-thread build), else
+/// 1024.
+pub(crate) fn jit_bound(threads: u32) -> u32 {
+    if threads <= NARROW_THREADS {
+        NARROW_THREADS
+    } else {
+        1024
+    }
+}
+
 /// Launches the compiled plan of `jit` (jit.rs) with `args` and its values on `stream`, in the
 /// shape of [`launch`].
 ///
@@ -215,7 +225,7 @@ pub(crate) unsafe fn launch_jit(
         // SAFETY: forwarded from the caller.
         unsafe {
             g.launch_loaded(
-                &jit.kernel.kernel,
+                &jit.kernel,
                 args.nblocks * args.lanes.max(1),
                 threads,
                 params,

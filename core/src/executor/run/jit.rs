@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use mscclpp_hal::{prelude::*, Gpu};
 
@@ -267,16 +267,10 @@ pub(crate) fn values_tail(values: &[u32]) -> Vec<u8> {
     out
 }
 
-/// A compiled plan kernel.
-pub(crate) struct JitKernel {
-    // Kept alive with the kernel (the kernel holds its module too; explicit for clarity).
-    _module: <Gpu as Api>::Module,
-    pub kernel: <Gpu as Api>::Kernel,
-}
-
-/// A compiled kernel and the values of the size it runs (what a launch needs).
+/// A compiled kernel (it keeps its module loaded) and the values of the size it runs (what a
+/// launch needs).
 pub(crate) struct JitLaunch {
-    pub kernel: Arc<JitKernel>,
+    pub kernel: <Gpu as Api>::Kernel,
     /// [`values_tail`] of the size's values.
     pub tail: Vec<u8>,
 }
@@ -314,7 +308,7 @@ pub(crate) fn with_params<R>(args: &ExecArgs, tail: &[u8], f: impl FnOnce(&[u8])
 /// is tried once).
 #[derive(Default)]
 pub(crate) struct JitCache {
-    kernels: Mutex<HashMap<String, Option<Arc<JitKernel>>>>,
+    kernels: Mutex<HashMap<String, Option<<Gpu as Api>::Kernel>>>,
 }
 
 /// The headers the generated source includes, by the names its includes use (executor_body.cuh
@@ -366,7 +360,7 @@ impl JitCache {
         dev: &<Gpu as Api>::Device,
         arch: (u32, u32),
         source: &str,
-    ) -> Option<Arc<JitKernel>> {
+    ) -> Option<<Gpu as Api>::Kernel> {
         let mut m = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = m.get(source) {
             return k.clone();
@@ -374,20 +368,15 @@ impl JitCache {
         let t0 = std::time::Instant::now();
         let built = compile(arch, source)
             .and_then(|code| Gpu::load_module(dev, &code))
-            .and_then(|module| {
-                let kernel = Gpu::get_kernel(&module, KERNEL_NAME)?;
-                Ok(JitKernel {
-                    _module: module,
-                    kernel,
-                })
-            });
+            // The kernel keeps its module loaded.
+            .and_then(|module| Gpu::get_kernel(&module, KERNEL_NAME));
         let k = match built {
             Ok(k) => {
                 log::info!(
                     "executor: compiled a plan kernel in {:.2} s",
                     t0.elapsed().as_secs_f64()
                 );
-                Some(Arc::new(k))
+                Some(k)
             }
             Err(e) => {
                 log::warn!(

@@ -221,8 +221,7 @@ impl Executor {
                 .max()
                 .map_or(0, |m| m + 1)
         };
-        let zeroed = || crate::executor::lower::device::ExecBlock::zeroed();
-        let proto = zeroed();
+        let proto = ExecBlock::zeroed();
         let memory_channels = vec![proto.memory_channels[0]; len(&|b| &b.memory_channels)];
         let port_channels = vec![proto.port_channels[0]; len(&|b| &b.port_channels)];
         let nbuf = len(&|b| &b.memory_buffers).max(len(&|b| &b.port_buffers));
@@ -237,14 +236,14 @@ impl Executor {
             halves: &halves,
         };
         let blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
-        let bound = if threads <= gpu::NARROW_THREADS {
-            gpu::NARROW_THREADS
-        } else {
-            1024
-        };
-        jit::generate(&blocks, dtype, packet == PacketType::LL8, bound)
-            .map(|g| g.source)
-            .map_err(|why| err(plan, why))
+        jit::generate(
+            &blocks,
+            dtype,
+            packet == PacketType::LL8,
+            gpu::jit_bound(threads),
+        )
+        .map(|g| g.source)
+        .map_err(|why| err(plan, why))
     }
 
     /// Compiles a source of [`Executor::kernel_source`] for GPUs of compute capability `arch`
@@ -430,11 +429,7 @@ impl Executor {
                 // is captured, since loading a module there is not allowed); not while tracing
                 // (the interpreter counts the ops).
                 if !trace && env.executor_jit() {
-                    let bound = if threads <= gpu::NARROW_THREADS {
-                        gpu::NARROW_THREADS
-                    } else {
-                        1024
-                    };
+                    let bound = gpu::jit_bound(threads);
                     let key = (args.dtype, args.packet, bound);
                     if !low.jit.contains_key(&key) && !g.ctx.is_capturing(stream)? {
                         let made = match jit::generate(&low.blocks, dtype, args.packet != 0, bound)
@@ -655,14 +650,9 @@ impl Executor {
             return Ok(g.clone());
         }
         let ctx = Arc::new(GpuCtx::new(id)?);
-        let arch = {
-            use mscclpp_hal::prelude::*;
-            mscclpp_hal::Gpu::properties(ctx.device())
-                .map_err(|e| crate::memory::hal_err("device properties", e))?
-                .compute_capability
-        };
+        let (sms, arch) = gpu::sms_and_arch(&ctx)?;
         let g = GpuState {
-            sms: gpu::sm_count(&ctx)?,
+            sms,
             arch,
             ctx,
             jit: Arc::new(jit::JitCache::default()),
