@@ -400,16 +400,23 @@ TEST!(ExecutorTest, AllReduceNvlsLoadStore, |ctx| run_family(
 
 // Plans made by upstream's DSL (a folder named by `MSCCLPP_EXECUTOR_UPSTREAM_PLANS`): each
 // one for this world size runs unchanged; NVLS ones are refused with the reason.
-TEST!(ExecutorTest, UpstreamPlans, |ctx| {
+/// The folder `MSCCLPP_EXECUTOR_UPSTREAM_PLANS` and its `*.json` plans in name order; skips the
+/// test, saying how to set it, when it is unset (ExecutorTest and ExecutorJitTest).
+pub(crate) fn upstream_plan_files() -> (String, Vec<std::path::PathBuf>) {
     let Ok(dir) = std::env::var("MSCCLPP_EXECUTOR_UPSTREAM_PLANS") else {
         SKIP!("set MSCCLPP_EXECUTOR_UPSTREAM_PLANS to a folder of plans made by upstream's DSL (docs/executor.md says how)");
     };
-    let env = exec_env();
     let mut files: Vec<_> = ok!(std::fs::read_dir(&dir), "listing {dir}")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
+    (dir, files)
+}
+
+TEST!(ExecutorTest, UpstreamPlans, |ctx| {
+    let (dir, files) = upstream_plan_files();
+    let env = exec_env();
     let seed = agreed_seed();
     let (mut ran, mut refused) = (0, 0);
     for f in files {

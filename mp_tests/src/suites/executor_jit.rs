@@ -18,7 +18,7 @@ use mscclpp::collectives::DataType;
 use mscclpp::executor::{ExecutionPlan, Executor, PacketType};
 use mscclpp_framework::*;
 
-use super::executor::{in_message_range, SHIPPED};
+use super::executor::{in_message_range, upstream_plan_files, SHIPPED};
 use super::memory_channel::common::ok;
 
 /// Sizes per rank a plan is turned into a source at (those in its range).
@@ -162,14 +162,7 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
 });
 
 TEST!(ExecutorJitTest, UpstreamPlansCompile, |ctx| {
-    let Ok(dir) = std::env::var("MSCCLPP_EXECUTOR_UPSTREAM_PLANS") else {
-        SKIP!("set MSCCLPP_EXECUTOR_UPSTREAM_PLANS to a folder of plans made by upstream's DSL (docs/executor.md says how)");
-    };
-    let mut files: Vec<_> = ok!(std::fs::read_dir(&dir), "listing {dir}")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
+    let (dir, files) = upstream_plan_files();
     let mut plans = Vec::new();
     for f in &files {
         let json = ok!(std::fs::read_to_string(f), "reading {}", f.display());
