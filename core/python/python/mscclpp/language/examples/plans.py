@@ -5,7 +5,7 @@ mscclpp.language.examples.plans DIR`` writes them; ``--check DIR`` tells whether
 what the programs produce (CI runs it on core/plans).
 
 Families (r = this rank, p = a peer, pos(q, r) = index of q among r's peers; one thread block
-per peer unless said):
+per peer unless said; every LL plan declares max_message_size 1 MiB, see LL_MAX):
   allreduce_simple   in place; start sync, barrier, rre of chunk r over all peers (split over
                      the thread blocks), barrier, signal/wait, get each peer's chunk, end sync.
   allreduce_oop      out of place; rres (reads peers' inputs, writes everyone's outputs).
@@ -13,7 +13,7 @@ per peer unless said):
   allreduce_ll       LL, double scratch; ppkt, respkt (split), upkt.
   allreduce_ll_fwd   LL, double scratch; ppkt, recspkt / repkt+cpkt+rppkt / recpkt+rppkt, upkt.
   allreduce_allpair_ll
-                     LL, double scratch, out of place, up to 1 MiB (the native allpair_packet's
+                     LL, double scratch, out of place (the native allpair_packet's
                      one hop): ppkt of the whole input to every peer, repkt of the input and
                      every peer's packets into the output (split).
   allgather_simple   in place; rlxsignal/rlxwait start sync, put, signal/wait.
@@ -93,7 +93,16 @@ def send_result(r: int, bufs: list[BaseBuffer], ch: dict[int, MemoryChannel], tb
     sync_peers(ch, ps)
 
 
+LL_MAX = 1 << 20
+"""Largest message of an LL plan: an LL packet carries half its bytes, so an LL plan moves about
+3x the bytes of a Simple one (packets written, read back, unpacked) and from a few MiB on is
+2-4x slower than the Simple algorithms (docs/perf.md, issue 31); the native all-reduce
+selector likewise takes its packet algorithms only up to 1 MiB."""
+
+
 def program(name: str, coll: object, n: int, ll: bool = False, **kw: object) -> CollectiveProgram:
+    if ll:
+        kw.setdefault("max_message_size", LL_MAX)
     return CollectiveProgram(
         name,
         coll,
@@ -213,9 +222,8 @@ def allreduce_allpair_ll(n: int) -> CollectiveProgram:
     """One hop, as the native allpair_packet (its selector's choice up to 16 KiB): block j puts
     the whole input as packets into peer j's scratch (slot pos(r, p)), then all blocks reduce
     the input with every peer's packets into the output. Each rank sends n - 1 copies of its
-    input, so the plan stops at 1 MiB (max_message_size)."""
-    with program(f"allreduce_allpair_ll_n{n}", AllReduce(n, 1, False), n, ll=True,
-                 max_message_size=1 << 20) as prog:
+    input; like every LL plan it stops at 1 MiB (LL_MAX)."""
+    with program(f"allreduce_allpair_ll_n{n}", AllReduce(n, 1, False), n, ll=True) as prog:
         inp, out = inputs(n), outputs(n)
         scratch = [Buffer(r, n * (n - 1)) for r in range(n)]
         for r in range(n):
