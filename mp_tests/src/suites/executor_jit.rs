@@ -1,7 +1,8 @@
 //! ExecutorJitTest: plans compiled at load time (`MSCCLPP_EXECUTOR_JIT`,
 //! core/src/executor/run/jit.rs). Needs no GPU. A plan's part for a rank becomes a kernel
 //! source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of up to 256
-//! threads (and up to 1024 for the first rank) and, for LL plans, both packet formats; the sizes
+//! threads (wider ones run on the interpreter: refused with a reason) and, for LL plans, both
+//! packet formats; the sizes
 //! must share one source (one structure per plan); on a CUDA build with libnvrtc each distinct
 //! source compiles for sm_90. The work is split over the ranks (unit k on rank k % world size),
 //! so each source compiles once. Without a run-time compiler (host or ROCm build, or no
@@ -145,16 +146,29 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
     }
     let mut units = Vec::new();
     for (name, json, n) in &names {
-        // Up to 256 threads per block (small messages' one-lane launches, Simple plans'
-        // lanes), and for the first rank also up to 1024 (LL plans' wide lanes,
-        // MSCCLPP_EXECUTOR_THREADS above 256).
-        for (rank, threads) in [(0, 256), (0, 1024), (n - 1, 256)] {
+        // Launches of up to 256 threads per block, the only ones compiled (gpu::jit_bound).
+        for rank in [0, n - 1] {
             units.push(Unit {
                 name,
                 json,
                 rank,
-                threads,
+                threads: 256,
             });
+        }
+        // Wider launches run on the interpreter: no source, an error saying so.
+        let plan = ok!(ExecutionPlan::from_json(json, 0), "parsing {name}");
+        let bytes = source_sizes(&plan)[0];
+        let recv = if plan.collective() == "allgather" {
+            bytes * n
+        } else {
+            bytes
+        };
+        match Executor::kernel_source(&plan, bytes, recv, DataType::F16, PacketType::LL16, 1024) {
+            Ok(_) => EXPECT_TRUE!(false, "{name}: a source for 1024 threads per block"),
+            Err(e) => EXPECT_TRUE!(
+                e.to_string().contains("run on the interpreter"),
+                "{name}: 1024 threads refused with: {e}"
+            ),
         }
     }
     let sources = sources_of(ctx, &units);

@@ -196,14 +196,16 @@ pub(crate) unsafe fn launch(
 }
 
 /// The thread bound a compiled plan (jit.rs) is built for when launched with `threads` threads
-/// per block: [`NARROW_THREADS`] where they fit (as [`kernel`] picks the 256-thread build), else
-/// 1024.
-pub(crate) fn jit_bound(threads: u32) -> u32 {
-    if threads <= NARROW_THREADS {
-        NARROW_THREADS
-    } else {
-        1024
-    }
+/// per block: [`NARROW_THREADS`] where they fit (as [`kernel`] picks the 256-thread build);
+/// `None` above, where the launch runs on the interpreter's 1024-thread build. Why: on the H200
+/// (2026-12-06, 2 ranks sharing it, docs/perf.md) every one-lane launch of 1024 threads was
+/// slower compiled than interpreted (`allreduce_simple_n2` at 32 KiB 39.0 against 29.3 us,
+/// upstream's `reduce` at 16 KiB 42.1 against 32.5), while the launches of up to 256 threads
+/// were faster in all rows but two at 1 KiB. A likely cause, not yet measured: with all of a
+/// plan's ops inlined under the 1024-thread build's 64 registers a thread, the compiled kernel
+/// spills more than the interpreter.
+pub(crate) fn jit_bound(threads: u32) -> Option<u32> {
+    (threads <= NARROW_THREADS).then_some(NARROW_THREADS)
 }
 
 /// Launches the compiled plan of `jit` (jit.rs) with `args` and its values on `stream`, in the
