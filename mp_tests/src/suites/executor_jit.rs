@@ -2,11 +2,10 @@
 //! core/src/executor/run/jit.rs). Needs no GPU. A plan's part for a rank becomes a kernel
 //! source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of up to 256
 //! threads (wider ones run on the interpreter: refused with a reason) and, for LL plans, both
-//! packet formats; the sizes
-//! must share one source (one structure per plan); on a CUDA build with libnvrtc each distinct
-//! source compiles for sm_90. The work is split over the ranks (unit k on rank k % world size),
-//! so each source compiles once. Without a run-time compiler (host or ROCm build, or no
-//! libnvrtc) the compile half skips, saying why.
+//! packet formats; the sizes must share one source (one structure per plan); on a CUDA build
+//! with libnvrtc each distinct source compiles for sm_90. The work is split over the ranks (unit
+//! k on rank k % world size), so each source compiles once. Without a run-time compiler (host or
+//! ROCm build, or no libnvrtc) the compile half skips, saying why.
 //!
 //! - ShippedPlansCompile: every shipped plan at 2 and 4 ranks, first and last rank's part (NVLS
 //!   plans left out: the GPU executor refuses switch operations).
