@@ -201,9 +201,11 @@ pub(crate) unsafe fn launch(
 /// (2026-12-06, 2 ranks sharing it, docs/perf.md) every one-lane launch of 1024 threads was
 /// slower compiled than interpreted (`allreduce_simple_n2` at 32 KiB 39.0 against 29.3 us,
 /// upstream's `reduce` at 16 KiB 42.1 against 32.5), while the launches of up to 256 threads
-/// were faster in all rows but two at 1 KiB. A likely cause, not yet measured: with all of a
-/// plan's ops inlined under the 1024-thread build's 64 registers a thread, the compiled kernel
-/// spills more than the interpreter.
+/// were faster in all rows but two at 1 KiB. What `ptxas -v` shows (sm_90, the generated source
+/// of `allreduce_simple_n2` at 32 KiB built with either bound): no spills, but a 1920-byte stack
+/// frame: the generated `ExecOp`s are stored to local memory (PTX `st.local` of their fields)
+/// rather than kept in registers, so every thread of a block writes its own copy: the likely
+/// reason the 1024-thread launches lost (not yet measured on a GPU).
 pub(crate) fn jit_bound(threads: u32) -> Option<u32> {
     (threads <= NARROW_THREADS).then_some(NARROW_THREADS)
 }
