@@ -195,6 +195,13 @@ pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// Off by default until it has run on a GPU (`1`/`true` turns it on; without a run-time
 /// compiler, or for a plan that does not compile, the interpreter runs).
 pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
+/// `MSCCLPP_EXECUTOR_JIT_THREADS`: with [`EXECUTOR_JIT`] on, launches of up to this many threads
+/// per GPU block run compiled plans, wider ones the interpreter (default
+/// [`EXECUTOR_JIT_THREADS_DEFAULT`]; 1024: every launch; a multiple of 32 from 32 to 1024).
+pub const EXECUTOR_JIT_THREADS: &str = "MSCCLPP_EXECUTOR_JIT_THREADS";
+/// The default of [`EXECUTOR_JIT_THREADS`]: on the H200 (round 15, docs/perf.md) one-lane
+/// launches of 1024 threads were slower compiled than interpreted.
+pub const EXECUTOR_JIT_THREADS_DEFAULT: u32 = 256;
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -544,6 +551,11 @@ pub const VARS: &[Var] = &[
         "boolean: GPU plans run kernels compiled from the plan at load time (NVRTC), else the interpreter",
     ),
     var(
+        EXECUTOR_JIT_THREADS,
+        "256",
+        "32-1024, a multiple of 32: the widest launch (threads per GPU block) that runs a compiled plan",
+    ),
+    var(
         EXECUTOR_KERNEL,
         "auto",
         "auto (or prefetch), narrow or wide: which build of the executor kernel a launch takes",
@@ -651,6 +663,7 @@ pub struct Env {
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
     executor_jit: Parsed<bool>,
+    executor_jit_threads: Parsed<Option<u32>>,
     executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
 }
@@ -786,8 +799,9 @@ fn parse_bytes_per_lane(value: Option<String>) -> Parsed<Option<usize>> {
     })
 }
 
-/// `MSCCLPP_EXECUTOR_THREADS`: 32 to 1024 in steps of 32; unset or blank = `None`.
-fn parse_executor_threads(value: Option<String>) -> Parsed<Option<u32>> {
+/// `MSCCLPP_EXECUTOR_THREADS` and `MSCCLPP_EXECUTOR_JIT_THREADS` (`name`): 32 to 1024 in steps
+/// of 32; unset or blank = `None`.
+fn parse_threads(name: &str, value: Option<String>) -> Parsed<Option<u32>> {
     let Some(v) = non_empty(value) else {
         return Ok(None);
     };
@@ -795,7 +809,7 @@ fn parse_executor_threads(value: Option<String>) -> Parsed<Option<u32>> {
         .ok()
         .filter(|n| (32..=1024).contains(n) && n % 32 == 0)
         .map(Some)
-        .ok_or_else(|| format!("{EXECUTOR_THREADS}={v}: expected a multiple of 32 from 32 to 1024"))
+        .ok_or_else(|| format!("{name}={v}: expected a multiple of 32 from 32 to 1024"))
 }
 
 /// `MSCCLPP_EXECUTOR_LANE_SYNC`: `barrier` (false, also unset or blank) or `split` (true),
@@ -1013,7 +1027,8 @@ impl Env {
             p2p_tune_given: non_empty(lookup(P2P_TUNE)).is_some(),
             executor_max_lanes: parse_max_lanes(lookup(EXECUTOR_MAX_LANES)),
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
-            executor_threads: parse_executor_threads(lookup(EXECUTOR_THREADS)),
+            executor_threads: parse_threads(EXECUTOR_THREADS, lookup(EXECUTOR_THREADS)),
+            executor_jit_threads: parse_threads(EXECUTOR_JIT_THREADS, lookup(EXECUTOR_JIT_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
             executor_jit: parse_bool(EXECUTOR_JIT, lookup(EXECUTOR_JIT).as_deref()),
             executor_kernel: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
@@ -1060,6 +1075,7 @@ impl Env {
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
             err(&self.executor_threads), err(&self.executor_lane_sync_split),
             err(&self.executor_kernel), err(&self.executor_jit),
+            err(&self.executor_jit_threads),
         ];
         level
             .into_iter()
@@ -1214,6 +1230,16 @@ impl Env {
     /// off); a malformed value is warned about at startup and the default used.
     pub fn executor_jit(&self) -> bool {
         self.executor_jit.clone().unwrap_or(false)
+    }
+    /// `MSCCLPP_EXECUTOR_JIT_THREADS`: the widest launch (threads per GPU block) that runs a
+    /// compiled plan (default [`EXECUTOR_JIT_THREADS_DEFAULT`]); a malformed value is warned
+    /// about at startup and the default used.
+    pub fn executor_jit_threads(&self) -> u32 {
+        self.executor_jit_threads
+            .clone()
+            .ok()
+            .flatten()
+            .unwrap_or(EXECUTOR_JIT_THREADS_DEFAULT)
     }
     /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's kernel launches take
     /// ([`ExecutorKernel`], default `auto`); a malformed value is warned about at startup and
@@ -1486,6 +1512,23 @@ mod tests {
             "{:?}",
             e.problems()
         );
+        // The widest compiled launch: 256 unless asked; a multiple of 32 up to 1024.
+        assert_eq!(env_of(&[]).executor_jit_threads(), 256);
+        assert_eq!(
+            env_of(&[(EXECUTOR_JIT_THREADS, "1024")]).executor_jit_threads(),
+            1024
+        );
+        for bad in ["0", "100", "2048", "all"] {
+            let e = env_of(&[(EXECUTOR_JIT_THREADS, bad)]);
+            assert_eq!(e.executor_jit_threads(), 256, "{bad}");
+            assert!(
+                e.problems().iter().any(|m| m.contains(&format!(
+                    "MSCCLPP_EXECUTOR_JIT_THREADS={bad}: expected a multiple of 32 from 32 to 1024"
+                ))),
+                "{bad}: {:?}",
+                e.problems()
+            );
+        }
         assert_eq!(env_of(&[]).executor_kernel(), ExecutorKernel::Auto);
         let kernel = |v| env_of(&[(EXECUTOR_KERNEL, v)]).executor_kernel();
         assert_eq!(kernel("WIDE"), ExecutorKernel::Wide);

@@ -250,11 +250,16 @@ pub(super) fn compile(
         .map(|o| cstring(op, o))
         .collect::<Result<Vec<_>>>()?;
     let cached = cache.and_then(|dir| cache_file(&dir, &opts, source, headers));
-    if let Some(code) = cached.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        if code.starts_with(b"\x7fELF") {
-            return Ok(code);
-        }
+    if let Some(code) = cached.as_deref().and_then(read_cached) {
+        return Ok(code);
     }
+    // Another process of this machine compiling the same source (the ranks of a job mostly
+    // have the same plan kernels): wait for its file instead of compiling it again.
+    let _turn = match cached.as_deref().map(|p| CompileTurn::take(p, LOCK_WAIT)) {
+        Some(Turn::Done(code)) => return Ok(code),
+        Some(Turn::Mine(t)) => Some(t),
+        Some(Turn::Anyway) | None => None,
+    };
     let run = || -> Result<Vec<u8>> {
         let tp: Vec<*const c_char> = texts.iter().map(|t| t.as_ptr()).collect();
         let np: Vec<*const c_char> = names.iter().map(|t| t.as_ptr()).collect();
@@ -306,6 +311,90 @@ pub(super) fn compile(
         store(&p, &code);
     }
     Ok(code)
+}
+
+/// A cached code object at `path` when there is a whole one.
+fn read_cached(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path)
+        .ok()
+        .filter(|code| code.starts_with(b"\x7fELF"))
+}
+
+/// How long a process waits for another one's compile of the same source before it compiles
+/// it itself (one plan kernel takes about a second; a stale lock of a killed process costs a
+/// caller this much once).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A lock file older than this is taken to be left by a process that died while compiling.
+const LOCK_STALE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whose compile of one cache entry this is ([`CompileTurn::take`]).
+enum Turn {
+    /// Another process compiled it meanwhile: its code.
+    Done(Vec<u8>),
+    /// This process compiles it, holding the entry's lock file until the turn drops.
+    Mine(CompileTurn),
+    /// No lock could be made (a read-only folder) or the wait ran out: compile without one.
+    Anyway,
+}
+
+/// The lock file `<entry>.lock` of a cache entry, made with `create_new` (atomic on local file
+/// systems), removed on drop. Hand-written: std's `File::lock` needs Rust 1.89 (the workspace
+/// supports 1.85) and a lock file also tells a waiter when the holder is gone.
+struct CompileTurn(PathBuf);
+
+impl CompileTurn {
+    /// Takes the turn to compile the entry `path`, or waits (up to `wait`) while another
+    /// process holds it, returning its code when it wrote the entry.
+    fn take(path: &Path, wait: std::time::Duration) -> Turn {
+        let lock = path.with_extension("lock");
+        if let Some(dir) = lock.parent() {
+            if std::fs::create_dir_all(dir).is_err() {
+                return Turn::Anyway;
+            }
+        }
+        let t0 = std::time::Instant::now();
+        loop {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&lock)
+            {
+                Ok(_) => {
+                    // The holder may have finished between the caller's read and this create.
+                    if let Some(code) = read_cached(path) {
+                        let _ = std::fs::remove_file(&lock);
+                        return Turn::Done(code);
+                    }
+                    return Turn::Mine(CompileTurn(lock));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(_) => return Turn::Anyway,
+            }
+            if let Some(code) = read_cached(path) {
+                return Turn::Done(code);
+            }
+            let stale = std::fs::metadata(&lock)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > LOCK_STALE);
+            if stale {
+                let _ = std::fs::remove_file(&lock);
+                continue;
+            }
+            if t0.elapsed() >= wait {
+                return Turn::Anyway;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for CompileTurn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The cache folder (see the module doc), or `None` when caching is off.
@@ -425,7 +514,62 @@ mod tests {
         assert_eq!(files(), 1);
         let other = src.replace('7', "8");
         compile(Some(cache.clone()), (9, 0), "c.cu", &other, &[], &[]).expect("compile");
-        assert_eq!(files(), 2);
+        assert_eq!(files(), 2, "no lock file left behind");
         let _ = std::fs::remove_dir_all(&cache);
+    }
+
+    /// Of several callers wanting one entry at once, one compiles (holds the lock) and the
+    /// others get its code once written; a lock whose holder never writes makes a waiter
+    /// compile itself after the wait; the lock file goes when the turn ends. Needs no NVRTC.
+    #[test]
+    fn one_compile_per_entry_at_a_time() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::Duration;
+        let dir = std::env::temp_dir().join(format!("mscclpp-rtc-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let entry = dir.join("k.cubin");
+        let compiles = AtomicUsize::new(0);
+        let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(
+                        || match CompileTurn::take(&entry, Duration::from_secs(30)) {
+                            Turn::Done(code) => code,
+                            Turn::Mine(_turn) => {
+                                compiles.fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(200));
+                                let code = b"\x7fELF-code".to_vec();
+                                store(&entry, &code);
+                                code
+                            }
+                            Turn::Anyway => panic!("no lock taken within the wait"),
+                        },
+                    )
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("caller")).collect()
+        });
+        assert_eq!(compiles.load(Ordering::SeqCst), 1);
+        assert!(got.iter().all(|c| c == b"\x7fELF-code"), "{got:?}");
+        assert!(!entry.with_extension("lock").exists());
+        // A holder that never writes: the waiter gives up after its wait and compiles.
+        let other = dir.join("m.cubin");
+        let held = match CompileTurn::take(&other, Duration::from_secs(1)) {
+            Turn::Mine(t) => t,
+            _ => panic!("the first caller takes the turn"),
+        };
+        let t0 = std::time::Instant::now();
+        assert!(matches!(
+            CompileTurn::take(&other, Duration::from_millis(300)),
+            Turn::Anyway
+        ));
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        drop(held);
+        assert!(!other.with_extension("lock").exists());
+        assert!(matches!(
+            CompileTurn::take(&other, Duration::from_millis(300)),
+            Turn::Mine(_)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

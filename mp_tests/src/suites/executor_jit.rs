@@ -1,7 +1,8 @@
 //! ExecutorJitTest: plans compiled at load time (`MSCCLPP_EXECUTOR_JIT`,
 //! core/src/executor/run/jit.rs). Needs no GPU. A plan's part for a rank becomes a kernel
 //! source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of up to 256
-//! threads (wider ones run on the interpreter: refused with a reason) and, for LL plans, both
+//! threads (wider ones run on the interpreter unless `MSCCLPP_EXECUTOR_JIT_THREADS` says
+//! otherwise: refused with a reason) and, for LL plans, both
 //! packet formats; the sizes must share one source (one structure per plan); on a CUDA build
 //! with libnvrtc each distinct source compiles for sm_90. The work is split over the ranks (unit
 //! k on rank k % world size), so each source compiles once. Without a run-time compiler (host or
@@ -31,6 +32,16 @@ fn source_sizes(plan: &ExecutionPlan) -> Vec<usize> {
     v
 }
 
+/// The receive size of a call sending `bytes` per rank with `plan` (an all-gather's gathers
+/// every rank's).
+fn recv_of(plan: &ExecutionPlan, bytes: usize) -> usize {
+    if plan.collective() == "allgather" {
+        bytes * plan.world_size()
+    } else {
+        bytes
+    }
+}
+
 /// One unit of work: plan `name` (JSON `json`), rank `rank`'s part, launches of up to
 /// `threads` threads.
 struct Unit<'a> {
@@ -53,8 +64,6 @@ fn sources_of(ctx: &TestContext, units: &[Unit]) -> BTreeMap<String, String> {
             ExecutionPlan::from_json(u.json, r),
             "parsing {name} rank {r}"
         );
-        let n = plan.world_size();
-        let gather = plan.collective() == "allgather";
         let packets: &[PacketType] = if plan.is_packet() {
             &[PacketType::LL16, PacketType::LL8]
         } else {
@@ -66,7 +75,7 @@ fn sources_of(ctx: &TestContext, units: &[Unit]) -> BTreeMap<String, String> {
         for &packet in packets {
             let mut seen: Vec<String> = Vec::new();
             for &bytes in &sizes {
-                let recv = if gather { bytes * n } else { bytes };
+                let recv = recv_of(&plan, bytes);
                 let src = ok!(
                     Executor::kernel_source(&plan, bytes, recv, dtype, packet, threads),
                     "{name} rank {r}: kernel source of {bytes} bytes, {dtype:?}, {packet:?}, {threads} threads"
@@ -145,7 +154,7 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
     }
     let mut units = Vec::new();
     for (name, json, n) in &names {
-        // Launches of up to 256 threads per block, the only ones compiled (gpu::jit_bound).
+        // Launches of up to 256 threads per block, those compiled by default (gpu::jit_bound).
         for rank in [0, n - 1] {
             units.push(Unit {
                 name,
@@ -154,18 +163,23 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
                 threads: 256,
             });
         }
-        // Wider launches run on the interpreter: no source, an error saying so.
+        // Wider launches run on the interpreter (unless MSCCLPP_EXECUTOR_JIT_THREADS says
+        // otherwise): no source, an error saying so.
         let plan = ok!(ExecutionPlan::from_json(json, 0), "parsing {name}");
         let bytes = source_sizes(&plan)[0];
-        let recv = if plan.collective() == "allgather" {
-            bytes * n
-        } else {
-            bytes
-        };
-        match Executor::kernel_source(&plan, bytes, recv, DataType::F16, PacketType::LL16, 1024) {
-            Ok(_) => EXPECT_TRUE!(false, "{name}: a source for 1024 threads per block"),
-            Err(e) => EXPECT_TRUE!(
-                e.to_string().contains("run on the interpreter"),
+        let recv = recv_of(&plan, bytes);
+        let wide =
+            Executor::kernel_source(&plan, bytes, recv, DataType::F16, PacketType::LL16, 1024);
+        match (wide, mscclpp::env::env().executor_jit_threads() >= 1024) {
+            (Ok(src), true) => EXPECT_TRUE!(
+                src.contains("__launch_bounds__(1024)"),
+                "{name}: 1024 threads: not a 1024-thread kernel:\n{src}"
+            ),
+            (Err(e), true) => EXPECT_TRUE!(false, "{name}: 1024 threads: {e}"),
+            (Ok(_), false) => EXPECT_TRUE!(false, "{name}: a source for 1024 threads per block"),
+            (Err(e), false) => EXPECT_TRUE!(
+                e.to_string().contains("run on the interpreter")
+                    && e.to_string().contains("MSCCLPP_EXECUTOR_JIT_THREADS"),
                 "{name}: 1024 threads refused with: {e}"
             ),
         }

@@ -236,10 +236,13 @@ pub(crate) fn generate(
         s.push_str(body);
         s.push_str("}\n");
     }
+    // `__grid_constant__`: the values are read at run-time indexes (`p.v[pb]`), which made the
+    // compiler copy the whole parameter into local memory per thread first (ptxas -v, sm_90:
+    // up to 176 bytes of stack); read in place from the parameter space with it.
     let _ = write!(
         s,
         "}}  // namespace\n\n\
-         extern \"C\" __global__ void __launch_bounds__({bound}) {KERNEL_NAME}(const JitParams p) {{\n  \
+         extern \"C\" __global__ void __launch_bounds__({bound}) {KERNEL_NAME}(const __grid_constant__ JitParams p) {{\n  \
          Run r;\n  const uint32_t pb = jitBegin(r, p.a);\n  LaneState st;\n  const uint32_t base = p.v[pb];\n  switch (pb) {{\n"
     );
     for (f, bs) in cases.iter().enumerate() {

@@ -197,8 +197,9 @@ impl Executor {
     /// load time for a call of `send_size`/`recv_size` bytes of `dtype` with `packet` packets
     /// launched with `threads` threads per GPU block (`MSCCLPP_EXECUTOR_JIT`; docs/executor.md
     /// "Plans compiled at load time"; the GPU path picks the threads per size, at most the
-    /// plan's `num_threads_per_block`, and compiles launches of up to 256; `threads` above 256:
-    /// an error, those launches run on the interpreter). One source
+    /// plan's `num_threads_per_block`, and compiles launches of up to
+    /// `MSCCLPP_EXECUTOR_JIT_THREADS`, default 256; `threads` above that: an error, those
+    /// launches run on the interpreter). One source
     /// serves every size whose lowered ops have the same structure (the offsets and sizes are
     /// values of the launch). Needs no GPU: for reading what a plan becomes, and for
     /// [`Executor::compile_kernel_source`].
@@ -210,6 +211,16 @@ impl Executor {
         packet: PacketType,
         threads: u32,
     ) -> Result<String> {
+        let max = crate::env::env().executor_jit_threads();
+        let bound = gpu::jit_bound(threads, max).ok_or_else(|| {
+            err(
+                plan,
+                format!(
+                    "launches of {threads} threads per block run on the interpreter: only launches \
+                     of up to {max} threads are compiled (MSCCLPP_EXECUTOR_JIT_THREADS)"
+                ),
+            )
+        })?;
         let rp = plan.rank_plan();
         let layout = Layout::new(plan.meta(), rp, send_size as u64, recv_size as u64)
             .map_err(|e| err(plan, e))?;
@@ -236,16 +247,6 @@ impl Executor {
             port_buffers: &port_buffers,
             halves: &halves,
         };
-        let bound = gpu::jit_bound(threads).ok_or_else(|| {
-            err(
-                plan,
-                format!(
-                    "launches of {threads} threads per block run on the interpreter: only launches \
-                     of up to {} threads are compiled",
-                    gpu::NARROW_THREADS
-                ),
-            )
-        })?;
         let blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
         jit::generate(&blocks, dtype, packet == PacketType::LL8, bound)
             .map(|g| g.source)
@@ -433,9 +434,10 @@ impl Executor {
                 let threads = shape.threads;
                 // A compiled plan when there is one (or it can be made now: not while the stream
                 // is captured, since loading a module there is not allowed); not while tracing
-                // (the interpreter counts the ops); launches of up to 256 threads only
-                // (gpu::jit_bound).
-                let bound = gpu::jit_bound(threads).filter(|_| !trace && env.executor_jit());
+                // (the interpreter counts the ops); launches of up to
+                // MSCCLPP_EXECUTOR_JIT_THREADS threads only (gpu::jit_bound).
+                let bound = gpu::jit_bound(threads, env.executor_jit_threads())
+                    .filter(|_| !trace && env.executor_jit());
                 if let Some(bound) = bound {
                     let key = (args.dtype, args.packet, bound);
                     if !low.jit.contains_key(&key) && !g.ctx.is_capturing(stream)? {

@@ -57,6 +57,32 @@ using mscclpp::coll::Elem;
 #define EXEC_JIT_INLINE
 #endif
 
+/// `for k in 0..n` over the items of an op one per thread (item k on thread k, k + blockDim, ...):
+/// channels, port outputs, semaphores (N: the op array's size). In a generated kernel the loop
+/// is unrolled to N with constant indexes, `n` (a literal there) and the thread as the guard
+/// (bounded by `n` alone it was not unrolled in time), so the op's
+/// arrays stay constants (indexed by threadIdx.x, each such ExecOp went to local memory: with
+/// the other cases below, a 1920-byte stack frame per thread in allreduce_simple_n2, ptxas -v,
+/// sm_90).
+#if defined(MSCCLPP_EXECUTOR_JIT)
+#define EXEC_FOR_THREAD(k, n, N)                 \
+  _Pragma("unroll") for (int k = 0; k < (N); ++k) \
+    if (k < (int)(n) && (uint32_t)k % blockDim.x == threadIdx.x)
+#else
+#define EXEC_FOR_THREAD(k, n, N) for (int k = threadIdx.x; k < (int)(n); k += blockDim.x)
+#endif
+
+/// `for i in 0..n` over an op's inputs or outputs where the body fills a pointer array from the
+/// op (N: the arrays' size): in a generated kernel unrolled to N with constant indexes and `n`
+/// (a literal there) as the guard, so the op and the pointers stay in registers and constants
+/// (bounded by `n` alone, the loop was not unrolled before the compiler placed the op, and the
+/// op and the pointers went to local memory); the interpreter's plain loop otherwise.
+#if defined(MSCCLPP_EXECUTOR_JIT)
+#define EXEC_FOR_EACH(i, n, N) _Pragma("unroll") for (int i = 0; i < (N); ++i) if (i < (int)(n))
+#else
+#define EXEC_FOR_EACH(i, n, N) for (int i = 0; i < (int)(n); ++i)
+#endif
+
 namespace {
 
 struct Run {
@@ -117,6 +143,17 @@ __device__ __noinline__ void gridBarrier(uint32_t* words, uint32_t n) {
   }
   __threadfence_system();
 }
+
+/// The op type `OP` where a generated kernel knows it at compile time, else -1: passed down to
+/// reduceOp and movePackets, which then instantiate only that op's code. The interpreter keeps
+/// one instantiation for every op type (its code size and registers).
+#if defined(MSCCLPP_EXECUTOR_JIT)
+template <int OP>
+constexpr int kJitOp = OP;
+#else
+template <int OP>
+constexpr int kJitOp = -1;
+#endif
 
 // ---- reductions ----
 // One function per element type (the reduce op and the packet format are run-time values), so
@@ -187,11 +224,11 @@ __device__ EXEC_OP_FN void reduceElems(const Run& r, const ExecOp& o, uint64_t o
   const char* in[EXEC_MAX_BUFFERS_PER_OP];
   char* out[EXEC_MAX_BUFFERS_PER_OP];
   bool aligned = (size % 16) == 0;
-  for (int i = 0; i < o.nInputs; ++i) {
+  EXEC_FOR_EACH(i, o.nInputs, EXEC_MAX_BUFFERS_PER_OP) {
     in[i] = r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off);
     aligned = aligned && ((uintptr_t)in[i] % 16) == 0;
   }
-  for (int i = 0; i < o.nOutputs; ++i) {
+  EXEC_FOR_EACH(i, o.nOutputs, EXEC_MAX_BUFFERS_PER_OP) {
     out[i] = r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off);
     aligned = aligned && ((uintptr_t)out[i] % 16) == 0;
   }
@@ -226,6 +263,8 @@ __device__ EXEC_OP_FN void reduceElems(const Run& r, const ExecOp& o, uint64_t o
         fold<T, U, true>(op, acc, x);
         // y holds input i: combine it while input i + 1 arrives in x, then x while input i + 2
         // arrives in y.
+        // (Not unrolled in generated kernels: with more than 2 inputs `in` stays in local
+        // memory there, 8 bytes per input, where unrolling cost 20-40% more compile time.)
         for (int i = 1; i < nIn; i += 2) {
           if (i + 1 < nIn) loadRound<U>(x, in[i + 1], wc);
           fold<T, U>(op, acc, y);
@@ -442,18 +481,29 @@ __device__ EXEC_OP_FN void reducePackets(const Run& r, const ExecOp& o) {
   }
 }
 
-template <typename T>
+/// OP: the op type when the caller knows it (a generated kernel: kJitOp), else -1 (read from
+/// the op). Known, only the function the op runs is instantiated before the caller inlines it
+/// (the compiler had built both bodies for every reduction and dropped one only later: up to
+/// 1.5x the compile time of a plan kernel).
+template <typename T, int OP = -1>
 __device__ void reduceOp(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
-  if (o.opType >= EXEC_REDUCE_SEND_PACKETS) {
+  if constexpr (OP >= 0) {
+    if constexpr (OP >= EXEC_REDUCE_SEND_PACKETS) {
+      reducePackets<T>(r, o);
+    } else {
+      reduceElems<T>(r, o, off, unit);
+    }
+  } else if (o.opType >= EXEC_REDUCE_SEND_PACKETS) {
     reducePackets<T>(r, o);
   } else {
     reduceElems<T>(r, o, off, unit);
   }
 }
 
+template <int OP = -1>
 __device__ EXEC_OP_FN void reduceDispatch(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
 #if defined(MSCCLPP_EXECUTOR_JIT)
-  reduceOp<MSCCLPP_EXECUTOR_JIT_TYPE>(r, o, off, unit);
+  reduceOp<MSCCLPP_EXECUTOR_JIT_TYPE, OP>(r, o, off, unit);
 #else
   switch (r.a.dtype) {
     case EXEC_I8: reduceOp<int8_t>(r, o, off, unit); break;
@@ -504,7 +554,7 @@ __device__ EXEC_OP_FN void put(const Run& r, const ExecOp& o, uint64_t off, uint
     }
     return;
   }
-  for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+  EXEC_FOR_THREAD(i, o.nOutputs, EXEC_MAX_BUFFERS_PER_OP) {
     const uint64_t size = stepSize(o.outputSizes[i], off, unit);
     if (size == 0) continue;
     const PortEnds e = portEnds(r, o, i, off, 1);
@@ -519,15 +569,16 @@ __device__ EXEC_OP_FN void put(const Run& r, const ExecOp& o, uint64_t off, uint
   }
 }
 
-template <typename P>
+template <typename P, int OP = -1>
 __device__ EXEC_OP_FN void movePackets(const Run& r, const ExecOp& o) {
   using W = typename P::Payload;
   const uint64_t size = o.inputSizes[0];
   char* src = r.local(o.inputRefs[0]);
-  switch (o.opType) {
+  // OP known (kJitOp): the switch folds before the cases' code is inlined (as reduceOp).
+  switch (OP >= 0 ? OP : (int)o.opType) {
     case EXEC_PUT_PACKETS:
       if (o.channelType == EXEC_CHANNEL_PORT) {
-        for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+        EXEC_FOR_THREAD(i, o.nOutputs, EXEC_MAX_BUFFERS_PER_OP) {
           const PortEnds e = portEnds(r, o, i, 0, 2);
           BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
           ch.put(e.dst, e.dstOff, e.src, e.srcOff, 2 * (uint64_t)o.inputSizes[i]);
@@ -566,7 +617,7 @@ __device__ EXEC_OP_FN void movePackets(const Run& r, const ExecOp& o) {
       }
       if (o.channelType == EXEC_CHANNEL_PORT) {
         __syncthreads();
-        for (int i = threadIdx.x; i < o.nOutputs; i += blockDim.x) {
+        EXEC_FOR_THREAD(i, o.nOutputs, EXEC_MAX_BUFFERS_PER_OP) {
           const PortEnds e = portEnds(r, o, i, 0, 2);
           BasePortChannelDeviceHandle ch = r.b->portChannels[o.channels[i]];
           ch.put(e.dst, e.dstOff, e.src, e.srcOff, 2 * size);
@@ -587,7 +638,7 @@ __device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t o
     if (threadIdx.x == 0 && o.nBlocks > 1) gridBarrier(r.a.barriers + 2 * o.barrierId, o.nBlocks);
     __syncthreads();
   } else if constexpr (OP == EXEC_SIGNAL || OP == EXEC_RELAXED_SIGNAL) {
-    for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+    EXEC_FOR_THREAD(k, o.nChannels, EXEC_MAX_CHANNELS_PER_OP) {
       if (o.channelType == EXEC_CHANNEL_MEMORY) {
         BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
         if (OP == EXEC_SIGNAL) {
@@ -601,7 +652,7 @@ __device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t o
       }
     }
   } else if constexpr (OP == EXEC_WAIT || OP == EXEC_RELAXED_WAIT) {
-    for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+    EXEC_FOR_THREAD(k, o.nChannels, EXEC_MAX_CHANNELS_PER_OP) {
       if (o.channelType == EXEC_CHANNEL_MEMORY) {
         BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
         if (OP == EXEC_WAIT) {
@@ -615,7 +666,7 @@ __device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t o
       }
     }
   } else if constexpr (OP == EXEC_FLUSH) {
-    for (int k = threadIdx.x; k < o.nChannels; k += blockDim.x) {
+    EXEC_FOR_THREAD(k, o.nChannels, EXEC_MAX_CHANNELS_PER_OP) {
       BasePortChannelDeviceHandle h = r.b->portChannels[o.channels[k]];
       h.flush();
     }
@@ -637,16 +688,16 @@ __device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t o
   } else if constexpr (OP == EXEC_REDUCE || OP == EXEC_REDUCE_SEND || OP == EXEC_READ_REDUCE ||
                        OP == EXEC_READ_REDUCE_SEND || OP == EXEC_REDUCE_PACKETS || OP == EXEC_REDUCE_SEND_PACKETS ||
                        OP == EXEC_REDUCE_COPY_PACKETS || OP == EXEC_REDUCE_COPY_SEND_PACKETS) {
-    reduceDispatch(r, o, off, unit);
+    reduceDispatch<kJitOp<OP>>(r, o, off, unit);
   } else if constexpr (OP == EXEC_PUT_PACKETS || OP == EXEC_READ_PUT_PACKETS || OP == EXEC_COPY_PACKETS ||
                        OP == EXEC_UNPACK_PACKETS) {
     if (!packetLL8(r)) {
-      movePackets<LL16Packet>(r, o);
+      movePackets<LL16Packet, kJitOp<OP>>(r, o);
     } else {
-      movePackets<LL8Packet>(r, o);
+      movePackets<LL8Packet, kJitOp<OP>>(r, o);
     }
   } else if constexpr (OP == EXEC_SEM_ACQUIRE) {
-    for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+    EXEC_FOR_THREAD(k, o.nSemaphores, EXEC_MAX_SEMAPHORES_PER_OP) {
       int32_t* s = r.a.semaphores + o.semaphoreIds[k];
       volatile int32_t* vs = s;
       bool done = false;
@@ -657,7 +708,7 @@ __device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t o
       __threadfence();
     }
   } else if constexpr (OP == EXEC_SEM_RELEASE) {
-    for (int k = threadIdx.x; k < o.nSemaphores; k += blockDim.x) {
+    EXEC_FOR_THREAD(k, o.nSemaphores, EXEC_MAX_SEMAPHORES_PER_OP) {
       __threadfence();
       atomicAdd(r.a.semaphores + o.semaphoreIds[k], 1);
     }
