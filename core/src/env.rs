@@ -192,16 +192,21 @@ pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
 pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// `MSCCLPP_EXECUTOR_JIT`: whether GPU executions of plans run kernels compiled from the plan at
 /// load time (core/src/executor/run/jit.rs; CUDA, with libnvrtc) instead of the interpreter.
-/// Off by default until it has run on a GPU (`1`/`true` turns it on; without a run-time
-/// compiler, or for a plan that does not compile, the interpreter runs).
+/// On by default since its GPU run (docs/executor.md: on an H100 on 2026-12-06 ExecutorTest
+/// passed with it at 2 and 4 ranks and 0 wrong values in every timed plan); `0`/`false` turns
+/// it off. Without a run-time compiler, or for a plan that does not compile, the interpreter
+/// runs.
 pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
 /// `MSCCLPP_EXECUTOR_JIT_THREADS`: with [`EXECUTOR_JIT`] on, launches of up to this many threads
 /// per GPU block run compiled plans, wider ones the interpreter (default
 /// [`EXECUTOR_JIT_THREADS_DEFAULT`]; 1024: every launch; a multiple of 32 from 32 to 1024).
 pub const EXECUTOR_JIT_THREADS: &str = "MSCCLPP_EXECUTOR_JIT_THREADS";
-/// The default of [`EXECUTOR_JIT_THREADS`]: on the H200 (round 15, docs/perf.md) one-lane
-/// launches of 1024 threads were slower compiled than interpreted.
-pub const EXECUTOR_JIT_THREADS_DEFAULT: u32 = 256;
+/// The default of [`EXECUTOR_JIT_THREADS`]: every launch. Round 15 (H200) found one-lane
+/// launches of 1024 threads slower compiled than interpreted, while the generated kernels kept
+/// their ops in local memory; without it (round 16, H100, docs/perf.md) they were the fastest
+/// (`allreduce_simple_n2` at 16 KiB: 10.53 us against 28.69 interpreted and 29.05 with launches
+/// of up to 256 compiled).
+pub const EXECUTOR_JIT_THREADS_DEFAULT: u32 = 1024;
 /// `MSCCLPP_P2P_TUNE`: knobs of the GPU point-to-point kernels ([`P2pTune`]).
 pub const P2P_TUNE: &str = "MSCCLPP_P2P_TUNE";
 
@@ -547,12 +552,12 @@ pub const VARS: &[Var] = &[
     ),
     var(
         EXECUTOR_JIT,
-        "0",
+        "1",
         "boolean: GPU plans run kernels compiled from the plan at load time (NVRTC), else the interpreter",
     ),
     var(
         EXECUTOR_JIT_THREADS,
-        "256",
+        "1024",
         "32-1024, a multiple of 32: the widest launch (threads per GPU block) that runs a compiled plan",
     ),
     var(
@@ -662,7 +667,7 @@ pub struct Env {
     executor_bytes_per_lane: Parsed<Option<usize>>,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync_split: Parsed<bool>,
-    executor_jit: Parsed<bool>,
+    executor_jit: Parsed<Option<bool>>,
     executor_jit_threads: Parsed<Option<u32>>,
     executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
@@ -1030,7 +1035,10 @@ impl Env {
             executor_threads: parse_threads(EXECUTOR_THREADS, lookup(EXECUTOR_THREADS)),
             executor_jit_threads: parse_threads(EXECUTOR_JIT_THREADS, lookup(EXECUTOR_JIT_THREADS)),
             executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
-            executor_jit: parse_bool(EXECUTOR_JIT, lookup(EXECUTOR_JIT).as_deref()),
+            // Unset or blank: the default (on), not parse_bool's false.
+            executor_jit: non_empty(lookup(EXECUTOR_JIT))
+                .map(|v| parse_bool(EXECUTOR_JIT, Some(&v)))
+                .transpose(),
             executor_kernel: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
@@ -1227,9 +1235,9 @@ impl Env {
         self.executor_lane_sync_split.clone().unwrap_or(false)
     }
     /// `MSCCLPP_EXECUTOR_JIT`: whether GPU plans run kernels compiled from the plan (default
-    /// off); a malformed value is warned about at startup and the default used.
+    /// on); a malformed value is warned about at startup and the default used.
     pub fn executor_jit(&self) -> bool {
-        self.executor_jit.clone().unwrap_or(false)
+        self.executor_jit.clone().ok().flatten().unwrap_or(true)
     }
     /// `MSCCLPP_EXECUTOR_JIT_THREADS`: the widest launch (threads per GPU block) that runs a
     /// compiled plan (default [`EXECUTOR_JIT_THREADS_DEFAULT`]); a malformed value is warned
@@ -1498,13 +1506,15 @@ mod tests {
             "{:?}",
             e.problems()
         );
-        // Plans compiled at load time: off unless asked; a malformed value is a problem.
-        assert!(!env_of(&[]).executor_jit());
+        // Plans compiled at load time: on unless turned off; a malformed value is a problem.
+        assert!(env_of(&[]).executor_jit());
+        assert!(env_of(&[(EXECUTOR_JIT, " ")]).executor_jit());
         assert!(env_of(&[(EXECUTOR_JIT, "1")]).executor_jit());
         assert!(env_of(&[(EXECUTOR_JIT, " On ")]).executor_jit());
         assert!(!env_of(&[(EXECUTOR_JIT, "0")]).executor_jit());
+        assert!(!env_of(&[(EXECUTOR_JIT, "false")]).executor_jit());
         let e = env_of(&[(EXECUTOR_JIT, "sometimes")]);
-        assert!(!e.executor_jit());
+        assert!(e.executor_jit());
         assert!(
             e.problems()
                 .iter()
@@ -1512,15 +1522,15 @@ mod tests {
             "{:?}",
             e.problems()
         );
-        // The widest compiled launch: 256 unless asked; a multiple of 32 up to 1024.
-        assert_eq!(env_of(&[]).executor_jit_threads(), 256);
+        // The widest compiled launch: 1024 (every launch) unless asked; a multiple of 32.
+        assert_eq!(env_of(&[]).executor_jit_threads(), 1024);
         assert_eq!(
-            env_of(&[(EXECUTOR_JIT_THREADS, "1024")]).executor_jit_threads(),
-            1024
+            env_of(&[(EXECUTOR_JIT_THREADS, "256")]).executor_jit_threads(),
+            256
         );
         for bad in ["0", "100", "2048", "all"] {
             let e = env_of(&[(EXECUTOR_JIT_THREADS, bad)]);
-            assert_eq!(e.executor_jit_threads(), 256, "{bad}");
+            assert_eq!(e.executor_jit_threads(), 1024, "{bad}");
             assert!(
                 e.problems().iter().any(|m| m.contains(&format!(
                     "MSCCLPP_EXECUTOR_JIT_THREADS={bad}: expected a multiple of 32 from 32 to 1024"

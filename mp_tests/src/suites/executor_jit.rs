@@ -1,8 +1,8 @@
 //! ExecutorJitTest: plans compiled at load time (`MSCCLPP_EXECUTOR_JIT`,
 //! core/src/executor/run/jit.rs). Needs no GPU. A plan's part for a rank becomes a kernel
 //! source at 1 unit, 64 KiB and 4 MiB (those in its range) for f16, launches of up to 256
-//! threads (wider ones run on the interpreter unless `MSCCLPP_EXECUTOR_JIT_THREADS` says
-//! otherwise: refused with a reason) and, for LL plans, both
+//! threads and (ShippedPlansCompile, rank 0's part) of 1024 (refused with a reason where
+//! `MSCCLPP_EXECUTOR_JIT_THREADS` keeps them on the interpreter) and, for LL plans, both
 //! packet formats; the sizes must share one source (one structure per plan); on a CUDA build
 //! with libnvrtc each distinct source compiles for sm_90. The work is split over the ranks (unit
 //! k on rank k % world size), so each source compiles once. Without a run-time compiler (host or
@@ -153,8 +153,9 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
         }
     }
     let mut units = Vec::new();
+    let wide_compiled = mscclpp::env::env().executor_jit_threads() >= 1024;
     for (name, json, n) in &names {
-        // Launches of up to 256 threads per block, those compiled by default (gpu::jit_bound).
+        // Launches of up to 256 threads per block (the 256-thread build, gpu::jit_bound).
         for rank in [0, n - 1] {
             units.push(Unit {
                 name,
@@ -163,14 +164,23 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
                 threads: 256,
             });
         }
-        // Wider launches run on the interpreter (unless MSCCLPP_EXECUTOR_JIT_THREADS says
-        // otherwise): no source, an error saying so.
+        // Wider launches (the 1024-thread build: no prefetch in reductions) are compiled
+        // unless MSCCLPP_EXECUTOR_JIT_THREADS keeps them on the interpreter: then no source, an
+        // error saying so.
+        if wide_compiled {
+            units.push(Unit {
+                name,
+                json,
+                rank: 0,
+                threads: 1024,
+            });
+        }
         let plan = ok!(ExecutionPlan::from_json(json, 0), "parsing {name}");
         let bytes = source_sizes(&plan)[0];
         let recv = recv_of(&plan, bytes);
         let wide =
             Executor::kernel_source(&plan, bytes, recv, DataType::F16, PacketType::LL16, 1024);
-        match (wide, mscclpp::env::env().executor_jit_threads() >= 1024) {
+        match (wide, wide_compiled) {
             (Ok(src), true) => EXPECT_TRUE!(
                 src.contains("__launch_bounds__(1024)"),
                 "{name}: 1024 threads: not a 1024-thread kernel:\n{src}"

@@ -197,17 +197,16 @@ pub(crate) unsafe fn launch(
 
 /// The thread bound a compiled plan (jit.rs) is built for when launched with `threads` threads
 /// per block: [`NARROW_THREADS`] where they fit (as [`kernel`] picks the 256-thread build), else
-/// 1024; `None` above `max` (`MSCCLPP_EXECUTOR_JIT_THREADS`, default 256), where the launch runs
-/// on the interpreter. Why 256 by default: on the H200 (2026-12-06, 2 ranks sharing it,
-/// docs/perf.md) every one-lane launch of 1024 threads was slower compiled than interpreted
-/// (`allreduce_simple_n2` at 32 KiB 39.0 against 29.3 us, upstream's `reduce` at 16 KiB 42.1
-/// against 32.5), while the launches of up to 256 threads were faster in all rows but two at
-/// 1 KiB. The generated kernels then kept their `ExecOp`s in local memory (`ptxas -v`, sm_90:
-/// a 1920-byte stack frame in `allreduce_simple_n2`, every thread writing its own copy): loops
-/// indexed the ops' arrays at run time. Since the loops are unrolled in generated kernels
-/// (executor_body.cuh's EXEC_FOR_EACH and EXEC_FOR_THREAD) and the parameter is
-/// `__grid_constant__`, every shipped and upstream plan's kernel has only the device checks'
-/// 48 bytes; whether 1024-thread launches now win is for the GPU to say (the knob).
+/// 1024; `None` above `max` (`MSCCLPP_EXECUTOR_JIT_THREADS`, default 1024: never), where the
+/// launch runs on the interpreter. History: on the H200 in round 15 every one-lane launch of
+/// 1024 threads was slower compiled than interpreted (`allreduce_simple_n2` at 32 KiB 39.0
+/// against 29.3 us), so only launches of up to 256 were compiled. The generated kernels then
+/// kept their `ExecOp`s in local memory (`ptxas -v`, sm_90: a 1920-byte stack frame in
+/// `allreduce_simple_n2`, every thread writing its own copy). With the ops' loops unrolled in
+/// generated kernels (executor_body.cuh's EXEC_FOR_EACH and EXEC_FOR_THREAD) and a
+/// `__grid_constant__` parameter, the 1024-thread launches were the fastest of the three on an
+/// H100 (round 16, docs/perf.md: `allreduce_simple_n2` at 16 KiB 10.53 us compiled, 28.69
+/// interpreted).
 pub(crate) fn jit_bound(threads: u32, max: u32) -> Option<u32> {
     (threads <= max).then_some(if threads <= NARROW_THREADS {
         NARROW_THREADS

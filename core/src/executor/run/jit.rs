@@ -381,6 +381,12 @@ impl JitCache {
                 );
                 Some(k)
             }
+            // A backend without a run-time compiler (ROCm for now): expected with the default
+            // on, so not a warning.
+            Err(e @ mscclpp_hal::Error::Unsupported { .. }) => {
+                log::info!("executor: plans run on the interpreter: {e}");
+                None
+            }
             Err(e) => {
                 log::warn!(
                     "executor: a plan could not be compiled, it runs on the interpreter: {e}"

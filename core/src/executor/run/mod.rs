@@ -198,7 +198,7 @@ impl Executor {
     /// launched with `threads` threads per GPU block (`MSCCLPP_EXECUTOR_JIT`; docs/executor.md
     /// "Plans compiled at load time"; the GPU path picks the threads per size, at most the
     /// plan's `num_threads_per_block`, and compiles launches of up to
-    /// `MSCCLPP_EXECUTOR_JIT_THREADS`, default 256; `threads` above that: an error, those
+    /// `MSCCLPP_EXECUTOR_JIT_THREADS`, default 1024; `threads` above that: an error, those
     /// launches run on the interpreter). One source
     /// serves every size whose lowered ops have the same structure (the offsets and sizes are
     /// values of the launch). Needs no GPU: for reading what a plan becomes, and for
