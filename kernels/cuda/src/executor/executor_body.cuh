@@ -60,10 +60,9 @@ using mscclpp::coll::Elem;
 /// `for k in 0..n` over the items of an op one per thread (item k on thread k, k + blockDim, ...):
 /// channels, port outputs, semaphores (N: the op array's size). In a generated kernel the loop
 /// is unrolled to N with constant indexes, `n` (a literal there) and the thread as the guard
-/// (bounded by `n` alone it was not unrolled in time), so the op's
-/// arrays stay constants (indexed by threadIdx.x, each such ExecOp went to local memory: with
-/// the other cases below, a 1920-byte stack frame per thread in allreduce_simple_n2, ptxas -v,
-/// sm_90).
+/// (bounded by `n` alone it was not unrolled in time), so the op's arrays stay constants.
+/// Indexed by threadIdx.x, each such ExecOp went to local memory: with the case below, a
+/// 1920-byte stack frame per thread in allreduce_simple_n2 (ptxas -v, sm_90).
 #if defined(MSCCLPP_EXECUTOR_JIT)
 #define EXEC_FOR_THREAD(k, n, N)                 \
   _Pragma("unroll") for (int k = 0; k < (N); ++k) \
