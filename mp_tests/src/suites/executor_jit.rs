@@ -84,6 +84,12 @@ fn sources_of(ctx: &TestContext, units: &[Unit]) -> BTreeMap<String, String> {
                     src.contains("extern \"C\" __global__") && src.contains("step<"),
                     "{name} rank {r}: not a plan kernel:\n{src}"
                 );
+                // Built for the launch's width: the 256-thread build up to 256, else 1024.
+                let bound = if threads <= 256 { 256 } else { 1024 };
+                EXPECT_TRUE!(
+                    src.contains(&format!("__launch_bounds__({bound})")),
+                    "{name} rank {r}: {threads} threads: not a {bound}-thread kernel:\n{src}"
+                );
                 if !seen.contains(&src) {
                     seen.push(src);
                 }
@@ -165,8 +171,8 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
             });
         }
         // Wider launches (the 1024-thread build: no prefetch in reductions) are compiled
-        // unless MSCCLPP_EXECUTOR_JIT_THREADS keeps them on the interpreter: then no source, an
-        // error saying so.
+        // (sources_of checks their bound) unless MSCCLPP_EXECUTOR_JIT_THREADS keeps them on
+        // the interpreter: then no source, an error saying so.
         if wide_compiled {
             units.push(Unit {
                 name,
@@ -174,20 +180,14 @@ TEST!(ExecutorJitTest, ShippedPlansCompile, |ctx| {
                 rank: 0,
                 threads: 1024,
             });
+            continue;
         }
         let plan = ok!(ExecutionPlan::from_json(json, 0), "parsing {name}");
         let bytes = source_sizes(&plan)[0];
         let recv = recv_of(&plan, bytes);
-        let wide =
-            Executor::kernel_source(&plan, bytes, recv, DataType::F16, PacketType::LL16, 1024);
-        match (wide, wide_compiled) {
-            (Ok(src), true) => EXPECT_TRUE!(
-                src.contains("__launch_bounds__(1024)"),
-                "{name}: 1024 threads: not a 1024-thread kernel:\n{src}"
-            ),
-            (Err(e), true) => EXPECT_TRUE!(false, "{name}: 1024 threads: {e}"),
-            (Ok(_), false) => EXPECT_TRUE!(false, "{name}: a source for 1024 threads per block"),
-            (Err(e), false) => EXPECT_TRUE!(
+        match Executor::kernel_source(&plan, bytes, recv, DataType::F16, PacketType::LL16, 1024) {
+            Ok(_) => EXPECT_TRUE!(false, "{name}: a source for 1024 threads per block"),
+            Err(e) => EXPECT_TRUE!(
                 e.to_string().contains("run on the interpreter")
                     && e.to_string().contains("MSCCLPP_EXECUTOR_JIT_THREADS"),
                 "{name}: 1024 threads refused with: {e}"
