@@ -257,6 +257,15 @@ pub(crate) fn report(o: &Opts, bench: &Bench) -> Result<bool, String> {
                     ex.busbw,
                     w(&ex)
                 );
+                // Eager GPU timings: how long the host took to issue a call, plan and native
+                // (an eager time near it is the host's, not the kernel's).
+                if ex.host_us > 0.0 {
+                    println!(
+                        "#   host issue us per call: plan {:.2} native {}",
+                        ex.host_us,
+                        nat.map_or("N/A".into(), |m| format!("{:.2}", m.host_us))
+                    );
+                }
             }
             rows.push(PlanRow {
                 collective: kind.name().into(),
