@@ -414,6 +414,51 @@ pub(crate) fn upstream_plan_files() -> (String, Vec<std::path::PathBuf>) {
     (dir, files)
 }
 
+// A GPU call made again (same plan, buffers, size, data type, packet type and stream) repeats
+// the last launch without the checks and lookups of the first (Executor::repeated_launches);
+// its results stay exact, and another data type, new buffers or a traced call go the full way.
+TEST!(ExecutorTest, RepeatedCallsRelaunch, |ctx| {
+    if !is_gpu_build() {
+        SKIP!("repeated launches are the GPU path's; the host interpreter runs every call the full way");
+    }
+    let env = exec_env();
+    let (_, plan) = shipped_plan(ctx, "allreduce_ll");
+    env.exec.reset();
+    let seed = agreed_seed();
+    let bytes = sizes(&plan)[1];
+    let run = |dtypes: &[DataType], calls: u32| {
+        let mut errors = Vec::new();
+        let before = env.exec.repeated_launches();
+        let bad = check_plan(
+            &env.exec,
+            &plan,
+            bytes,
+            dtypes,
+            &[PacketType::LL16],
+            calls,
+            seed,
+            &mut errors,
+        );
+        (bad, env.exec.repeated_launches() - before, errors)
+    };
+    // New buffers: the first call goes the full way, the next two repeat it.
+    let (bad, repeats, errors) = run(&[DataType::F32], 3);
+    EXPECT_EQ!(bad, 0, "three calls: {:?}", errors);
+    EXPECT_EQ!(repeats, 2, "calls 2 and 3 repeat the first's launch");
+    // Two data types: each one's first call goes the full way.
+    let (bad, repeats, errors) = run(&[DataType::F32, DataType::I32], 2);
+    EXPECT_EQ!(bad, 0, "two types: {:?}", errors);
+    EXPECT_EQ!(repeats, 2, "one repeat per data type");
+    // Traced calls count their ops: never a repeat of an untraced launch, nor repeated.
+    env.exec.set_trace(true);
+    let (bad, repeats, errors) = run(&[DataType::F32], 2);
+    env.exec.set_trace(false);
+    let _ = env.exec.take_trace();
+    EXPECT_EQ!(bad, 0, "traced: {:?}", errors);
+    EXPECT_EQ!(repeats, 0, "traced calls go the full way");
+    env.exec.reset();
+});
+
 TEST!(ExecutorTest, UpstreamPlans, |ctx| {
     let (dir, files) = upstream_plan_files();
     let env = exec_env();

@@ -9,7 +9,7 @@ use mscclpp_hal::Gpu;
 
 use super::context::ExecContext;
 use crate::collectives::gpu::GpuCtx;
-use crate::collectives::{DataType, RawStream};
+use crate::collectives::DataType;
 use crate::env::ExecutorKernel;
 use crate::error::{Error, Result};
 use crate::executor::lower::device::ExecArgs;
@@ -167,34 +167,6 @@ pub(crate) fn kernel(threads: u32, choice: ExecutorKernel) -> kernels::Kernel {
     }
 }
 
-/// Launches the executor kernel for `args` on `stream` (`args.lanes` GPU blocks per plan
-/// block of `threads` threads).
-///
-/// # Safety
-/// Every address in `args` stays valid until the kernel finished; `stream` is 0 or a live
-/// stream of `g`'s device.
-pub(crate) unsafe fn launch(
-    g: &GpuCtx,
-    plan: &ExecutionPlan,
-    ctx: &ExecContext,
-    args: ExecArgs,
-    threads: u32,
-    stream: RawStream,
-) -> Result<()> {
-    check_resident(plan, ctx, &args)?;
-    // SAFETY: forwarded from the caller; ExecArgs mirrors the kernel's parameter (both
-    // builds take the same one).
-    unsafe {
-        g.launch(
-            kernel(threads, crate::env::env().executor_kernel()),
-            args.nblocks * args.lanes.max(1),
-            threads,
-            &args,
-            stream,
-        )
-    }
-}
-
 /// The thread bound a compiled plan (jit.rs) is built for when launched with `threads` threads
 /// per block: [`NARROW_THREADS`] where they fit (as [`kernel`] picks the 256-thread build), else
 /// 1024; `None` above `max` (`MSCCLPP_EXECUTOR_JIT_THREADS`, default 1024: never), where the
@@ -215,37 +187,12 @@ pub(crate) fn jit_bound(threads: u32, max: u32) -> Option<u32> {
     })
 }
 
-/// Launches the compiled plan of `jit` (jit.rs) with `args` and its values on `stream`, in the
-/// shape of [`launch`].
-///
-/// # Safety
-/// As [`launch`]; `jit` was made from the blocks `args` points at.
-pub(crate) unsafe fn launch_jit(
-    g: &GpuCtx,
+/// Every plan block must be resident at once (they wait on each other).
+pub(crate) fn check_resident(
     plan: &ExecutionPlan,
     ctx: &ExecContext,
-    jit: &super::jit::JitLaunch,
     args: &ExecArgs,
-    threads: u32,
-    stream: RawStream,
 ) -> Result<()> {
-    check_resident(plan, ctx, args)?;
-    jit.with_params(args, |params| {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            g.launch_loaded(
-                &jit.kernel,
-                args.nblocks * args.lanes.max(1),
-                threads,
-                params,
-                stream,
-            )
-        }
-    })
-}
-
-/// Every plan block must be resident at once (they wait on each other).
-fn check_resident(plan: &ExecutionPlan, ctx: &ExecContext, args: &ExecArgs) -> Result<()> {
     if args.nblocks > ctx.sms {
         return Err(Error::Executor(format!(
             "plan `{}`: {} thread blocks on GPU {} with {} SMs: every block must be resident (they wait on each other)",

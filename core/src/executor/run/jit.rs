@@ -278,33 +278,18 @@ pub(crate) struct JitLaunch {
     pub tail: Vec<u8>,
 }
 
-impl JitLaunch {
-    /// Calls `f` with the kernel parameter for `args` ([`with_params`]).
-    pub(crate) fn with_params<R>(&self, args: &ExecArgs, f: impl FnOnce(&[u8]) -> R) -> R {
-        with_params(args, &self.tail, f)
-    }
-}
-
-/// Calls `f` with a generated kernel's parameter: `args`, then `tail` ([`values_tail`]). On the
-/// stack when it fits 2 KiB (a launch makes no heap allocation: issue 28), else on the heap.
-pub(crate) fn with_params<R>(args: &ExecArgs, tail: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
-    const STACK: usize = 2048;
+/// A generated kernel's parameter: `args`, then `tail` ([`values_tail`]). Made once per call
+/// the executor has not launched just before; a repeated call launches the same bytes again
+/// (run/mod.rs, `LastLaunch`), with no heap allocation (issue 28).
+pub(crate) fn params(args: &ExecArgs, tail: &[u8]) -> Vec<u8> {
     let head = std::mem::size_of::<ExecArgs>();
-    let len = head + tail.len();
     // SAFETY: ExecArgs is a #[repr(C)] struct of integers; its bytes are plain data.
     let args_bytes =
         unsafe { std::slice::from_raw_parts((args as *const ExecArgs).cast::<u8>(), head) };
-    if len <= STACK {
-        let mut buf = [0u8; STACK];
-        buf[..head].copy_from_slice(args_bytes);
-        buf[head..len].copy_from_slice(tail);
-        f(&buf[..len])
-    } else {
-        let mut buf = Vec::with_capacity(len);
-        buf.extend_from_slice(args_bytes);
-        buf.extend_from_slice(tail);
-        f(&buf)
-    }
+    let mut buf = Vec::with_capacity(head + tail.len());
+    buf.extend_from_slice(args_bytes);
+    buf.extend_from_slice(tail);
+    buf
 }
 
 /// Compiled kernels by source, per GPU context (a failed compile is remembered as `None`, so it
@@ -493,7 +478,7 @@ mod tests {
         args.nblocks = 3;
         let head = std::mem::size_of::<ExecArgs>();
         for values in [vec![7u32, 9, 11], (0..1000).collect()] {
-            let p = with_params(&args, &values_tail(&values), |p| p.to_vec());
+            let p = params(&args, &values_tail(&values));
             assert!(p.len().is_multiple_of(8));
             assert_eq!(p.len(), (head + 4 * values.len()).div_ceil(8) * 8);
             // SAFETY: ExecArgs is integers only.
@@ -505,7 +490,7 @@ mod tests {
             assert_eq!(&p[head + 8..head + 12], &values[2].to_le_bytes());
         }
         // No values: one zero (the C array has a length of at least one).
-        assert_eq!(with_params(&args, &values_tail(&[]), |p| p.len()), head + 8);
+        assert_eq!(params(&args, &values_tail(&[])).len(), head + 8);
     }
 
     #[test]
