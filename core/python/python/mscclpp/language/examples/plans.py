@@ -14,8 +14,8 @@ per peer unless said; every LL plan declares max_message_size 1 MiB, see LL_MAX)
   allreduce_ll_fwd   LL, double scratch; ppkt, recspkt / repkt+cpkt+rppkt / recpkt+rppkt, upkt.
   allreduce_allpair_ll
                      LL, double scratch, out of place (the native allpair_packet's
-                     one hop): ppkt of the whole input to every peer, repkt of the input and
-                     every peer's packets into the output (split).
+                     one hop, and its range: up to 16 KiB): ppkt of the whole input to every
+                     peer, repkt of the input and every peer's packets into the output (split).
   allgather_simple   in place; rlxsignal/rlxwait start sync, put, signal/wait.
   allgather_oop      out of place; copy, put, signal/wait.
   allgather_ll       LL, double scratch; ppkt, upkt.
@@ -218,12 +218,20 @@ def allreduce_ll_fwd(n: int) -> CollectiveProgram:
     return prog
 
 
+ALLPAIR_MAX = 16 << 10
+"""Largest message of allreduce_allpair_ll: the native selector's range of allpair_packet, the
+algorithm the plan mirrors. Above it the one hop sends n - 1 copies of the whole input (the
+two-hop LL plans send about two): at 1 MiB the plan took 2.6x the native time at 4 ranks
+sharing an H100 (docs/perf.md, round 16), and a plan folder holding both should not pick it."""
+
+
 def allreduce_allpair_ll(n: int) -> CollectiveProgram:
-    """One hop, as the native allpair_packet (its selector's choice up to 16 KiB): block j puts
-    the whole input as packets into peer j's scratch (slot pos(r, p)), then all blocks reduce
-    the input with every peer's packets into the output. Each rank sends n - 1 copies of its
-    input; like every LL plan it stops at 1 MiB (LL_MAX)."""
-    with program(f"allreduce_allpair_ll_n{n}", AllReduce(n, 1, False), n, ll=True) as prog:
+    """One hop, as the native allpair_packet (its selector's choice up to 16 KiB, ALLPAIR_MAX):
+    block j puts the whole input as packets into peer j's scratch (slot pos(r, p)), then all
+    blocks reduce the input with every peer's packets into the output. Each rank sends n - 1
+    copies of its input."""
+    with program(f"allreduce_allpair_ll_n{n}", AllReduce(n, 1, False), n, ll=True,
+                 max_message_size=ALLPAIR_MAX) as prog:
         inp, out = inputs(n), outputs(n)
         scratch = [Buffer(r, n * (n - 1)) for r in range(n)]
         for r in range(n):
