@@ -31,6 +31,10 @@ pub const NVRTC_SO: &str = "MSCCLPP_NVRTC_SO";
 pub const CUDA_INCLUDE: &str = "MSCCLPP_CUDA_INCLUDE";
 /// `MSCCLPP_RTC_CACHE`: where run-time compiled code is kept.
 pub const RTC_CACHE: &str = "MSCCLPP_RTC_CACHE";
+/// Most MiB of compiled code `MSCCLPP_RTC_CACHE`'s folder keeps.
+pub const RTC_CACHE_MAX_MB: &str = "MSCCLPP_RTC_CACHE_MAX_MB";
+/// [`RTC_CACHE_MAX_MB`]'s default: a few hundred plan kernels of 100-500 KiB each.
+pub const RTC_CACHE_MAX_MB_DEFAULT: u64 = 256;
 
 /// One environment variable: its name, its default and what it does.
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +106,13 @@ pub const VARS: &[Var] = &[
         default: "$XDG_CACHE_HOME/mscclpp/rtc, else ~/.cache/mscclpp/rtc",
         doc: "folder where run-time compiled code is kept by a hash of its inputs; 0 or off: \
               not kept",
+    },
+    Var {
+        name: RTC_CACHE_MAX_MB,
+        default: "256",
+        doc: "integer, MiB: after each new entry, the code objects of MSCCLPP_RTC_CACHE used \
+              longest ago are removed until the rest fit; a malformed value is warned about and \
+              the default used",
     },
 ];
 
@@ -194,6 +205,29 @@ pub fn parse_rtc_cache(
             .or_else(|| parse_library_path(home).map(|h| h.join(".cache")))
             .map(|c| c.join("mscclpp").join("rtc")),
     }
+}
+
+/// The parser of `MSCCLPP_RTC_CACHE_MAX_MB` (`value`): the bound in bytes; unset or blank:
+/// [`RTC_CACHE_MAX_MB_DEFAULT`]; anything but a whole number of MiB: an error naming what was
+/// expected.
+pub fn parse_rtc_cache_max(value: Option<&str>) -> Result<u64, String> {
+    let mb = match value.map(str::trim) {
+        None | Some("") => RTC_CACHE_MAX_MB_DEFAULT,
+        Some(v) => v.parse::<u64>().map_err(|_| {
+            format!("{RTC_CACHE_MAX_MB}={v:?}: expected a whole number of MiB (e.g. 256)")
+        })?,
+    };
+    Ok(mb.saturating_mul(1 << 20))
+}
+
+/// `MSCCLPP_RTC_CACHE_MAX_MB` now in bytes ([`parse_rtc_cache_max`]); a malformed value is
+/// warned about (once) and the default used.
+pub fn rtc_cache_max_bytes() -> u64 {
+    parse_rtc_cache_max(read_string(RTC_CACHE_MAX_MB).as_deref()).unwrap_or_else(|e| {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| log::warn!("{e}; using {RTC_CACHE_MAX_MB_DEFAULT} MiB"));
+        RTC_CACHE_MAX_MB_DEFAULT << 20
+    })
 }
 
 /// `MSCCLPP_RTC_CACHE` now ([`parse_rtc_cache`]).
@@ -332,5 +366,27 @@ mod tests {
             Some(PathBuf::from("/h/.cache/mscclpp/rtc"))
         );
         assert_eq!(parse_rtc_cache(None, None, None), None);
+    }
+
+    #[test]
+    fn rtc_cache_bound() {
+        let mib = 1u64 << 20;
+        assert_eq!(
+            parse_rtc_cache_max(None),
+            Ok(RTC_CACHE_MAX_MB_DEFAULT * mib)
+        );
+        assert_eq!(
+            parse_rtc_cache_max(Some(" ")),
+            Ok(RTC_CACHE_MAX_MB_DEFAULT * mib)
+        );
+        assert_eq!(parse_rtc_cache_max(Some(" 64 ")), Ok(64 * mib));
+        assert_eq!(parse_rtc_cache_max(Some("0")), Ok(0));
+        for bad in ["-1", "1.5", "64M", "lots"] {
+            let e = parse_rtc_cache_max(Some(bad)).unwrap_err();
+            assert!(
+                e.contains(RTC_CACHE_MAX_MB) && e.contains("whole number of MiB"),
+                "{e}"
+            );
+        }
     }
 }

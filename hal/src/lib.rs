@@ -56,6 +56,8 @@ pub mod ipc;
 pub mod ipc_cache;
 mod multicast;
 mod nvls;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by cuda/rtc.rs; tested on every build
+mod rtc_cache;
 
 #[cfg(hal_cuda)]
 pub mod cuda;

@@ -14,7 +14,8 @@
 //! 128-bit hash of everything that decides it (source, headers, options, include folder, NVRTC
 //! version): the ranks of one machine and later runs load it instead of compiling (about a
 //! second per plan). Written to a temporary name and renamed, so a reader never sees a partial
-//! file.
+//! file. Bounded by `MSCCLPP_RTC_CACHE_MAX_MB` (default 256): after each new entry the entries
+//! used longest ago are removed until the rest fit (rtc_cache.rs).
 //!
 //! The toolkit headers the sources include (cuda_fp16.h, libcu++ under `cccl/`) come from
 //! `MSCCLPP_CUDA_INCLUDE` (a folder) when set, else the first of `$CUDA_HOME/include`,
@@ -309,15 +310,22 @@ pub(super) fn compile(
         })?;
     if let Some(p) = cached {
         store(&p, &code);
+        // The folder's bound (MSCCLPP_RTC_CACHE_MAX_MB): the entries used longest ago go.
+        if let Some(dir) = p.parent() {
+            crate::rtc_cache::prune(dir, crate::env::rtc_cache_max_bytes(), &p, LOCK_STALE);
+        }
     }
     Ok(code)
 }
 
-/// A cached code object at `path` when there is a whole one.
+/// A cached code object at `path` when there is a whole one (marked as used now, so the
+/// folder's bound removes it last).
 fn read_cached(path: &Path) -> Option<Vec<u8>> {
-    std::fs::read(path)
+    let code = std::fs::read(path)
         .ok()
-        .filter(|code| code.starts_with(b"\x7fELF"))
+        .filter(|code| code.starts_with(b"\x7fELF"))?;
+    crate::rtc_cache::touch(path);
+    Some(code)
 }
 
 /// How long a process waits for another one's compile of the same source before it compiles
