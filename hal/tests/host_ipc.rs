@@ -4,7 +4,7 @@
 
 use mscclpp_hal::api::Host;
 use mscclpp_hal::{prelude::*, Buffer, IpcDescriptor, MemoryKind};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const ROLE: &str = "MSCCLPP_HAL_TEST_ROLE";
@@ -103,13 +103,23 @@ fn host_memory_written_by_another_process() {
                 .env(ROLE, role)
                 .env(DESC, hex(&desc.to_bytes()))
                 .env(SEED, format!("{seed_a},{seed_b}"))
+                // Their output is kept, not mixed into this harness's (its `test result:`
+                // lines are what CI counts): shown only when a child fails.
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap(),
         );
     }
-    for mut c in children {
-        let status = c.wait().unwrap();
-        assert!(status.success(), "child failed: {status}");
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "child failed: {}\n--- stdout\n{}--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let w = words_of(&mem);
     // Two children, 1000 increments each, on the shared u64 made of words 0 and 1.
