@@ -8,7 +8,7 @@ use std::mem::{align_of, offset_of, size_of};
 
 use mscclpp::executor::device::{
     op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, LANE_WORDS,
-    REF_SWITCH, TRACE_HEADER_WORDS, TRACE_WORDS,
+    OP_LANE_LOCAL, REF_SWITCH, TRACE_HEADER_WORDS, TRACE_WORDS,
 };
 
 #[path = "common/cpp_dump.rs"]
@@ -51,6 +51,7 @@ fn executor_structs_match_the_c_header() {
     field!(ExecOp, n_outputs, "ExecOp.nOutputs");
     field!(ExecOp, reduce_op, "ExecOp.reduceOp");
     field!(ExecOp, n_semaphores, "ExecOp.nSemaphores");
+    field!(ExecOp, flags, "ExecOp.flags");
     field!(ExecOp, channels, "ExecOp.channels");
     field!(ExecOp, input_refs, "ExecOp.inputRefs");
     field!(ExecOp, output_refs, "ExecOp.outputRefs");
@@ -124,6 +125,7 @@ fn executor_structs_match_the_c_header() {
     );
     assert_eq!(usize::from(op::GROUP_STORE), get("EXEC_GROUP_STORE value"));
     assert_eq!(usize::from(REF_SWITCH), get("EXEC_REF_SWITCH value"));
+    assert_eq!(usize::from(OP_LANE_LOCAL), get("EXEC_OP_LANE_LOCAL value"));
     assert_eq!(
         usize::from(CHANNEL_SWITCH),
         get("EXEC_CHANNEL_SWITCH value")

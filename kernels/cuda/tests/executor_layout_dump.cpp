@@ -19,6 +19,7 @@ int main() {
   FIELD(ExecOp, nOutputs);
   FIELD(ExecOp, reduceOp);
   FIELD(ExecOp, nSemaphores);
+  FIELD(ExecOp, flags);
   FIELD(ExecOp, channels);
   FIELD(ExecOp, inputRefs);
   FIELD(ExecOp, outputRefs);
@@ -72,5 +73,6 @@ int main() {
               (int)EXEC_GROUP_LOAD_REDUCE, (int)EXEC_GROUP_LOAD_REDUCE_STORE, (int)EXEC_GROUP_STORE);
   std::printf("EXEC_REF_SWITCH value %d\nEXEC_CHANNEL_SWITCH value %d\n", (int)EXEC_REF_SWITCH,
               (int)EXEC_CHANNEL_SWITCH);
+  std::printf("EXEC_OP_LANE_LOCAL value %d\n", (int)EXEC_OP_LANE_LOCAL);
   return 0;
 }

@@ -9,6 +9,10 @@ use crate::executor::limits::{
 use crate::memory_channel::BaseMemoryChannelDeviceHandle;
 use crate::port_channel::BasePortChannelDeviceHandle;
 
+/// `ExecOp.flags` of a `nop` that is a barrier of a GPU block's threads only, not of the lanes
+/// of its plan block (`EXEC_OP_LANE_LOCAL`; set by the lowering, see `mark_lane_local_nops`).
+pub const OP_LANE_LOCAL: u8 = 1;
+
 /// Operation codes (`ExecOpType` of the C header); each names the plan's JSON op it encodes
 /// (docs/executor.md lists what this executor accepts).
 pub mod op {
@@ -109,8 +113,8 @@ pub struct ExecOp {
     pub reduce_op: u8,
     /// Number of used entries in `semaphore_ids`.
     pub n_semaphores: u8,
-    /// Padding to the C layout; always 0.
-    pub pad0: u8,
+    /// [`OP_LANE_LOCAL`] or 0.
+    pub flags: u8,
     /// Indexes into the block's channels of `channel_type`.
     pub channels: [u8; MAX_CHANNELS_PER_OP],
     /// Per input: a local buffer type, or [`REF_REMOTE`] plus a remote-buffer slot.

@@ -11,8 +11,8 @@ use super::model::{BufRef, Chunk, Op, RankPlan};
 use crate::memory_channel::BaseMemoryChannelDeviceHandle;
 use crate::port_channel::BasePortChannelDeviceHandle;
 use device::{
-    op, ExecBlock, ExecOp, CHANNEL_MEMORY, CHANNEL_NONE, CHANNEL_PORT, CHANNEL_SWITCH, REF_REMOTE,
-    REF_SWITCH, SWITCH_VECTOR_BYTES,
+    op, ExecBlock, ExecOp, CHANNEL_MEMORY, CHANNEL_NONE, CHANNEL_PORT, CHANNEL_SWITCH,
+    OP_LANE_LOCAL, REF_REMOTE, REF_SWITCH, SWITCH_VECTOR_BYTES,
 };
 pub(crate) use error::LowerError;
 use layout::Layout;
@@ -315,11 +315,49 @@ pub(crate) fn lower(rp: &RankPlan, l: &Layout, t: &Tables) -> R<Vec<Box<ExecBloc
                 source: Box::new(e),
             })?;
         }
+        mark_lane_local_nops(&mut ops);
         eb.n_ops = ops.len() as u32;
         eb.ops[..ops.len()].copy_from_slice(&ops);
         blocks.push(eb);
     }
     Ok(blocks)
+}
+
+/// Flags the `nop`s a GPU launch of several lanes per plan block can keep to each lane's own
+/// threads ([`OP_LANE_LOCAL`]): those between two synchronisation ops that lane 0 runs and
+/// whose threads need no order among themselves: a signal, then a signal or a wait; a wait,
+/// then a wait or the end of the block. Each such op runs on thread k of lane 0 for channel k,
+/// so a thread keeps its own order without the nop, the other lanes have nothing to do between
+/// them, and the next data op still waits for lane 0 behind the lane barrier of the nop before
+/// it (kept: after a wait it is the release of the other lanes; a wait, nop, signal keeps its
+/// nop too, since a chain of ranks may rely on every wait being done before any signal). At the
+/// end of the block the launch's end keeps the order. A nop of a pipeline's body, or next to
+/// one, stays as it is (the body repeats: its neighbours are not the list's). Upstream's
+/// `reduce` plan has 3 such nops of 7, the shipped Simple plans one per block (the last).
+fn mark_lane_local_nops(ops: &mut [ExecOp]) {
+    let mut in_body = vec![false; ops.len()];
+    for (i, o) in ops.iter().enumerate() {
+        if o.op_type == op::PIPELINE {
+            let end = (i + 1 + o.n_inner as usize).min(ops.len());
+            in_body[i + 1..end].iter_mut().for_each(|b| *b = true);
+        }
+    }
+    let signal = |t: u8| t == op::SIGNAL || t == op::RELAXED_SIGNAL;
+    let wait = |t: u8| t == op::WAIT || t == op::RELAXED_WAIT;
+    for i in 1..ops.len() {
+        let near_body =
+            in_body[i - 1] || in_body[i] || in_body.get(i + 1).copied().unwrap_or(false);
+        if ops[i].op_type != op::NOP || near_body {
+            continue;
+        }
+        let prev = ops[i - 1].op_type;
+        let next = ops.get(i + 1).map(|o| o.op_type);
+        let free = (signal(prev) && next.is_some_and(|n| signal(n) || wait(n)))
+            || (wait(prev) && next.is_none_or(wait));
+        if free {
+            ops[i].flags |= OP_LANE_LOCAL;
+        }
+    }
 }
 
 impl PlanReduceOp {
@@ -348,6 +386,78 @@ mod tests {
     use crate::executor::plan::ExecutionPlan;
 
     const PIPELINE: &str = include_str!("../../../plans/allgather_pipeline_n2.json");
+
+    /// The nops between lane 0's signals and waits (and after its last wait) are marked lane
+    /// local; those before or after data, between a wait and a signal, or in or next to a
+    /// pipeline's body are not.
+    #[test]
+    fn lane_local_nops_sit_between_signals_and_waits() {
+        let list = |types: &[u8]| -> Vec<ExecOp> {
+            types
+                .iter()
+                .map(|&t| {
+                    let mut o = ExecOp::zeroed();
+                    o.op_type = t;
+                    o
+                })
+                .collect()
+        };
+        let marked = |ops: &[ExecOp]| -> Vec<usize> {
+            ops.iter()
+                .enumerate()
+                .filter(|(_, o)| o.flags & OP_LANE_LOCAL != 0)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        use op::*;
+        // Upstream's `reduce`: copy nop signal nop wait nop rres get nop res nop signal nop
+        // wait nop.
+        let mut ops = list(&[
+            COPY,
+            NOP,
+            SIGNAL,
+            NOP,
+            WAIT,
+            NOP,
+            READ_REDUCE_SEND,
+            GET,
+            NOP,
+            REDUCE_SEND,
+            NOP,
+            SIGNAL,
+            NOP,
+            WAIT,
+            NOP,
+        ]);
+        mark_lane_local_nops(&mut ops);
+        assert_eq!(marked(&ops), vec![3, 12, 14]);
+        let mut ops = list(&[
+            RELAXED_SIGNAL,
+            NOP,
+            SIGNAL,
+            NOP,
+            RELAXED_WAIT,
+            NOP,
+            WAIT,
+            NOP,
+            SIGNAL,
+            NOP,
+            NOP,
+        ]);
+        mark_lane_local_nops(&mut ops);
+        // wait, nop, signal keeps its barrier; so do a nop before a nop and one after a nop.
+        assert_eq!(marked(&ops), vec![1, 3, 5]);
+        // A pipeline of 3 ops: its body and the ops next to it stay as they are.
+        let mut ops = list(&[SIGNAL, NOP, WAIT, PIPELINE, SIGNAL, NOP, WAIT, NOP, WAIT]);
+        ops[3].n_inner = 3;
+        mark_lane_local_nops(&mut ops);
+        assert_eq!(marked(&ops), vec![1]);
+        // Data ops are never neighbours of a lane-local nop; nothing else is flagged.
+        let mut ops = list(&[PUT, NOP, SIGNAL, WAIT, NOP, COPY, NOP]);
+        mark_lane_local_nops(&mut ops);
+        assert!(marked(&ops).is_empty());
+        assert!(ops.iter().all(|o| o.op_type == NOP || o.flags == 0));
+    }
 
     #[test]
     fn plan_op_is_code_backwards() {

@@ -93,6 +93,7 @@ fn op_code(out: &mut String, o: &ExecOp, values: &mut Vec<u32>, off: &str, unit:
     scalar(out, "nOutputs", o.n_outputs.into());
     scalar(out, "reduceOp", o.reduce_op.into());
     scalar(out, "nSemaphores", o.n_semaphores.into());
+    scalar(out, "flags", o.flags.into());
     bytes(out, "channels", &o.channels);
     bytes(out, "inputRefs", &o.input_refs);
     bytes(out, "outputRefs", &o.output_refs);

@@ -48,6 +48,11 @@ constexpr uint8_t EXEC_REF_REMOTE = 0x80;
 // Switch-op chunk references: this bit | slot of the block's (host-side) switch channel table.
 constexpr uint8_t EXEC_REF_SWITCH = 0x40;
 
+// ExecOp.flags: a nop between synchronisation ops of lane 0 that need no order among its
+// threads (a signal, then a signal or a wait; a wait, then a wait or the block's end): a barrier
+// of the GPU block's threads only, not of the plan block's lanes (core/src/executor/lower).
+constexpr uint8_t EXEC_OP_LANE_LOCAL = 1;
+
 enum ExecOpType : uint8_t {
   EXEC_NOP = 0,
   EXEC_BARRIER = 1,
@@ -114,7 +119,7 @@ struct ExecOp {
   uint8_t nOutputs;
   uint8_t reduceOp;  // 0 sum, 1 min, 2 max
   uint8_t nSemaphores;
-  uint8_t pad0;
+  uint8_t flags;  // EXEC_OP_* bits
   uint8_t channels[EXEC_MAX_CHANNELS_PER_OP];
   uint8_t inputRefs[EXEC_MAX_BUFFERS_PER_OP];
   uint8_t outputRefs[EXEC_MAX_BUFFERS_PER_OP];

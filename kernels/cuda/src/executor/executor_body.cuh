@@ -934,6 +934,12 @@ template <int OP>
 __device__ EXEC_OP_FN void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   bool& dirty = st.dirty;
   bool& synced = st.synced;
+  if (o.opType == EXEC_NOP && (o.flags & EXEC_OP_LANE_LOCAL)) {
+    // Between synchronisation ops of lane 0 (the lowering's mark_lane_local_nops): this GPU
+    // block's threads only; what lane 0 ran stays to be released before the next data op.
+    __syncthreads();
+    return;
+  }
   if (o.opType == EXEC_NOP) {
     if (dirty) {
       laneJoin(r);
@@ -977,6 +983,13 @@ __device__ EXEC_JIT_INLINE void step(Run& r, const ExecOp& o, uint64_t off, uint
   bool& synced = st.synced;
   if (r.split) {
     stepSplit<OP>(r, o, off, unit, st);
+    return;
+  }
+  if (o.opType == EXEC_NOP && (o.flags & EXEC_OP_LANE_LOCAL)) {
+    // Between synchronisation ops of lane 0 (the lowering's mark_lane_local_nops): this GPU
+    // block's threads only; `synced` stays, so the next data op still waits behind a lane
+    // barrier for what lane 0 ran.
+    __syncthreads();
     return;
   }
   if (o.opType == EXEC_NOP) {
