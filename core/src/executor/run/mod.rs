@@ -360,7 +360,7 @@ impl Executor {
     /// How many GPU executions so far repeated the launch of the one before (same plan,
     /// buffers, sizes, data type, packet type and stream, the buffers still the allocations it
     /// was set up on, not traced): those skip the checks, lookups and launch shape of the
-    /// first (about half a microsecond of host time per eager call on an H100, docs/perf.md).
+    /// first (about 1 us of host time per eager call on an H100, docs/perf.md, round 17).
     /// A diagnostic, like [`Executor::cached_contexts`].
     pub fn repeated_launches(&self) -> u64 {
         self.repeated.load(Ordering::Relaxed)
