@@ -2,8 +2,11 @@
 //! `MSCCLPP_RTC_CACHE`). Every change of the sources or headers a kernel is made from makes new
 //! entries (their names are hashes of those inputs) and leaves the old ones unused, so without a
 //! bound the folder only grows. Plain file handling, in a module of its own so that its tests run
-//! on every build (std has no such cache and no maintained crate bounds a folder of files by
-//! their last use in a way several processes can share without a lock: this is about 60 lines).
+//! on every build. Its twin is the build scripts' kernel object cache
+//! (`mscclpp_kernel_build::Cache::prune_to`, hal/kernel-build/src/cache.rs: touch on a hit,
+//! oldest first over a size bound); this one differs in keeping the entry just written, counting
+//! only code objects and removing only stale temporary and lock files by age. Sharing one
+//! function would make the build helper a run-time dependency of the HAL: not done yet.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
