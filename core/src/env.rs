@@ -180,8 +180,10 @@ pub const EXECUTOR_BYTES_PER_LANE_LL: usize = 8 << 10;
 /// plan's `num_threads_per_block` (a speed knob: no op depends on the thread count).
 pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
 /// `MSCCLPP_EXECUTOR_LANE_SYNC`: how the lanes of a plan block meet in the executor's GPU
-/// kernel: `barrier` (default: every crossing a barrier of all lanes) or `split` (joins where
-/// lane 0 needs the others' data, releases where the others need lane 0's synchronisation).
+/// kernel: `async` (default: memory-channel signals and waits and `nop`s cross without a lane
+/// barrier where the plan's data needs none; see [`LaneSync`]), `barrier` (every crossing a
+/// barrier of all lanes) or `split` (joins where lane 0 needs the others' data, releases
+/// where the others need lane 0's synchronisation).
 pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
 /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's GPU kernel a launch takes: `auto`
 /// (default; also `prefetch`: whenever the launch has at most 256 threads per block, the
@@ -666,7 +668,7 @@ pub struct Env {
     executor_max_lanes: Parsed<usize>,
     executor_bytes_per_lane: Parsed<Option<usize>>,
     executor_threads: Parsed<Option<u32>>,
-    executor_lane_sync_split: Parsed<bool>,
+    executor_lane_sync: Parsed<LaneSync>,
     executor_jit: Parsed<Option<bool>>,
     executor_jit_threads: Parsed<Option<u32>>,
     executor_kernel: Parsed<ExecutorKernel>,
@@ -817,15 +819,43 @@ fn parse_threads(name: &str, value: Option<String>) -> Parsed<Option<u32>> {
         .ok_or_else(|| format!("{name}={v}: expected a multiple of 32 from 32 to 1024"))
 }
 
-/// `MSCCLPP_EXECUTOR_LANE_SYNC`: `barrier` (false, also unset or blank) or `split` (true),
-/// any case.
-fn parse_lane_sync(value: Option<String>) -> Parsed<bool> {
+/// How the lanes (GPU blocks) of one plan block meet in the executor's GPU kernel
+/// (`MSCCLPP_EXECUTOR_LANE_SYNC`; `ExecArgs.laneSync` is its code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LaneSync {
+    /// Every crossing is a barrier of all lanes (code 0).
+    Barrier,
+    /// Joins and releases, each in the one direction it needs (code 1).
+    Split,
+    /// The default (code 2; `EXEC_OP_LANE_ASYNC`): a memory-channel signal after data is sent
+    /// by the last lane to arrive, every lane counts a memory-channel wait and waits for it
+    /// before its next data op, a grid barrier is one barrier of every lane, and a `nop` is a
+    /// lane barrier only where the lowering found data of one lane that another reads or
+    /// writes after it. Plans where two waited-on channels share a semaphore take `Barrier`.
+    #[default]
+    Async,
+}
+
+impl LaneSync {
+    /// `ExecArgs.laneSync`.
+    pub fn code(self) -> u32 {
+        match self {
+            LaneSync::Barrier => 0,
+            LaneSync::Split => 1,
+            LaneSync::Async => 2,
+        }
+    }
+}
+
+/// `MSCCLPP_EXECUTOR_LANE_SYNC`: `async` (also unset or blank), `barrier` or `split`, any case.
+fn parse_lane_sync(value: Option<String>) -> Parsed<LaneSync> {
     match non_empty(value) {
-        None => Ok(false),
-        Some(v) if v.eq_ignore_ascii_case("barrier") => Ok(false),
-        Some(v) if v.eq_ignore_ascii_case("split") => Ok(true),
+        None => Ok(LaneSync::Async),
+        Some(v) if v.eq_ignore_ascii_case("barrier") => Ok(LaneSync::Barrier),
+        Some(v) if v.eq_ignore_ascii_case("split") => Ok(LaneSync::Split),
+        Some(v) if v.eq_ignore_ascii_case("async") => Ok(LaneSync::Async),
         Some(v) => Err(format!(
-            "{EXECUTOR_LANE_SYNC}={v}: expected barrier or split"
+            "{EXECUTOR_LANE_SYNC}={v}: expected barrier, split or async"
         )),
     }
 }
@@ -1034,7 +1064,7 @@ impl Env {
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
             executor_threads: parse_threads(EXECUTOR_THREADS, lookup(EXECUTOR_THREADS)),
             executor_jit_threads: parse_threads(EXECUTOR_JIT_THREADS, lookup(EXECUTOR_JIT_THREADS)),
-            executor_lane_sync_split: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
+            executor_lane_sync: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
             // Unset or blank: the default (on), not parse_bool's false.
             executor_jit: non_empty(lookup(EXECUTOR_JIT))
                 .map(|v| parse_bool(EXECUTOR_JIT, Some(&v)))
@@ -1081,7 +1111,7 @@ impl Env {
             err(&self.check_calls), err(&self.deterministic), err(&self.p2p_timeout),
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
-            err(&self.executor_threads), err(&self.executor_lane_sync_split),
+            err(&self.executor_threads), err(&self.executor_lane_sync),
             err(&self.executor_kernel), err(&self.executor_jit),
             err(&self.executor_jit_threads),
         ];
@@ -1228,11 +1258,11 @@ impl Env {
     pub fn executor_threads(&self) -> Option<u32> {
         self.executor_threads.clone().ok().flatten()
     }
-    /// `MSCCLPP_EXECUTOR_LANE_SYNC=split`: the executor's lanes meet at split joins and
-    /// releases instead of lane barriers (default `barrier`); a malformed value is warned about
-    /// at startup and the default used.
-    pub fn executor_lane_sync_split(&self) -> bool {
-        self.executor_lane_sync_split.clone().unwrap_or(false)
+    /// `MSCCLPP_EXECUTOR_LANE_SYNC`: how the executor's lanes meet (default
+    /// [`LaneSync::Async`]); a malformed value is warned about at startup and the default
+    /// used.
+    pub fn executor_lane_sync(&self) -> LaneSync {
+        self.executor_lane_sync.clone().unwrap_or_default()
     }
     /// `MSCCLPP_EXECUTOR_JIT`: whether GPU plans run kernels compiled from the plan (default
     /// on); a malformed value is warned about at startup and the default used.
@@ -1494,15 +1524,18 @@ mod tests {
                 e.problems()
             );
         }
-        assert!(!e.executor_lane_sync_split());
-        assert!(env_of(&[(EXECUTOR_LANE_SYNC, "Split")]).executor_lane_sync_split());
-        assert!(!env_of(&[(EXECUTOR_LANE_SYNC, "barrier")]).executor_lane_sync_split());
+        assert_eq!(e.executor_lane_sync(), LaneSync::Async);
+        let sync = |v| env_of(&[(EXECUTOR_LANE_SYNC, v)]).executor_lane_sync();
+        assert_eq!(sync("Split"), LaneSync::Split);
+        assert_eq!(sync("barrier"), LaneSync::Barrier);
+        assert_eq!(sync("ASYNC"), LaneSync::Async);
         let e = env_of(&[(EXECUTOR_LANE_SYNC, "fast")]);
-        assert!(!e.executor_lane_sync_split());
+        assert_eq!(e.executor_lane_sync(), LaneSync::Async);
         assert!(
             e.problems()
                 .iter()
-                .any(|m| m.contains("MSCCLPP_EXECUTOR_LANE_SYNC=fast: expected barrier or split")),
+                .any(|m| m
+                    .contains("MSCCLPP_EXECUTOR_LANE_SYNC=fast: expected barrier, split or async")),
             "{:?}",
             e.problems()
         );

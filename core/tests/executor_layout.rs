@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::mem::{align_of, offset_of, size_of};
 
 use mscclpp::executor::device::{
-    op, ExecArgs, ExecBlock, ExecOp, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES, LANE_WORDS,
-    OP_LANE_LOCAL, REF_SWITCH, TRACE_HEADER_WORDS, TRACE_WORDS,
+    op, ExecArgs, ExecBlock, ExecOp, ASYNC_ROUNDS, CHANNEL_SWITCH, EXEC_BLOCK_HEADER_BYTES,
+    LANE_WORDS, OP_LANE_ASYNC, OP_LANE_LOCAL, REF_SWITCH, TRACE_HEADER_WORDS, TRACE_WORDS,
 };
 
 #[path = "common/cpp_dump.rs"]
@@ -126,6 +126,8 @@ fn executor_structs_match_the_c_header() {
     assert_eq!(usize::from(op::GROUP_STORE), get("EXEC_GROUP_STORE value"));
     assert_eq!(usize::from(REF_SWITCH), get("EXEC_REF_SWITCH value"));
     assert_eq!(usize::from(OP_LANE_LOCAL), get("EXEC_OP_LANE_LOCAL value"));
+    assert_eq!(usize::from(OP_LANE_ASYNC), get("EXEC_OP_LANE_ASYNC value"));
+    assert_eq!(ASYNC_ROUNDS, get("EXEC_ASYNC_ROUNDS value"));
     assert_eq!(
         usize::from(CHANNEL_SWITCH),
         get("EXEC_CHANNEL_SWITCH value")

@@ -74,5 +74,6 @@ int main() {
   std::printf("EXEC_REF_SWITCH value %d\nEXEC_CHANNEL_SWITCH value %d\n", (int)EXEC_REF_SWITCH,
               (int)EXEC_CHANNEL_SWITCH);
   std::printf("EXEC_OP_LANE_LOCAL value %d\n", (int)EXEC_OP_LANE_LOCAL);
+  std::printf("EXEC_OP_LANE_ASYNC value %d\nEXEC_ASYNC_ROUNDS value %d\n", (int)EXEC_OP_LANE_ASYNC, EXEC_ASYNC_ROUNDS);
   return 0;
 }

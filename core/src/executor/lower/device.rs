@@ -13,6 +13,17 @@ use crate::port_channel::BasePortChannelDeviceHandle;
 /// of its plan block (`EXEC_OP_LANE_LOCAL`; set by the lowering, see `mark_lane_local_nops`).
 pub const OP_LANE_LOCAL: u8 = 1;
 
+/// `ExecOp.flags` of a `nop`, memory-channel signal or memory-channel wait that needs no lane
+/// barrier under the async lane sync (`EXEC_OP_LANE_ASYNC`; `MSCCLPP_EXECUTOR_LANE_SYNC=async`):
+/// no data op of one lane before it may touch bytes another lane touches after it (set by the
+/// lowering, see `mark_lane_async`). Such a signal is sent by the last lane to arrive, such a
+/// wait is done by every lane.
+pub const OP_LANE_ASYNC: u8 = 2;
+
+/// The most signals of one plan block the async lane sync sends per launch (each has a lane
+/// word counting the lanes that arrived); the lowering leaves later ones unmarked.
+pub const ASYNC_ROUNDS: usize = 32;
+
 /// Operation codes (`ExecOpType` of the C header); each names the plan's JSON op it encodes
 /// (docs/executor.md lists what this executor accepts).
 pub mod op {
@@ -113,7 +124,7 @@ pub struct ExecOp {
     pub reduce_op: u8,
     /// Number of used entries in `semaphore_ids`.
     pub n_semaphores: u8,
-    /// [`OP_LANE_LOCAL`] or 0.
+    /// [`OP_LANE_LOCAL`] and [`OP_LANE_ASYNC`] bits.
     pub flags: u8,
     /// Indexes into the block's channels of `channel_type`.
     pub channels: [u8; MAX_CHANNELS_PER_OP],
@@ -211,15 +222,17 @@ pub struct ExecArgs {
     /// Trace counters ([`TRACE_WORDS`] u64 per GPU block, or per block on the host), 0 when
     /// off: see `ExecArgs.trace` of the C header.
     pub trace: u64,
-    /// How the lanes of a plan block meet: 0 lane barriers, 1 split joins and releases
-    /// (`MSCCLPP_EXECUTOR_LANE_SYNC`); the host interpreter ignores it.
+    /// How the lanes of a plan block meet: 0 lane barriers, 1 split joins and releases, 2
+    /// async (`MSCCLPP_EXECUTOR_LANE_SYNC`, [`crate::env::LaneSync`]); the host interpreter
+    /// ignores it.
     pub lane_sync: u32,
     /// Padding to the C layout; always 0.
     pub pad: u32,
 }
 
-/// Lane words per plan block after the launch counters of `ExecArgs::flags`.
-pub const LANE_WORDS: usize = 4;
+/// Lane words per plan block after the launch counters of `ExecArgs::flags`: 4 of the lane
+/// barrier or split sync, then one per async signal ([`ASYNC_ROUNDS`]).
+pub const LANE_WORDS: usize = 4 + ASYNC_ROUNDS;
 
 /// Trace words before the per-op pairs: launches, cycles, nanoseconds, prologue cycles,
 /// idle nanoseconds between launches back to back and how many such gaps, the wall clock at

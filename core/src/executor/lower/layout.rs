@@ -19,6 +19,9 @@ pub(crate) struct Layout {
     align: u64,
     /// `reuse_resources`: scratch chunks are this long (0 = not reused).
     reuse_scratch_chunk: u64,
+    /// Whether scratch may be reused at some message size (`reuse_resources` and scratch
+    /// chunks), whatever this size does.
+    scratch_may_wrap: bool,
 }
 
 fn round_up(x: u64, a: u64) -> u64 {
@@ -76,6 +79,7 @@ impl Layout {
             base_chunks,
             align: a,
             reuse_scratch_chunk: 0,
+            scratch_may_wrap: meta.reuse_resources && rp.scratch_chunks > 0,
         };
         if meta.reuse_resources && rp.scratch_chunks > 0 {
             let sc = max_scratch_chunk(meta, rp, REUSE_SCRATCH_BYTES as u64);
@@ -116,6 +120,12 @@ impl Layout {
     /// Scratch chunk length when scratch is reused modulo a fixed size (0 = not reused).
     pub(crate) fn reuse_scratch_chunk(&self) -> u64 {
         self.reuse_scratch_chunk
+    }
+
+    /// Whether the plan's scratch is reused modulo a fixed size at some message size (the
+    /// same for every size of the plan, unlike [`Layout::reuse_scratch_chunk`]).
+    pub(crate) fn scratch_may_wrap(&self) -> bool {
+        self.scratch_may_wrap
     }
 }
 

@@ -11,8 +11,8 @@ use super::model::{BufRef, Chunk, Op, RankPlan};
 use crate::memory_channel::BaseMemoryChannelDeviceHandle;
 use crate::port_channel::BasePortChannelDeviceHandle;
 use device::{
-    op, ExecBlock, ExecOp, CHANNEL_MEMORY, CHANNEL_NONE, CHANNEL_PORT, CHANNEL_SWITCH,
-    OP_LANE_LOCAL, REF_REMOTE, REF_SWITCH, SWITCH_VECTOR_BYTES,
+    op, ExecBlock, ExecOp, ASYNC_ROUNDS, CHANNEL_MEMORY, CHANNEL_NONE, CHANNEL_PORT,
+    CHANNEL_SWITCH, OP_LANE_ASYNC, OP_LANE_LOCAL, REF_REMOTE, REF_SWITCH, SWITCH_VECTOR_BYTES,
 };
 pub(crate) use error::LowerError;
 use layout::Layout;
@@ -309,13 +309,16 @@ pub(crate) fn lower(rp: &RankPlan, l: &Layout, t: &Tables) -> R<Vec<Box<ExecBloc
             eb.port_buffer_halves[i] = t.halves[r];
         }
         let mut ops = Vec::new();
+        let mut starts = Vec::with_capacity(b.ops.len());
         for o in &b.ops {
+            starts.push(ops.len());
             lower_op(l, o, &mut ops).map_err(|e| LowerError::InBlock {
                 thread_block: bi,
                 source: Box::new(e),
             })?;
         }
         mark_lane_local_nops(&mut ops);
+        mark_lane_async(l, &b.ops, &starts, &mut ops);
         eb.n_ops = ops.len() as u32;
         eb.ops[..ops.len()].copy_from_slice(&ops);
         blocks.push(eb);
@@ -356,6 +359,157 @@ fn mark_lane_local_nops(ops: &mut [ExecOp]) {
             || (wait(prev) && next.is_none_or(wait));
         if free {
             ops[i].flags |= OP_LANE_LOCAL;
+        }
+    }
+}
+
+/// What an op is to the async lane sync ([`mark_lane_async`]).
+enum AsyncRole {
+    /// A nop, or a signal or wait through memory channels: needs a lane barrier only when
+    /// data of one lane before it meets data of another after it.
+    Crossing,
+    /// Moves data, split over the lanes; `None`: somewhere in the buffers it names (packets,
+    /// switch channels, reused scratch: no exact ranges here).
+    Data(Option<Vec<Access>>),
+    /// Runs on lane 0 behind a lane barrier when data moved, and the next data op waits for
+    /// it behind another (port-channel ops, flush, semaphores; a grid barrier, which the async
+    /// sync makes one barrier of every lane): the lanes' data before it is ordered before
+    /// everything after it.
+    LaneZero,
+    /// A pipeline: its body repeats over steps, so none of its crossings is marked and its
+    /// data may be anywhere in the buffers it names.
+    Pipeline,
+}
+
+fn async_role(l: &Layout, o: &Op) -> AsyncRole {
+    use OpName::*;
+    let memory = o.channel_type == ChannelType::Memory;
+    match o.name {
+        Nop => AsyncRole::Crossing,
+        Signal | Wait | Rlxsignal | Rlxwait if memory => AsyncRole::Crossing,
+        Pipeline => AsyncRole::Pipeline,
+        _ if o.channel_type == ChannelType::Port => AsyncRole::LaneZero,
+        Barrier | Signal | Wait | Rlxsignal | Rlxwait | Flush | SemAcquire | SemRelease => {
+            AsyncRole::LaneZero
+        }
+        Put | Pws | Pwsf | Get | Copy | Re | Res | Rre | Rres => {
+            // In chunk indexes, not bytes, so every message size of the plan gets the same
+            // marks (one compiled kernel serves them all; jit.rs): chunks disjoint by index
+            // are disjoint in bytes. A thread-block group's share counts as its whole chunks.
+            // The kernel's reductions run every buffer over the first input's size: each
+            // access spans the op's longest chunk.
+            let sides = [(&o.src, false), (&o.dst, true)];
+            let len = sides
+                .iter()
+                .flat_map(|(side, _)| side.iter())
+                .map(|c| u64::from(c.size))
+                .max()
+                .unwrap_or(0);
+            let mut acc = Vec::new();
+            for (side, write) in sides {
+                for c in side {
+                    let ty = match c.buf {
+                        BufRef::Local(t) | BufRef::Remote { ty: t, .. } => t,
+                        BufRef::Switch { .. } => return AsyncRole::Data(None),
+                    };
+                    if ty == BufferType::Scratch && l.scratch_may_wrap() {
+                        return AsyncRole::Data(None);
+                    }
+                    let owner = match c.buf {
+                        BufRef::Remote { rank, .. } => Some(rank),
+                        _ => None,
+                    };
+                    acc.push(Access {
+                        owner,
+                        ty,
+                        off: u64::from(c.index),
+                        len,
+                        write,
+                    });
+                }
+            }
+            AsyncRole::Data(Some(acc))
+        }
+        _ => AsyncRole::Data(None),
+    }
+}
+
+/// Whether the lanes' accesses `a` (before a crossing) and `b` (after it) may touch the same
+/// chunks (ranges in chunk indexes here) from different lanes, one of them writing. Stricter
+/// than [`Access::conflicts`]: two
+/// ops over the same range may split it over the lanes differently (vector or element paths,
+/// packets), so only disjoint ranges are safe. Remote buffers are compared like this rank's
+/// (a plan may name this rank as a peer), and input and output may be one allocation.
+fn lanes_meet(a: &Access, b: &Access) -> bool {
+    if !(a.write || b.write) {
+        return false;
+    }
+    let io = |t: BufferType| t != BufferType::Scratch;
+    if a.ty != b.ty {
+        return io(a.ty) && io(b.ty);
+    }
+    !(a.off + a.len <= b.off || b.off + b.len <= a.off)
+}
+
+/// Flags the crossings (nops, memory-channel signals and waits) that need no lane barrier
+/// under the async lane sync ([`OP_LANE_ASYNC`]): no data op since the last lane barrier may
+/// touch bytes that a data op after the crossing (up to the next crossing) touches from
+/// another lane ([`lanes_meet`]). Then a nop is only the GPU block's `__syncthreads`, a
+/// memory-channel signal is sent by the last lane to arrive (so every lane's data before it
+/// reaches the peer first), and a memory-channel wait is done by every lane itself, so
+/// whatever the peer wrote before signalling is visible to each. A crossing where lanes meet
+/// stays a lane barrier (the kernel's barrier path), which orders everything before it. At
+/// most [`ASYNC_ROUNDS`] signals of a block are flagged. The crossings of a pipeline's body are
+/// never flagged, and data without exact ranges here (a pipeline's, packets, switch channels,
+/// reused scratch) meets any other data. `starts[i]`: the position of `ops[i]` (a plan op) in
+/// the lowered list `out`.
+fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp]) {
+    let roles: Vec<AsyncRole> = ops.iter().map(|o| async_role(l, o)).collect();
+    // Data of the lanes since the last lane barrier; `anywhere`: some of it has no exact range.
+    let mut pending: Vec<Access> = Vec::new();
+    let mut anywhere = false;
+    let mut rounds = 0usize;
+    for (i, role) in roles.iter().enumerate() {
+        match role {
+            AsyncRole::Data(Some(acc)) => pending.extend_from_slice(acc),
+            AsyncRole::Data(None) | AsyncRole::Pipeline => anywhere = true,
+            AsyncRole::LaneZero => {
+                pending.clear();
+                anywhere = false;
+            }
+            AsyncRole::Crossing => {
+                // The data after this crossing, up to the next crossing or lane-0 op.
+                let mut after: Vec<&Access> = Vec::new();
+                let mut after_anywhere = false;
+                for r in &roles[i + 1..] {
+                    match r {
+                        AsyncRole::Data(Some(acc)) => after.extend(acc.iter()),
+                        AsyncRole::Data(None) | AsyncRole::Pipeline => {
+                            after_anywhere = true;
+                            break;
+                        }
+                        AsyncRole::Crossing | AsyncRole::LaneZero => break,
+                    }
+                }
+                let before_data = anywhere || !pending.is_empty();
+                let after_data = after_anywhere || !after.is_empty();
+                let meet = before_data
+                    && after_data
+                    && (anywhere
+                        || after_anywhere
+                        || after
+                            .iter()
+                            .any(|b| pending.iter().any(|a| lanes_meet(a, b))));
+                let e = &mut out[starts[i]];
+                let signal = e.op_type == op::SIGNAL || e.op_type == op::RELAXED_SIGNAL;
+                if meet || (signal && rounds >= ASYNC_ROUNDS) {
+                    pending.clear();
+                    anywhere = false;
+                } else {
+                    e.flags |= OP_LANE_ASYNC;
+                    rounds += usize::from(signal);
+                }
+            }
         }
     }
 }
@@ -457,6 +611,106 @@ mod tests {
         mark_lane_local_nops(&mut ops);
         assert!(marked(&ops).is_empty());
         assert!(ops.iter().all(|o| o.op_type == NOP || o.flags == 0));
+    }
+
+    /// A 2-rank plan (rank 0) of one thread block with `ops` (JSON op objects, the same on both
+    /// ranks): one memory channel to the peer, the peer's scratch and input as remote buffers 0
+    /// and 1, 4 chunks of each buffer.
+    fn two_rank_plan(ops: &str) -> ExecutionPlan {
+        let gpu = |r: usize| {
+            format!(
+                r#"{{"id": {r}, "input_chunks": 4, "output_chunks": 4, "scratch_chunks": 4,
+                "channels": [{{"channel_type": "memory", "connected_to": [{p}]}}],
+                "remote_buffers": [{{"rank": {p}, "type": "s", "access_channel_types": ["memory"]}},
+                                   {{"rank": {p}, "type": "i", "access_channel_types": ["memory"]}}],
+                "semaphores": [],
+                "threadblocks": [{{"id": 0,
+                  "channels": [{{"channel_type": "memory", "channel_ids": [0]}}],
+                  "remote_buffer_refs": [{{"access_channel_type": "memory", "remote_buffer_ids": [0, 1]}}],
+                  "ops": [{ops}]}}]}}"#,
+                p = 1 - r
+            )
+        };
+        let json = format!(
+            r#"{{"name": "lane_async", "collective": "allreduce", "protocol": "Simple",
+            "inplace": true, "reuse_resources": false, "num_threads_per_block": 1024,
+            "use_double_scratch_buffer": false, "buffer_alignment": 16, "min_message_size": 0,
+            "max_message_size": 18446744073709551615, "gpus": [{}, {}]}}"#,
+            gpu(0),
+            gpu(1)
+        );
+        ExecutionPlan::from_json(&json, 0).expect("test plan")
+    }
+
+    /// The positions of rank 0's lowered ops of `plan` at 4 KiB per buffer marked for the async
+    /// lane sync.
+    fn lane_async_marks(plan: &ExecutionPlan) -> Vec<usize> {
+        let rp = plan.rank_plan();
+        let l = Layout::new(plan.meta(), rp, 4096, 4096).expect("layout");
+        let proto = ExecBlock::zeroed();
+        let tables = Tables {
+            memory_channels: &[proto.memory_channels[0]],
+            port_channels: &[],
+            memory_buffers: &[0, 0],
+            port_buffers: &[0, 0],
+            halves: &[0, 0],
+        };
+        let blocks = lower(rp, &l, &tables).expect("lowered");
+        let b = &blocks[0];
+        (0..b.n_ops as usize)
+            .filter(|&i| b.ops[i].flags & OP_LANE_ASYNC != 0)
+            .collect()
+    }
+
+    const SIGNAL_OP: &str = r#"{"name": "signal", "channel_ids": [0], "channel_type": "memory"}"#;
+    const WAIT_OP: &str = r#"{"name": "wait", "channel_ids": [0], "channel_type": "memory"}"#;
+    const NOP_OP: &str = r#"{"name": "nop"}"#;
+
+    /// An all-reduce in the shape of upstream's `reduce` test plan: the crossings around the
+    /// signals and waits are marked (the data before them is not what the data after them
+    /// touches), the nop between the get into scratch chunk 1 and the reduction reading it is
+    /// not (the lanes may split the two ops' bytes differently).
+    #[test]
+    fn lane_async_marks_crossings_the_data_does_not_meet() {
+        let copy = r#"{"name": "copy", "src_buff": [{"type": "i", "index": 2, "size": 2}],
+            "dst_buff": [{"type": "s", "index": 2, "size": 2}]}"#;
+        let rres = r#"{"name": "rres", "channel_type": "memory", "reduce_op": "sum",
+            "src_buff": [{"type": "i", "index": 0, "size": 1}, {"buffer_id": 0, "index": 0, "size": 1}],
+            "dst_buff": [{"type": "i", "index": 0, "size": 1}, {"buffer_id": 1, "index": 0, "size": 1}]}"#;
+        let get = r#"{"name": "get", "channel_ids": [0], "channel_type": "memory",
+            "src_buff": [{"buffer_id": 0, "index": 1, "size": 1}],
+            "dst_buff": [{"type": "s", "index": 1, "size": 1}]}"#;
+        let res = r#"{"name": "res", "channel_type": "memory", "reduce_op": "sum",
+            "src_buff": [{"type": "i", "index": 1, "size": 1}, {"type": "s", "index": 1, "size": 1}],
+            "dst_buff": [{"type": "i", "index": 1, "size": 1}, {"buffer_id": 1, "index": 1, "size": 1}]}"#;
+        let (s, w, n) = (SIGNAL_OP, WAIT_OP, NOP_OP);
+        let ops = [copy, n, s, n, w, n, rres, get, n, res, n, s, n, w, n].join(",");
+        let plan = two_rank_plan(&ops);
+        // All crossings but 8, the nop between get and res.
+        assert_eq!(
+            lane_async_marks(&plan),
+            vec![1, 2, 3, 4, 5, 10, 11, 12, 13, 14]
+        );
+    }
+
+    /// Data the lanes write before a signal and read again after the peer's signal (a copy into
+    /// scratch, then a copy out of the same chunk): the crossings between them are marked only
+    /// until the reading op, whose crossing is a lane barrier.
+    #[test]
+    fn lane_async_keeps_barriers_where_lanes_meet() {
+        let into = r#"{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+            "dst_buff": [{"type": "s", "index": 0, "size": 1}]}"#;
+        let out_of = r#"{"name": "copy", "src_buff": [{"type": "s", "index": 0, "size": 1}],
+            "dst_buff": [{"type": "o", "index": 3, "size": 1}]}"#;
+        let other = r#"{"name": "copy", "src_buff": [{"type": "s", "index": 2, "size": 1}],
+            "dst_buff": [{"type": "s", "index": 3, "size": 1}]}"#;
+        let (s, w, n) = (SIGNAL_OP, WAIT_OP, NOP_OP);
+        // into nop signal wait nop other nop out_of nop signal wait
+        let ops = [into, n, s, w, n, other, n, out_of, n, s, w].join(",");
+        let plan = two_rank_plan(&ops);
+        // The nop before out_of (6) meets into's write of scratch chunk 0; after that barrier
+        // nothing before meets what follows.
+        assert_eq!(lane_async_marks(&plan), vec![1, 2, 3, 4, 8, 9, 10]);
     }
 
     #[test]

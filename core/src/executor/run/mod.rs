@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use crate::collectives::gpu::GpuCtx;
 use crate::collectives::{DataType, RawStream};
 use crate::communicator::Communicator;
+use crate::env::LaneSync;
 use crate::error::{Error, Result};
 use crate::executor::json::Protocol;
 use crate::executor::lower::device::{ExecArgs, ExecBlock, TRACE_WORDS};
@@ -72,6 +73,9 @@ struct Lowered {
     /// GPU copy of `blocks` (GPU contexts only).
     on_device: Option<GpuBuffer<ExecBlock>>,
     reuse_chunk: u64,
+    /// Whether launches may take the async lane sync (`MSCCLPP_EXECUTOR_LANE_SYNC=async`):
+    /// every memory channel the blocks wait on has a semaphore of its own ([`own_semaphores`]).
+    lane_async: bool,
     /// Trace counters of this size's launches while tracing ([`Executor::set_trace`]), and the
     /// lanes of the last traced launch.
     trace: Option<GpuBuffer<u64>>,
@@ -866,6 +870,7 @@ fn lower_size(
         None
     };
     Ok(Lowered {
+        lane_async: own_semaphores(&blocks),
         blocks,
         on_device,
         reuse_chunk: layout.reuse_scratch_chunk(),
@@ -873,6 +878,34 @@ fn lower_size(
         traced_lanes: AtomicU32::new(0),
         jit: HashMap::new(),
     })
+}
+
+/// Whether every memory channel a block of `blocks` waits on has a semaphore no other channel
+/// waited on (in that block or another) shares. The async lane sync keeps each such channel's
+/// expected signal count in the GPU block's shared memory during a launch and writes it back at
+/// the end; two channels of one semaphore would lose counts.
+fn own_semaphores(blocks: &[Box<ExecBlock>]) -> bool {
+    use crate::executor::lower::device::{op, CHANNEL_MEMORY};
+    let mut owner = HashMap::new();
+    for (bi, b) in blocks.iter().enumerate() {
+        let n = (b.n_ops as usize).min(b.ops.len());
+        for o in &b.ops[..n] {
+            let wait = o.op_type == op::WAIT || o.op_type == op::RELAXED_WAIT;
+            if !wait || o.channel_type != CHANNEL_MEMORY {
+                continue;
+            }
+            for &c in &o.channels[..usize::from(o.n_channels).min(o.channels.len())] {
+                let Some(ch) = b.memory_channels.get(usize::from(c)) else {
+                    return false;
+                };
+                let sem = ch.semaphore.expected_inbound_token as usize;
+                if *owner.entry(sem).or_insert((bi, c)) != (bi, c) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
 }
 
 /// The kernel's argument for a lowered plan on `ctx` (the host interpreter reads the same),
@@ -906,7 +939,10 @@ fn launch_args(
             (Some(t), true) => t.data(),
             _ => 0,
         },
-        lane_sync: u32::from(crate::env::env().executor_lane_sync_split()),
+        lane_sync: match crate::env::env().executor_lane_sync() {
+            LaneSync::Async if !low.lane_async => LaneSync::Barrier.code(),
+            s => s.code(),
+        },
         pad: 0,
     }
 }
@@ -981,4 +1017,63 @@ fn buffer_extent(
         a.size().saturating_sub(off as usize).max(size),
         a,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::lower::device::{op, ExecOp, CHANNEL_MEMORY, CHANNEL_PORT};
+
+    /// A block whose memory channel i has semaphore `sems[i]` (its expected-count address) and
+    /// whose ops wait on `waits` (channel indexes), one wait op each, and signal on channel 0.
+    fn block(sems: &[usize], waits: &[u8], channel_type: u8) -> Box<ExecBlock> {
+        let mut b = ExecBlock::zeroed();
+        b.n_memory_channels = sems.len() as u32;
+        for (i, &s) in sems.iter().enumerate() {
+            b.memory_channels[i].semaphore.expected_inbound_token = s as *mut u64;
+        }
+        let mut signal = ExecOp::zeroed();
+        signal.op_type = op::SIGNAL;
+        signal.channel_type = CHANNEL_MEMORY;
+        signal.n_channels = 1;
+        b.ops[0] = signal;
+        for (i, &c) in waits.iter().enumerate() {
+            let mut w = ExecOp::zeroed();
+            w.op_type = if i % 2 == 0 {
+                op::WAIT
+            } else {
+                op::RELAXED_WAIT
+            };
+            w.channel_type = channel_type;
+            w.n_channels = 1;
+            w.channels[0] = c;
+            b.ops[1 + i] = w;
+        }
+        b.n_ops = 1 + waits.len() as u32;
+        b
+    }
+
+    /// The async lane sync needs every waited-on channel's semaphore to itself: a block waiting
+    /// twice on one channel is fine, two blocks (or two channels of one block) waiting on one
+    /// semaphore are not; channels nobody waits on, and port-channel waits, do not count.
+    #[test]
+    fn async_lane_sync_needs_a_semaphore_per_waited_channel() {
+        let m = CHANNEL_MEMORY;
+        assert!(own_semaphores(&[block(&[8, 16], &[0, 1, 0], m)]));
+        assert!(own_semaphores(&[
+            block(&[8], &[0], m),
+            block(&[16, 8], &[0], m)
+        ]));
+        assert!(!own_semaphores(&[
+            block(&[8], &[0], m),
+            block(&[16, 8], &[1], m)
+        ]));
+        assert!(!own_semaphores(&[block(&[8, 8], &[0, 1], m)]));
+        assert!(own_semaphores(&[
+            block(&[8], &[0], m),
+            block(&[8], &[0], CHANNEL_PORT)
+        ]));
+        // A wait naming a channel the block does not have: refused.
+        assert!(!own_semaphores(&[block(&[8], &[20], m)]));
+    }
 }

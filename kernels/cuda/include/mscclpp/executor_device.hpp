@@ -41,8 +41,11 @@ constexpr int EXEC_MAX_CHANNELS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_REMOTE_BUFFERS_PER_BLOCK = 16;
 constexpr int EXEC_MAX_OPS_PER_BLOCK = 64;
 constexpr int EXEC_TRACE_HEADER_WORDS = 8;
-// Lane words per plan block after the launch counters of ExecArgs.flags.
-constexpr int EXEC_LANE_WORDS = 4;
+// Async signals of one plan block per launch (ExecArgs.laneSync = 2), each with a lane word.
+constexpr int EXEC_ASYNC_ROUNDS = 32;
+// Lane words per plan block after the launch counters of ExecArgs.flags: 4 of the lane barrier
+// or the split sync, then one per async signal.
+constexpr int EXEC_LANE_WORDS = 4 + EXEC_ASYNC_ROUNDS;
 constexpr int EXEC_TRACE_WORDS = EXEC_TRACE_HEADER_WORDS + 2 * EXEC_MAX_OPS_PER_BLOCK;
 constexpr uint8_t EXEC_REF_REMOTE = 0x80;
 // Switch-op chunk references: this bit | slot of the block's (host-side) switch channel table.
@@ -52,6 +55,11 @@ constexpr uint8_t EXEC_REF_SWITCH = 0x40;
 // threads (a signal, then a signal or a wait; a wait, then a wait or the block's end): a barrier
 // of the GPU block's threads only, not of the plan block's lanes (core/src/executor/lower).
 constexpr uint8_t EXEC_OP_LANE_LOCAL = 1;
+// ExecOp.flags: under the async lane sync (ExecArgs.laneSync = 2), a nop, memory-channel signal
+// or memory-channel wait with no data of one lane before it that another lane reads or writes
+// after it: no lane barrier (the nop: __syncthreads; the signal: sent by the last lane to
+// arrive; the wait: done by every lane). core/src/executor/lower's mark_lane_async sets it.
+constexpr uint8_t EXEC_OP_LANE_ASYNC = 2;
 
 enum ExecOpType : uint8_t {
   EXEC_NOP = 0,
@@ -174,7 +182,7 @@ struct ExecArgs {
   uint32_t nBlocks;  // plan blocks
   uint32_t lanes;    // GPU blocks per plan block (0 or 1: one)
   uint64_t* trace;   // per-op counters (see the file comment), or null
-  uint32_t laneSync;  // 0: lanes meet at lane barriers; 1: split joins and releases
+  uint32_t laneSync;  // 0: lanes meet at lane barriers; 1: split joins and releases; 2: async
   uint32_t pad;
 };
 

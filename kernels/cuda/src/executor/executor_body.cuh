@@ -21,7 +21,8 @@
 //   - sync ops (signal, wait, flush, barrier, semaphores) and port-channel ops run on lane 0:
 //     with several lanes, a lane barrier precedes them when data moved since the last one and
 //     follows them before the next data op (with one lane the block's threads run every op in
-//     order, as before);
+//     order, as before); with ExecArgs.laneSync = 2 (async) the memory-channel signals and waits
+//     and the nops the lowering marked cross without lane barriers (see "async lane sync");
 //   - channel ops: thread k of the block handles channel k (k, k + blockDim, ...).
 // Reductions accumulate 16-bit and fp8 floats in f32 (collectives/common.hpp's element rules).
 // With ExecArgs.trace set, thread 0 of each GPU block adds its cycles per op to the trace
@@ -97,6 +98,11 @@ struct Run {
   // on every lane: every lane takes the same steps).
   bool split;
   uint32_t joins, releases;
+  // Async lane sync (ExecArgs.laneSync = 2, several lanes): signals arrived at so far in this
+  // launch (the same on every lane), and this GPU block's async state (shared memory).
+  bool async;
+  uint32_t signals;
+  struct AsyncShared* as;
 
   __device__ char* local(uint8_t ty) const {
     if (ty == 0) return a.input;
@@ -934,12 +940,6 @@ template <int OP>
 __device__ EXEC_OP_FN void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   bool& dirty = st.dirty;
   bool& synced = st.synced;
-  if (o.opType == EXEC_NOP && (o.flags & EXEC_OP_LANE_LOCAL)) {
-    // Between synchronisation ops of lane 0 (the lowering's mark_lane_local_nops): this GPU
-    // block's threads only; what lane 0 ran stays to be released before the next data op.
-    __syncthreads();
-    return;
-  }
   if (o.opType == EXEC_NOP) {
     if (dirty) {
       laneJoin(r);
@@ -966,6 +966,245 @@ __device__ EXEC_OP_FN void stepSplit(Run& r, const ExecOp& o, uint64_t off, uint
   dirty = true;
 }
 
+// ---- async lane sync (ExecArgs.laneSync = 2) ----
+// The lane barrier around each synchronisation op makes every lane wait for every other one
+// twice. Async, the lanes cross memory-channel signals and waits on their own:
+//   signal  after data moved since the last lane barrier, every lane arrives at the signal's
+//           own lane word (one per such signal of the launch, EXEC_ASYNC_ROUNDS at most) and
+//           the last to arrive sends it, so the peer still sees every lane's data; with no
+//           data since, lane 0 sends it (as the barrier path does);
+//   wait    lane 0 waits for the signal (thread k for channel k); every lane counts it against
+//           its own expected count of the channel (shared memory, from the channel's count at
+//           the start of the launch; lane 0 writes the counts it changed back at the end), and
+//           the other lanes wait for the signals they counted only before their next data op
+//           (a lane barrier, which lane 0 reaches after its waits, also settles them);
+//   nop     the GPU block's __syncthreads;
+//   barrier (any, marked or not) one grid barrier of every lane of the plan blocks in it;
+//   end     every lane counted itself in once it read the launch flag and the expected counts;
+//           lane 0 waits for that count (no lane barrier) before it writes them back.
+// Only where the lowering marked the op (EXEC_OP_LANE_ASYNC: no data of one lane before it that
+// another lane touches after it); an unmarked one keeps the barrier path (an unmarked wait still
+// counts on every lane). The host takes it only when no memory channel that a plan block waits
+// on shares its semaphore (core/src/executor/run/mod.rs own_semaphores).
+
+/// A GPU block's async state in shared memory.
+struct AsyncShared {
+  uint64_t expect[EXEC_MAX_CHANNELS_PER_BLOCK];  // expected signal count of each memory channel
+  uint64_t base[EXEC_MAX_CHANNELS_PER_BLOCK];    // the same at the start of the launch
+  uint32_t pending;                              // channels counted, not waited for (lanes > 0)
+  uint32_t pendingAcquire;                       // of those, plain waits (an acquire load after)
+  uint32_t last;                                 // thread 0: this lane arrived last at a signal
+};
+
+__device__ __forceinline__ AsyncShared* asyncShared() {
+  __shared__ AsyncShared s;
+  return &s;
+}
+
+__device__ __forceinline__ uint32_t asyncChannels(const Run& r) {
+  return r.b->nMemoryChannels < EXEC_MAX_CHANNELS_PER_BLOCK ? r.b->nMemoryChannels : EXEC_MAX_CHANNELS_PER_BLOCK;
+}
+
+/// The launch's start, once r.b is readable: each memory channel's expected count into shared
+/// memory. The caller synchronizes the block, then calls asyncStarted.
+__device__ __forceinline__ void asyncBegin(Run& r) {
+  AsyncShared* s = asyncShared();
+  r.as = s;
+  for (uint32_t k = threadIdx.x; k < asyncChannels(r); k += blockDim.x) {
+    const uint64_t v = *r.b->memoryChannels[k].semaphore.expectedInboundToken;
+    s->expect[k] = v;
+    s->base[k] = v;
+  }
+  if (threadIdx.x == 0) {
+    s->pending = 0;
+    s->pendingAcquire = 0;
+  }
+}
+
+/// After the block read the launch flag and the counts: this lane counts itself in (lane word 3).
+__device__ __forceinline__ void asyncStarted(const Run& r) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(r.laneWords + 3, 1u);
+  }
+}
+
+/// The launch's end on lane 0 (every thread of the block calls it): once every lane counted
+/// itself in, the counts this block changed go back into the channels for the next launch.
+__device__ __forceinline__ void asyncEnd(const Run& r) {
+  if (r.lane != 0) return;
+  if (threadIdx.x == 0) {
+    volatile uint32_t* started = r.laneWords + 3;
+    MSCCLPP_SPIN_UNTIL(*started >= r.lanes, 4 * (int64_t)MSCCLPP_DEFAULT_MAX_SPIN, "executor lane start");
+    *started = 0;
+    __threadfence();
+  }
+  __syncthreads();
+  const AsyncShared* s = r.as;
+  for (uint32_t k = threadIdx.x; k < asyncChannels(r); k += blockDim.x) {
+    if (s->expect[k] != s->base[k]) *r.b->memoryChannels[k].semaphore.expectedInboundToken = s->expect[k];
+  }
+}
+
+/// Waits until memory channel `ch` has its expected count (with an acquire load after).
+__device__ __forceinline__ void asyncPoll(const Run& r, int ch, uint64_t expected, bool acquire) {
+  const uint64_t* in = r.b->memoryChannels[ch].semaphore.inboundToken;
+  MSCCLPP_SPIN_UNTIL(loadRelaxedSys(in) >= expected, -1, "executor async wait");
+  if (acquire) (void)loadAcquireSys(in);
+}
+
+/// A memory-channel wait (or relaxed wait) under the async sync: every lane counts it; lane 0
+/// waits (thread k for channel k); the other lanes keep a `marked` one to wait for before
+/// their next data op (an unmarked one is followed by a lane barrier).
+template <int OP>
+__device__ __forceinline__ void asyncWait(const Run& r, const ExecOp& o, bool marked) {
+  const bool acquire = (OP >= 0 ? OP : (int)o.opType) == EXEC_WAIT;
+  AsyncShared* s = r.as;
+  EXEC_FOR_THREAD(k, o.nChannels, EXEC_MAX_CHANNELS_PER_OP) {
+    const int ch = o.channels[k];
+    const uint64_t expected = ++s->expect[ch];
+    if (r.lane == 0) {
+      asyncPoll(r, ch, expected, acquire);
+    } else if (marked) {
+      atomicOr(&s->pending, 1u << ch);
+      if (acquire) atomicOr(&s->pendingAcquire, 1u << ch);
+    }
+  }
+  __syncthreads();
+}
+
+/// Before a data op on a lane other than 0: the signals its marked waits counted.
+__device__ __forceinline__ void asyncSettle(const Run& r) {
+  AsyncShared* s = r.as;
+  const uint32_t pending = s->pending;  // the same in every thread: written before a __syncthreads
+  if (pending == 0) return;
+  const uint32_t acquire = s->pendingAcquire;
+  for (uint32_t ch = threadIdx.x; ch < EXEC_MAX_CHANNELS_PER_BLOCK; ch += blockDim.x) {
+    if (pending & (1u << ch)) asyncPoll(r, ch, s->expect[ch], (acquire >> ch) & 1u);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s->pending = 0;
+    s->pendingAcquire = 0;
+  }
+  __syncthreads();
+}
+
+/// A lane barrier under the async sync: lane 0 reached it after its waits, so the other lanes'
+/// counted waits are settled by it too.
+__device__ __forceinline__ void asyncLaneBarrier(Run& r) {
+  laneBarrier(r);
+  if (threadIdx.x == 0) {
+    r.as->pending = 0;
+    r.as->pendingAcquire = 0;
+  }
+  __syncthreads();
+}
+
+/// Thread 0's arrival at an async signal's lane word: whether this lane is the last (then it
+/// zeroes the word for the next launch).
+__device__ __noinline__ bool asyncArrive(uint32_t* word, uint32_t lanes) {
+  __threadfence();
+  const bool last = atomicAdd(word, 1u) == lanes - 1;
+  if (last) {
+    atomicExch(word, 0u);
+    __threadfence();
+  }
+  return last;
+}
+
+/// A memory-channel signal (or relaxed signal) under the async sync: after data (`dirty`), sent
+/// by the last lane to arrive, after its own threads' data; else by lane 0.
+template <int OP>
+__device__ __forceinline__ void asyncSignal(Run& r, const ExecOp& o, bool dirty) {
+  bool send = r.lane == 0;
+  if (dirty) {
+    __syncthreads();
+    if (threadIdx.x == 0) r.as->last = asyncArrive(r.laneWords + 4 + r.signals, r.lanes);
+    __syncthreads();
+    send = r.as->last != 0;
+    ++r.signals;
+  }
+  if (!send) return;
+  const bool relaxed = (OP >= 0 ? OP : (int)o.opType) == EXEC_RELAXED_SIGNAL;
+  EXEC_FOR_THREAD(k, o.nChannels, EXEC_MAX_CHANNELS_PER_OP) {
+    BaseMemoryChannelDeviceHandle h = r.b->memoryChannels[o.channels[k]];
+    if (relaxed) {
+      h.relaxedSignal();
+    } else {
+      h.signal();
+    }
+  }
+}
+
+/// step() with the async lane sync (several lanes; see above). Out of line, as stepSplit.
+template <int OP>
+__device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+  bool& dirty = st.dirty;
+  bool& synced = st.synced;
+  const bool marked = (o.flags & EXEC_OP_LANE_ASYNC) != 0;
+  const bool memory = o.channelType == EXEC_CHANNEL_MEMORY;
+  const bool isWait = memory && (o.opType == EXEC_WAIT || o.opType == EXEC_RELAXED_WAIT);
+  const bool isSignal = memory && (o.opType == EXEC_SIGNAL || o.opType == EXEC_RELAXED_SIGNAL);
+  if (o.opType == EXEC_NOP) {
+    if (marked) {
+      __syncthreads();
+      return;
+    }
+    if (dirty || synced || !st.met) asyncLaneBarrier(r);
+    dirty = false;
+    synced = false;
+    st.met = true;
+    return;
+  }
+  if (o.opType == EXEC_BARRIER) {
+    // Every lane of the plan blocks in it arrives (their data before it, lane 0 after its
+    // waits), instead of a lane barrier, lane 0's grid barrier and another lane barrier.
+    __syncthreads();
+    const uint32_t n = o.nBlocks * r.lanes;
+    if (threadIdx.x == 0) {
+      if (n > 1) gridBarrier(r.a.barriers + 2 * o.barrierId, n);
+      r.as->pending = 0;
+      r.as->pendingAcquire = 0;
+    }
+    __syncthreads();
+    dirty = false;
+    synced = false;
+    st.met = true;
+    return;
+  }
+  if (marked && isWait) {
+    asyncWait<OP>(r, o, true);
+    return;
+  }
+  if (marked && isSignal) {
+    asyncSignal<OP>(r, o, dirty);
+    return;
+  }
+  if (laneZeroOnly(o)) {
+    if (dirty) {
+      asyncLaneBarrier(r);
+      st.met = true;
+    }
+    dirty = false;
+    if (isWait) {
+      asyncWait<OP>(r, o, false);
+    } else {
+      execOnLaneZero<OP>(r, o, off, unit);
+    }
+    synced = true;
+    return;
+  }
+  if (synced) {
+    asyncLaneBarrier(r);
+    st.met = true;
+  }
+  synced = false;
+  if (r.lane != 0) asyncSettle(r);
+  execAny<OP>(r, o, off, unit);
+  dirty = true;
+}
+
 /// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
 /// laneZeroOnly run on lane 0 between lane barriers. A `nop` with nothing run since the last
 /// lane barrier (nop after nop) needs none of its own.
@@ -979,19 +1218,25 @@ __device__ EXEC_JIT_INLINE void step(Run& r, const ExecOp& o, uint64_t off, uint
     }
     return;
   }
-  bool& dirty = st.dirty;
-  bool& synced = st.synced;
+  if (o.opType == EXEC_NOP && (o.flags & EXEC_OP_LANE_LOCAL)) {
+    // Between synchronisation ops of lane 0 (the lowering's mark_lane_local_nops): this GPU
+    // block's threads only; `synced` stays, so the next data op still waits behind a lane
+    // barrier (or, split, a release) for what lane 0 ran. (Under the async sync the lowering
+    // also marks every such nop EXEC_OP_LANE_ASYNC: nothing moves data between it and the
+    // next synchronisation op.)
+    __syncthreads();
+    return;
+  }
   if (r.split) {
     stepSplit<OP>(r, o, off, unit, st);
     return;
   }
-  if (o.opType == EXEC_NOP && (o.flags & EXEC_OP_LANE_LOCAL)) {
-    // Between synchronisation ops of lane 0 (the lowering's mark_lane_local_nops): this GPU
-    // block's threads only; `synced` stays, so the next data op still waits behind a lane
-    // barrier for what lane 0 ran.
-    __syncthreads();
+  if (r.async) {
+    stepAsync<OP>(r, o, off, unit, st);
     return;
   }
+  bool& dirty = st.dirty;
+  bool& synced = st.synced;
   if (o.opType == EXEC_NOP) {
     if (dirty || synced || !st.met) laneBarrier(r);
     dirty = false;
@@ -1068,6 +1313,9 @@ __device__ __forceinline__ void runSetup(Run& r, const ExecArgs& args, const Exe
   r.split = args.laneSync == 1 && lanes > 1;
   r.joins = 0;
   r.releases = 0;
+  r.async = args.laneSync == 2 && lanes > 1;
+  r.signals = 0;
+  r.as = nullptr;
 }
 
 /// The end of a launch: lane 0 counts the launch once every lane read the flag (runSetup):
@@ -1077,10 +1325,11 @@ __device__ __forceinline__ void runFinish(Run& r, LaneState& st) {
   if (r.split) {
     __syncthreads();
     if (threadIdx.x == 0) laneExitThread0(r.laneWords, r.lane, r.lanes);
-  } else if (r.lanes > 1 && !st.met) {
+  } else if (r.lanes > 1 && !st.met && !r.async) {
     laneBarrier(r);
   }
   __syncthreads();
+  if (r.async) asyncEnd(r);  // every lane counted itself in after reading the flag
   if (threadIdx.x == 0 && r.lane == 0) r.a.flags[blockIdx.x / r.lanes] = r.flag;
 }
 
@@ -1092,6 +1341,11 @@ __device__ __forceinline__ uint32_t jitBegin(Run& r, const ExecArgs& args) {
   const uint32_t lanes = args.lanes > 0 ? args.lanes : 1;
   const uint32_t pb = blockIdx.x / lanes;
   runSetup(r, args, args.blocks + pb);
+  if (r.async) {
+    asyncBegin(r);
+    __syncthreads();  // the expected counts in shared memory before the first op
+    asyncStarted(r);
+  }
   return pb;
 }
 #endif
@@ -1135,6 +1389,11 @@ __device__ __forceinline__ void executorRun(const ExecArgs& args) {
   runSetup(r, args, &blk);
   LaneState st;
   __syncthreads();
+  if (r.async) {
+    asyncBegin(r);  // from the block's tables in shared memory, copied above
+    __syncthreads();
+    asyncStarted(r);
+  }
   if (uint64_t* tr = traceWords(args)) tr[3] += traceCycles() - mark.c0;
   for (uint32_t i = 0; i < nOps;) {
     const ExecOp& o = blk.ops[i];
