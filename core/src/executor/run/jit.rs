@@ -170,13 +170,16 @@ fn block_code(b: &ExecBlock) -> (String, Vec<u32>) {
 }
 
 /// The kernel source and values for `blocks` with reductions of `dtype`, packets LL8 when
-/// `ll8`, launches of up to `bound` threads per GPU block; an error with the reason when the
-/// plan cannot be compiled (too many values for a kernel parameter).
+/// `ll8`, launches of up to `bound` threads per GPU block and lane sync `lane_sync`
+/// (`ExecArgs.laneSync`: the kernel compiles only that mode's crossings, besides one lane's);
+/// an error with the reason when the plan cannot be compiled (too many values for a kernel
+/// parameter).
 pub(crate) fn generate(
     blocks: &[Box<ExecBlock>],
     dtype: DataType,
     ll8: bool,
     bound: u32,
+    lane_sync: u32,
 ) -> std::result::Result<Generated, String> {
     let nb = blocks.len();
     // Blocks with the same structure share a function (and a case of the switch).
@@ -216,6 +219,7 @@ pub(crate) fn generate(
          #define MSCCLPP_EXECUTOR_JIT 1\n\
          #define MSCCLPP_EXECUTOR_JIT_TYPE {}\n\
          #define MSCCLPP_EXECUTOR_JIT_LL8 {}\n\
+         #define MSCCLPP_EXECUTOR_JIT_LANE_SYNC {lane_sync}\n\
          {}#include \"executor_body.cuh\"\n\n\
          struct JitParams {{\n  ExecArgs a;\n  uint32_t v[{nv}];\n}};\n\n\
          namespace {{\n",
@@ -414,15 +418,52 @@ mod tests {
 
     #[test]
     fn sizes_of_one_structure_share_a_source() {
-        let a = generate(&[block(&[put_packets(0, 1024)])], DataType::F16, false, 256).unwrap();
-        let b = generate(&[block(&[put_packets(0, 4096)])], DataType::F16, false, 256).unwrap();
+        let a = generate(
+            &[block(&[put_packets(0, 1024)])],
+            DataType::F16,
+            false,
+            256,
+            2,
+        )
+        .unwrap();
+        let b = generate(
+            &[block(&[put_packets(0, 4096)])],
+            DataType::F16,
+            false,
+            256,
+            2,
+        )
+        .unwrap();
         assert_eq!(a.source, b.source);
         assert_eq!(a.values, vec![1, 0, 1024, 0, 1024]);
         assert_eq!(b.values, vec![1, 0, 4096, 0, 4096]);
         // Another element type or packet format is another kernel.
-        let c = generate(&[block(&[put_packets(0, 1024)])], DataType::F32, false, 256).unwrap();
+        let c = generate(
+            &[block(&[put_packets(0, 1024)])],
+            DataType::F32,
+            false,
+            256,
+            2,
+        )
+        .unwrap();
         assert_ne!(a.source, c.source);
         assert!(c.source.contains("MSCCLPP_EXECUTOR_JIT_TYPE float"));
+        // So is another lane sync: the kernel compiles only its launches' (here async).
+        assert!(a
+            .source
+            .contains("#define MSCCLPP_EXECUTOR_JIT_LANE_SYNC 2\n"));
+        let d = generate(
+            &[block(&[put_packets(0, 1024)])],
+            DataType::F16,
+            false,
+            256,
+            0,
+        )
+        .unwrap();
+        assert!(d
+            .source
+            .contains("#define MSCCLPP_EXECUTOR_JIT_LANE_SYNC 0\n"));
+        assert_eq!(a.source.replace("LANE_SYNC 2", "LANE_SYNC 0"), d.source);
     }
 
     #[test]
@@ -435,6 +476,7 @@ mod tests {
             DataType::F32,
             true,
             256,
+            2,
         )
         .unwrap();
         assert!(g.source.contains("case 0: case 1: block0("));
@@ -456,6 +498,7 @@ mod tests {
             DataType::F16,
             false,
             1024,
+            2,
         )
         .unwrap();
         assert_eq!(g.values, vec![1, 4, 256, 0, 1024, 0, 1024]);
@@ -465,8 +508,14 @@ mod tests {
         assert!(g.source.contains("step<14>(r, o, off, unit, st);"));
         assert!(g.source.contains("__launch_bounds__(1024)"));
         assert!(!g.source.contains("MSCCLPP_EXECUTOR_PREFETCH"));
-        let narrow =
-            generate(&[block(&[put_packets(0, 1024)])], DataType::F16, false, 256).unwrap();
+        let narrow = generate(
+            &[block(&[put_packets(0, 1024)])],
+            DataType::F16,
+            false,
+            256,
+            2,
+        )
+        .unwrap();
         assert!(narrow
             .source
             .contains("#define MSCCLPP_EXECUTOR_PREFETCH 1\n"));
@@ -499,10 +548,10 @@ mod tests {
         let mut w = ExecOp::zeroed();
         w.op_type = op::WAIT;
         w.n_channels = 1;
-        let plain = generate(&[block(&[w])], DataType::F16, false, 256).unwrap();
+        let plain = generate(&[block(&[w])], DataType::F16, false, 256, 2).unwrap();
         assert_eq!(plain.values, vec![1]);
         w.input_sizes[1] = 64;
-        let g = generate(&[block(&[w])], DataType::F16, false, 256).unwrap();
+        let g = generate(&[block(&[w])], DataType::F16, false, 256, 2).unwrap();
         // Entries 0 and 1 of the four arrays.
         assert_eq!(g.values, vec![1, 0, 0, 0, 64, 0, 0, 0, 0]);
         assert!(g.source.contains("o.inputSizes[1] = v(3);"));
@@ -512,7 +561,7 @@ mod tests {
     fn too_many_values_fall_back() {
         let ops: Vec<ExecOp> = (0..64).map(|i| put_packets(i, 16)).collect();
         let blocks: Vec<_> = (0..40).map(|_| block(&ops)).collect();
-        let e = generate(&blocks, DataType::F16, false, 256).unwrap_err();
+        let e = generate(&blocks, DataType::F16, false, 256, 2).unwrap_err();
         assert!(e.contains("kernel parameter"), "{e}");
     }
 }

@@ -80,9 +80,10 @@ struct Lowered {
     /// lanes of the last traced launch.
     trace: Option<GpuBuffer<u64>>,
     traced_lanes: AtomicU32,
-    /// The compiled plan kernel of each (data type code, packet code, thread bound) this size
-    /// ran with, and this size's values (jit.rs); `None`: it runs on the interpreter.
-    jit: HashMap<(u32, u32, u32), Option<jit::JitLaunch>>,
+    /// The compiled plan kernel of each (data type code, packet code, thread bound, lane sync
+    /// code) this size ran with, and this size's values (jit.rs); `None`: it runs on the
+    /// interpreter.
+    jit: HashMap<(u32, u32, u32, u32), Option<jit::JitLaunch>>,
 }
 
 struct Entry {
@@ -334,7 +335,15 @@ impl Executor {
                 .map_or(0, |m| m + 1)
         };
         let proto = ExecBlock::zeroed();
-        let memory_channels = vec![proto.memory_channels[0]; len(&|b| &b.memory_channels)];
+        // Each memory channel has a semaphore of its own (as in a context), told apart by the
+        // address of its expected count: the lane sync the launch takes depends on it.
+        let memory_channels: Vec<_> = (0..len(&|b| &b.memory_channels))
+            .map(|i| {
+                let mut c = proto.memory_channels[0];
+                c.semaphore.expected_inbound_token = (8 * (i + 1)) as *mut u64;
+                c
+            })
+            .collect();
         let port_channels = vec![proto.port_channels[0]; len(&|b| &b.port_channels)];
         let nbuf = len(&|b| &b.memory_buffers).max(len(&|b| &b.port_buffers));
         let memory_buffers = vec![0u64; nbuf];
@@ -348,7 +357,8 @@ impl Executor {
             halves: &halves,
         };
         let blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
-        jit::generate(&blocks, dtype, packet == PacketType::LL8, bound)
+        let lane_sync = lane_sync_code(own_semaphores(&blocks));
+        jit::generate(&blocks, dtype, packet == PacketType::LL8, bound, lane_sync)
             .map(|g| g.source)
             .map_err(|why| err(plan, why))
     }
@@ -568,10 +578,15 @@ impl Executor {
                 let bound = gpu::jit_bound(threads, env.executor_jit_threads())
                     .filter(|_| !trace && env.executor_jit());
                 if let Some(bound) = bound {
-                    let key = (args.dtype, args.packet, bound);
+                    let key = (args.dtype, args.packet, bound, args.lane_sync);
                     if !low.jit.contains_key(&key) && !g.ctx.is_capturing(stream)? {
-                        let made = match jit::generate(&low.blocks, dtype, args.packet != 0, bound)
-                        {
+                        let made = match jit::generate(
+                            &low.blocks,
+                            dtype,
+                            args.packet != 0,
+                            bound,
+                            args.lane_sync,
+                        ) {
                             Ok(gen) => {
                                 g.jit
                                     .get(g.ctx.device(), g.arch, &gen.source)
@@ -594,7 +609,7 @@ impl Executor {
                 gpu::check_resident(plan, ctx, &args)?;
                 // Launches to repeat: not traced ones, nor ones on the interpreter only because
                 // the stream was captured before the plan could be compiled.
-                let jit_key = |b| (args.dtype, args.packet, b);
+                let jit_key = |b| (args.dtype, args.packet, b, args.lane_sync);
                 let settled = !trace && bound.is_none_or(|b| low.jit.contains_key(&jit_key(b)));
                 let kernel = match bound.and_then(|b| low.jit.get(&jit_key(b))) {
                     Some(Some(j)) => Prepared::Jit(j.kernel.clone(), jit::params(&args, &j.tail)),
@@ -908,6 +923,16 @@ fn own_semaphores(blocks: &[Box<ExecBlock>]) -> bool {
     true
 }
 
+/// `ExecArgs.lane_sync` of launches of blocks whose waited-on channels `own` their semaphores
+/// ([`own_semaphores`]): `MSCCLPP_EXECUTOR_LANE_SYNC`, with the lane barriers instead of the
+/// async sync where they do not.
+fn lane_sync_code(own: bool) -> u32 {
+    match crate::env::env().executor_lane_sync() {
+        LaneSync::Async if !own => LaneSync::Barrier.code(),
+        s => s.code(),
+    }
+}
+
 /// The kernel's argument for a lowered plan on `ctx` (the host interpreter reads the same),
 /// with `low`'s trace counters when `trace`.
 fn launch_args(
@@ -939,10 +964,7 @@ fn launch_args(
             (Some(t), true) => t.data(),
             _ => 0,
         },
-        lane_sync: match crate::env::env().executor_lane_sync() {
-            LaneSync::Async if !low.lane_async => LaneSync::Barrier.code(),
-            s => s.code(),
-        },
+        lane_sync: lane_sync_code(low.lane_async),
         pad: 0,
     }
 }

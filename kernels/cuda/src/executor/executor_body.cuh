@@ -83,6 +83,15 @@ using mscclpp::coll::Elem;
 #define EXEC_FOR_EACH(i, n, N) for (int i = 0; i < (int)(n); ++i)
 #endif
 
+/// Whether the lane sync of code `m` (ExecArgs.laneSync) is compiled in: in a generated kernel
+/// only its own (MSCCLPP_EXECUTOR_JIT_LANE_SYNC, the code its launches carry), in the
+/// interpreter every one.
+#if defined(MSCCLPP_EXECUTOR_JIT_LANE_SYNC)
+#define EXEC_SYNC_BUILT(m) (MSCCLPP_EXECUTOR_JIT_LANE_SYNC == (m))
+#else
+#define EXEC_SYNC_BUILT(m) 1
+#endif
+
 namespace {
 
 struct Run {
@@ -1046,11 +1055,17 @@ __device__ __forceinline__ void asyncEnd(const Run& r) {
   }
 }
 
-/// Waits until memory channel `ch` has its expected count (with an acquire load after).
-__device__ __forceinline__ void asyncPoll(const Run& r, int ch, uint64_t expected, bool acquire) {
-  const uint64_t* in = r.b->memoryChannels[ch].semaphore.inboundToken;
+/// Waits until the inbound count `in` reaches `expected` (with an acquire load after). Out of
+/// line: the spin and its bound's report, inlined into every op of a generated kernel, more
+/// than doubled its compile time.
+__device__ __noinline__ void asyncPollToken(const uint64_t* in, uint64_t expected, bool acquire) {
   MSCCLPP_SPIN_UNTIL(loadRelaxedSys(in) >= expected, -1, "executor async wait");
   if (acquire) (void)loadAcquireSys(in);
+}
+
+/// Waits until memory channel `ch` has its expected count (with an acquire load after).
+__device__ __forceinline__ void asyncPoll(const Run& r, int ch, uint64_t expected, bool acquire) {
+  asyncPollToken(r.b->memoryChannels[ch].semaphore.inboundToken, expected, acquire);
 }
 
 /// A memory-channel wait (or relaxed wait) under the async sync: every lane counts it; lane 0
@@ -1073,14 +1088,13 @@ __device__ __forceinline__ void asyncWait(const Run& r, const ExecOp& o, bool ma
   __syncthreads();
 }
 
-/// Before a data op on a lane other than 0: the signals its marked waits counted.
-__device__ __forceinline__ void asyncSettle(const Run& r) {
-  AsyncShared* s = r.as;
-  const uint32_t pending = s->pending;  // the same in every thread: written before a __syncthreads
-  if (pending == 0) return;
+/// asyncSettle's waits (out of line: it precedes every data op of a generated kernel).
+__device__ __noinline__ void asyncSettleWaits(AsyncShared* s, const ExecBlock* b, uint32_t pending) {
   const uint32_t acquire = s->pendingAcquire;
   for (uint32_t ch = threadIdx.x; ch < EXEC_MAX_CHANNELS_PER_BLOCK; ch += blockDim.x) {
-    if (pending & (1u << ch)) asyncPoll(r, ch, s->expect[ch], (acquire >> ch) & 1u);
+    if (pending & (1u << ch)) {
+      asyncPollToken(b->memoryChannels[ch].semaphore.inboundToken, s->expect[ch], (acquire >> ch) & 1u);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -1088,6 +1102,12 @@ __device__ __forceinline__ void asyncSettle(const Run& r) {
     s->pendingAcquire = 0;
   }
   __syncthreads();
+}
+
+/// Before a data op on a lane other than 0: the signals its marked waits counted.
+__device__ __forceinline__ void asyncSettle(const Run& r) {
+  const uint32_t pending = r.as->pending;  // the same in every thread: written before a __syncthreads
+  if (pending != 0) asyncSettleWaits(r.as, r.b, pending);
 }
 
 /// A lane barrier under the async sync: lane 0 reached it after its waits, so the other lanes'
@@ -1227,14 +1247,22 @@ __device__ EXEC_JIT_INLINE void step(Run& r, const ExecOp& o, uint64_t off, uint
     __syncthreads();
     return;
   }
+  // A generated kernel has only its lane sync's path (EXEC_SYNC_BUILT): the others are not
+  // even parsed into it (their inlined bodies, folded away later, cost the compiler a third
+  // more time).
+#if EXEC_SYNC_BUILT(1)
   if (r.split) {
     stepSplit<OP>(r, o, off, unit, st);
     return;
   }
+#endif
+#if EXEC_SYNC_BUILT(2)
   if (r.async) {
     stepAsync<OP>(r, o, off, unit, st);
     return;
   }
+#endif
+#if EXEC_SYNC_BUILT(0)
   bool& dirty = st.dirty;
   bool& synced = st.synced;
   if (o.opType == EXEC_NOP) {
@@ -1261,6 +1289,7 @@ __device__ EXEC_JIT_INLINE void step(Run& r, const ExecOp& o, uint64_t off, uint
   synced = false;
   execAny<OP>(r, o, off, unit);
   dirty = true;
+#endif
 }
 
 /// The cycle counter of this SM (trace).
@@ -1310,10 +1339,17 @@ __device__ __forceinline__ void runSetup(Run& r, const ExecArgs& args, const Exe
   r.tid = r.lane * blockDim.x + threadIdx.x;
   r.nthr = lanes * blockDim.x;
   r.laneWords = args.flags + args.nBlocks + EXEC_LANE_WORDS * pb;
-  r.split = args.laneSync == 1 && lanes > 1;
+  // A generated kernel compiles one lane sync (besides one lane's path): the launch's, which the
+  // host keys its kernels by, as a constant, so the other modes' code folds away.
+#if defined(MSCCLPP_EXECUTOR_JIT_LANE_SYNC)
+  const uint32_t sync = MSCCLPP_EXECUTOR_JIT_LANE_SYNC;
+#else
+  const uint32_t sync = args.laneSync;
+#endif
+  r.split = sync == 1 && lanes > 1;
   r.joins = 0;
   r.releases = 0;
-  r.async = args.laneSync == 2 && lanes > 1;
+  r.async = sync == 2 && lanes > 1;
   r.signals = 0;
   r.as = nullptr;
 }
