@@ -514,7 +514,8 @@ fn sync_words(
     semaphores.copy_from_host(0, &init)?;
     let barriers: GpuBuffer<u32> = GpuBuffer::new(device, MAX_BARRIERS * BARRIER_WORDS)?;
     // A launch counter per block, then LANE_WORDS lane words of each block (the lane
-    // barrier's count and generation, or the split sync's join, release and exit words).
+    // barrier's count and generation, or the split sync's join, release and exit words; the
+    // async sync's start count and one arrival count per signal after data).
     let flags: GpuBuffer<u32> = GpuBuffer::new(device, (1 + LANE_WORDS) * rp.blocks.len().max(1))?;
     Ok((semaphores, barriers, flags))
 }
