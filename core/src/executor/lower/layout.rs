@@ -81,7 +81,7 @@ impl Layout {
             reuse_scratch_chunk: 0,
             scratch_may_wrap: meta.reuse_resources && rp.scratch_chunks > 0,
         };
-        if meta.reuse_resources && rp.scratch_chunks > 0 {
+        if l.scratch_may_wrap {
             let sc = max_scratch_chunk(meta, rp, REUSE_SCRATCH_BYTES as u64);
             if sc < base_size.div_ceil(base_chunks) {
                 l.reuse_scratch_chunk = sc;

@@ -229,23 +229,30 @@ struct Access {
 }
 
 impl Access {
-    /// Whether running the steps of both accesses op by op over the whole range (rather than
-    /// step by step) may change what is read or written: one writes, and they may share
-    /// bytes other than element for element at the same position (the same range of the same
-    /// buffer is fine: step k of both touches the same bytes either way). The input and output
-    /// buffers of one rank may be one allocation (in-place calls), so they may alias at any
-    /// offset; scratch and other ranks' buffers do not alias this rank's.
-    fn conflicts(&self, b: &Access) -> bool {
-        if !(self.write || b.write) || self.owner != b.owner {
+    /// Whether the two accesses may touch the same bytes, one of them writing, whoever owns
+    /// the buffers. The input and output buffers of one rank may be one allocation (in-place
+    /// calls), so they may alias at any offset; scratch does not alias them.
+    fn may_share(&self, b: &Access) -> bool {
+        if !(self.write || b.write) {
             return false;
         }
         let io = |t: BufferType| t != BufferType::Scratch;
         if self.ty != b.ty {
             return io(self.ty) && io(b.ty);
         }
-        let disjoint = self.off + self.len <= b.off || b.off + b.len <= self.off;
-        let same = self.off == b.off && self.len == b.len;
-        !(disjoint || same)
+        !(self.off + self.len <= b.off || b.off + b.len <= self.off)
+    }
+
+    /// Whether running the steps of both accesses op by op over the whole range (rather than
+    /// step by step) may change what is read or written: they may share bytes ([`may_share`],
+    /// other ranks' buffers not aliasing this rank's) other than element for element at the
+    /// same position (the same range of the same buffer is fine: step k of both touches the
+    /// same bytes either way).
+    ///
+    /// [`may_share`]: Access::may_share
+    fn conflicts(&self, b: &Access) -> bool {
+        let same = self.ty == b.ty && self.off == b.off && self.len == b.len;
+        self.owner == b.owner && self.may_share(b) && !same
     }
 }
 
@@ -434,27 +441,13 @@ fn async_role(l: &Layout, o: &Op) -> AsyncRole {
     }
 }
 
-/// Whether the lanes' accesses `a` (before a crossing) and `b` (after it) may touch the same
-/// chunks (ranges in chunk indexes here) from different lanes, one of them writing. Stricter
-/// than [`Access::conflicts`]: two
-/// ops over the same range may split it over the lanes differently (vector or element paths,
-/// packets), so only disjoint ranges are safe. Remote buffers are compared like this rank's
-/// (a plan may name this rank as a peer), and input and output may be one allocation.
-fn lanes_meet(a: &Access, b: &Access) -> bool {
-    if !(a.write || b.write) {
-        return false;
-    }
-    let io = |t: BufferType| t != BufferType::Scratch;
-    if a.ty != b.ty {
-        return io(a.ty) && io(b.ty);
-    }
-    !(a.off + a.len <= b.off || b.off + b.len <= a.off)
-}
-
 /// Flags the crossings (nops, memory-channel signals and waits) that need no lane barrier
 /// under the async lane sync ([`OP_LANE_ASYNC`]): no data op since the last lane barrier may
-/// touch bytes that a data op after the crossing (up to the next crossing) touches from
-/// another lane ([`lanes_meet`]). Then a nop is only the GPU block's `__syncthreads`, a
+/// touch chunks that a data op after the crossing (up to the next crossing) touches from
+/// another lane: any that may share a chunk ([`Access::may_share`], in chunk indexes here),
+/// not only those [`Access::conflicts`] finds, since two ops over the same range may split it
+/// over the lanes differently (vector or element paths, packets); a peer's buffers are
+/// compared like this rank's (a plan may name this rank as a peer). Then a nop is only the GPU block's `__syncthreads`, a
 /// memory-channel signal is sent by the last lane to arrive (so every lane's data before it
 /// reaches the peer first), and a memory-channel wait is done by every lane itself, so
 /// whatever the peer wrote before signalling is visible to each. A crossing where lanes meet
@@ -497,9 +490,7 @@ fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp])
                     && after_data
                     && (anywhere
                         || after_anywhere
-                        || after
-                            .iter()
-                            .any(|b| pending.iter().any(|a| lanes_meet(a, b))));
+                        || after.iter().any(|b| pending.iter().any(|a| a.may_share(b))));
                 let e = &mut out[starts[i]];
                 let signal = e.op_type == op::SIGNAL || e.op_type == op::RELAXED_SIGNAL;
                 if meet || (signal && rounds >= ASYNC_ROUNDS) {

@@ -577,8 +577,9 @@ impl Executor {
                 // MSCCLPP_EXECUTOR_JIT_THREADS threads only (gpu::jit_bound).
                 let bound = gpu::jit_bound(threads, env.executor_jit_threads())
                     .filter(|_| !trace && env.executor_jit());
+                let jit_key = |b| (args.dtype, args.packet, b, args.lane_sync);
                 if let Some(bound) = bound {
-                    let key = (args.dtype, args.packet, bound, args.lane_sync);
+                    let key = jit_key(bound);
                     if !low.jit.contains_key(&key) && !g.ctx.is_capturing(stream)? {
                         let made = match jit::generate(
                             &low.blocks,
@@ -609,7 +610,6 @@ impl Executor {
                 gpu::check_resident(plan, ctx, &args)?;
                 // Launches to repeat: not traced ones, nor ones on the interpreter only because
                 // the stream was captured before the plan could be compiled.
-                let jit_key = |b| (args.dtype, args.packet, b, args.lane_sync);
                 let settled = !trace && bound.is_none_or(|b| low.jit.contains_key(&jit_key(b)));
                 let kernel = match bound.and_then(|b| low.jit.get(&jit_key(b))) {
                     Some(Some(j)) => Prepared::Jit(j.kernel.clone(), jit::params(&args, &j.tail)),
