@@ -416,50 +416,34 @@ mod tests {
         o
     }
 
+    /// The kernel of one block with one packet put of `size` bytes (LL16).
+    fn put_kernel(size: u32, dtype: DataType, bound: u32, lane_sync: u32) -> Generated {
+        generate(
+            &[block(&[put_packets(0, size)])],
+            dtype,
+            false,
+            bound,
+            lane_sync,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn sizes_of_one_structure_share_a_source() {
-        let a = generate(
-            &[block(&[put_packets(0, 1024)])],
-            DataType::F16,
-            false,
-            256,
-            2,
-        )
-        .unwrap();
-        let b = generate(
-            &[block(&[put_packets(0, 4096)])],
-            DataType::F16,
-            false,
-            256,
-            2,
-        )
-        .unwrap();
+        let a = put_kernel(1024, DataType::F16, 256, 2);
+        let b = put_kernel(4096, DataType::F16, 256, 2);
         assert_eq!(a.source, b.source);
         assert_eq!(a.values, vec![1, 0, 1024, 0, 1024]);
         assert_eq!(b.values, vec![1, 0, 4096, 0, 4096]);
         // Another element type or packet format is another kernel.
-        let c = generate(
-            &[block(&[put_packets(0, 1024)])],
-            DataType::F32,
-            false,
-            256,
-            2,
-        )
-        .unwrap();
+        let c = put_kernel(1024, DataType::F32, 256, 2);
         assert_ne!(a.source, c.source);
         assert!(c.source.contains("MSCCLPP_EXECUTOR_JIT_TYPE float"));
         // So is another lane sync: the kernel compiles only its launches' (here async).
         assert!(a
             .source
             .contains("#define MSCCLPP_EXECUTOR_JIT_LANE_SYNC 2\n"));
-        let d = generate(
-            &[block(&[put_packets(0, 1024)])],
-            DataType::F16,
-            false,
-            256,
-            0,
-        )
-        .unwrap();
+        let d = put_kernel(1024, DataType::F16, 256, 0);
         assert!(d
             .source
             .contains("#define MSCCLPP_EXECUTOR_JIT_LANE_SYNC 0\n"));
@@ -508,14 +492,7 @@ mod tests {
         assert!(g.source.contains("step<14>(r, o, off, unit, st);"));
         assert!(g.source.contains("__launch_bounds__(1024)"));
         assert!(!g.source.contains("MSCCLPP_EXECUTOR_PREFETCH"));
-        let narrow = generate(
-            &[block(&[put_packets(0, 1024)])],
-            DataType::F16,
-            false,
-            256,
-            2,
-        )
-        .unwrap();
+        let narrow = put_kernel(1024, DataType::F16, 256, 2);
         assert!(narrow
             .source
             .contains("#define MSCCLPP_EXECUTOR_PREFETCH 1\n"));
