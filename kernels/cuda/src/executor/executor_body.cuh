@@ -1157,24 +1157,65 @@ __device__ __forceinline__ void asyncSignal(Run& r, const ExecOp& o, bool dirty)
   }
 }
 
-/// step() with the async lane sync (several lanes; see above). Out of line, as stepSplit.
-template <int OP>
-__device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
+/// The lane-barrier crossings of step() (several lanes), shared by the barrier mode and the
+/// async sync's unmarked ops (`Async`: its lane barrier, which settles the other lanes'
+/// counted waits, its count of a memory-channel wait, and the settle before data on lanes
+/// other than 0). A `nop` is a lane barrier (none when nothing ran since the last one), ops of
+/// laneZeroOnly run on lane 0 between lane barriers, data ops split over every lane.
+template <int OP, bool Async>
+__device__ __forceinline__ void stepBarriers(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   bool& dirty = st.dirty;
   bool& synced = st.synced;
+  const auto barrier = [&] {
+    if constexpr (Async) {
+      asyncLaneBarrier(r);
+    } else {
+      laneBarrier(r);
+    }
+  };
+  if (o.opType == EXEC_NOP) {
+    if (dirty || synced || !st.met) barrier();
+    dirty = false;
+    synced = false;
+    st.met = true;
+    return;
+  }
+  if (laneZeroOnly(o)) {
+    if (dirty) {
+      barrier();
+      st.met = true;
+    }
+    dirty = false;
+    const bool memoryWait = o.channelType == EXEC_CHANNEL_MEMORY && (o.opType == EXEC_WAIT || o.opType == EXEC_RELAXED_WAIT);
+    if (Async && memoryWait) {
+      // Every lane counts the channel's signal; lane 0 waits for it.
+      asyncWait<OP>(r, o, false);
+    } else {
+      execOnLaneZero<OP>(r, o, off, unit);
+    }
+    synced = true;
+    return;
+  }
+  if (synced) {
+    barrier();
+    st.met = true;
+  }
+  synced = false;
+  if (Async && r.lane != 0) asyncSettle(r);
+  execAny<OP>(r, o, off, unit);
+  dirty = true;
+}
+
+/// step() with the async lane sync (several lanes; see above): the marked crossings and grid
+/// barriers here, the rest through stepBarriers. Out of line, as stepSplit.
+template <int OP>
+__device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint64_t unit, LaneState& st) {
   const bool marked = (o.flags & EXEC_OP_LANE_ASYNC) != 0;
   const bool memory = o.channelType == EXEC_CHANNEL_MEMORY;
   const bool isWait = memory && (o.opType == EXEC_WAIT || o.opType == EXEC_RELAXED_WAIT);
   const bool isSignal = memory && (o.opType == EXEC_SIGNAL || o.opType == EXEC_RELAXED_SIGNAL);
-  if (o.opType == EXEC_NOP) {
-    if (marked) {
-      __syncthreads();
-      return;
-    }
-    if (dirty || synced || !st.met) asyncLaneBarrier(r);
-    dirty = false;
-    synced = false;
-    st.met = true;
+  if (marked && o.opType == EXEC_NOP) {
+    __syncthreads();
     return;
   }
   if (o.opType == EXEC_BARRIER) {
@@ -1188,8 +1229,8 @@ __device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint
       r.as->pendingAcquire = 0;
     }
     __syncthreads();
-    dirty = false;
-    synced = false;
+    st.dirty = false;
+    st.synced = false;
     st.met = true;
     return;
   }
@@ -1198,31 +1239,10 @@ __device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint
     return;
   }
   if (marked && isSignal) {
-    asyncSignal<OP>(r, o, dirty);
+    asyncSignal<OP>(r, o, st.dirty);
     return;
   }
-  if (laneZeroOnly(o)) {
-    if (dirty) {
-      asyncLaneBarrier(r);
-      st.met = true;
-    }
-    dirty = false;
-    if (isWait) {
-      asyncWait<OP>(r, o, false);
-    } else {
-      execOnLaneZero<OP>(r, o, off, unit);
-    }
-    synced = true;
-    return;
-  }
-  if (synced) {
-    asyncLaneBarrier(r);
-    st.met = true;
-  }
-  synced = false;
-  if (r.lane != 0) asyncSettle(r);
-  execAny<OP>(r, o, off, unit);
-  dirty = true;
+  stepBarriers<OP, true>(r, o, off, unit, st);
 }
 
 /// Runs op `o` on this lane. With several lanes, data ops split over all of them, and ops of
@@ -1263,32 +1283,7 @@ __device__ EXEC_JIT_INLINE void step(Run& r, const ExecOp& o, uint64_t off, uint
   }
 #endif
 #if EXEC_SYNC_BUILT(0)
-  bool& dirty = st.dirty;
-  bool& synced = st.synced;
-  if (o.opType == EXEC_NOP) {
-    if (dirty || synced || !st.met) laneBarrier(r);
-    dirty = false;
-    synced = false;
-    st.met = true;
-    return;
-  }
-  if (laneZeroOnly(o)) {
-    if (dirty) {
-      laneBarrier(r);
-      st.met = true;
-    }
-    dirty = false;
-    execOnLaneZero<OP>(r, o, off, unit);
-    synced = true;
-    return;
-  }
-  if (synced) {
-    laneBarrier(r);
-    st.met = true;
-  }
-  synced = false;
-  execAny<OP>(r, o, off, unit);
-  dirty = true;
+  stepBarriers<OP, false>(r, o, off, unit, st);
 #endif
 }
 
