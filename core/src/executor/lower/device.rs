@@ -20,6 +20,21 @@ pub const OP_LANE_LOCAL: u8 = 1;
 /// wait is done by every lane.
 pub const OP_LANE_ASYNC: u8 = 2;
 
+/// `ExecOp.flags` of a `nop` under the async lane sync (`EXEC_OP_LANE_SPLIT`) where the data
+/// of the lanes before it meets data after it (up to the next crossing) only as two ops'
+/// ranges of one buffer that start at the same byte (or, see [`OP_LANE_SPLIT_IO`], as this
+/// rank's input against its output): when every data op since the last lane
+/// barrier and after the nop takes the kernel's 16-byte vector path (aligned ranges, sizes in
+/// 16-byte units), each common byte is the same thread's in both ops and the nop is the GPU
+/// block's `__syncthreads`; the first op off that path has the nop's lane barrier before it
+/// (set by the lowering, see `mark_lane_async`).
+pub const OP_LANE_SPLIT: u8 = 4;
+
+/// With [`OP_LANE_SPLIT`] (`EXEC_OP_LANE_SPLIT_IO`): some data meeting at the nop is this rank's
+/// input against its output (of other chunks, or at other offsets): those share no byte when the
+/// call's input and output do not overlap (`ExecArgs::io_apart`), else the nop is a lane barrier.
+pub const OP_LANE_SPLIT_IO: u8 = 8;
+
 /// The most signals of one plan block the async lane sync sends per launch (each has a lane
 /// word counting the lanes that arrived); the lowering leaves later ones unmarked.
 pub const ASYNC_ROUNDS: usize = 32;
@@ -124,7 +139,7 @@ pub struct ExecOp {
     pub reduce_op: u8,
     /// Number of used entries in `semaphore_ids`.
     pub n_semaphores: u8,
-    /// [`OP_LANE_LOCAL`] and [`OP_LANE_ASYNC`] bits.
+    /// [`OP_LANE_LOCAL`], [`OP_LANE_ASYNC`] and [`OP_LANE_SPLIT`] bits.
     pub flags: u8,
     /// Indexes into the block's channels of `channel_type`.
     pub channels: [u8; MAX_CHANNELS_PER_OP],
@@ -226,8 +241,9 @@ pub struct ExecArgs {
     /// async (`MSCCLPP_EXECUTOR_LANE_SYNC`, [`crate::env::LaneSync`]); the host interpreter
     /// ignores it.
     pub lane_sync: u32,
-    /// Padding to the C layout; always 0.
-    pub pad: u32,
+    /// 1 when the call's input and output bytes do not overlap (then a nop flagged
+    /// [`OP_LANE_SPLIT_IO`] may leave out its lane barrier), else 0.
+    pub io_apart: u32,
 }
 
 /// Lane words per plan block after the launch counters of `ExecArgs::flags`: 4 of the lane

@@ -12,7 +12,8 @@ use crate::memory_channel::BaseMemoryChannelDeviceHandle;
 use crate::port_channel::BasePortChannelDeviceHandle;
 use device::{
     op, ExecBlock, ExecOp, ASYNC_ROUNDS, CHANNEL_MEMORY, CHANNEL_NONE, CHANNEL_PORT,
-    CHANNEL_SWITCH, OP_LANE_ASYNC, OP_LANE_LOCAL, REF_REMOTE, REF_SWITCH, SWITCH_VECTOR_BYTES,
+    CHANNEL_SWITCH, OP_LANE_ASYNC, OP_LANE_LOCAL, OP_LANE_SPLIT, OP_LANE_SPLIT_IO, REF_REMOTE,
+    REF_SWITCH, SWITCH_VECTOR_BYTES,
 };
 pub(crate) use error::LowerError;
 use layout::Layout;
@@ -217,8 +218,8 @@ fn pipeline_steps(l: &Layout, o: &Op, unit: u32, total: u64) -> (u32, u64) {
     }
 }
 
-/// Where an inner op of a pipeline reads or writes: `owner` (None: this rank) and buffer
-/// `ty`, byte range `off..off + len`.
+/// Where an op reads or writes: `owner` (None: this rank) and buffer `ty`, range
+/// `off..off + len` (bytes for a pipeline's inner ops, chunk indexes for the async marks).
 #[derive(Clone, Copy)]
 struct Access {
     owner: Option<usize>,
@@ -226,14 +227,20 @@ struct Access {
     off: u64,
     len: u64,
     write: bool,
+    /// The async marks only: the chunk's size and the op's thread-block group, which with
+    /// `owner`, `ty` and `off` fix the first byte the op's kernel code starts its range at
+    /// ([`Access::same_start`]); `None` elsewhere.
+    start: Option<(u32, (u32, u32))>,
 }
 
 impl Access {
-    /// Whether the two accesses may touch the same bytes, one of them writing, whoever owns
-    /// the buffers. The input and output buffers of one rank may be one allocation (in-place
-    /// calls), so they may alias at any offset; scratch does not alias them.
+    /// Whether the two accesses may touch the same bytes, one of them writing. Buffers of
+    /// different ranks never do (a plan's remote buffers and channels are other ranks', the
+    /// validation refuses this rank's own); the input and output buffers of one rank may be
+    /// one allocation (in-place calls), so they may alias at any offset; scratch does not
+    /// alias them.
     fn may_share(&self, b: &Access) -> bool {
-        if !(self.write || b.write) {
+        if !(self.write || b.write) || self.owner != b.owner {
             return false;
         }
         let io = |t: BufferType| t != BufferType::Scratch;
@@ -252,7 +259,20 @@ impl Access {
     /// [`may_share`]: Access::may_share
     fn conflicts(&self, b: &Access) -> bool {
         let same = self.ty == b.ty && self.off == b.off && self.len == b.len;
-        self.owner == b.owner && self.may_share(b) && !same
+        self.may_share(b) && !same
+    }
+
+    /// Whether the two ops start their ranges of one buffer at the same byte (same rank,
+    /// buffer, chunk index, chunk size and thread-block group). The kernel's 16-byte vector
+    /// paths (copy, get, put through a memory channel, the reductions) give vector `k` of an
+    /// op's range to thread `k % threads` of the lanes, so two such ops over ranges that start
+    /// at the same byte touch each common byte from the same thread ([`OP_LANE_SPLIT`]).
+    fn same_start(&self, b: &Access) -> bool {
+        self.start.is_some()
+            && self.start == b.start
+            && self.owner == b.owner
+            && self.ty == b.ty
+            && self.off == b.off
     }
 }
 
@@ -285,6 +305,7 @@ fn steps_independent(l: &Layout, o: &Op) -> bool {
                     off,
                     len,
                     write,
+                    start: None,
                 });
             }
         }
@@ -432,6 +453,7 @@ fn async_role(l: &Layout, o: &Op) -> AsyncRole {
                         off: u64::from(c.index),
                         len,
                         write,
+                        start: Some((c.size, o.tbg)),
                     });
                 }
             }
@@ -446,16 +468,19 @@ fn async_role(l: &Layout, o: &Op) -> AsyncRole {
 /// touch chunks that a data op after the crossing (up to the next crossing) touches from
 /// another lane: any that may share a chunk ([`Access::may_share`], in chunk indexes here),
 /// not only those [`Access::conflicts`] finds, since two ops over the same range may split it
-/// over the lanes differently (vector or element paths, packets); a peer's buffers are
-/// compared like this rank's (a plan may name this rank as a peer). Then a nop is only the GPU block's `__syncthreads`, a
-/// memory-channel signal is sent by the last lane to arrive (so every lane's data before it
+/// over the lanes differently (vector or element paths, packets). Then a nop is only the GPU
+/// block's `__syncthreads`, a memory-channel signal is sent by the last lane to arrive (so every lane's data before it
 /// reaches the peer first), and a memory-channel wait is done by every lane itself, so
 /// whatever the peer wrote before signalling is visible to each. A crossing where lanes meet
 /// stays a lane barrier (the kernel's barrier path), which orders everything before it. At
 /// most [`ASYNC_ROUNDS`] signals of a block are flagged. The crossings of a pipeline's body are
 /// never flagged, and data without exact ranges here (a pipeline's, packets, switch channels,
-/// reused scratch) meets any other data. `starts[i]`: the position of `ops[i]` (a plan op) in
-/// the lowered list `out`.
+/// reused scratch) meets any other data. A nop where data meets only as two ranges starting
+/// at the same byte ([`Access::same_start`]) or as this rank's input and output is flagged
+/// [`OP_LANE_SPLIT`] (and [`OP_LANE_SPLIT_IO`] for the latter) instead: the kernel keeps the
+/// two ops of each meeting on one thread when every op around it takes its 16-byte vector
+/// path (and the call's input and output do not overlap), and is a lane barrier otherwise. `starts[i]`: the position of `ops[i]` (a plan
+/// op) in the lowered list `out`.
 fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp]) {
     let roles: Vec<AsyncRole> = ops.iter().map(|o| async_role(l, o)).collect();
     // Data of the lanes since the last lane barrier; `anywhere`: some of it has no exact range.
@@ -493,7 +518,33 @@ fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp])
                         || after.iter().any(|b| pending.iter().any(|a| a.may_share(b))));
                 let e = &mut out[starts[i]];
                 let signal = e.op_type == op::SIGNAL || e.op_type == op::RELAXED_SIGNAL;
-                if meet || (signal && rounds >= ASYNC_ROUNDS) {
+                // A nop where every meeting is of two ranges that start at the same byte, or
+                // of this rank's input and output: a lane barrier only where the kernel finds
+                // an op of the window off its 16-byte vector path or (the latter) the call's
+                // input and output overlapping, and then maybe only before the first such op
+                // after the nop, so the data before it stays pending here.
+                let mut io = false;
+                let split = meet
+                    && e.op_type == op::NOP
+                    && !anywhere
+                    && !after_anywhere
+                    && after.iter().all(|b| {
+                        pending.iter().all(|a| {
+                            if !a.may_share(b) || a.same_start(b) {
+                                true
+                            } else if a.owner.is_none() && a.ty != b.ty {
+                                // may_share: this rank's input and output, the only buffers
+                                // of one rank that alias.
+                                io = true;
+                                true
+                            } else {
+                                false
+                            }
+                        })
+                    });
+                if split {
+                    e.flags |= OP_LANE_SPLIT | if io { OP_LANE_SPLIT_IO } else { 0 };
+                } else if meet || (signal && rounds >= ASYNC_ROUNDS) {
                     pending.clear();
                     anywhere = false;
                 } else {
@@ -605,19 +656,20 @@ mod tests {
     }
 
     /// A 2-rank plan (rank 0) of one thread block with `ops` (JSON op objects, the same on both
-    /// ranks): one memory channel to the peer, the peer's scratch and input as remote buffers 0
-    /// and 1, 4 chunks of each buffer.
+    /// ranks): one memory channel to the peer, the peer's scratch, input and output as remote
+    /// buffers 0, 1 and 2, 4 chunks of each buffer.
     fn two_rank_plan(ops: &str) -> ExecutionPlan {
         let gpu = |r: usize| {
             format!(
                 r#"{{"id": {r}, "input_chunks": 4, "output_chunks": 4, "scratch_chunks": 4,
                 "channels": [{{"channel_type": "memory", "connected_to": [{p}]}}],
                 "remote_buffers": [{{"rank": {p}, "type": "s", "access_channel_types": ["memory"]}},
-                                   {{"rank": {p}, "type": "i", "access_channel_types": ["memory"]}}],
+                                   {{"rank": {p}, "type": "i", "access_channel_types": ["memory"]}},
+                                   {{"rank": {p}, "type": "o", "access_channel_types": ["memory"]}}],
                 "semaphores": [],
                 "threadblocks": [{{"id": 0,
                   "channels": [{{"channel_type": "memory", "channel_ids": [0]}}],
-                  "remote_buffer_refs": [{{"access_channel_type": "memory", "remote_buffer_ids": [0, 1]}}],
+                  "remote_buffer_refs": [{{"access_channel_type": "memory", "remote_buffer_ids": [0, 1, 2]}}],
                   "ops": [{ops}]}}]}}"#,
                 p = 1 - r
             )
@@ -633,23 +685,23 @@ mod tests {
         ExecutionPlan::from_json(&json, 0).expect("test plan")
     }
 
-    /// The positions of rank 0's lowered ops of `plan` at 4 KiB per buffer marked for the async
-    /// lane sync.
-    fn lane_async_marks(plan: &ExecutionPlan) -> Vec<usize> {
+    /// The positions of rank 0's lowered ops of `plan` at 4 KiB per buffer with `flag` set
+    /// (for the async lane sync: [`OP_LANE_ASYNC`] or [`OP_LANE_SPLIT`]).
+    fn lane_marks(plan: &ExecutionPlan, flag: u8) -> Vec<usize> {
         let rp = plan.rank_plan();
         let l = Layout::new(plan.meta(), rp, 4096, 4096).expect("layout");
         let proto = ExecBlock::zeroed();
         let tables = Tables {
             memory_channels: &[proto.memory_channels[0]],
             port_channels: &[],
-            memory_buffers: &[0, 0],
-            port_buffers: &[0, 0],
-            halves: &[0, 0],
+            memory_buffers: &[0, 0, 0],
+            port_buffers: &[0, 0, 0],
+            halves: &[0, 0, 0],
         };
         let blocks = lower(rp, &l, &tables).expect("lowered");
         let b = &blocks[0];
         (0..b.n_ops as usize)
-            .filter(|&i| b.ops[i].flags & OP_LANE_ASYNC != 0)
+            .filter(|&i| b.ops[i].flags & flag != 0)
             .collect()
     }
 
@@ -660,7 +712,9 @@ mod tests {
     /// An all-reduce in the shape of upstream's `reduce` test plan: the crossings around the
     /// signals and waits are marked (the data before them is not what the data after them
     /// touches), the nop between the get into scratch chunk 1 and the reduction reading it is
-    /// not (the lanes may split the two ops' bytes differently).
+    /// not (the lanes may split the two ops' bytes differently) but, the two ranges starting
+    /// at the same byte, it is a lane barrier only where the kernel finds an op off its vector
+    /// path.
     #[test]
     fn lane_async_marks_crossings_the_data_does_not_meet() {
         let copy = r#"{"name": "copy", "src_buff": [{"type": "i", "index": 2, "size": 2}],
@@ -679,9 +733,59 @@ mod tests {
         let plan = two_rank_plan(&ops);
         // All crossings but 8, the nop between get and res.
         assert_eq!(
-            lane_async_marks(&plan),
+            lane_marks(&plan, OP_LANE_ASYNC),
             vec![1, 2, 3, 4, 5, 10, 11, 12, 13, 14]
         );
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT), vec![8]);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT_IO), Vec::<usize>::new());
+        // res reading scratch chunk 1 from the middle of what get wrote (chunks 0 and 1): the
+        // ranges start at different bytes, a lane barrier.
+        let get2 = get.replace(
+            r#""dst_buff": [{"type": "s", "index": 1, "size": 1}]"#,
+            r#""dst_buff": [{"type": "s", "index": 0, "size": 2}]"#,
+        );
+        let get2 = get2.replace(
+            r#""src_buff": [{"buffer_id": 0, "index": 1, "size": 1}]"#,
+            r#""src_buff": [{"buffer_id": 0, "index": 0, "size": 2}]"#,
+        );
+        let ops = [copy, n, s, n, w, n, &get2, n, res, n, s, n, w, n].join(",");
+        let plan = two_rank_plan(&ops);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT), Vec::<usize>::new());
+        assert!(!lane_marks(&plan, OP_LANE_ASYNC).contains(&7));
+    }
+
+    /// The shape of the shipped out-of-place all-gather: a copy into this rank's output chunk,
+    /// then a put of the input into the peer's output chunk of the same index. The two write
+    /// chunks of the same index, but of different ranks' buffers; the put reads the input the
+    /// copy's output may alias (an in-place call): the nop before the put is a lane barrier
+    /// only where the call's input and output overlap (or an op is off its vector path).
+    #[test]
+    fn lane_async_tells_ranks_buffers_apart() {
+        let copy = r#"{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+            "dst_buff": [{"type": "o", "index": 0, "size": 1}]}"#;
+        let put = r#"{"name": "put", "channel_ids": [0], "channel_type": "memory",
+            "src_buff": [{"type": "i", "index": 0, "size": 1}],
+            "dst_buff": [{"buffer_id": 2, "index": 0, "size": 1}]}"#;
+        let (s, w, n) = (SIGNAL_OP, WAIT_OP, NOP_OP);
+        // copy nop signal wait nop put nop signal wait nop
+        let ops = [copy, n, s, w, n, put, n, s, w, n].join(",");
+        let plan = two_rank_plan(&ops);
+        assert_eq!(lane_marks(&plan, OP_LANE_ASYNC), vec![1, 2, 3, 6, 7, 8, 9]);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT), vec![4]);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT_IO), vec![4]);
+        // A put of the peer's scratch (not this rank's buffer): the meeting is of this rank's
+        // output and the peer's, which never alias.
+        let put_s = put.replace(
+            r#""src_buff": [{"type": "i", "index": 0, "size": 1}]"#,
+            r#""src_buff": [{"type": "s", "index": 0, "size": 1}]"#,
+        );
+        let ops = [copy, n, s, w, n, &put_s, n, s, w, n].join(",");
+        let plan = two_rank_plan(&ops);
+        assert_eq!(
+            lane_marks(&plan, OP_LANE_ASYNC),
+            vec![1, 2, 3, 4, 6, 7, 8, 9]
+        );
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT), Vec::<usize>::new());
     }
 
     /// Data the lanes write before a signal and read again after the peer's signal (a copy into
@@ -699,9 +803,26 @@ mod tests {
         // into nop signal wait nop other nop out_of nop signal wait
         let ops = [into, n, s, w, n, other, n, out_of, n, s, w].join(",");
         let plan = two_rank_plan(&ops);
-        // The nop before out_of (6) meets into's write of scratch chunk 0; after that barrier
-        // nothing before meets what follows.
-        assert_eq!(lane_async_marks(&plan), vec![1, 2, 3, 4, 8, 9, 10]);
+        // The nop before out_of (6) meets into's write of scratch chunk 0, from the same byte,
+        // and into's read of the input (out_of writes the output): a lane barrier only where an
+        // op is off the kernel's vector path or the call's input and output overlap.
+        assert_eq!(lane_marks(&plan, OP_LANE_ASYNC), vec![1, 2, 3, 4, 8, 9, 10]);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT), vec![6]);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT_IO), vec![6]);
+        // out_of reading scratch chunks 0 and 1 (into wrote chunk 0 only): a chunk of another
+        // size, so another start with thread-block groups; a lane barrier.
+        let wide = out_of.replace(
+            r#""src_buff": [{"type": "s", "index": 0, "size": 1}]"#,
+            r#""src_buff": [{"type": "s", "index": 0, "size": 2}]"#,
+        );
+        let wide = wide.replace(
+            r#""dst_buff": [{"type": "o", "index": 3, "size": 1}]"#,
+            r#""dst_buff": [{"type": "o", "index": 2, "size": 2}]"#,
+        );
+        let ops = [into, n, s, w, n, other, n, &wide, n, s, w].join(",");
+        let plan = two_rank_plan(&ops);
+        assert_eq!(lane_marks(&plan, OP_LANE_SPLIT), Vec::<usize>::new());
+        assert_eq!(lane_marks(&plan, OP_LANE_ASYNC), vec![1, 2, 3, 4, 8, 9, 10]);
     }
 
     #[test]

@@ -965,7 +965,10 @@ fn launch_args(
             _ => 0,
         },
         lane_sync: lane_sync_code(low.lane_async),
-        pad: 0,
+        io_apart: u32::from(
+            bufs.send.saturating_add(bufs.send_size as u64) <= bufs.recv
+                || bufs.recv.saturating_add(bufs.recv_size as u64) <= bufs.send,
+        ),
     }
 }
 

@@ -60,6 +60,15 @@ constexpr uint8_t EXEC_OP_LANE_LOCAL = 1;
 // after it: no lane barrier (the nop: __syncthreads; the signal: sent by the last lane to
 // arrive; the wait: done by every lane). core/src/executor/lower's mark_lane_async sets it.
 constexpr uint8_t EXEC_OP_LANE_ASYNC = 2;
+// ExecOp.flags: under the async lane sync, a nop where data of the lanes before it meets data
+// after it (up to the next crossing) only as ranges of one buffer that two ops start at the same
+// byte, or (with EXEC_OP_LANE_SPLIT_IO too) as this rank's input against its output: while every
+// data op since the last lane barrier and after the nop takes its 16-byte vector path (vector k
+// of a range on thread k % threads of the lanes) and, for the latter, the call's input and
+// output do not overlap (ExecArgs.ioApart), the nop is the GPU block's __syncthreads; the first
+// op after it off that path has the nop's lane barrier before it.
+constexpr uint8_t EXEC_OP_LANE_SPLIT = 4;
+constexpr uint8_t EXEC_OP_LANE_SPLIT_IO = 8;
 
 enum ExecOpType : uint8_t {
   EXEC_NOP = 0,
@@ -183,7 +192,7 @@ struct ExecArgs {
   uint32_t lanes;    // GPU blocks per plan block (0 or 1: one)
   uint64_t* trace;   // per-op counters (see the file comment), or null
   uint32_t laneSync;  // 0: lanes meet at lane barriers; 1: split joins and releases; 2: async
-  uint32_t pad;
+  uint32_t ioApart;   // 1: the call's input and output bytes do not overlap (EXEC_OP_LANE_SPLIT_IO)
 };
 
 }  // namespace mscclpp

@@ -940,6 +940,11 @@ struct LaneState {
   bool dirty = false;   // data moved since the last lane barrier
   bool synced = false;  // a lane-0 op ran since the last lane barrier
   bool met = false;     // a lane barrier was passed (every lane read its launch flag before)
+  // Async lane sync, EXEC_OP_LANE_SPLIT: every data op since the last lane barrier took its
+  // 16-byte vector path (vectorSplit); a split nop left out its lane barrier and no crossing
+  // came since (the next data op off the vector path takes that barrier first).
+  bool vec = true;
+  bool open = false;
 };
 
 /// step() with the split lane sync (several lanes): joins and releases instead of lane
@@ -1157,6 +1162,45 @@ __device__ __forceinline__ void asyncSignal(Run& r, const ExecOp& o, bool dirty)
   }
 }
 
+/// Whether data op `o` moves each of its ranges on the 16-byte vector path, vector k of a range
+/// on thread k % nthr of the lanes (EXEC_OP_LANE_SPLIT): a copy, get or put through a memory
+/// channel (copy_device.hpp's body with no head or tail), or a reduction (reduceElems' aligned
+/// path), with every address and size in 16-byte units. The same expressions as the ops use.
+template <int OP>
+__device__ __forceinline__ bool vectorSplit(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  const int op = OP >= 0 ? OP : (int)o.opType;
+  uint64_t bits = 0;
+  if (op == EXEC_COPY) {
+    bits = stepSize(o.inputSizes[0], off, unit) |
+           (uintptr_t)(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off)) |
+           (uintptr_t)(r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off));
+  } else if (op == EXEC_GET) {
+    for (int i = 0; i < o.nInputs; ++i) {
+      bits |= stepSize(o.inputSizes[i], off, unit) |
+              (uintptr_t)(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off)) |
+              (uintptr_t)(r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off));
+    }
+  } else if ((op == EXEC_PUT || op == EXEC_PUT_WITH_SIGNAL || op == EXEC_PUT_WITH_SIGNAL_AND_FLUSH) &&
+             o.channelType == EXEC_CHANNEL_MEMORY) {
+    for (int i = 0; i < o.nOutputs; ++i) {
+      bits |= stepSize(o.outputSizes[i], off, unit) |
+              (uintptr_t)(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off)) |
+              (uintptr_t)(r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off));
+    }
+  } else if (op == EXEC_REDUCE || op == EXEC_REDUCE_SEND || op == EXEC_READ_REDUCE || op == EXEC_READ_REDUCE_SEND) {
+    bits = stepSize(o.inputSizes[0], off, unit);
+    for (int i = 0; i < o.nInputs; ++i) {
+      bits |= (uintptr_t)(r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off));
+    }
+    for (int i = 0; i < o.nOutputs; ++i) {
+      bits |= (uintptr_t)(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off));
+    }
+  } else {
+    return false;
+  }
+  return (bits & 15) == 0;
+}
+
 /// The lane-barrier crossings of step() (several lanes), shared by the barrier mode and the
 /// async sync's unmarked ops (`Async`: its lane barrier, which settles the other lanes'
 /// counted waits, its count of a memory-channel wait, and the settle before data on lanes
@@ -1169,6 +1213,8 @@ __device__ __forceinline__ void stepBarriers(Run& r, const ExecOp& o, uint64_t o
   const auto barrier = [&] {
     if constexpr (Async) {
       asyncLaneBarrier(r);
+      st.vec = true;
+      st.open = false;
     } else {
       laneBarrier(r);
     }
@@ -1196,7 +1242,16 @@ __device__ __forceinline__ void stepBarriers(Run& r, const ExecOp& o, uint64_t o
     synced = true;
     return;
   }
-  if (synced) {
+  if constexpr (Async) {
+    // After a split nop that left out its lane barrier (st.open): an op off the vector path
+    // takes it now, before its data.
+    const bool v = vectorSplit<OP>(r, o, off, unit);
+    if (synced || (st.open && !v)) {
+      barrier();
+      st.met = true;
+    }
+    st.vec = st.vec && v;
+  } else if (synced) {
     barrier();
     st.met = true;
   }
@@ -1214,6 +1269,16 @@ __device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint
   const bool memory = o.channelType == EXEC_CHANNEL_MEMORY;
   const bool isWait = memory && (o.opType == EXEC_WAIT || o.opType == EXEC_RELAXED_WAIT);
   const bool isSignal = memory && (o.opType == EXEC_SIGNAL || o.opType == EXEC_RELAXED_SIGNAL);
+  if (o.opType == EXEC_NOP && (o.flags & EXEC_OP_LANE_SPLIT) && st.vec &&
+      ((o.flags & EXEC_OP_LANE_SPLIT_IO) == 0 || r.a.ioApart != 0)) {
+    // The data before it meets the data after it only on the same threads (so far): the lane
+    // barrier waits for the first op after it off the vector path (stepBarriers).
+    __syncthreads();
+    st.open = true;
+    return;
+  }
+  // Any crossing closes a split nop's window (the lowering's: its data up to the next one).
+  if (o.opType == EXEC_NOP || laneZeroOnly(o)) st.open = false;
   if (marked && o.opType == EXEC_NOP) {
     __syncthreads();
     return;
@@ -1232,6 +1297,7 @@ __device__ EXEC_OP_FN void stepAsync(Run& r, const ExecOp& o, uint64_t off, uint
     st.dirty = false;
     st.synced = false;
     st.met = true;
+    st.vec = true;
     return;
   }
   if (marked && isWait) {
