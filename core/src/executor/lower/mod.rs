@@ -709,6 +709,17 @@ mod tests {
     const WAIT_OP: &str = r#"{"name": "wait", "channel_ids": [0], "channel_type": "memory"}"#;
     const NOP_OP: &str = r#"{"name": "nop"}"#;
 
+    /// Op `op` (JSON) with its `src_buff` and `dst_buff` lists replaced by `src` and `dst`.
+    fn with_buffs(op: &str, src: &str, dst: &str) -> String {
+        let list = |key: &str| {
+            let at = op.find(key).expect("buffer list") + key.len();
+            let end = at + op[at..].find(']').expect("list end") + 1;
+            op[at..end].to_string()
+        };
+        op.replace(&list(r#""src_buff": "#), src)
+            .replace(&list(r#""dst_buff": "#), dst)
+    }
+
     /// An all-reduce in the shape of upstream's `reduce` test plan: the crossings around the
     /// signals and waits are marked (the data before them is not what the data after them
     /// touches), the nop between the get into scratch chunk 1 and the reduction reading it is
@@ -740,13 +751,10 @@ mod tests {
         assert_eq!(lane_marks(&plan, OP_LANE_SPLIT_IO), Vec::<usize>::new());
         // res reading scratch chunk 1 from the middle of what get wrote (chunks 0 and 1): the
         // ranges start at different bytes, a lane barrier.
-        let get2 = get.replace(
-            r#""dst_buff": [{"type": "s", "index": 1, "size": 1}]"#,
-            r#""dst_buff": [{"type": "s", "index": 0, "size": 2}]"#,
-        );
-        let get2 = get2.replace(
-            r#""src_buff": [{"buffer_id": 0, "index": 1, "size": 1}]"#,
-            r#""src_buff": [{"buffer_id": 0, "index": 0, "size": 2}]"#,
+        let get2 = with_buffs(
+            get,
+            r#"[{"buffer_id": 0, "index": 0, "size": 2}]"#,
+            r#"[{"type": "s", "index": 0, "size": 2}]"#,
         );
         let ops = [copy, n, s, n, w, n, &get2, n, res, n, s, n, w, n].join(",");
         let plan = two_rank_plan(&ops);
@@ -775,9 +783,10 @@ mod tests {
         assert_eq!(lane_marks(&plan, OP_LANE_SPLIT_IO), vec![4]);
         // A put of the peer's scratch (not this rank's buffer): the meeting is of this rank's
         // output and the peer's, which never alias.
-        let put_s = put.replace(
-            r#""src_buff": [{"type": "i", "index": 0, "size": 1}]"#,
-            r#""src_buff": [{"type": "s", "index": 0, "size": 1}]"#,
+        let put_s = with_buffs(
+            put,
+            r#"[{"type": "s", "index": 0, "size": 1}]"#,
+            r#"[{"buffer_id": 2, "index": 0, "size": 1}]"#,
         );
         let ops = [copy, n, s, w, n, &put_s, n, s, w, n].join(",");
         let plan = two_rank_plan(&ops);
@@ -811,13 +820,10 @@ mod tests {
         assert_eq!(lane_marks(&plan, OP_LANE_SPLIT_IO), vec![6]);
         // out_of reading scratch chunks 0 and 1 (into wrote chunk 0 only): a chunk of another
         // size, so another start with thread-block groups; a lane barrier.
-        let wide = out_of.replace(
-            r#""src_buff": [{"type": "s", "index": 0, "size": 1}]"#,
-            r#""src_buff": [{"type": "s", "index": 0, "size": 2}]"#,
-        );
-        let wide = wide.replace(
-            r#""dst_buff": [{"type": "o", "index": 3, "size": 1}]"#,
-            r#""dst_buff": [{"type": "o", "index": 2, "size": 2}]"#,
+        let wide = with_buffs(
+            out_of,
+            r#"[{"type": "s", "index": 0, "size": 2}]"#,
+            r#"[{"type": "o", "index": 2, "size": 2}]"#,
         );
         let ops = [into, n, s, w, n, other, n, &wide, n, s, w].join(",");
         let plan = two_rank_plan(&ops);
