@@ -199,6 +199,12 @@ pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// it off. Without a run-time compiler, or for a plan that does not compile, the interpreter
 /// runs.
 pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
+/// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: under the async lane sync, whether a `nop` whose meeting data
+/// the lanes touch from the same threads (two ops' ranges starting at the same byte on their
+/// 16-byte vector paths, or a rank's input against its output in a call where they are apart)
+/// leaves out its lane barrier (`EXEC_OP_LANE_SPLIT`, docs/executor.md). On by default;
+/// `0`/`false` keeps those lane barriers.
+pub const EXECUTOR_SPLIT_NOPS: &str = "MSCCLPP_EXECUTOR_SPLIT_NOPS";
 /// `MSCCLPP_EXECUTOR_JIT_THREADS`: with [`EXECUTOR_JIT`] on, launches of up to this many threads
 /// per GPU block run compiled plans, wider ones the interpreter (default
 /// [`EXECUTOR_JIT_THREADS_DEFAULT`]; 1024: every launch; a multiple of 32 from 32 to 1024).
@@ -549,8 +555,13 @@ pub const VARS: &[Var] = &[
     ),
     var(
         EXECUTOR_LANE_SYNC,
-        "barrier",
-        "barrier or split: how the executor's lanes of a plan block meet",
+        "async",
+        "barrier, split or async: how the executor's lanes of a plan block meet",
+    ),
+    var(
+        EXECUTOR_SPLIT_NOPS,
+        "1",
+        "boolean: under the async lane sync, nops whose data meets on the same threads skip their lane barrier",
     ),
     var(
         EXECUTOR_JIT,
@@ -670,6 +681,7 @@ pub struct Env {
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync: Parsed<LaneSync>,
     executor_jit: Parsed<Option<bool>>,
+    executor_split_nops: Parsed<Option<bool>>,
     executor_jit_threads: Parsed<Option<u32>>,
     executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
@@ -1069,6 +1081,9 @@ impl Env {
             executor_jit: non_empty(lookup(EXECUTOR_JIT))
                 .map(|v| parse_bool(EXECUTOR_JIT, Some(&v)))
                 .transpose(),
+            executor_split_nops: non_empty(lookup(EXECUTOR_SPLIT_NOPS))
+                .map(|v| parse_bool(EXECUTOR_SPLIT_NOPS, Some(&v)))
+                .transpose(),
             executor_kernel: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
@@ -1113,7 +1128,7 @@ impl Env {
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
             err(&self.executor_threads), err(&self.executor_lane_sync),
             err(&self.executor_kernel), err(&self.executor_jit),
-            err(&self.executor_jit_threads),
+            err(&self.executor_jit_threads), err(&self.executor_split_nops),
         ];
         level
             .into_iter()
@@ -1268,6 +1283,16 @@ impl Env {
     /// on); a malformed value is warned about at startup and the default used.
     pub fn executor_jit(&self) -> bool {
         self.executor_jit.clone().ok().flatten().unwrap_or(true)
+    }
+    /// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: whether the lowering's split nops leave out their lane
+    /// barrier where the kernel finds the data on the same threads (default on); a malformed
+    /// value is warned about at startup and the default used.
+    pub fn executor_split_nops(&self) -> bool {
+        self.executor_split_nops
+            .clone()
+            .ok()
+            .flatten()
+            .unwrap_or(true)
     }
     /// `MSCCLPP_EXECUTOR_JIT_THREADS`: the widest launch (threads per GPU block) that runs a
     /// compiled plan (default [`EXECUTOR_JIT_THREADS_DEFAULT`]); a malformed value is warned
@@ -1536,6 +1561,18 @@ mod tests {
                 .iter()
                 .any(|m| m
                     .contains("MSCCLPP_EXECUTOR_LANE_SYNC=fast: expected barrier, split or async")),
+            "{:?}",
+            e.problems()
+        );
+        // Split nops: on unless turned off; a malformed value is a problem.
+        assert!(env_of(&[]).executor_split_nops());
+        assert!(!env_of(&[(EXECUTOR_SPLIT_NOPS, "0")]).executor_split_nops());
+        let e = env_of(&[(EXECUTOR_SPLIT_NOPS, "often")]);
+        assert!(e.executor_split_nops());
+        assert!(
+            e.problems()
+                .iter()
+                .any(|p| p.contains("MSCCLPP_EXECUTOR_SPLIT_NOPS")),
             "{:?}",
             e.problems()
         );

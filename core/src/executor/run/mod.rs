@@ -356,7 +356,8 @@ impl Executor {
             port_buffers: &port_buffers,
             halves: &halves,
         };
-        let blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
+        let mut blocks = lower(rp, &layout, &tables).map_err(|e| err(plan, e))?;
+        keep_split_nops(&mut blocks);
         let lane_sync = lane_sync_code(own_semaphores(&blocks));
         jit::generate(&blocks, dtype, packet == PacketType::LL8, bound, lane_sync)
             .map(|g| g.source)
@@ -875,7 +876,8 @@ fn lower_size(
             .map_err(|e| err(plan, e))?,
     };
     let layout = &layout;
-    let blocks = lower(plan.rank_plan(), layout, &ctx.tables()).map_err(|e| err(plan, e))?;
+    let mut blocks = lower(plan.rank_plan(), layout, &ctx.tables()).map_err(|e| err(plan, e))?;
+    keep_split_nops(&mut blocks);
     let on_device = if on_gpu && !blocks.is_empty() {
         let buf: GpuBuffer<ExecBlock> = GpuBuffer::new(ctx.device, blocks.len())?;
         let flat: Vec<ExecBlock> = blocks.iter().map(|b| **b).collect();
@@ -893,6 +895,21 @@ fn lower_size(
         traced_lanes: AtomicU32::new(0),
         jit: HashMap::new(),
     })
+}
+
+/// Clears the lowering's split-nop marks when `MSCCLPP_EXECUTOR_SPLIT_NOPS` is off: those nops
+/// keep their lane barriers.
+fn keep_split_nops(blocks: &mut [Box<ExecBlock>]) {
+    use crate::executor::lower::device::{OP_LANE_SPLIT, OP_LANE_SPLIT_IO};
+    if crate::env::env().executor_split_nops() {
+        return;
+    }
+    for b in blocks.iter_mut() {
+        let n = (b.n_ops as usize).min(b.ops.len());
+        for o in &mut b.ops[..n] {
+            o.flags &= !(OP_LANE_SPLIT | OP_LANE_SPLIT_IO);
+        }
+    }
 }
 
 /// Whether every memory channel a block of `blocks` waits on has a semaphore no other channel
