@@ -202,9 +202,12 @@ pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
 /// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: under the async lane sync, whether a `nop` whose meeting data
 /// the lanes touch from the same threads (two ops' ranges starting at the same byte on their
 /// 16-byte vector paths, or a rank's input against its output in a call where they are apart)
-/// leaves out its lane barrier (`EXEC_OP_LANE_SPLIT`, docs/executor.md). On by default;
-/// `0`/`false` keeps those lane barriers.
+/// leaves out its lane barrier (`EXEC_OP_LANE_SPLIT`, docs/executor.md). Default
+/// [`EXECUTOR_SPLIT_NOPS_DEFAULT`]; `1`/`0` turn it on or off.
 pub const EXECUTOR_SPLIT_NOPS: &str = "MSCCLPP_EXECUTOR_SPLIT_NOPS";
+/// Off until the split nops have run on a GPU (their kernel code has not: it leaves out a lane
+/// barrier, so a mistake in it would be wrong data, not an error).
+pub const EXECUTOR_SPLIT_NOPS_DEFAULT: bool = false;
 /// `MSCCLPP_EXECUTOR_JIT_THREADS`: with [`EXECUTOR_JIT`] on, launches of up to this many threads
 /// per GPU block run compiled plans, wider ones the interpreter (default
 /// [`EXECUTOR_JIT_THREADS_DEFAULT`]; 1024: every launch; a multiple of 32 from 32 to 1024).
@@ -560,7 +563,7 @@ pub const VARS: &[Var] = &[
     ),
     var(
         EXECUTOR_SPLIT_NOPS,
-        "1",
+        "0",
         "boolean: under the async lane sync, nops whose data meets on the same threads skip their lane barrier",
     ),
     var(
@@ -1285,14 +1288,15 @@ impl Env {
         self.executor_jit.clone().ok().flatten().unwrap_or(true)
     }
     /// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: whether the lowering's split nops leave out their lane
-    /// barrier where the kernel finds the data on the same threads (default on); a malformed
-    /// value is warned about at startup and the default used.
+    /// barrier where the kernel finds the data on the same threads (default
+    /// [`EXECUTOR_SPLIT_NOPS_DEFAULT`]); a malformed value is warned about at startup and the
+    /// default used.
     pub fn executor_split_nops(&self) -> bool {
         self.executor_split_nops
             .clone()
             .ok()
             .flatten()
-            .unwrap_or(true)
+            .unwrap_or(EXECUTOR_SPLIT_NOPS_DEFAULT)
     }
     /// `MSCCLPP_EXECUTOR_JIT_THREADS`: the widest launch (threads per GPU block) that runs a
     /// compiled plan (default [`EXECUTOR_JIT_THREADS_DEFAULT`]); a malformed value is warned
@@ -1564,11 +1568,15 @@ mod tests {
             "{:?}",
             e.problems()
         );
-        // Split nops: on unless turned off; a malformed value is a problem.
-        assert!(env_of(&[]).executor_split_nops());
+        // Split nops: the default unless set; a malformed value is a problem.
+        assert_eq!(
+            env_of(&[]).executor_split_nops(),
+            EXECUTOR_SPLIT_NOPS_DEFAULT
+        );
         assert!(!env_of(&[(EXECUTOR_SPLIT_NOPS, "0")]).executor_split_nops());
+        assert!(env_of(&[(EXECUTOR_SPLIT_NOPS, "1")]).executor_split_nops());
         let e = env_of(&[(EXECUTOR_SPLIT_NOPS, "often")]);
-        assert!(e.executor_split_nops());
+        assert_eq!(e.executor_split_nops(), EXECUTOR_SPLIT_NOPS_DEFAULT);
         assert!(
             e.problems()
                 .iter()
