@@ -274,6 +274,35 @@ impl Access {
             && self.ty == b.ty
             && self.off == b.off
     }
+
+    /// How the lanes' access `self` (before a crossing) and `b` (after it) meet, for the async
+    /// marks ([`mark_lane_async`]).
+    fn meeting(&self, b: &Access) -> Meeting {
+        if !self.may_share(b) {
+            Meeting::Apart
+        } else if self.same_start(b) {
+            Meeting::SameStart
+        } else if self.owner.is_none() && self.ty != b.ty {
+            // may_share across buffer types: this rank's input and output, the only buffers of
+            // one rank that alias.
+            Meeting::InputOutput
+        } else {
+            Meeting::Unordered
+        }
+    }
+}
+
+/// [`Access::meeting`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Meeting {
+    /// No byte in common, or neither writes.
+    Apart,
+    /// The same range start ([`Access::same_start`]): the same threads on the vector paths.
+    SameStart,
+    /// This rank's input against its output: apart when the call's are.
+    InputOutput,
+    /// Any other overlap: only a lane barrier orders it.
+    Unordered,
 }
 
 /// Whether the steps of pipeline `o` are independent: every inner op moves data through
@@ -469,18 +498,19 @@ fn async_role(l: &Layout, o: &Op) -> AsyncRole {
 /// another lane: any that may share a chunk ([`Access::may_share`], in chunk indexes here),
 /// not only those [`Access::conflicts`] finds, since two ops over the same range may split it
 /// over the lanes differently (vector or element paths, packets). Then a nop is only the GPU
-/// block's `__syncthreads`, a memory-channel signal is sent by the last lane to arrive (so every lane's data before it
-/// reaches the peer first), and a memory-channel wait is done by every lane itself, so
-/// whatever the peer wrote before signalling is visible to each. A crossing where lanes meet
-/// stays a lane barrier (the kernel's barrier path), which orders everything before it. At
-/// most [`ASYNC_ROUNDS`] signals of a block are flagged. The crossings of a pipeline's body are
-/// never flagged, and data without exact ranges here (a pipeline's, packets, switch channels,
-/// reused scratch) meets any other data. A nop where data meets only as two ranges starting
-/// at the same byte ([`Access::same_start`]) or as this rank's input and output is flagged
-/// [`OP_LANE_SPLIT`] (and [`OP_LANE_SPLIT_IO`] for the latter) instead: the kernel keeps the
-/// two ops of each meeting on one thread when every op around it takes its 16-byte vector
-/// path (and the call's input and output do not overlap), and is a lane barrier otherwise. `starts[i]`: the position of `ops[i]` (a plan
-/// op) in the lowered list `out`.
+/// block's `__syncthreads`, a memory-channel signal is sent by the last lane to arrive (so
+/// every lane's data before it reaches the peer first), and a memory-channel wait is done by
+/// every lane itself, so whatever the peer wrote before signalling is visible to each. A
+/// crossing where lanes meet stays a lane barrier (the kernel's barrier path), which orders
+/// everything before it. At most [`ASYNC_ROUNDS`] signals of a block are flagged. The
+/// crossings of a pipeline's body are never flagged, and data without exact ranges here (a
+/// pipeline's, packets, switch channels, reused scratch) meets any other data. A nop where data
+/// meets only as two ranges starting at the same byte ([`Access::same_start`]) or as this
+/// rank's input and output ([`Access::meeting`]) is flagged [`OP_LANE_SPLIT`] (and
+/// [`OP_LANE_SPLIT_IO`] for the latter) instead: the kernel keeps the two ops of each meeting
+/// on one thread when every op around it takes its 16-byte vector path (and the call's input
+/// and output do not overlap), and is a lane barrier otherwise. `starts[i]`: the position of
+/// `ops[i]` (a plan op) in the lowered list `out`.
 fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp]) {
     let roles: Vec<AsyncRole> = ops.iter().map(|o| async_role(l, o)).collect();
     // Data of the lanes since the last lane barrier; `anywhere`: some of it has no exact range.
@@ -509,13 +539,16 @@ fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp])
                         AsyncRole::Crossing | AsyncRole::LaneZero => break,
                     }
                 }
+                // Which kinds of meeting the exact ranges have, pair by pair.
+                let kinds: Vec<Meeting> = after
+                    .iter()
+                    .flat_map(|b| pending.iter().map(move |a| a.meeting(b)))
+                    .filter(|&k| k != Meeting::Apart)
+                    .collect();
                 let before_data = anywhere || !pending.is_empty();
                 let after_data = after_anywhere || !after.is_empty();
-                let meet = before_data
-                    && after_data
-                    && (anywhere
-                        || after_anywhere
-                        || after.iter().any(|b| pending.iter().any(|a| a.may_share(b))));
+                let meet =
+                    before_data && after_data && (anywhere || after_anywhere || !kinds.is_empty());
                 let e = &mut out[starts[i]];
                 let signal = e.op_type == op::SIGNAL || e.op_type == op::RELAXED_SIGNAL;
                 // A nop where every meeting is of two ranges that start at the same byte, or
@@ -523,25 +556,12 @@ fn mark_lane_async(l: &Layout, ops: &[Op], starts: &[usize], out: &mut [ExecOp])
                 // an op of the window off its 16-byte vector path or (the latter) the call's
                 // input and output overlapping, and then maybe only before the first such op
                 // after the nop, so the data before it stays pending here.
-                let mut io = false;
                 let split = meet
                     && e.op_type == op::NOP
                     && !anywhere
                     && !after_anywhere
-                    && after.iter().all(|b| {
-                        pending.iter().all(|a| {
-                            if !a.may_share(b) || a.same_start(b) {
-                                true
-                            } else if a.owner.is_none() && a.ty != b.ty {
-                                // may_share: this rank's input and output, the only buffers
-                                // of one rank that alias.
-                                io = true;
-                                true
-                            } else {
-                                false
-                            }
-                        })
-                    });
+                    && !kinds.contains(&Meeting::Unordered);
+                let io = kinds.contains(&Meeting::InputOutput);
                 if split {
                     e.flags |= OP_LANE_SPLIT | if io { OP_LANE_SPLIT_IO } else { 0 };
                 } else if meet || (signal && rounds >= ASYNC_ROUNDS) {
