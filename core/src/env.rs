@@ -199,15 +199,16 @@ pub const EXECUTOR_KERNEL: &str = "MSCCLPP_EXECUTOR_KERNEL";
 /// it off. Without a run-time compiler, or for a plan that does not compile, the interpreter
 /// runs.
 pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
-/// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: under the async lane sync, whether a `nop` whose meeting data
-/// the lanes touch from the same threads (two ops' ranges starting at the same byte on their
-/// 16-byte vector paths, or a rank's input against its output in a call where they are apart)
-/// leaves out its lane barrier (`EXEC_OP_LANE_SPLIT`, docs/executor.md). Default
-/// [`EXECUTOR_SPLIT_NOPS_DEFAULT`]; `1`/`0` turn it on or off.
+/// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: under the async lane sync, which `nop`s whose meeting data
+/// the lanes touch from the same threads leave out their lane barrier (`EXEC_OP_LANE_SPLIT`,
+/// docs/executor.md): `1`/`all` every such nop (two ops' ranges starting at the same byte on
+/// their 16-byte vector paths, or a rank's input against its output in a call where they are
+/// apart), `io` only those of the second kind (`EXEC_OP_LANE_SPLIT_IO`), `0` none. Default
+/// [`EXECUTOR_SPLIT_NOPS_DEFAULT`].
 pub const EXECUTOR_SPLIT_NOPS: &str = "MSCCLPP_EXECUTOR_SPLIT_NOPS";
 /// Off until the split nops have run on a GPU (their kernel code has not: it leaves out a lane
 /// barrier, so a mistake in it would be wrong data, not an error).
-pub const EXECUTOR_SPLIT_NOPS_DEFAULT: bool = false;
+pub const EXECUTOR_SPLIT_NOPS_DEFAULT: SplitNops = SplitNops::Off;
 /// `MSCCLPP_EXECUTOR_JIT_THREADS`: with [`EXECUTOR_JIT`] on, launches of up to this many threads
 /// per GPU block run compiled plans, wider ones the interpreter (default
 /// [`EXECUTOR_JIT_THREADS_DEFAULT`]; 1024: every launch; a multiple of 32 from 32 to 1024).
@@ -564,7 +565,7 @@ pub const VARS: &[Var] = &[
     var(
         EXECUTOR_SPLIT_NOPS,
         "0",
-        "boolean: under the async lane sync, nops whose data meets on the same threads skip their lane barrier",
+        "0, io or 1: under the async lane sync, nops whose data meets on the same threads skip their lane barrier (io: only input against output)",
     ),
     var(
         EXECUTOR_JIT,
@@ -684,7 +685,7 @@ pub struct Env {
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync: Parsed<LaneSync>,
     executor_jit: Parsed<Option<bool>>,
-    executor_split_nops: Parsed<Option<bool>>,
+    executor_split_nops: Parsed<Option<SplitNops>>,
     executor_jit_threads: Parsed<Option<u32>>,
     executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
@@ -872,6 +873,39 @@ fn parse_lane_sync(value: Option<String>) -> Parsed<LaneSync> {
         Some(v) => Err(format!(
             "{EXECUTOR_LANE_SYNC}={v}: expected barrier, split or async"
         )),
+    }
+}
+
+/// Which of the lowering's split nops leave out their lane barrier
+/// (`MSCCLPP_EXECUTOR_SPLIT_NOPS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitNops {
+    /// None: every marked nop keeps its lane barrier (`0`, `false`, `off`).
+    Off,
+    /// Only those whose meeting data is this rank's input against its output
+    /// (`EXEC_OP_LANE_SPLIT_IO`; `io`).
+    Io,
+    /// Every marked nop (`1`, `true`, `on`, `all`).
+    All,
+}
+
+/// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: `0`/`false`/`off`, `io`, `1`/`true`/`on`/`all` (any case);
+/// unset or blank: `None` (the default).
+fn parse_split_nops(value: Option<String>) -> Parsed<Option<SplitNops>> {
+    let Some(v) = non_empty(value) else {
+        return Ok(None);
+    };
+    let is = |names: &[&str]| names.iter().any(|n| v.trim().eq_ignore_ascii_case(n));
+    if is(&["0", "false", "off", "no"]) {
+        Ok(Some(SplitNops::Off))
+    } else if is(&["io"]) {
+        Ok(Some(SplitNops::Io))
+    } else if is(&["1", "true", "on", "yes", "all"]) {
+        Ok(Some(SplitNops::All))
+    } else {
+        Err(format!(
+            "{EXECUTOR_SPLIT_NOPS}={v}: expected 0, io or 1 (off, input/output nops only, all)"
+        ))
     }
 }
 
@@ -1084,9 +1118,7 @@ impl Env {
             executor_jit: non_empty(lookup(EXECUTOR_JIT))
                 .map(|v| parse_bool(EXECUTOR_JIT, Some(&v)))
                 .transpose(),
-            executor_split_nops: non_empty(lookup(EXECUTOR_SPLIT_NOPS))
-                .map(|v| parse_bool(EXECUTOR_SPLIT_NOPS, Some(&v)))
-                .transpose(),
+            executor_split_nops: parse_split_nops(lookup(EXECUTOR_SPLIT_NOPS)),
             executor_kernel: parse_executor_kernel(lookup(EXECUTOR_KERNEL)),
             launcher_job: LAUNCHER_JOB_VARS
                 .iter()
@@ -1287,11 +1319,11 @@ impl Env {
     pub fn executor_jit(&self) -> bool {
         self.executor_jit.clone().ok().flatten().unwrap_or(true)
     }
-    /// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: whether the lowering's split nops leave out their lane
+    /// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: which of the lowering's split nops leave out their lane
     /// barrier where the kernel finds the data on the same threads (default
     /// [`EXECUTOR_SPLIT_NOPS_DEFAULT`]); a malformed value is warned about at startup and the
     /// default used.
-    pub fn executor_split_nops(&self) -> bool {
+    pub fn executor_split_nops(&self) -> SplitNops {
         self.executor_split_nops
             .clone()
             .ok()
@@ -1573,14 +1605,19 @@ mod tests {
             env_of(&[]).executor_split_nops(),
             EXECUTOR_SPLIT_NOPS_DEFAULT
         );
-        assert!(!env_of(&[(EXECUTOR_SPLIT_NOPS, "0")]).executor_split_nops());
-        assert!(env_of(&[(EXECUTOR_SPLIT_NOPS, "1")]).executor_split_nops());
+        let split = |v| env_of(&[(EXECUTOR_SPLIT_NOPS, v)]).executor_split_nops();
+        assert_eq!(split("0"), SplitNops::Off);
+        assert_eq!(split("off"), SplitNops::Off);
+        assert_eq!(split(" IO "), SplitNops::Io);
+        assert_eq!(split("1"), SplitNops::All);
+        assert_eq!(split("all"), SplitNops::All);
+        assert_eq!(split(" "), EXECUTOR_SPLIT_NOPS_DEFAULT);
         let e = env_of(&[(EXECUTOR_SPLIT_NOPS, "often")]);
         assert_eq!(e.executor_split_nops(), EXECUTOR_SPLIT_NOPS_DEFAULT);
         assert!(
             e.problems()
                 .iter()
-                .any(|p| p.contains("MSCCLPP_EXECUTOR_SPLIT_NOPS")),
+                .any(|p| p.contains("MSCCLPP_EXECUTOR_SPLIT_NOPS=often: expected 0, io or 1")),
             "{:?}",
             e.problems()
         );

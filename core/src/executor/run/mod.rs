@@ -897,17 +897,23 @@ fn lower_size(
     })
 }
 
-/// Clears the lowering's split-nop marks when `MSCCLPP_EXECUTOR_SPLIT_NOPS` is off: those nops
-/// keep their lane barriers.
+/// Clears the lowering's split-nop marks that `MSCCLPP_EXECUTOR_SPLIT_NOPS` leaves out (all of
+/// them when off, those not of the input/output kind with `io`): those nops keep their lane
+/// barriers.
 fn keep_split_nops(blocks: &mut [Box<ExecBlock>]) {
+    filter_split_nops(blocks, crate::env::env().executor_split_nops())
+}
+
+fn filter_split_nops(blocks: &mut [Box<ExecBlock>], keep: crate::env::SplitNops) {
+    use crate::env::SplitNops;
     use crate::executor::lower::device::{OP_LANE_SPLIT, OP_LANE_SPLIT_IO};
-    if crate::env::env().executor_split_nops() {
-        return;
-    }
     for b in blocks.iter_mut() {
         let n = (b.n_ops as usize).min(b.ops.len());
         for o in &mut b.ops[..n] {
-            o.flags &= !(OP_LANE_SPLIT | OP_LANE_SPLIT_IO);
+            let io = o.flags & OP_LANE_SPLIT_IO != 0;
+            if keep == SplitNops::Off || (keep == SplitNops::Io && !io) {
+                o.flags &= !(OP_LANE_SPLIT | OP_LANE_SPLIT_IO);
+            }
         }
     }
 }
@@ -1117,5 +1123,39 @@ mod tests {
         ]));
         // A wait naming a channel the block does not have: refused.
         assert!(!own_semaphores(&[block(&[8], &[20], m)]));
+    }
+
+    /// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: off clears every split mark, `io` keeps only the
+    /// input/output kind (with both its flags), all keeps every mark; other flags stay.
+    #[test]
+    fn split_nops_setting_filters_the_marks() {
+        use crate::env::SplitNops;
+        use crate::executor::lower::device::{OP_LANE_SPLIT, OP_LANE_SPLIT_IO};
+        const OTHER: u8 = 1;
+        let marks = [
+            OTHER,
+            OTHER | OP_LANE_SPLIT,
+            OP_LANE_SPLIT | OP_LANE_SPLIT_IO,
+        ];
+        let kept = |keep| {
+            let mut b = ExecBlock::zeroed();
+            for (i, &f) in marks.iter().enumerate() {
+                b.ops[i].op_type = op::NOP;
+                b.ops[i].flags = f;
+            }
+            b.n_ops = marks.len() as u32;
+            let mut blocks = [b];
+            filter_split_nops(&mut blocks, keep);
+            blocks[0].ops[..marks.len()]
+                .iter()
+                .map(|o| o.flags)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kept(SplitNops::All), marks.to_vec());
+        assert_eq!(
+            kept(SplitNops::Io),
+            vec![OTHER, OTHER, OP_LANE_SPLIT | OP_LANE_SPLIT_IO]
+        );
+        assert_eq!(kept(SplitNops::Off), vec![OTHER, OTHER, 0]);
     }
 }
