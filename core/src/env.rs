@@ -206,9 +206,19 @@ pub const EXECUTOR_JIT: &str = "MSCCLPP_EXECUTOR_JIT";
 /// apart), `io` only those of the second kind (`EXEC_OP_LANE_SPLIT_IO`), `0` none. Default
 /// [`EXECUTOR_SPLIT_NOPS_DEFAULT`].
 pub const EXECUTOR_SPLIT_NOPS: &str = "MSCCLPP_EXECUTOR_SPLIT_NOPS";
-/// Off until the split nops have run on a GPU (their kernel code has not: it leaves out a lane
-/// barrier, so a mistake in it would be wrong data, not an error).
-pub const EXECUTOR_SPLIT_NOPS_DEFAULT: SplitNops = SplitNops::Off;
+/// The input/output kind only. ExecutorTest passed with every split nop on an H100 on
+/// 2026-12-06 (round 20: 2 and 4 ranks, interpreted and compiled, upstream's plans included), and
+/// in the same call's A/B `io` kept `allgather_oop_n2`'s 7-11 % while `1` made upstream's
+/// `reduce` and `reduce_tbg` 7-13 % slower at 4 and 16 MiB (docs/perf.md, round 20).
+pub const EXECUTOR_SPLIT_NOPS_DEFAULT: SplitNops = SplitNops::Io;
+/// `MSCCLPP_EXECUTOR_PACKET_UNROLL`: in compiled plans (`MSCCLPP_EXECUTOR_JIT`), how many
+/// packets each thread of a packet op (put, copy, unpack, read-put and the packet reductions)
+/// loads before it waits on the first: 1, 2, 4 or 8 (default
+/// [`EXECUTOR_PACKET_UNROLL_DEFAULT`]). Which thread handles a packet does not change with it.
+/// The interpreter keeps its build's 2.
+pub const EXECUTOR_PACKET_UNROLL: &str = "MSCCLPP_EXECUTOR_PACKET_UNROLL";
+/// The default of [`EXECUTOR_PACKET_UNROLL`] (the interpreter's).
+pub const EXECUTOR_PACKET_UNROLL_DEFAULT: u32 = 2;
 /// `MSCCLPP_EXECUTOR_JIT_THREADS`: with [`EXECUTOR_JIT`] on, launches of up to this many threads
 /// per GPU block run compiled plans, wider ones the interpreter (default
 /// [`EXECUTOR_JIT_THREADS_DEFAULT`]; 1024: every launch; a multiple of 32 from 32 to 1024).
@@ -564,13 +574,18 @@ pub const VARS: &[Var] = &[
     ),
     var(
         EXECUTOR_SPLIT_NOPS,
-        "0",
+        "io",
         "0, io or 1: under the async lane sync, nops whose data meets on the same threads skip their lane barrier (io: only input against output)",
     ),
     var(
         EXECUTOR_JIT,
         "1",
         "boolean: GPU plans run kernels compiled from the plan at load time (NVRTC), else the interpreter",
+    ),
+    var(
+        EXECUTOR_PACKET_UNROLL,
+        "2",
+        "1, 2, 4 or 8: packets each thread of a compiled plan's packet op loads before it waits on the first",
     ),
     var(
         EXECUTOR_JIT_THREADS,
@@ -687,6 +702,7 @@ pub struct Env {
     executor_jit: Parsed<Option<bool>>,
     executor_split_nops: Parsed<Option<SplitNops>>,
     executor_jit_threads: Parsed<Option<u32>>,
+    executor_packet_unroll: Parsed<Option<u32>>,
     executor_kernel: Parsed<ExecutorKernel>,
     launcher_job: Vec<(&'static str, String)>,
 }
@@ -820,6 +836,19 @@ fn parse_bytes_per_lane(value: Option<String>) -> Parsed<Option<usize>> {
             v.trim()
         )
     })
+}
+
+/// `MSCCLPP_EXECUTOR_PACKET_UNROLL`: 1, 2, 4 or 8; unset or blank = `None`.
+fn parse_packet_unroll(value: Option<String>) -> Parsed<Option<u32>> {
+    let Some(v) = non_empty(value) else {
+        return Ok(None);
+    };
+    v.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| matches!(n, 1 | 2 | 4 | 8))
+        .map(Some)
+        .ok_or_else(|| format!("{EXECUTOR_PACKET_UNROLL}={v}: expected 1, 2, 4 or 8"))
 }
 
 /// `MSCCLPP_EXECUTOR_THREADS` and `MSCCLPP_EXECUTOR_JIT_THREADS` (`name`): 32 to 1024 in steps
@@ -1113,6 +1142,7 @@ impl Env {
             executor_bytes_per_lane: parse_bytes_per_lane(lookup(EXECUTOR_BYTES_PER_LANE)),
             executor_threads: parse_threads(EXECUTOR_THREADS, lookup(EXECUTOR_THREADS)),
             executor_jit_threads: parse_threads(EXECUTOR_JIT_THREADS, lookup(EXECUTOR_JIT_THREADS)),
+            executor_packet_unroll: parse_packet_unroll(lookup(EXECUTOR_PACKET_UNROLL)),
             executor_lane_sync: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
             // Unset or blank: the default (on), not parse_bool's false.
             executor_jit: non_empty(lookup(EXECUTOR_JIT))
@@ -1164,6 +1194,7 @@ impl Env {
             err(&self.executor_threads), err(&self.executor_lane_sync),
             err(&self.executor_kernel), err(&self.executor_jit),
             err(&self.executor_jit_threads), err(&self.executor_split_nops),
+            err(&self.executor_packet_unroll),
         ];
         level
             .into_iter()
@@ -1329,6 +1360,16 @@ impl Env {
             .ok()
             .flatten()
             .unwrap_or(EXECUTOR_SPLIT_NOPS_DEFAULT)
+    }
+    /// `MSCCLPP_EXECUTOR_PACKET_UNROLL`: packets per thread in flight in a compiled plan's packet
+    /// ops (default [`EXECUTOR_PACKET_UNROLL_DEFAULT`]); a malformed value is warned about at
+    /// startup and the default used.
+    pub fn executor_packet_unroll(&self) -> u32 {
+        self.executor_packet_unroll
+            .clone()
+            .ok()
+            .flatten()
+            .unwrap_or(EXECUTOR_PACKET_UNROLL_DEFAULT)
     }
     /// `MSCCLPP_EXECUTOR_JIT_THREADS`: the widest launch (threads per GPU block) that runs a
     /// compiled plan (default [`EXECUTOR_JIT_THREADS_DEFAULT`]); a malformed value is warned
@@ -1637,6 +1678,30 @@ mod tests {
             "{:?}",
             e.problems()
         );
+        // Packets in flight per thread: 2 unless asked; 1, 2, 4 or 8.
+        assert_eq!(
+            env_of(&[]).executor_packet_unroll(),
+            EXECUTOR_PACKET_UNROLL_DEFAULT
+        );
+        assert_eq!(
+            env_of(&[(EXECUTOR_PACKET_UNROLL, " 8 ")]).executor_packet_unroll(),
+            8
+        );
+        for bad in ["0", "3", "16", "many"] {
+            let e = env_of(&[(EXECUTOR_PACKET_UNROLL, bad)]);
+            assert_eq!(
+                e.executor_packet_unroll(),
+                EXECUTOR_PACKET_UNROLL_DEFAULT,
+                "{bad}"
+            );
+            assert!(
+                e.problems().iter().any(|m| m.contains(&format!(
+                    "MSCCLPP_EXECUTOR_PACKET_UNROLL={bad}: expected 1, 2, 4 or 8"
+                ))),
+                "{bad}: {:?}",
+                e.problems()
+            );
+        }
         // The widest compiled launch: 1024 (every launch) unless asked; a multiple of 32.
         assert_eq!(env_of(&[]).executor_jit_threads(), 1024);
         assert_eq!(

@@ -212,6 +212,7 @@ pub(crate) fn generate(
         ));
     }
     let nv = values.len().max(1);
+    let unroll = crate::env::env().executor_packet_unroll();
     let mut s = String::new();
     let _ = write!(
         s,
@@ -220,6 +221,7 @@ pub(crate) fn generate(
          #define MSCCLPP_EXECUTOR_JIT_TYPE {}\n\
          #define MSCCLPP_EXECUTOR_JIT_LL8 {}\n\
          #define MSCCLPP_EXECUTOR_JIT_LANE_SYNC {lane_sync}\n\
+         #define MSCCLPP_EXECUTOR_PACKET_UNROLL {unroll}\n\
          {}#include \"executor_body.cuh\"\n\n\
          struct JitParams {{\n  ExecArgs a;\n  uint32_t v[{nv}];\n}};\n\n\
          namespace {{\n",

@@ -380,8 +380,12 @@ __device__ void readPackets(const char* base, uint32_t i0, uint32_t stride, uint
   }
 }
 
-/// Payloads per thread in flight in the packet copies.
-constexpr int kPacketUnroll = 2;
+/// Payloads per thread in flight in the packet ops (copies and reductions). A generated kernel
+/// defines it from MSCCLPP_EXECUTOR_PACKET_UNROLL (1, 2, 4 or 8); the interpreter keeps 2.
+#ifndef MSCCLPP_EXECUTOR_PACKET_UNROLL
+#define MSCCLPP_EXECUTOR_PACKET_UNROLL 2
+#endif
+constexpr int kPacketUnroll = MSCCLPP_EXECUTOR_PACKET_UNROLL;
 
 /// copyToPackets with kPacketUnroll payloads per thread in flight (the same thread per payload).
 template <typename P>
@@ -441,7 +445,7 @@ __device__ EXEC_OP_FN void reducePackets(const Run& r, const ExecOp& o) {
   // Payloads idx, idx + nthr, ... (U of them) per round, every input's packets read together
   // (one at a time left every thread a load latency per payload and input). Same thread per
   // payload and same input order as one at a time.
-  constexpr int U = 2;
+  constexpr int U = kPacketUnroll;
   const uint32_t nthr = r.nthr;
   for (uint32_t i0 = r.tid; i0 < count; i0 += U * nthr) {
     Payload<T> p[U];
