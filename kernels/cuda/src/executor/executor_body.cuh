@@ -144,6 +144,39 @@ __device__ uint64_t stepSize(uint32_t size, uint64_t off, uint64_t unit) {
   return s < unit ? s : unit;
 }
 
+/// Where a data op's buffer i starts at step `off`: its input (In) or output, through `loc`
+/// (Remote: a memory channel's buffer allowed) or `local`. The data ops (copy, get, put through
+/// a memory channel, the reductions) and vectorSplit take their addresses from here and their
+/// sizes from the range functions below, so the split nops' check sees what the ops move.
+template <bool In, bool Remote>
+__device__ __forceinline__ char* opBuf(const Run& r, const ExecOp& o, int i, uint64_t off) {
+  const uint8_t ref = In ? o.inputRefs[i] : o.outputRefs[i];
+  return (Remote ? r.loc(ref) : r.local(ref)) + (In ? o.inputOffsets[i] : o.outputOffsets[i]) +
+         r.it(In ? o.inputTypes[i] : o.outputTypes[i], off);
+}
+
+/// One contiguous move of a data op at step `off`: `size` bytes from `src` to `dst`.
+struct OpRange {
+  char* dst;
+  const char* src;
+  uint64_t size;
+};
+
+/// copy: input 0 to output 0, both this rank's.
+__device__ __forceinline__ OpRange copyRange(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
+  return {opBuf<false, false>(r, o, 0, off), opBuf<true, false>(r, o, 0, off), stepSize(o.inputSizes[0], off, unit)};
+}
+
+/// get, pair i: a peer's input i (through its memory channel) to output i.
+__device__ __forceinline__ OpRange getRange(const Run& r, const ExecOp& o, int i, uint64_t off, uint64_t unit) {
+  return {opBuf<false, true>(r, o, i, off), opBuf<true, true>(r, o, i, off), stepSize(o.inputSizes[i], off, unit)};
+}
+
+/// put through a memory channel, pair i: this rank's input i to the peer's output i.
+__device__ __forceinline__ OpRange putRange(const Run& r, const ExecOp& o, int i, uint64_t off, uint64_t unit) {
+  return {opBuf<false, true>(r, o, i, off), opBuf<true, false>(r, o, i, off), stepSize(o.outputSizes[i], off, unit)};
+}
+
 __device__ __noinline__ void gridBarrier(uint32_t* words, uint32_t n) {
   volatile uint32_t* gen = words + 1;
   const uint32_t g = *gen;
@@ -239,11 +272,11 @@ __device__ EXEC_OP_FN void reduceElems(const Run& r, const ExecOp& o, uint64_t o
   char* out[EXEC_MAX_BUFFERS_PER_OP];
   bool aligned = (size % 16) == 0;
   EXEC_FOR_EACH(i, o.nInputs, EXEC_MAX_BUFFERS_PER_OP) {
-    in[i] = r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off);
+    in[i] = opBuf<true, true>(r, o, i, off);
     aligned = aligned && ((uintptr_t)in[i] % 16) == 0;
   }
   EXEC_FOR_EACH(i, o.nOutputs, EXEC_MAX_BUFFERS_PER_OP) {
-    out[i] = r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off);
+    out[i] = opBuf<false, true>(r, o, i, off);
     aligned = aligned && ((uintptr_t)out[i] % 16) == 0;
   }
   const uint8_t op = o.reduceOp;
@@ -565,10 +598,8 @@ __device__ PortEnds portEnds(const Run& r, const ExecOp& o, int i, uint64_t off,
 __device__ EXEC_OP_FN void put(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   if (o.channelType == EXEC_CHANNEL_MEMORY) {
     for (int i = 0; i < o.nOutputs; ++i) {
-      const uint64_t size = stepSize(o.outputSizes[i], off, unit);
-      if (size == 0) continue;
-      copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
-           r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
+      const OpRange m = putRange(r, o, i, off, unit);
+      if (m.size > 0) copy(m.dst, m.src, m.size, r.tid, r.nthr);
     }
     return;
   }
@@ -692,17 +723,12 @@ __device__ __forceinline__ void execOp(const Run& r, const ExecOp& o, uint64_t o
     put(r, o, off, unit);
   } else if constexpr (OP == EXEC_GET) {
     for (int i = 0; i < o.nInputs; ++i) {
-      const uint64_t size = stepSize(o.inputSizes[i], off, unit);
-      if (size == 0) continue;
-      copy(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off),
-           r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off), size, r.tid, r.nthr);
+      const OpRange m = getRange(r, o, i, off, unit);
+      if (m.size > 0) copy(m.dst, m.src, m.size, r.tid, r.nthr);
     }
   } else if constexpr (OP == EXEC_COPY) {
-    const uint64_t size = stepSize(o.inputSizes[0], off, unit);
-    if (size > 0) {
-      copy(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off),
-           r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off), size, r.tid, r.nthr);
-    }
+    const OpRange m = copyRange(r, o, off, unit);
+    if (m.size > 0) copy(m.dst, m.src, m.size, r.tid, r.nthr);
   } else if constexpr (OP == EXEC_REDUCE || OP == EXEC_REDUCE_SEND || OP == EXEC_READ_REDUCE ||
                        OP == EXEC_READ_REDUCE_SEND || OP == EXEC_REDUCE_PACKETS || OP == EXEC_REDUCE_SEND_PACKETS ||
                        OP == EXEC_REDUCE_COPY_PACKETS || OP == EXEC_REDUCE_COPY_SEND_PACKETS) {
@@ -1169,36 +1195,24 @@ __device__ __forceinline__ void asyncSignal(Run& r, const ExecOp& o, bool dirty)
 /// Whether data op `o` moves each of its ranges on the 16-byte vector path, vector k of a range
 /// on thread k % nthr of the lanes (EXEC_OP_LANE_SPLIT): a copy, get or put through a memory
 /// channel (copy_device.hpp's body with no head or tail), or a reduction (reduceElems' aligned
-/// path), with every address and size in 16-byte units. The same expressions as the ops use.
+/// path), with every address and size in 16-byte units. The ranges and buffers are the ones the
+/// ops move (copyRange, getRange, putRange, opBuf).
 template <int OP>
 __device__ __forceinline__ bool vectorSplit(const Run& r, const ExecOp& o, uint64_t off, uint64_t unit) {
   const int op = OP >= 0 ? OP : (int)o.opType;
   uint64_t bits = 0;
+  const auto add = [&](const OpRange& m) { bits |= m.size | (uintptr_t)m.dst | (uintptr_t)m.src; };
   if (op == EXEC_COPY) {
-    bits = stepSize(o.inputSizes[0], off, unit) |
-           (uintptr_t)(r.local(o.outputRefs[0]) + o.outputOffsets[0] + r.it(o.outputTypes[0], off)) |
-           (uintptr_t)(r.local(o.inputRefs[0]) + o.inputOffsets[0] + r.it(o.inputTypes[0], off));
+    add(copyRange(r, o, off, unit));
   } else if (op == EXEC_GET) {
-    for (int i = 0; i < o.nInputs; ++i) {
-      bits |= stepSize(o.inputSizes[i], off, unit) |
-              (uintptr_t)(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off)) |
-              (uintptr_t)(r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off));
-    }
+    for (int i = 0; i < o.nInputs; ++i) add(getRange(r, o, i, off, unit));
   } else if ((op == EXEC_PUT || op == EXEC_PUT_WITH_SIGNAL || op == EXEC_PUT_WITH_SIGNAL_AND_FLUSH) &&
              o.channelType == EXEC_CHANNEL_MEMORY) {
-    for (int i = 0; i < o.nOutputs; ++i) {
-      bits |= stepSize(o.outputSizes[i], off, unit) |
-              (uintptr_t)(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off)) |
-              (uintptr_t)(r.local(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off));
-    }
+    for (int i = 0; i < o.nOutputs; ++i) add(putRange(r, o, i, off, unit));
   } else if (op == EXEC_REDUCE || op == EXEC_REDUCE_SEND || op == EXEC_READ_REDUCE || op == EXEC_READ_REDUCE_SEND) {
     bits = stepSize(o.inputSizes[0], off, unit);
-    for (int i = 0; i < o.nInputs; ++i) {
-      bits |= (uintptr_t)(r.loc(o.inputRefs[i]) + o.inputOffsets[i] + r.it(o.inputTypes[i], off));
-    }
-    for (int i = 0; i < o.nOutputs; ++i) {
-      bits |= (uintptr_t)(r.loc(o.outputRefs[i]) + o.outputOffsets[i] + r.it(o.outputTypes[i], off));
-    }
+    for (int i = 0; i < o.nInputs; ++i) bits |= (uintptr_t)opBuf<true, true>(r, o, i, off);
+    for (int i = 0; i < o.nOutputs; ++i) bits |= (uintptr_t)opBuf<false, true>(r, o, i, off);
   } else {
     return false;
   }
