@@ -843,8 +843,7 @@ fn parse_packet_unroll(value: Option<String>) -> Parsed<Option<u32>> {
     let Some(v) = non_empty(value) else {
         return Ok(None);
     };
-    v.trim()
-        .parse::<u32>()
+    v.parse::<u32>()
         .ok()
         .filter(|n| matches!(n, 1 | 2 | 4 | 8))
         .map(Some)
@@ -918,24 +917,25 @@ pub enum SplitNops {
     All,
 }
 
-/// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: `0`/`false`/`off`, `io`, `1`/`true`/`on`/`all` (any case);
-/// unset or blank: `None` (the default).
+/// `MSCCLPP_EXECUTOR_SPLIT_NOPS`: `io`, `all`, or a boolean of [`parse_bool`] (on: all, off:
+/// none), any case; unset or blank: `None` (the default).
 fn parse_split_nops(value: Option<String>) -> Parsed<Option<SplitNops>> {
     let Some(v) = non_empty(value) else {
         return Ok(None);
     };
-    let is = |names: &[&str]| names.iter().any(|n| v.trim().eq_ignore_ascii_case(n));
-    if is(&["0", "false", "off", "no"]) {
-        Ok(Some(SplitNops::Off))
-    } else if is(&["io"]) {
-        Ok(Some(SplitNops::Io))
-    } else if is(&["1", "true", "on", "yes", "all"]) {
-        Ok(Some(SplitNops::All))
-    } else {
-        Err(format!(
-            "{EXECUTOR_SPLIT_NOPS}={v}: expected 0, io or 1 (off, input/output nops only, all)"
-        ))
+    if v.eq_ignore_ascii_case("io") {
+        return Ok(Some(SplitNops::Io));
     }
+    if v.eq_ignore_ascii_case("all") {
+        return Ok(Some(SplitNops::All));
+    }
+    parse_bool(EXECUTOR_SPLIT_NOPS, Some(&v))
+        .map(|on| Some(if on { SplitNops::All } else { SplitNops::Off }))
+        .map_err(|_| {
+            format!(
+                "{EXECUTOR_SPLIT_NOPS}={v}: expected 0, io or 1 (off, input/output nops only, all)"
+            )
+        })
 }
 
 /// Which build of the executor's GPU kernel launches take (`MSCCLPP_EXECUTOR_KERNEL`).
@@ -1652,6 +1652,9 @@ mod tests {
         assert_eq!(split(" IO "), SplitNops::Io);
         assert_eq!(split("1"), SplitNops::All);
         assert_eq!(split("all"), SplitNops::All);
+        // The booleans are parse_bool's words.
+        assert_eq!(split("no"), SplitNops::Off);
+        assert_eq!(split("YES"), SplitNops::All);
         assert_eq!(split(" "), EXECUTOR_SPLIT_NOPS_DEFAULT);
         let e = env_of(&[(EXECUTOR_SPLIT_NOPS, "often")]);
         assert_eq!(e.executor_split_nops(), EXECUTOR_SPLIT_NOPS_DEFAULT);
