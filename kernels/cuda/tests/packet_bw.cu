@@ -16,14 +16,15 @@
 //               scratch and half unpacking its own scratch as it fills (transfer_pack's two
 //               thread blocks: every block of both ranks resident, readers spinning)
 //   small       the transfer of 1 KiB and 64 KiB, one pack and one unpack block per rank
+//   sequential  the transfer's work in two phases: both ranks pack, then both unpack
 // Variants: store = relaxed.sys v2.u64 (ours) | volatile v4.u32 | weak v2.u64 (no ordering: a
 // bound, not usable for LL); load = relaxed.sys v2.u64 (ours) | volatile v4.u32; U = payloads
 // per thread in flight; readers pausing between polls (__nanosleep); blocks x threads.
 //
 // H100, 2026-12-06 (docs/perf.md, round 21; 8 MiB): copy 5.4 us; pack 6.6-11.7 and unpack
 // 5.5-9.0 alone; the transfer 54-63 us at the executor's shape for upstream's transfer_pack (33
-// + 33 blocks of 1024 per rank), 46-48 at 132 + 132 of 512. Instructions within 2 %, pauses
-// no faster.
+// + 33 blocks of 1024 per rank), 46-48 at 132 + 132 of 512, 41-42 in two phases (66 blocks
+// per rank and phase). Instructions within 2 %, pauses no faster.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -244,6 +245,32 @@ static void transfer(Bufs& b, cudaStream_t s0, cudaStream_t s1, int blocksPerRan
   CHECK(cudaEventDestroy(join));
 }
 
+/// The transfer's work one phase after the other: both ranks pack (each into the other's
+/// scratch) on two streams, then both unpack: what the overlap costs.
+static void sequential(Bufs& b, cudaStream_t s0, cudaStream_t s1, int blocks, int threads) {
+  cudaEvent_t fork, join;
+  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const float us = timeIt(s0, [&] {
+    const uint32_t f = ++gFlag;
+    CHECK(cudaEventRecord(fork, s0));
+    CHECK(cudaStreamWaitEvent(s1, fork, 0));
+    packKernel<kRelaxedSys, 2><<<blocks, threads, 0, s0>>>(b.scratch[1], b.data[0], b.n, f);
+    packKernel<kRelaxedSys, 2><<<blocks, threads, 0, s1>>>(b.scratch[0], b.data[1], b.n, f);
+    CHECK(cudaEventRecord(join, s1));
+    CHECK(cudaStreamWaitEvent(s0, join, 0));
+    CHECK(cudaEventRecord(fork, s0));
+    CHECK(cudaStreamWaitEvent(s1, fork, 0));
+    unpackKernel<kLoadRelaxedSys, 2><<<blocks, threads, 0, s0>>>(b.out[0], b.scratch[0], b.n, f);
+    unpackKernel<kLoadRelaxedSys, 2><<<blocks, threads, 0, s1>>>(b.out[1], b.scratch[1], b.n, f);
+    CHECK(cudaEventRecord(join, s1));
+    CHECK(cudaStreamWaitEvent(s0, join, 0));
+  });
+  row("sequential", "pack both, then unpack both", blocks, threads, b.n * 8.0, us);
+  CHECK(cudaEventDestroy(fork));
+  CHECK(cudaEventDestroy(join));
+}
+
 int main(int argc, char** argv) {
   const uint64_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 8;
   const uint64_t bytes = mib << 20;
@@ -316,6 +343,8 @@ int main(int argc, char** argv) {
     transfer<kRelaxedSys, kLoadRelaxedSys, 2, -256>(b, s0, s1, 2, t, bytes / 8);
     transfer<kRelaxedSys, kLoadRelaxedSys, 2, -2048>(b, s0, s1, 2, t, bytes / 8);
   }
+  // The same work without the overlap: per rank 33 and 66 blocks of 1024 per phase.
+  for (int blocks : {sms / 4, sms / 2}) sequential(b, s0, s1, blocks, 1024);
   // The last full-size transfer again, so the check below sees full outputs.
   transfer<kRelaxedSys, kLoadRelaxedSys, 2, -256>(b, s0, s1, sms / 2, 1024);
   // Correctness of the last transfer: each rank's output is the other's data.
