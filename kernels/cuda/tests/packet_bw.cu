@@ -25,20 +25,11 @@
 // 5.5-9.0 alone; the transfer 54-63 us at the executor's shape for upstream's transfer_pack (33
 // + 33 blocks of 1024 per rank), 46-48 at 132 + 132 of 512, 41-42 in two phases (66 blocks
 // per rank and phase). Instructions within 2 %, pauses no faster.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "breakdown_util.hpp"
 
 enum Store { kRelaxedSys = 0, kVolatile = 1, kWeak = 2 };
 enum Load { kLoadRelaxedSys = 0, kLoadVolatile = 1 };
@@ -167,18 +158,18 @@ static const int kIters = 20;
 template <typename F>
 static float timeIt(cudaStream_t s, F launch) {
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) launch();
-  CHECK(cudaEventRecord(a, s));
+  CK(cudaEventRecord(a, s));
   for (int i = 0; i < kIters; ++i) launch();
-  CHECK(cudaEventRecord(b, s));
-  CHECK(cudaEventSynchronize(b));
-  CHECK(cudaGetLastError());
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  CK(cudaGetLastError());
   float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
+  CK(cudaEventElapsedTime(&ms, a, b));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
   return ms * 1000.f / kIters;
 }
 
@@ -187,12 +178,37 @@ static void row(const char* what, const char* variant, int blocks, int threads, 
               dataBytes / us / 1e3);
 }
 
+/// Runs `a` on s0 and `b` on s1 after everything before on s0, and lets s0 go on only once both
+/// ran: the two "ranks" of one pass.
+struct TwoStreams {
+  cudaStream_t s0, s1;
+  cudaEvent_t fork, join;
+  TwoStreams(cudaStream_t a, cudaStream_t b) : s0(a), s1(b) {
+    CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  ~TwoStreams() {
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+  }
+  template <typename A, typename B>
+  void run(A a, B b) {
+    CK(cudaEventRecord(fork, s0));
+    CK(cudaStreamWaitEvent(s1, fork, 0));
+    a(s0);
+    b(s1);
+    CK(cudaEventRecord(join, s1));
+    CK(cudaStreamWaitEvent(s0, join, 0));
+  }
+};
+
 static const char* kStoreName[] = {"st.relaxed.sys", "st.volatile", "st.weak"};
 static const char* kLoadName[] = {"ld.relaxed.sys", "ld.volatile"};
 
 template <int S, int U>
 static void pack(Bufs& b, cudaStream_t s, int blocks, int threads) {
-  const float us = timeIt(s, [&] { packKernel<S, U><<<blocks, threads, 0, s>>>(b.scratch[0], b.data[0], b.n, ++gFlag); });
+  const float us =
+      timeIt(s, [&] { packKernel<S, U><<<blocks, threads, 0, s>>>(b.scratch[0], b.data[0], b.n, ++gFlag); });
   char v[64];
   std::snprintf(v, sizeof v, "%s U=%d", kStoreName[S], U);
   row("pack", v, blocks, threads, b.n * 8.0, us);
@@ -215,23 +231,23 @@ static void transfer(Bufs& b, cudaStream_t s0, cudaStream_t s1, int blocksPerRan
   if (n == 0) n = b.n;
   // Readers spin on writers: every block of both ranks must be resident, else skip the row.
   int perSm = 0, sms = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, transferKernel<S, L, U, B>, threads, 0));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, transferKernel<S, L, U, B>, threads, 0));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (2 * blocksPerRank > perSm * sms) {
     std::printf("transfer  %d x %d per rank skipped: %d blocks of it fit per SM\n", blocksPerRank, threads, perSm);
     return;
   }
-  cudaEvent_t fork, join;
-  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  TwoStreams two(s0, s1);
   const float us = timeIt(s0, [&] {
     const uint32_t f = ++gFlag;
-    CHECK(cudaEventRecord(fork, s0));
-    CHECK(cudaStreamWaitEvent(s1, fork, 0));
-    transferKernel<S, L, U, B><<<blocksPerRank, threads, 0, s0>>>(b.scratch[1], b.data[0], b.out[0], b.scratch[0], n, f);
-    transferKernel<S, L, U, B><<<blocksPerRank, threads, 0, s1>>>(b.scratch[0], b.data[1], b.out[1], b.scratch[1], n, f);
-    CHECK(cudaEventRecord(join, s1));
-    CHECK(cudaStreamWaitEvent(s0, join, 0));
+    // Rank r packs its data into the other's scratch and unpacks its own scratch.
+    auto rank = [&](int r) {
+      return [&, r](cudaStream_t s) {
+        transferKernel<S, L, U, B>
+            <<<blocksPerRank, threads, 0, s>>>(b.scratch[1 - r], b.data[r], b.out[r], b.scratch[r], n, f);
+      };
+    };
+    two.run(rank(0), rank(1));
   });
   char v[64];
   if (B == 0) {
@@ -241,34 +257,28 @@ static void transfer(Bufs& b, cudaStream_t s0, cudaStream_t s1, int blocksPerRan
   }
   // Per rank: its data out to the peer and the peer's into its output.
   row(n == b.n ? "transfer" : "small", v, blocksPerRank, threads, n * 8.0, us);
-  CHECK(cudaEventDestroy(fork));
-  CHECK(cudaEventDestroy(join));
 }
 
 /// The transfer's work one phase after the other: both ranks pack (each into the other's
 /// scratch) on two streams, then both unpack: what the overlap costs.
 static void sequential(Bufs& b, cudaStream_t s0, cudaStream_t s1, int blocks, int threads) {
-  cudaEvent_t fork, join;
-  CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  TwoStreams two(s0, s1);
   const float us = timeIt(s0, [&] {
     const uint32_t f = ++gFlag;
-    CHECK(cudaEventRecord(fork, s0));
-    CHECK(cudaStreamWaitEvent(s1, fork, 0));
-    packKernel<kRelaxedSys, 2><<<blocks, threads, 0, s0>>>(b.scratch[1], b.data[0], b.n, f);
-    packKernel<kRelaxedSys, 2><<<blocks, threads, 0, s1>>>(b.scratch[0], b.data[1], b.n, f);
-    CHECK(cudaEventRecord(join, s1));
-    CHECK(cudaStreamWaitEvent(s0, join, 0));
-    CHECK(cudaEventRecord(fork, s0));
-    CHECK(cudaStreamWaitEvent(s1, fork, 0));
-    unpackKernel<kLoadRelaxedSys, 2><<<blocks, threads, 0, s0>>>(b.out[0], b.scratch[0], b.n, f);
-    unpackKernel<kLoadRelaxedSys, 2><<<blocks, threads, 0, s1>>>(b.out[1], b.scratch[1], b.n, f);
-    CHECK(cudaEventRecord(join, s1));
-    CHECK(cudaStreamWaitEvent(s0, join, 0));
+    auto pack = [&](int r) {
+      return [&, r](cudaStream_t s) {
+        packKernel<kRelaxedSys, 2><<<blocks, threads, 0, s>>>(b.scratch[1 - r], b.data[r], b.n, f);
+      };
+    };
+    auto unpack = [&](int r) {
+      return [&, r](cudaStream_t s) {
+        unpackKernel<kLoadRelaxedSys, 2><<<blocks, threads, 0, s>>>(b.out[r], b.scratch[r], b.n, f);
+      };
+    };
+    two.run(pack(0), pack(1));
+    two.run(unpack(0), unpack(1));
   });
   row("sequential", "pack both, then unpack both", blocks, threads, b.n * 8.0, us);
-  CHECK(cudaEventDestroy(fork));
-  CHECK(cudaEventDestroy(join));
 }
 
 int main(int argc, char** argv) {
@@ -277,19 +287,19 @@ int main(int argc, char** argv) {
   Bufs b;
   b.n = bytes / 8;
   for (int r = 0; r < 2; ++r) {
-    CHECK(cudaMalloc(&b.data[r], bytes));
-    CHECK(cudaMalloc(&b.out[r], bytes));
-    CHECK(cudaMalloc(&b.scratch[r], 2 * bytes));
-    CHECK(cudaMemset(b.data[r], 0x11 * (r + 1), bytes));
-    CHECK(cudaMemset(b.scratch[r], 0, 2 * bytes));
+    CK(cudaMalloc(&b.data[r], bytes));
+    CK(cudaMalloc(&b.out[r], bytes));
+    CK(cudaMalloc(&b.scratch[r], 2 * bytes));
+    CK(cudaMemset(b.data[r], 0x11 * (r + 1), bytes));
+    CK(cudaMemset(b.scratch[r], 0, 2 * bytes));
   }
   cudaDeviceProp p;
-  CHECK(cudaGetDeviceProperties(&p, 0));
+  CK(cudaGetDeviceProperties(&p, 0));
   std::printf("%s, %d SMs; %llu MiB of data per rank, %d passes per row\n", p.name, p.multiProcessorCount,
               (unsigned long long)mib, kIters);
   cudaStream_t s0, s1;
-  CHECK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
-  CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
   const int sms = p.multiProcessorCount;
 
   for (int blocks : {sms, 2 * sms}) {
@@ -349,8 +359,8 @@ int main(int argc, char** argv) {
   transfer<kRelaxedSys, kLoadRelaxedSys, 2, -256>(b, s0, s1, sms / 2, 1024);
   // Correctness of the last transfer: each rank's output is the other's data.
   uint32_t got[2];
-  CHECK(cudaMemcpy(&got[0], b.out[0], 4, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(&got[1], b.out[1], 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&got[0], b.out[0], 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&got[1], b.out[1], 4, cudaMemcpyDeviceToHost));
   const bool ok = got[0] == 0x22222222u && got[1] == 0x11111111u;
   std::printf("transfer check: rank 0 got %08x (want 22222222), rank 1 got %08x (want 11111111): %s\n", got[0],
               got[1], ok ? "ok" : "WRONG");
