@@ -21,10 +21,10 @@
 // bound, not usable for LL); load = relaxed.sys v2.u64 (ours) | volatile v4.u32; U = payloads
 // per thread in flight; readers pausing between polls (__nanosleep); blocks x threads.
 //
-// H100, 2026-12-06 (docs/perf.md, round 21; 8 MiB): copy 5.4 us; pack 6.6-11.7 and unpack
-// 5.5-9.0 alone; the transfer 54-63 us at the executor's shape for upstream's transfer_pack (33
-// + 33 blocks of 1024 per rank), 46-48 at 132 + 132 of 512, 41-42 in two phases (66 blocks
-// per rank and phase). Instructions within 2 %, pauses no faster.
+// H100s, 2026-12-06 (docs/perf.md, round 21: the ranges over three runs; 8 MiB): copy 4.85-5.36
+// us; pack 6.6-13.1 and unpack 5.5-10.5 alone; the transfer 53-63 us at the executor's shape
+// for upstream's transfer_pack (33 + 33 blocks of 1024 per rank), 45.8-48.0 at 132 + 132 of
+// 512, 41.4-48.1 in two phases. Instructions within 2 %, pauses no faster.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -218,7 +218,7 @@ template <int L, int U>
 static void unpack(Bufs& b, cudaStream_t s, int blocks, int threads) {
   // Flags in place first: every pass reads packets written by one pack of the same flag.
   const uint32_t f = ++gFlag;
-  packKernel<kRelaxedSys, 2><<<132, 1024, 0, s>>>(b.scratch[0], b.data[0], b.n, f);
+  packKernel<kRelaxedSys, 2><<<blocks, threads, 0, s>>>(b.scratch[0], b.data[0], b.n, f);
   const float us = timeIt(s, [&] { unpackKernel<L, U><<<blocks, threads, 0, s>>>(b.out[0], b.scratch[0], b.n, f); });
   char v[64];
   std::snprintf(v, sizeof v, "%s U=%d", kLoadName[L], U);
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
     transfer<kRelaxedSys, kLoadRelaxedSys, 4>(b, s0, s1, perRank, 512);
   }
   // Readers pausing between polls of a packet not there yet (__nanosleep), at the executor's
-  // shape (33 + 33 blocks of 1024 per rank) and the native kernels' widest.
+  // shape (33 + 33 blocks of 1024 per rank) and at 4 blocks of 512 per SM (2 per rank).
   for (int perRank : {sms / 2, 2 * sms}) {
     const int t = perRank == sms / 2 ? 1024 : 512;
     transfer<kRelaxedSys, kLoadRelaxedSys, 2, 0>(b, s0, s1, perRank, t);
