@@ -5,9 +5,9 @@
 // included from kernels/cuda/src/collectives/copy.cu) at the grid the library gives it
 // (copy_grid in core/src/collectives/copy.rs: a block of 512 per 32 KiB, at most 4 per SM), at
 // a block per 8 KiB (every vector's load in flight at once below the cap) and at fixed grids,
-// three other copy loops, and the driver's copy (cudaMemcpyAsync); each row the fastest of
-// three rounds. One process, no MPS. Written in round 22 and compiled (nvcc 13.0, sm_90); no
-// device time was left to run it that session.
+// other copy loops (2 or 8 loads in flight, streaming hints, block tiles), and the driver's
+// copy (cudaMemcpyAsync); each row the fastest of three rounds. One process, no MPS. Written
+// in round 22 and compiled (nvcc 13.0, sm_90); no device time was left to run it that session.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels/cuda/include kernels/cuda/tests/copy_bw.cu -o copy_bw
 //   ./copy_bw
@@ -15,39 +15,38 @@
 // Rows: size, variant, blocks x threads, us per call (the time of 200 calls after 20, divided),
 // GB/s of data copied; then a check of one full-size copy of the library's kernel.
 #include "../src/collectives/copy.cu"
-#include <algorithm>
-
 #include "breakdown_util.hpp"
 
-/// The copy with U 16-byte loads in flight per thread (coll_copy: 4). 16-byte aligned buffers,
-/// a multiple of 16 bytes.
-template <int U>
+/// One 16-byte vector through the cache (Stream false) or with streaming hints (true: loaded
+/// through the non-coherent path, stored evict-first, as the data is not read again here).
+template <bool Stream>
+__device__ __forceinline__ uint4 loadVec(const uint4* p) {
+  if constexpr (Stream) return __ldcs(p);
+  return *p;
+}
+template <bool Stream>
+__device__ __forceinline__ void storeVec(uint4* p, uint4 v) {
+  if constexpr (Stream) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
+
+/// coll_copy's grid-stride loop with U 16-byte loads in flight per thread (coll_copy: 4).
+/// 16-byte aligned buffers, a multiple of 16 bytes.
+template <int U, bool Stream>
 __global__ void __launch_bounds__(1024) copyU(uint4* d, const uint4* s, uint64_t n) {
   const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
   uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   for (; i + (U - 1) * nthreads < n; i += U * nthreads) {
     uint4 r[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) r[u] = s[i + u * nthreads];
+    for (int u = 0; u < U; ++u) r[u] = loadVec<Stream>(s + i + u * nthreads);
 #pragma unroll
-    for (int u = 0; u < U; ++u) d[i + u * nthreads] = r[u];
+    for (int u = 0; u < U; ++u) storeVec<Stream>(d + i + u * nthreads, r[u]);
   }
-  for (; i < n; i += nthreads) d[i] = s[i];
-}
-
-/// coll_copy's loop with streaming hints: loads through the non-coherent path, stores marked
-/// evict-first (the data is not read again by this kernel).
-__global__ void __launch_bounds__(1024) copyStream(uint4* d, const uint4* s, uint64_t n) {
-  const uint64_t nthreads = (uint64_t)gridDim.x * blockDim.x;
-  uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  for (; i + 3 * nthreads < n; i += 4 * nthreads) {
-    uint4 r[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) r[u] = __ldcs(s + i + u * nthreads);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) __stcs(d + i + u * nthreads, r[u]);
-  }
-  for (; i < n; i += nthreads) __stcs(d + i, __ldcs(s + i));
+  for (; i < n; i += nthreads) storeVec<Stream>(d + i, loadVec<Stream>(s + i));
 }
 
 /// Each block copies tiles of blockDim * U contiguous vectors (a block's loads stay within one
@@ -70,36 +69,24 @@ __global__ void __launch_bounds__(1024) copyTiled(uint4* d, const uint4* s, uint
   }
 }
 
-/// copy_grid of core/src/collectives/copy.rs: 512 threads, a block per 32 KiB (64 bytes per
-/// thread), at most 4 blocks per SM.
-static int libraryBlocks(uint64_t bytes, int sms) {
-  const uint64_t want = (bytes + 512 * 64 - 1) / (512 * 64);
+/// 512-thread blocks for a copy of `bytes`: one per `perBlock` bytes, at most 4 per SM. With
+/// 32 KiB per block it is copy_grid of core/src/collectives/copy.rs.
+static int blocksFor(uint64_t bytes, int sms, uint64_t perBlock) {
+  const uint64_t want = (bytes + perBlock - 1) / perBlock;
   const uint64_t cap = 4ull * sms;
   return (int)(want < 1 ? 1 : want > cap ? cap : want);
 }
 
 static const int kCalls = 200, kWarm = 20, kRounds = 3;
 
-/// Fastest of kRounds of (kCalls back-to-back calls of `launch`) / kCalls, in us.
+/// Fastest of kRounds of (kCalls back-to-back calls of `launch` after kWarm) / kCalls, in us.
 template <typename F>
 static float perCall(cudaStream_t s, F launch) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   float best = 1e30f;
   for (int r = 0; r < kRounds; ++r) {
-    for (int i = 0; i < kWarm; ++i) launch();
-    CK(cudaEventRecord(a, s));
-    for (int i = 0; i < kCalls; ++i) launch();
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    CK(cudaGetLastError());
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms * 1000.f / kCalls < best) best = ms * 1000.f / kCalls;
+    const float us = usPerLaunch(s, kWarm, kCalls, launch);
+    if (us < best) best = us;
   }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
   return best;
 }
 
@@ -126,10 +113,10 @@ int main() {
     const uint64_t n = bytes / 16;
     row(bytes, "cudaMemcpyAsync", 0, 0,
         perCall(s, [&] { CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); }));
-    const int lb = libraryBlocks(bytes, sms);
+    const int lb = blocksFor(bytes, sms, 32 << 10);
     row(bytes, "coll_copy (library)", lb, 512, perCall(s, [&] { coll_copy<<<lb, 512, 0, s>>>(dst, src, bytes); }));
-    // A block per 8 KiB (16 bytes per thread), at most 4 per SM.
-    const int nb = (int)std::min<uint64_t>((bytes + 8191) / 8192, 4ull * sms);
+    // 16 bytes per thread: every vector's load in flight at once below the cap.
+    const int nb = blocksFor(bytes, sms, 8 << 10);
     row(bytes, "coll_copy (8 KiB/block)", nb, 512, perCall(s, [&] { coll_copy<<<nb, 512, 0, s>>>(dst, src, bytes); }));
     for (int perSm : {1, 2, 4, 8}) {
       for (int t : {256, 512, 1024}) {
@@ -142,16 +129,16 @@ int main() {
     for (int perSm : {2, 4}) {
       const int blocks = perSm * sms, t = 512;
       if (bytes < 16ull * blocks * t) continue;
-      row(bytes, "U=8", blocks, t, perCall(s, [&] { copyU<8><<<blocks, t, 0, s>>>(d4, s4, n); }));
-      row(bytes, "U=2", blocks, t, perCall(s, [&] { copyU<2><<<blocks, t, 0, s>>>(d4, s4, n); }));
-      row(bytes, "streaming U=4", blocks, t, perCall(s, [&] { copyStream<<<blocks, t, 0, s>>>(d4, s4, n); }));
+      row(bytes, "U=8", blocks, t, perCall(s, [&] { copyU<8, false><<<blocks, t, 0, s>>>(d4, s4, n); }));
+      row(bytes, "U=2", blocks, t, perCall(s, [&] { copyU<2, false><<<blocks, t, 0, s>>>(d4, s4, n); }));
+      row(bytes, "streaming U=4", blocks, t, perCall(s, [&] { copyU<4, true><<<blocks, t, 0, s>>>(d4, s4, n); }));
       row(bytes, "tiled U=4", blocks, t, perCall(s, [&] { copyTiled<4><<<blocks, t, 0, s>>>(d4, s4, n); }));
       row(bytes, "tiled U=8", blocks, t, perCall(s, [&] { copyTiled<8><<<blocks, t, 0, s>>>(d4, s4, n); }));
     }
   }
   // The library's kernel copies right: a cleared destination after one full-size copy.
   CK(cudaMemset(dst, 0, maxBytes));
-  coll_copy<<<libraryBlocks(maxBytes, sms), 512, 0, s>>>(dst, src, maxBytes);
+  coll_copy<<<blocksFor(maxBytes, sms, 32 << 10), 512, 0, s>>>(dst, src, maxBytes);
   CK(cudaStreamSynchronize(s));
   unsigned char probe[2];
   CK(cudaMemcpy(&probe[0], (char*)dst + maxBytes - 1, 1, cudaMemcpyDeviceToHost));

@@ -155,22 +155,10 @@ struct Bufs {
 static uint32_t gFlag = 1;
 static const int kIters = 20;
 
+/// Microseconds per pass of `launch`: 3 warm-up passes, then kIters timed.
 template <typename F>
 static float timeIt(cudaStream_t s, F launch) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  CK(cudaEventRecord(a, s));
-  for (int i = 0; i < kIters; ++i) launch();
-  CK(cudaEventRecord(b, s));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms * 1000.f / kIters;
+  return usPerLaunch(s, 3, kIters, launch);
 }
 
 static void row(const char* what, const char* variant, int blocks, int threads, double dataBytes, float us) {
