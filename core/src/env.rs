@@ -185,6 +185,12 @@ pub const EXECUTOR_THREADS: &str = "MSCCLPP_EXECUTOR_THREADS";
 /// barrier of all lanes) or `split` (joins where lane 0 needs the others' data, releases
 /// where the others need lane 0's synchronisation).
 pub const EXECUTOR_LANE_SYNC: &str = "MSCCLPP_EXECUTOR_LANE_SYNC";
+/// `MSCCLPP_EXECUTOR_PORT_CHANNELS`: how a plan's port channels run when every rank of the plan
+/// is on one node: `auto` (the default) as memory channels over the same connections (copies by
+/// the kernel's threads, device semaphores; core/src/executor/ports.rs says which plans keep
+/// the proxy), `proxy` through the host proxy as written. Plans across nodes always use the
+/// proxy.
+pub const EXECUTOR_PORT_CHANNELS: &str = "MSCCLPP_EXECUTOR_PORT_CHANNELS";
 /// `MSCCLPP_EXECUTOR_KERNEL`: which build of the executor's GPU kernel a launch takes: `auto`
 /// (default; also `prefetch`: whenever the launch has at most 256 threads per block, the
 /// 256-thread build, compiled without the 1024-thread build's register bound, whose reductions
@@ -573,6 +579,11 @@ pub const VARS: &[Var] = &[
         "barrier, split or async: how the executor's lanes of a plan block meet",
     ),
     var(
+        EXECUTOR_PORT_CHANNELS,
+        "auto",
+        "auto or proxy: port channels of a plan on one node run as memory channels (auto) or through the host proxy",
+    ),
+    var(
         EXECUTOR_SPLIT_NOPS,
         "io",
         "0, io or 1: under the async lane sync, nops whose data meets on the same threads skip their lane barrier (io: only input against output)",
@@ -699,6 +710,7 @@ pub struct Env {
     executor_bytes_per_lane: Parsed<Option<usize>>,
     executor_threads: Parsed<Option<u32>>,
     executor_lane_sync: Parsed<LaneSync>,
+    executor_port_channels: Parsed<PortChannels>,
     executor_jit: Parsed<Option<bool>>,
     executor_split_nops: Parsed<Option<SplitNops>>,
     executor_jit_threads: Parsed<Option<u32>>,
@@ -900,6 +912,29 @@ fn parse_lane_sync(value: Option<String>) -> Parsed<LaneSync> {
         Some(v) if v.eq_ignore_ascii_case("async") => Ok(LaneSync::Async),
         Some(v) => Err(format!(
             "{EXECUTOR_LANE_SYNC}={v}: expected barrier, split or async"
+        )),
+    }
+}
+
+/// How a plan's port channels run when all its ranks share a node
+/// (`MSCCLPP_EXECUTOR_PORT_CHANNELS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PortChannels {
+    /// As memory channels over the same connections (`auto`, the default).
+    #[default]
+    Auto,
+    /// Through the host proxy, as the plan says (`proxy`).
+    Proxy,
+}
+
+/// `MSCCLPP_EXECUTOR_PORT_CHANNELS`: `auto` (also unset or blank) or `proxy`, any case.
+fn parse_port_channels(value: Option<String>) -> Parsed<PortChannels> {
+    match non_empty(value) {
+        None => Ok(PortChannels::Auto),
+        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(PortChannels::Auto),
+        Some(v) if v.eq_ignore_ascii_case("proxy") => Ok(PortChannels::Proxy),
+        Some(v) => Err(format!(
+            "{EXECUTOR_PORT_CHANNELS}={v}: expected auto or proxy"
         )),
     }
 }
@@ -1144,6 +1179,7 @@ impl Env {
             executor_jit_threads: parse_threads(EXECUTOR_JIT_THREADS, lookup(EXECUTOR_JIT_THREADS)),
             executor_packet_unroll: parse_packet_unroll(lookup(EXECUTOR_PACKET_UNROLL)),
             executor_lane_sync: parse_lane_sync(lookup(EXECUTOR_LANE_SYNC)),
+            executor_port_channels: parse_port_channels(lookup(EXECUTOR_PORT_CHANNELS)),
             // Unset or blank: the default (on), not parse_bool's false.
             executor_jit: non_empty(lookup(EXECUTOR_JIT))
                 .map(|v| parse_bool(EXECUTOR_JIT, Some(&v)))
@@ -1192,6 +1228,7 @@ impl Env {
             err(&self.bootstrap_refused_timeout), err(&self.p2p_tune),
             err(&self.executor_max_lanes), err(&self.executor_bytes_per_lane),
             err(&self.executor_threads), err(&self.executor_lane_sync),
+            err(&self.executor_port_channels),
             err(&self.executor_kernel), err(&self.executor_jit),
             err(&self.executor_jit_threads), err(&self.executor_split_nops),
             err(&self.executor_packet_unroll),
@@ -1344,6 +1381,12 @@ impl Env {
     /// used.
     pub fn executor_lane_sync(&self) -> LaneSync {
         self.executor_lane_sync.clone().unwrap_or_default()
+    }
+    /// `MSCCLPP_EXECUTOR_PORT_CHANNELS`: how port channels of plans on one node run (default
+    /// [`PortChannels::Auto`]); a malformed value is warned about at startup and the default
+    /// used.
+    pub fn executor_port_channels(&self) -> PortChannels {
+        self.executor_port_channels.clone().unwrap_or_default()
     }
     /// `MSCCLPP_EXECUTOR_JIT`: whether GPU plans run kernels compiled from the plan (default
     /// on); a malformed value is warned about at startup and the default used.
@@ -1631,6 +1674,19 @@ mod tests {
         assert_eq!(sync("Split"), LaneSync::Split);
         assert_eq!(sync("barrier"), LaneSync::Barrier);
         assert_eq!(sync("ASYNC"), LaneSync::Async);
+        let ports = |v| env_of(&[(EXECUTOR_PORT_CHANNELS, v)]).executor_port_channels();
+        assert_eq!(env_of(&[]).executor_port_channels(), PortChannels::Auto);
+        assert_eq!(ports(" Proxy "), PortChannels::Proxy);
+        assert_eq!(ports("auto"), PortChannels::Auto);
+        let e = env_of(&[(EXECUTOR_PORT_CHANNELS, "dma")]);
+        assert_eq!(e.executor_port_channels(), PortChannels::Auto);
+        assert!(
+            e.problems()
+                .iter()
+                .any(|m| m.contains("MSCCLPP_EXECUTOR_PORT_CHANNELS=dma: expected auto or proxy")),
+            "{:?}",
+            e.problems()
+        );
         let e = env_of(&[(EXECUTOR_LANE_SYNC, "fast")]);
         assert_eq!(e.executor_lane_sync(), LaneSync::Async);
         assert!(

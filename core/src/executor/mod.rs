@@ -18,7 +18,8 @@
 //!    in-memory form), `error` ([`PlanError`]);
 //! 2. `validate`: JSON to the in-memory form, every check that does not depend on the message
 //!    size (`shape` holds the table of operation shapes);
-//! 3. `plan`: [`ExecutionPlan`], a validated plan for one rank;
+//! 3. `ports` (a plan's port channels as memory channels, for ranks on one node) and `plan`:
+//!    [`ExecutionPlan`], a validated plan for one rank;
 //! 4. `lower`: the device form ([`device`]), chunk geometry for a message size (`layout`),
 //!    what a message size can refuse (`LowerError`), and lowering a plan into the device form;
 //! 5. [`cache`] (finding a plan for a call) and `run`: [`Executor`], the resources of a plan
@@ -31,6 +32,7 @@ mod limits;
 mod lower;
 mod model;
 mod plan;
+mod ports;
 mod run;
 mod validate;
 
@@ -44,6 +46,6 @@ pub use limits::{
 };
 pub use lower::device;
 pub use plan::ExecutionPlan;
-pub use run::config::{ExecutorConfig, PacketType};
+pub use run::config::{ExecutorConfig, PacketType, PortChannels};
 pub use run::trace::{BlockTrace, OpTrace, PlanTrace};
 pub use run::Executor;

@@ -119,6 +119,12 @@ pub(crate) struct RankPlan {
     /// Extra connections (no channel) so peers with more channels to us can pair theirs.
     pub unpaired_memory: Vec<usize>,
     pub unpaired_port: Vec<usize>,
+    /// The last this many memory channels were port channels (`super::ports`): they connect
+    /// after `unpaired_memory` but those of it that were unpaired port connections, as port
+    /// channels do, so each pairs with the same connection of its peer as before.
+    pub memory_from_port: usize,
+    /// The last this many of `unpaired_memory` were unpaired port connections.
+    pub unpaired_memory_from_port: usize,
     /// Switch channels in plan order (every rank of a group sets them up in this order).
     pub switch_channels: Vec<SwitchSpec>,
     pub remote_buffers: Vec<RemoteBuffer>,

@@ -171,6 +171,29 @@ impl ExecutionPlan {
     pub fn uses_switch_channels(&self) -> bool {
         self.inner.ranks.iter().any(RankPlan::uses_switch)
     }
+    /// Whether any rank has port channels (served by the host proxy, or on one node by
+    /// default run as memory channels: `MSCCLPP_EXECUTOR_PORT_CHANNELS`, docs/executor.md).
+    pub fn uses_port_channels(&self) -> bool {
+        self.inner.ranks.iter().any(RankPlan::uses_port)
+    }
+    /// The plan with every port channel as a memory channel (`super::ports`), for ranks that
+    /// all share one node; or why it keeps them. Its id differs from this one's.
+    pub(crate) fn ports_over_memory(&self) -> std::result::Result<ExecutionPlan, String> {
+        let ranks = super::ports::over_memory(&self.inner.ranks)?;
+        let mut h = DefaultHasher::new();
+        (self.inner.id, "ports over memory").hash(&mut h);
+        Ok(ExecutionPlan {
+            inner: Arc::new(PlanInner {
+                meta: self.inner.meta.clone(),
+                ranks,
+                rank: self.inner.rank,
+                id: h.finish(),
+                granularity: self.inner.granularity,
+                source: self.inner.source.clone(),
+                path: self.inner.path.clone(),
+            }),
+        })
+    }
     /// A hash of the plan text (two plans with one name but different contents differ).
     pub fn id(&self) -> u64 {
         self.inner.id

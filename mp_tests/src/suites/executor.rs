@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use mscclpp::collectives::{DataType, ReduceOp};
-use mscclpp::executor::{ExecutionPlan, Executor, ExecutorConfig, PacketType};
+use mscclpp::executor::{ExecutionPlan, Executor, ExecutorConfig, PacketType, PortChannels};
 use mscclpp::{Device, GpuBuffer};
 use mscclpp_framework::*;
 use mscclpp_hal::prelude::*;
@@ -67,10 +67,16 @@ pub(crate) fn shipped_json(family: &str, n: usize) -> Result<&'static str, Strin
         .ok_or_else(|| format!("no shipped plan family {family}"))
 }
 
-/// One communicator, two executors (1 and 3 host threads per block) and a stream.
+/// One communicator, three executors (1 and 3 host threads per block; port channels through
+/// the proxy) and a stream.
 pub(crate) struct ExecEnv {
     pub exec: Executor,
     pub exec_mt: Executor,
+    /// Port channels through the host proxy even when every rank is on one node
+    /// ([`PortChannels::Proxy`]; `exec` takes the default, as memory channels then).
+    pub exec_proxy: Executor,
+    /// Ranks per node as the communicator's bootstrap sees them.
+    pub per_node: usize,
     pub device: Device,
     pub stream: Option<<Gpu as Api>::Stream>,
     pub rank: usize,
@@ -98,8 +104,18 @@ pub(crate) fn exec_env() -> &'static ExecEnv {
         let cfg = ExecutorConfig {
             timeout: env.timeout,
             host_threads_per_block: 1,
+            port_channels: PortChannels::Auto,
         };
         let exec = Executor::with_config(comm.clone(), cfg.clone()).map_err(|e| e.to_string())?;
+        let exec_proxy = Executor::with_config(
+            comm.clone(),
+            ExecutorConfig {
+                port_channels: PortChannels::Proxy,
+                ..cfg.clone()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let per_node = comm.bootstrap().nranks_per_node().max(1);
         let exec_mt = Executor::with_config(
             comm,
             ExecutorConfig {
@@ -112,6 +128,8 @@ pub(crate) fn exec_env() -> &'static ExecEnv {
         Ok(ExecEnv {
             exec,
             exec_mt,
+            exec_proxy,
+            per_node,
             device,
             stream,
             rank: env.placement.rank,
@@ -329,6 +347,19 @@ fn run_family(ctx: &TestContext, family: &str) {
         // 3 host threads per block: the work is split as on a GPU and nop is a real barrier.
         runs.push((&env.exec_mt, sizes(&plan)[1]));
     }
+    if plan.uses_port_channels() {
+        // On one node the default runs port channels as memory channels; the proxy keeps them.
+        let one_node = n <= env.per_node;
+        EXPECT_EQ!(
+            env.exec.runs_as(&plan).uses_port_channels(),
+            !one_node,
+            "{family}: port channels on the proxy by default ({n} ranks, {} per node)",
+            env.per_node
+        );
+        EXPECT_TRUE!(env.exec_proxy.runs_as(&plan).uses_port_channels());
+        env.exec_proxy.reset();
+        runs.extend(sizes(&plan).into_iter().map(|b| (&env.exec_proxy, b)));
+    }
     let mut errors = Vec::new();
     let mut bad = 0;
     for (exec, bytes) in runs {
@@ -339,6 +370,7 @@ fn run_family(ctx: &TestContext, family: &str) {
     EXPECT_EQ!(env.exec.cached_contexts(), sizes(&plan).len());
     env.exec.reset();
     env.exec_mt.reset();
+    env.exec_proxy.reset();
 }
 
 TEST!(ExecutorTest, AllReduceSimple, |ctx| run_family(

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use crate::env::PortChannels;
+
 /// LL packet format of packet operations (upstream's `PacketType`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PacketType {
@@ -31,6 +33,9 @@ pub struct ExecutorConfig {
     /// Host backend: CPU threads per thread block (1 runs each block's ops in order; more
     /// split the work as GPU threads do and make `nop` a real block barrier).
     pub host_threads_per_block: u32,
+    /// How port channels run when every rank of a plan is on one node (default:
+    /// `MSCCLPP_EXECUTOR_PORT_CHANNELS`, `auto`: as memory channels; core/src/executor/ports.rs).
+    pub port_channels: PortChannels,
 }
 
 impl Default for ExecutorConfig {
@@ -38,6 +43,7 @@ impl Default for ExecutorConfig {
         ExecutorConfig {
             timeout: Duration::from_secs(60),
             host_threads_per_block: 1,
+            port_channels: crate::env::env().executor_port_channels(),
         }
     }
 }

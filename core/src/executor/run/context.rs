@@ -254,20 +254,26 @@ impl ExecContext {
 
 /// Connections and semaphores in the order memory channels, unpaired memory, port channels,
 /// unpaired port (the k-th of a type to a peer shares its tag with the peer's k-th back), then
-/// the channels over them; the proxy when any port channel or port memory is used.
+/// the channels over them; the proxy when any port channel or port memory is used. Memory
+/// channels that were port channels (`RankPlan::memory_from_port`) connect where port channels
+/// do, so each pairs with the connection its peer's counterpart has.
 fn connect(comm: &Arc<Communicator>, at: &Placement, device: Device) -> Result<Channels> {
     let rp = at.plan.rank_plan();
     let (connections, sems) = connections(comm, at, device)?;
     let (nm, num) = (rp.memory_peers.len(), rp.unpaired_memory.len());
+    let (mfp, ufp) = (rp.memory_from_port, rp.unpaired_memory_from_port);
     let np = rp.port_peers.len();
     let mut sems = sems.into_iter();
     let mut memory = Vec::with_capacity(nm);
-    for s in sems.by_ref().take(nm) {
-        memory.push(BaseMemoryChannel::new(MemoryDevice2DeviceSemaphore::new(
-            s,
-        )?));
+    let mut unpaired: Vec<Semaphore> = Vec::with_capacity(num);
+    for (channels, spare) in [(nm - mfp, num - ufp), (mfp, ufp)] {
+        for s in sems.by_ref().take(channels) {
+            memory.push(BaseMemoryChannel::new(MemoryDevice2DeviceSemaphore::new(
+                s,
+            )?));
+        }
+        unpaired.extend(sems.by_ref().take(spare));
     }
-    let mut unpaired: Vec<Semaphore> = sems.by_ref().take(num).collect();
     let proxy = if rp.uses_port() {
         Some(if device.kind == DeviceType::Gpu {
             ProxyService::new()?
@@ -306,9 +312,13 @@ fn connections(
     let (plan, rp) = (at.plan, at.plan.rank_plan());
     let mut counters = vec![0u64; plan.world_size()];
     let mut pending = Vec::new();
-    let groups: [(&[usize], bool); 4] = [
-        (&rp.memory_peers, false),
-        (&rp.unpaired_memory, false),
+    let (nm, num) = (rp.memory_peers.len(), rp.unpaired_memory.len());
+    let (mfp, ufp) = (rp.memory_from_port, rp.unpaired_memory_from_port);
+    let groups: [(&[usize], bool); 6] = [
+        (&rp.memory_peers[..nm - mfp], false),
+        (&rp.unpaired_memory[..num - ufp], false),
+        (&rp.memory_peers[nm - mfp..], false),
+        (&rp.unpaired_memory[num - ufp..], false),
         (&rp.port_peers, true),
         (&rp.unpaired_port, true),
     ];

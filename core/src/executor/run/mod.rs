@@ -35,7 +35,7 @@ use crate::executor::plan::ExecutionPlan;
 use crate::gpu_buffer::GpuBuffer;
 use crate::memory::Allocation;
 use crate::transport::{Device, DeviceType};
-use config::{ExecutorConfig, PacketType};
+use config::{ExecutorConfig, PacketType, PortChannels};
 use context::{Buffers, ExecContext};
 use host::HostLaunch;
 use trace::PlanTrace;
@@ -197,6 +197,9 @@ pub struct Executor {
     tracing: AtomicBool,
     /// GPU launches made by repeating the last one ([`Executor::repeated_launches`]).
     repeated: AtomicU64,
+    /// Per plan id: the form the plan runs in here when it is not the loaded one (its port
+    /// channels as memory channels, [`Executor::runs_as`]); `None`: as loaded.
+    forms: Mutex<HashMap<u64, Option<ExecutionPlan>>>,
 }
 
 /// Whether every rank agreed to run plans on a (send, recv) pair, and the allocations this
@@ -250,6 +253,7 @@ impl Executor {
             agreed: Mutex::new(HashMap::new()),
             tracing: AtomicBool::new(false),
             repeated: AtomicU64::new(0),
+            forms: Mutex::new(HashMap::new()),
         })
     }
 
@@ -434,6 +438,35 @@ impl Executor {
         Ok(vec![s, r])
     }
 
+    /// The form `plan` runs in on this executor: with its port channels as memory channels
+    /// when every rank of it is on this node and [`ExecutorConfig::port_channels`] is
+    /// [`PortChannels::Auto`] (core/src/executor/ports.rs, which also says which plans keep the
+    /// proxy); else as loaded. Every rank decides alike: from the whole plan, the node size and
+    /// the setting.
+    pub fn runs_as(&self, plan: &ExecutionPlan) -> ExecutionPlan {
+        if self.cfg.port_channels == PortChannels::Proxy || !plan.uses_port_channels() {
+            return plan.clone();
+        }
+        let mut forms = self.forms.lock().unwrap_or_else(|p| p.into_inner());
+        let form = forms.entry(plan.id()).or_insert_with(|| {
+            let per_node = self.comm.bootstrap().nranks_per_node().max(1);
+            let why = if plan.world_size() > per_node {
+                format!("its {} ranks span nodes of {per_node}", plan.world_size())
+            } else {
+                match plan.ports_over_memory() {
+                    Ok(p) => return Some(p),
+                    Err(why) => why,
+                }
+            };
+            log::info!(
+                "executor: plan `{}` keeps its port channels on the proxy: {why}",
+                plan.name()
+            );
+            None
+        });
+        form.clone().unwrap_or_else(|| plan.clone())
+    }
+
     /// Contexts set up so far (one per plan and buffers).
     pub fn cached_contexts(&self) -> usize {
         self.entries
@@ -487,6 +520,10 @@ impl Executor {
                 return unsafe { last.launch(stream) };
             }
         }
+        // Port channels of a plan on one node run as memory channels (the context and the
+        // lowered blocks are the form's; `id` stays the loaded plan's).
+        let form = self.runs_as(plan);
+        let plan = &form;
         // Everything that can be refused is checked before the (collective) setup.
         let (device, extents, allocs) = self.check_call(rank, plan, call, dtype, packet_type)?;
         let gpu = if device.kind == DeviceType::Gpu {
