@@ -142,6 +142,24 @@ impl RankPlan {
         !self.switch_channels.is_empty() || self.blocks.iter().any(|b| any(&b.ops))
     }
 
+    /// The groups of this rank's connections in the order the executor makes them (the k-th
+    /// connection to a peer pairs with the peer's k-th back), each with whether it is a port
+    /// connection: memory channels, unpaired memory, then the memory channels and unpaired
+    /// memory connections that were port ones ([`RankPlan::memory_from_port`]: where port
+    /// connections come), port channels, unpaired port.
+    pub(crate) fn connection_groups(&self) -> [(&[usize], bool); 6] {
+        let (nm, num) = (self.memory_peers.len(), self.unpaired_memory.len());
+        let (mfp, ufp) = (self.memory_from_port, self.unpaired_memory_from_port);
+        [
+            (&self.memory_peers[..nm - mfp], false),
+            (&self.unpaired_memory[..num - ufp], false),
+            (&self.memory_peers[nm - mfp..], false),
+            (&self.unpaired_memory[num - ufp..], false),
+            (&self.port_peers, true),
+            (&self.unpaired_port, true),
+        ]
+    }
+
     /// Whether any port channel (and so the proxy) is used.
     pub(crate) fn uses_port(&self) -> bool {
         !self.port_peers.is_empty()

@@ -254,6 +254,87 @@ mod tests {
         }
     }
 
+    /// What each connection of `rp` is, per peer in the order they are made: a memory channel
+    /// (its index), a port channel (its index) or an unpaired connection (port or not).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Conn {
+        Memory(usize),
+        Port(usize),
+        Unpaired(bool),
+    }
+
+    fn conns(rp: &RankPlan, peer: usize) -> Vec<Conn> {
+        let g = rp.connection_groups();
+        let first_from_port = g[0].0.len();
+        let mut out = Vec::new();
+        for (k, (peers, _)) in g.iter().enumerate() {
+            for (i, &p) in peers.iter().enumerate() {
+                if p != peer {
+                    continue;
+                }
+                out.push(match k {
+                    0 => Conn::Memory(i),
+                    2 => Conn::Memory(first_from_port + i),
+                    4 => Conn::Port(i),
+                    1 | 3 => Conn::Unpaired(k == 3),
+                    _ => Conn::Unpaired(true),
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn connections_pair_as_before_with_unpaired_ones_of_both_types() {
+        // Rank 0: two memory channels and one port channel to rank 1; rank 1: one memory
+        // channel and two port channels back, so each has an unpaired connection of the type
+        // it has fewer of (as validation adds them).
+        let mut r0 = RankPlan {
+            memory_peers: vec![1, 1],
+            port_peers: vec![1],
+            unpaired_port: vec![1],
+            ..Default::default()
+        };
+        let mut r1 = RankPlan {
+            memory_peers: vec![0],
+            port_peers: vec![0, 0],
+            unpaired_memory: vec![0],
+            ..Default::default()
+        };
+        r0.blocks.push(Default::default());
+        r1.blocks.push(Default::default());
+        let before = [r0, r1];
+        let after = over_memory(&before).expect("one node: port channels as memory");
+        for (r, peer) in [(0, 1), (1, 0)] {
+            let nm = before[r].memory_peers.len();
+            // The k-th connection to the peer is the same one as before, a port channel j
+            // now memory channel nm + j, an unpaired port connection an unpaired one after
+            // the unpaired memory ones.
+            let mapped: Vec<Conn> = conns(&before[r], peer)
+                .into_iter()
+                .map(|c| match c {
+                    Conn::Port(j) => Conn::Memory(nm + j),
+                    other => other,
+                })
+                .collect();
+            assert_eq!(conns(&after[r], peer), mapped, "rank {r}");
+            assert!(!after[r].uses_port());
+        }
+        // Both ends of each pair agree on what the k-th connection was made for.
+        let kinds = |rp: &RankPlan, peer| -> Vec<bool> {
+            conns(rp, peer)
+                .into_iter()
+                .map(|c| match c {
+                    Conn::Memory(i) => i >= rp.memory_peers.len() - rp.memory_from_port,
+                    Conn::Port(_) => true,
+                    Conn::Unpaired(port) => port,
+                })
+                .collect()
+        };
+        assert_eq!(kinds(&after[0], 1), kinds(&after[1], 0));
+        assert_eq!(kinds(&after[0], 1), vec![false, false, true, true]);
+    }
+
     #[test]
     fn plans_without_ports_or_with_port_packets_keep_them() {
         let why = over_memory(&ranks(include_str!("../../plans/allreduce_ll_n2.json")))

@@ -312,17 +312,7 @@ fn connections(
     let (plan, rp) = (at.plan, at.plan.rank_plan());
     let mut counters = vec![0u64; plan.world_size()];
     let mut pending = Vec::new();
-    let (nm, num) = (rp.memory_peers.len(), rp.unpaired_memory.len());
-    let (mfp, ufp) = (rp.memory_from_port, rp.unpaired_memory_from_port);
-    let groups: [(&[usize], bool); 6] = [
-        (&rp.memory_peers[..nm - mfp], false),
-        (&rp.unpaired_memory[..num - ufp], false),
-        (&rp.memory_peers[nm - mfp..], false),
-        (&rp.unpaired_memory[num - ufp..], false),
-        (&rp.port_peers, true),
-        (&rp.unpaired_port, true),
-    ];
-    for (peers, port) in groups {
+    for (peers, port) in rp.connection_groups() {
         for &p in peers {
             let t = if port {
                 at.port_transport(p)?
