@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mscclpp::executor::{ExecutionPlan as Plan, Executor as Exec, ExecutorConfig, PacketType};
+use mscclpp::executor::{
+    ExecutionPlan as Plan, Executor as Exec, ExecutorConfig, PacketType, PortChannels,
+};
 use mscclpp::{Device, DeviceType, LocalMemory};
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
@@ -313,13 +315,17 @@ pub struct Executor {
 #[pymethods]
 impl Executor {
     /// An executor on `comm`. Host backend: `timeout` seconds a CPU thread block waits for a
-    /// peer (default 60), `host_threads_per_block` (1..=64, default 1).
+    /// peer (default 60), `host_threads_per_block` (1..=64, default 1). `port_channels`:
+    /// `"auto"` runs the port channels of a plan whose ranks share one node as memory channels,
+    /// `"proxy"` keeps them on the host proxy (default: `MSCCLPP_EXECUTOR_PORT_CHANNELS`, else
+    /// `"auto"`).
     #[new]
-    #[pyo3(signature = (comm, *, timeout=None, host_threads_per_block=None))]
+    #[pyo3(signature = (comm, *, timeout=None, host_threads_per_block=None, port_channels=None))]
     fn new(
         comm: &Communicator,
         timeout: Option<f64>,
         host_threads_per_block: Option<u32>,
+        port_channels: Option<&str>,
     ) -> PyResult<Self> {
         crate::require_gpu("Executor")?;
         let mut cfg = ExecutorConfig::default();
@@ -336,6 +342,16 @@ impl Executor {
         if let Some(n) = host_threads_per_block {
             cfg.host_threads_per_block = n;
         }
+        cfg.port_channels = match port_channels {
+            None => cfg.port_channels,
+            Some("auto") => PortChannels::Auto,
+            Some("proxy") => PortChannels::Proxy,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "port_channels {other:?}: expected \"auto\" or \"proxy\""
+                )))
+            }
+        };
         let rank = comm.inner().bootstrap().rank();
         Ok(Executor {
             inner: Arc::new(Exec::with_config(comm.inner().clone(), cfg).py()?),

@@ -265,4 +265,7 @@ def test_explicit_objects_one_rank() -> None:
     assert mscclpp.Executor(comm, timeout=5, host_threads_per_block=2) is not None
     with pytest.raises(mscclpp.MscclppError, match="host_threads_per_block"):
         mscclpp.Executor(comm, host_threads_per_block=0)
+    assert mscclpp.Executor(comm, port_channels="proxy") is not None
+    with pytest.raises(mscclpp.MscclppError, match='port_channels "dma": expected "auto" or "proxy"'):
+        mscclpp.Executor(comm, port_channels="dma")
     b.barrier()

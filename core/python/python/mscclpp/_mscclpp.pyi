@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import os
-from typing import Any, Self, final
+from typing import Any, Literal, Self, final
 
 from typing_extensions import disjoint_base
 
@@ -290,6 +290,7 @@ class Executor:
         *,
         timeout: float | None = None,
         host_threads_per_block: int | None = None,
+        port_channels: Literal["auto", "proxy"] | None = None,
     ) -> Self: ...
     def execute(
         self,
