@@ -197,9 +197,10 @@ pub struct Executor {
     tracing: AtomicBool,
     /// GPU launches made by repeating the last one ([`Executor::repeated_launches`]).
     repeated: AtomicU64,
-    /// Per plan id: the form the plan runs in here when it is not the loaded one (its port
-    /// channels as memory channels, [`Executor::runs_as`]); `None`: as loaded.
-    forms: Mutex<HashMap<u64, Option<ExecutionPlan>>>,
+    /// Per (plan id, rank it was loaded for): the form the plan runs in here when it is not the
+    /// loaded one (its port channels as memory channels, [`Executor::runs_as`]); `None`: as
+    /// loaded.
+    forms: Mutex<HashMap<(u64, usize), Option<ExecutionPlan>>>,
 }
 
 /// Whether every rank agreed to run plans on a (send, recv) pair, and the allocations this
@@ -448,7 +449,7 @@ impl Executor {
             return plan.clone();
         }
         let mut forms = self.forms.lock().unwrap_or_else(|p| p.into_inner());
-        let form = forms.entry(plan.id()).or_insert_with(|| {
+        let form = forms.entry((plan.id(), plan.rank())).or_insert_with(|| {
             let per_node = self.comm.bootstrap().nranks_per_node().max(1);
             let why = if plan.world_size() > per_node {
                 format!("its {} ranks span nodes of {per_node}", plan.world_size())
