@@ -9,7 +9,8 @@
 //! (`host_math::reduce_into` over the sources indexed by rank, accumulating in `HostElem::Acc`)
 //! and in the kernels (`mesh.hpp`'s reduction of n sources in rank order, `Elem<T>::Acc`: f32
 //! for the narrow types): `allpair_packet`, `packet`, `rsag`, `rsag_pipeline`,
-//! `rsag_port_channel`, `rsag_zero_copy` and reduce-scatter `fullmesh` ([`RANK_ORDER`]). The
+//! `rsag_port_channel`, `rsag_zero_copy` and reduce-scatter `fullmesh` and `packet`
+//! ([`RANK_ORDER`]). The
 //! mode restricts the choice to those: a forced algorithm outside the list is an error; an
 //! NVLS variant (the switch adds in its own order), an execution plan or an added algorithm
 //! the selector picks is replaced by the native rules' choice without NVLS.
@@ -47,7 +48,10 @@ pub const RANK_ORDER: &[(CollectiveKind, &[&str])] = &[
             "copy",
         ],
     ),
-    (CollectiveKind::ReduceScatter, &["fullmesh", "copy"]),
+    (
+        CollectiveKind::ReduceScatter,
+        &["fullmesh", "packet", "copy"],
+    ),
 ];
 
 /// The name of the algorithm the mode runs across nodes.

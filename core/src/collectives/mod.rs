@@ -31,9 +31,9 @@
 //! | variable | collective | values |
 //! |---|---|---|
 //! | `MSCCLPP_ALLREDUCE_ALGO` | all-reduce | `allpair_packet`, `hier_rsag_port`, `packet`, `rsag`, `rsag_pipeline`, `rsag_port_channel`, `rsag_zero_copy`, `nvls_packet`, `nvls_zero_copy`, `nvls_warp_pipeline`, `nvls_block_pipeline` |
-//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `port_channel`, `zero_copy` |
+//! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `packet`, `port_channel`, `zero_copy` |
 //! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
-//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port`, `zero_copy` |
+//! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port`, `packet`, `zero_copy` |
 //! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh`, `zero_copy` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //! | `MSCCLPP_COPY_KERNEL_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 4M; K/M/G suffixes; `0`: none) use the copy kernel (an eager launch costs the host less than the driver's copy) |

@@ -1,8 +1,10 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
 //! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one
 //! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS: all-reduce
-//! up to 16 KiB `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather,
-//! reduce-scatter and broadcast `fullmesh`). The large-size choice is measured: two ranks
+//! up to 16 KiB `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather `packet` up
+//! to 256 KiB per rank, then `fullmesh`; reduce-scatter `packet` up to 64 KiB per rank, then
+//! `fullmesh`; broadcast `fullmesh`). The
+//! large-size choice is measured: two ranks
 //! sharing one H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
 //! `rsag` took 12.3 / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 /
 //! 129.5 / 921.1.
@@ -97,6 +99,22 @@ pub fn select_where(
 /// issue-28 target covers (4 MiB and up in total at 2 to 4 ranks) is above it.
 pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
 
+/// Bytes per rank up to which the all-gather takes `packet` (one LL hop) before `fullmesh` (two
+/// handshakes around its copies). Measured on an H100 shared by 2 and 4 ranks under MPS (`coll_perf
+/// --coll allgather --algo packet|fullmesh`, graph mode, docs/perf.md round 26): `packet` 2.6 /
+/// 3.4 us at 1 KiB where `fullmesh` took 6.1 / 10.5, faster up to 256 KiB per rank (2 ranks 6.7
+/// against 10.2 us, 4 ranks 12.2 against 18.0), slower from 512 KiB (11.2 against 10.3, 26 against
+/// 19.5).
+pub const ALLGATHER_PACKET_MAX_BYTES: usize = 256 << 10;
+
+/// Bytes per rank (what a rank receives) up to which the reduce-scatter takes `packet` (one LL
+/// hop) before `fullmesh`. Measured as [`ALLGATHER_PACKET_MAX_BYTES`] (half, LL8 packets, graph
+/// mode, docs/perf.md round 26): `packet` 2.9 / 3.4 us at 1 KiB in all with 2 / 4 ranks where
+/// `fullmesh` took 6.1 / 10.6, faster up to 64 KiB per rank (5.9 against 8.6, 7.3 against 15.5);
+/// at 128 KiB per rank slower with 2 ranks (9.9 against 8.7), still faster with 4 (12.6 against
+/// 15.8); from 256 KiB per rank slower at both.
+pub const REDUCESCATTER_PACKET_MAX_BYTES: usize = 64 << 10;
+
 /// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
 fn zero_copy(q: &Query) -> bool {
     q.registered && q.bytes > ZERO_COPY_MIN_BYTES
@@ -144,8 +162,14 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
         // buffers (zero_copy.rs; buffers the cache cannot map on every rank fall back to
         // fullmesh inside it, alike).
         CollectiveKind::AllGather if zero_copy(q) => &["zero_copy", "fullmesh", "port_channel"],
+        CollectiveKind::AllGather if q.bytes <= ALLGATHER_PACKET_MAX_BYTES => {
+            &["packet", "fullmesh", "port_channel"]
+        }
         CollectiveKind::AllGather => &["fullmesh", "port_channel"],
         CollectiveKind::ReduceScatter if zero_copy(q) => &["zero_copy", "fullmesh"],
+        CollectiveKind::ReduceScatter if q.bytes <= REDUCESCATTER_PACKET_MAX_BYTES => {
+            &["packet", "fullmesh"]
+        }
         CollectiveKind::ReduceScatter => &["fullmesh"],
         CollectiveKind::Broadcast if zero_copy(q) => &["zero_copy", "fullmesh"],
         CollectiveKind::Broadcast => &["fullmesh"],
@@ -282,9 +306,26 @@ mod tests {
         assert_eq!(pick(AllReduce, 1 << 20, 2), "packet");
         assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag");
         assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag");
+        // All-gather: one LL hop for small messages, then fullmesh.
+        assert_eq!(pick(AllGather, 1, 2), "packet");
+        assert_eq!(pick(AllGather, ALLGATHER_PACKET_MAX_BYTES, 8), "packet");
+        assert_eq!(
+            pick(AllGather, ALLGATHER_PACKET_MAX_BYTES + 1, 2),
+            "fullmesh"
+        );
+        assert_eq!(pick(AllGather, 1 << 30, 4), "fullmesh");
+        // Reduce-scatter alike.
+        assert_eq!(pick(ReduceScatter, 1, 4), "packet");
+        assert_eq!(
+            pick(ReduceScatter, REDUCESCATTER_PACKET_MAX_BYTES, 8),
+            "packet"
+        );
+        assert_eq!(
+            pick(ReduceScatter, REDUCESCATTER_PACKET_MAX_BYTES + 1, 2),
+            "fullmesh"
+        );
+        assert_eq!(pick(ReduceScatter, 1 << 30, 4), "fullmesh");
         for bytes in [1, 1 << 20, 1 << 30] {
-            assert_eq!(pick(AllGather, bytes, 2), "fullmesh");
-            assert_eq!(pick(ReduceScatter, bytes, 4), "fullmesh");
             assert_eq!(pick(Broadcast, bytes, 8), "fullmesh");
         }
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
@@ -329,13 +370,25 @@ mod tests {
                     nvls: false,
                     registered,
                 };
-                let want = if bytes > ZERO_COPY_MIN_BYTES {
-                    "zero_copy"
+                // Small all-gathers and reduce-scatters take the one-hop packet algorithms,
+                // registered or not.
+                let packet_max = match kind {
+                    CollectiveKind::AllGather => ALLGATHER_PACKET_MAX_BYTES,
+                    CollectiveKind::ReduceScatter => REDUCESCATTER_PACKET_MAX_BYTES,
+                    _ => 0,
+                };
+                let small = if bytes <= packet_max {
+                    "packet"
                 } else {
                     "fullmesh"
                 };
+                let want = if bytes > ZERO_COPY_MIN_BYTES {
+                    "zero_copy"
+                } else {
+                    small
+                };
                 assert_eq!(select_n(&q(true)).unwrap(), want, "{kind} {bytes}");
-                assert_eq!(select_n(&q(false)).unwrap(), "fullmesh", "{kind} {bytes}");
+                assert_eq!(select_n(&q(false)).unwrap(), small, "{kind} {bytes}");
             }
         }
     }

@@ -2,4 +2,5 @@
 
 pub mod fullmesh;
 pub mod hier_port;
+pub mod packet;
 pub mod port_channel;

@@ -2,3 +2,4 @@
 
 pub mod fullmesh;
 pub mod hier_port;
+pub mod packet;
