@@ -3,9 +3,8 @@
 //! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS: all-reduce
 //! up to 16 KiB `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather `packet` up
 //! to 256 KiB per rank, then `fullmesh`; reduce-scatter `packet` up to 64 KiB per rank, then
-//! `fullmesh`; broadcast `fullmesh`). The
-//! large-size choice is measured: two ranks
-//! sharing one H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
+//! `fullmesh`; broadcast `fullmesh`). The large-size choice is measured: two ranks sharing one
+//! H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
 //! `rsag` took 12.3 / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 /
 //! 129.5 / 921.1.
 
