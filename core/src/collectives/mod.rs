@@ -62,6 +62,7 @@
 
 pub mod algorithm;
 pub mod allgather;
+pub(crate) mod allpair;
 pub mod allreduce;
 pub mod broadcast;
 pub mod check;

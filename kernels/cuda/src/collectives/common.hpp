@@ -221,6 +221,58 @@ MSCCLPP_DEVICE_INLINE char* llHalf(const CollArgs& a, uint64_t base, uint32_t fl
   return reinterpret_cast<char*>(base) + a.llOffset + (uint64_t)(flag & 1u) * a.llHalfBytes;
 }
 
+// ---- the one-hop LL exchange (allreduce/allpair_packet.cu, allgather/packet.cu,
+// reduce_scatter/packet.cu; core/src/collectives/allpair.rs) ----
+// Every rank writes words of its input as packets into region `rank` (nWords packets each) of
+// every peer's LL half, then reads the regions its peers wrote into its own. Block b owns the
+// 32-word stripes `(idx / 32) % gridDim.x == b` on both sides, so a block only waits for the
+// same block of its peers.
+
+/// The sends: one warp per peer writes the words of this block's stripes of `src(peer)` (a
+/// `total`-byte buffer) as packets into region `rank` of the peer's LL half.
+template <typename P, typename Src>
+MSCCLPP_DEVICE_INLINE void llSendToPeers(const CollArgs& a, uint32_t flag, uint64_t nWords, uint64_t total,
+                                         Src src) {
+  using W = typename P::Payload;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int nWarps = blockDim.x / kWarp;
+  const uint64_t stripeStep = (uint64_t)gridDim.x * kWarp;
+  for (int w = warp; w < a.nranks - 1; w += nWarps) {
+    const int peer = w < a.rank ? w : w + 1;
+    P* dst = reinterpret_cast<P*>(llHalf(a, a.peerBases[peer], flag)) + (uint64_t)a.rank * nWords;
+    const void* s = src(peer);
+    for (uint64_t idx = lane + (uint64_t)blockIdx.x * kWarp; idx < nWords; idx += stripeStep) {
+      dst[idx].write(loadWord<W>(s, idx, total), flag);
+    }
+  }
+}
+
+/// This thread's first word of its block's stripes on the receiving side, and the step to its
+/// next (every warp of the block takes its own words).
+MSCCLPP_DEVICE_INLINE uint64_t llFirstWord() {
+  return threadIdx.x % kWarp + (uint64_t)blockIdx.x * kWarp + (uint64_t)(threadIdx.x / kWarp) * gridDim.x * kWarp;
+}
+MSCCLPP_DEVICE_INLINE uint64_t llWordStep() { return (uint64_t)(blockDim.x / kWarp) * gridDim.x * kWarp; }
+
+/// The receiving side of a reducing exchange: each of this thread's words folded over the ranks
+/// in rank order (this rank's from `own`, a `total`-byte buffer; the others' from their regions
+/// of this rank's LL half) into `a.recv`. Each word of `own` is read before the same thread
+/// writes it, so `own` may be the output.
+template <typename T, int OP, typename P>
+MSCCLPP_DEVICE_INLINE void llReduceFromPeers(const CollArgs& a, uint32_t flag, uint64_t nWords, uint64_t total,
+                                             const void* own) {
+  using W = typename P::Payload;
+  const P* mine = reinterpret_cast<const P*>(llHalf(a, a.peerBases[a.rank], flag));
+  for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
+    AccPack<T, W> acc;
+    for (int r = 0; r < a.nranks; ++r) {
+      const W v = (r == a.rank) ? loadWord<W>(own, idx, total) : mine[(uint64_t)r * nWords + idx].read(flag);
+      acc.template fold<OP>(r, v);
+    }
+    storeWord<W>(a.recv, idx, total, acc.template store<OP>(a.nranks));
+  }
+}
+
 }  // namespace coll
 }  // namespace mscclpp
 

@@ -17,26 +17,17 @@ extern "C" __global__ void __launch_bounds__(1024) allgather_packet(CollArgs a) 
   const uint64_t nWords = a.extra[0], B = a.extra[1];
   const int rank = a.rank, n = a.nranks;
   const uint32_t flag = blockFlag(a);
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int nWarps = blockDim.x / kWarp;
-  const uint64_t stripeStep = (uint64_t)gridDim.x * kWarp;
   char* recv = reinterpret_cast<char*>(a.recv);
   char* own = recv + (uint64_t)rank * B;
   const bool inPlace = a.send == own;
-  for (int w = warp; w < n - 1; w += nWarps) {
-    const int peer = w < rank ? w : w + 1;
-    P* dst = reinterpret_cast<P*>(llHalf(a, a.peerBases[peer], flag)) + (uint64_t)rank * nWords;
-    for (uint64_t idx = lane + (uint64_t)blockIdx.x * kWarp; idx < nWords; idx += stripeStep) {
-      dst[idx].write(loadWord<W>(a.send, idx, B), flag);
+  llSendToPeers<P>(a, flag, nWords, B, [&](int) { return a.send; });
+  if (!inPlace) {
+    for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
+      storeWord<W>(own, idx, B, loadWord<W>(a.send, idx, B));
     }
   }
-  const uint64_t first = lane + (uint64_t)blockIdx.x * kWarp + (uint64_t)warp * stripeStep;
-  const uint64_t step = (uint64_t)nWarps * stripeStep;
-  if (!inPlace) {
-    for (uint64_t idx = first; idx < nWords; idx += step) storeWord<W>(own, idx, B, loadWord<W>(a.send, idx, B));
-  }
   const P* mine = reinterpret_cast<const P*>(llHalf(a, a.peerBases[rank], flag));
-  for (uint64_t idx = first; idx < nWords; idx += step) {
+  for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
     for (int q = 1; q < n; ++q) {
       const int r = (rank + q) % n;
       storeWord<W>(recv + (uint64_t)r * B, idx, B, mine[(uint64_t)r * nWords + idx].read(flag));

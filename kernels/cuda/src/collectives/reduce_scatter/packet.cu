@@ -17,34 +17,13 @@ namespace coll {
 template <typename T, int OP>
 MSCCLPP_DEVICE_INLINE void reduceScatterPacket(const CollArgs& a) {
   using P = typename std::conditional<(sizeof(T) <= 4), LL8Packet, LL16Packet>::type;
-  using W = typename P::Payload;
   const uint64_t total = a.count * sizeof(T);
   const uint64_t nWords = a.extra[0];
-  const int rank = a.rank, n = a.nranks;
   const uint32_t flag = blockFlag(a);
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int nWarps = blockDim.x / kWarp;
-  const uint64_t stripeStep = (uint64_t)gridDim.x * kWarp;
   const char* send = reinterpret_cast<const char*>(a.send);
-  for (int w = warp; w < n - 1; w += nWarps) {
-    const int peer = w < rank ? w : w + 1;
-    P* dst = reinterpret_cast<P*>(llHalf(a, a.peerBases[peer], flag)) + (uint64_t)rank * nWords;
-    const char* src = send + (uint64_t)peer * total;
-    for (uint64_t idx = lane + (uint64_t)blockIdx.x * kWarp; idx < nWords; idx += stripeStep) {
-      dst[idx].write(loadWord<W>(src, idx, total), flag);
-    }
-  }
-  const P* mine = reinterpret_cast<const P*>(llHalf(a, a.peerBases[rank], flag));
-  const char* own = send + (uint64_t)rank * total;
-  for (uint64_t idx = lane + (uint64_t)blockIdx.x * kWarp + (uint64_t)warp * stripeStep; idx < nWords;
-       idx += (uint64_t)nWarps * stripeStep) {
-    AccPack<T, W> acc;
-    for (int r = 0; r < n; ++r) {
-      const W v = (r == rank) ? loadWord<W>(own, idx, total) : mine[(uint64_t)r * nWords + idx].read(flag);
-      acc.template fold<OP>(r, v);
-    }
-    storeWord<W>(a.recv, idx, total, acc.template store<OP>(n));
-  }
+  llSendToPeers<P>(a, flag, nWords, total, [&](int peer) { return send + (uint64_t)peer * total; });
+  // The sends read only the peers' blocks; in place the own block is the output.
+  llReduceFromPeers<T, OP, P>(a, flag, nWords, total, send + (uint64_t)a.rank * total);
   bumpFlags(a, flag);
 }
 
