@@ -927,15 +927,23 @@ pub enum PortChannels {
     Proxy,
 }
 
+impl PortChannels {
+    /// The setting spelled `name` (`auto` or `proxy`, lower case), or `None`.
+    pub fn from_name(name: &str) -> Option<PortChannels> {
+        match name {
+            "auto" => Some(PortChannels::Auto),
+            "proxy" => Some(PortChannels::Proxy),
+            _ => None,
+        }
+    }
+}
+
 /// `MSCCLPP_EXECUTOR_PORT_CHANNELS`: `auto` (also unset or blank) or `proxy`, any case.
 fn parse_port_channels(value: Option<String>) -> Parsed<PortChannels> {
     match non_empty(value) {
         None => Ok(PortChannels::Auto),
-        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(PortChannels::Auto),
-        Some(v) if v.eq_ignore_ascii_case("proxy") => Ok(PortChannels::Proxy),
-        Some(v) => Err(format!(
-            "{EXECUTOR_PORT_CHANNELS}={v}: expected auto or proxy"
-        )),
+        Some(v) => PortChannels::from_name(&v.to_ascii_lowercase())
+            .ok_or_else(|| format!("{EXECUTOR_PORT_CHANNELS}={v}: expected auto or proxy")),
     }
 }
 

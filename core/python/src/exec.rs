@@ -342,16 +342,13 @@ impl Executor {
         if let Some(n) = host_threads_per_block {
             cfg.host_threads_per_block = n;
         }
-        cfg.port_channels = match port_channels {
-            None => cfg.port_channels,
-            Some("auto") => PortChannels::Auto,
-            Some("proxy") => PortChannels::Proxy,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "port_channels {other:?}: expected \"auto\" or \"proxy\""
-                )))
-            }
-        };
+        if let Some(name) = port_channels {
+            cfg.port_channels = PortChannels::from_name(name).ok_or_else(|| {
+                invalid(format!(
+                    "port_channels {name:?}: expected \"auto\" or \"proxy\""
+                ))
+            })?;
+        }
         let rank = comm.inner().bootstrap().rank();
         Ok(Executor {
             inner: Arc::new(Exec::with_config(comm.inner().clone(), cfg).py()?),

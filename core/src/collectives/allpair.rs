@@ -3,8 +3,8 @@
 //! packets each) of every peer's LL half (one warp per peer in each block), then reads the regions
 //! its peers wrote into its own. Blocks own stripes of [`STRIPE`] consecutive units, round robin
 //! (`(idx / STRIPE) % blocks == b`), on both sides, so a block only waits for the same block of
-//! its peers. Device side: `llSendToPeers`, `llFirstWord` and `llWordStep` in
-//! kernels/cuda/src/collectives/common.hpp.
+//! its peers. Device side: `llSendToPeers`, `llFirstWord`, `llWordStep` and `llReduceFromPeers`
+//! in kernels/cuda/src/collectives/common.hpp.
 
 use super::algorithm::{host_bump_flags, host_flag, Call, CollArgs};
 use super::gpu::GpuCtx;

@@ -106,6 +106,27 @@ pub(crate) struct SwitchSpec {
     pub ranks: Vec<usize>,
 }
 
+/// What a connection of [`RankPlan::connection_groups`] is made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnKind {
+    /// A memory channel's.
+    MemoryChannel,
+    /// No channel of this rank (a peer has more memory channels to it than it has back).
+    UnpairedMemory,
+    /// A port channel's.
+    PortChannel,
+    /// No channel of this rank (a peer has more port channels to it than it has back).
+    UnpairedPort,
+}
+
+impl ConnKind {
+    /// Whether the connection goes over the port channels' transport (and its semaphore to the
+    /// proxy).
+    pub(crate) fn is_port(self) -> bool {
+        matches!(self, ConnKind::PortChannel | ConnKind::UnpairedPort)
+    }
+}
+
 /// Everything one rank needs.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RankPlan {
@@ -143,20 +164,21 @@ impl RankPlan {
     }
 
     /// The groups of this rank's connections in the order the executor makes them (the k-th
-    /// connection to a peer pairs with the peer's k-th back), each with whether it is a port
-    /// connection: memory channels, unpaired memory, then the memory channels and unpaired
-    /// memory connections that were port ones ([`RankPlan::memory_from_port`]: where port
-    /// connections come), port channels, unpaired port.
-    pub(crate) fn connection_groups(&self) -> [(&[usize], bool); 6] {
+    /// connection to a peer pairs with the peer's k-th back), each with what it is for: memory
+    /// channels, unpaired memory, then the memory channels and unpaired memory connections that
+    /// were port ones ([`RankPlan::memory_from_port`]: where port connections come), port
+    /// channels, unpaired port. Each group's memory channels follow the previous group's in
+    /// `memory_peers` (and port channels in `port_peers`).
+    pub(crate) fn connection_groups(&self) -> [(&[usize], ConnKind); 6] {
         let (nm, num) = (self.memory_peers.len(), self.unpaired_memory.len());
         let (mfp, ufp) = (self.memory_from_port, self.unpaired_memory_from_port);
         [
-            (&self.memory_peers[..nm - mfp], false),
-            (&self.unpaired_memory[..num - ufp], false),
-            (&self.memory_peers[nm - mfp..], false),
-            (&self.unpaired_memory[num - ufp..], false),
-            (&self.port_peers, true),
-            (&self.unpaired_port, true),
+            (&self.memory_peers[..nm - mfp], ConnKind::MemoryChannel),
+            (&self.unpaired_memory[..num - ufp], ConnKind::UnpairedMemory),
+            (&self.memory_peers[nm - mfp..], ConnKind::MemoryChannel),
+            (&self.unpaired_memory[num - ufp..], ConnKind::UnpairedMemory),
+            (&self.port_peers, ConnKind::PortChannel),
+            (&self.unpaired_port, ConnKind::UnpairedPort),
         ]
     }
 

@@ -186,6 +186,7 @@ fn rewrite_ops(ops: &[Op], bm: usize, bb: usize) -> Result<Vec<Op>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::model::ConnKind;
     use crate::executor::validate;
 
     fn ranks(json: &str) -> Vec<RankPlan> {
@@ -264,21 +265,32 @@ mod tests {
     }
 
     fn conns(rp: &RankPlan, peer: usize) -> Vec<Conn> {
-        let g = rp.connection_groups();
-        let first_from_port = g[0].0.len();
+        // Channel indexes count on from one group of a kind to the next; an unpaired memory
+        // connection past the first `unpaired_memory.len() - unpaired_memory_from_port` was a
+        // port one.
+        let (mut memory, mut port, mut spare) = (0, 0, 0);
+        let spare_from_port = rp.unpaired_memory.len() - rp.unpaired_memory_from_port;
         let mut out = Vec::new();
-        for (k, (peers, _)) in g.iter().enumerate() {
-            for (i, &p) in peers.iter().enumerate() {
-                if p != peer {
-                    continue;
+        for (peers, kind) in rp.connection_groups() {
+            for &p in peers {
+                let c = match kind {
+                    ConnKind::MemoryChannel => {
+                        memory += 1;
+                        Conn::Memory(memory - 1)
+                    }
+                    ConnKind::PortChannel => {
+                        port += 1;
+                        Conn::Port(port - 1)
+                    }
+                    ConnKind::UnpairedMemory => {
+                        spare += 1;
+                        Conn::Unpaired(spare > spare_from_port)
+                    }
+                    ConnKind::UnpairedPort => Conn::Unpaired(true),
+                };
+                if p == peer {
+                    out.push(c);
                 }
-                out.push(match k {
-                    0 => Conn::Memory(i),
-                    2 => Conn::Memory(first_from_port + i),
-                    4 => Conn::Port(i),
-                    1 | 3 => Conn::Unpaired(k == 3),
-                    _ => Conn::Unpaired(true),
-                });
             }
         }
         out

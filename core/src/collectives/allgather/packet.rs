@@ -13,6 +13,7 @@
 use super::super::algorithm::{native_algorithm, Call};
 use super::super::allpair;
 use super::super::host_ll::{load_unit, store_unit};
+use super::super::mesh;
 use super::super::setup::Resources;
 use crate::error::Result;
 use crate::kernels;
@@ -71,7 +72,7 @@ fn host(res: &Resources, call: &Call) -> Result<()> {
                     )
                 };
             }
-            for p in (0..res.nranks()).filter(|&p| p != me) {
+            for p in mesh::peers(me, res.nranks()) {
                 let u = read(p)?;
                 // SAFETY: recv holds n * total bytes.
                 unsafe { store_unit(call.recv + (p * total) as u64, idx, UNIT, total, &u) };

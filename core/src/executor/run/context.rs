@@ -16,7 +16,7 @@ use crate::executor::json::BufferType;
 use crate::executor::limits::MAX_BARRIERS;
 use crate::executor::lower::device::{BARRIER_WORDS, LANE_WORDS};
 use crate::executor::lower::{layout, Tables};
-use crate::executor::model::RankPlan;
+use crate::executor::model::{ConnKind, RankPlan};
 use crate::executor::plan::ExecutionPlan;
 use crate::gpu_buffer::GpuBuffer;
 use crate::memory::Allocation;
@@ -260,19 +260,24 @@ impl ExecContext {
 fn connect(comm: &Arc<Communicator>, at: &Placement, device: Device) -> Result<Channels> {
     let rp = at.plan.rank_plan();
     let (connections, sems) = connections(comm, at, device)?;
-    let (nm, num) = (rp.memory_peers.len(), rp.unpaired_memory.len());
-    let (mfp, ufp) = (rp.memory_from_port, rp.unpaired_memory_from_port);
     let np = rp.port_peers.len();
     let mut sems = sems.into_iter();
-    let mut memory = Vec::with_capacity(nm);
-    let mut unpaired: Vec<Semaphore> = Vec::with_capacity(num);
-    for (channels, spare) in [(nm - mfp, num - ufp), (mfp, ufp)] {
-        for s in sems.by_ref().take(channels) {
-            memory.push(BaseMemoryChannel::new(MemoryDevice2DeviceSemaphore::new(
-                s,
-            )?));
+    let mut memory = Vec::with_capacity(rp.memory_peers.len());
+    let mut unpaired: Vec<Semaphore> = Vec::with_capacity(rp.unpaired_memory.len());
+    // The memory-channel groups come first (connection_groups); the port ones are the rest.
+    for (peers, kind) in rp.connection_groups() {
+        let group = sems.by_ref().take(peers.len());
+        match kind {
+            ConnKind::MemoryChannel => {
+                for s in group {
+                    memory.push(BaseMemoryChannel::new(MemoryDevice2DeviceSemaphore::new(
+                        s,
+                    )?));
+                }
+            }
+            ConnKind::UnpairedMemory => unpaired.extend(group),
+            ConnKind::PortChannel | ConnKind::UnpairedPort => break,
         }
-        unpaired.extend(sems.by_ref().take(spare));
     }
     let proxy = if rp.uses_port() {
         Some(if device.kind == DeviceType::Gpu {
@@ -312,9 +317,9 @@ fn connections(
     let (plan, rp) = (at.plan, at.plan.rank_plan());
     let mut counters = vec![0u64; plan.world_size()];
     let mut pending = Vec::new();
-    for (peers, port) in rp.connection_groups() {
+    for (peers, kind) in rp.connection_groups() {
         for &p in peers {
-            let t = if port {
+            let t = if kind.is_port() {
                 at.port_transport(p)?
             } else {
                 Transport::CudaIpc
