@@ -1,6 +1,6 @@
 //! The one-hop LL exchange the all-reduce `allpair_packet` and the all-gather and reduce-scatter
 //! `packet` share: every rank writes units of its input as LL packets into region `rank` (`units`
-//! packets each) of every peer's LL half (one warp per peer in each block), then reads the regions
+//! packets each) of every peer's LL half (all warps of each block send), then reads the regions
 //! its peers wrote into its own. Blocks own stripes of [`STRIPE`] consecutive units, round robin
 //! (`(idx / STRIPE) % blocks == b`), on both sides, so a block only waits for the same block of
 //! its peers. Device side: `llSendToPeers`, `llFirstWord`, `llWordStep` and `llReduceFromPeers`
@@ -54,9 +54,15 @@ pub(crate) fn check(
     )
 }
 
-/// Launches `k` for `units` units per rank: one warp per peer for the sends and at least 8 warps
-/// for the receiving side, a block per 4 stripes (1 to 32, at most the blocks that may wait on
-/// each other); `extra[0]` = units, `extra[1]` = `extra1`.
+/// Units per rank from which the exchange launches blocks of 1024 threads (else 512).
+const WIDE_FROM_UNITS: usize = 64 << 10;
+
+/// Launches `k` for `units` units per rank: a block per 4 stripes (1 to 64, at most the blocks
+/// that may wait on each other), 512 threads, 1024 from [`WIDE_FROM_UNITS`] units; every warp
+/// sends and receives. Measured on an H100 shared by 2 and 4 ranks (docs/perf.md round 27):
+/// against the one warp per peer and the 256 threads and 32 blocks before, 512 threads and 64
+/// blocks were as fast or faster at every size from 1 KiB to 1 MiB, and 1024 threads faster from
+/// 256 KiB but slower below 64 KiB. `extra[0]` = units, `extra[1]` = `extra1`.
 ///
 /// # Safety
 /// `k` takes one `CollArgs` with those extra words; the caller keeps the buffers alive.
@@ -69,17 +75,29 @@ pub(crate) unsafe fn launch(
     extra1: u64,
     stream: RawStream,
 ) -> Result<()> {
-    let peers = res.nranks() - 1;
-    let threads = (32 * peers.max(8)).min(1024) as u32;
+    let threads = if units >= WIDE_FROM_UNITS { 1024 } else { 512 };
     let blocks = units
         .div_ceil(STRIPE * 4)
-        .clamp(1, 32)
+        .clamp(1, 64)
         .min(res.max_waiting_blocks()) as u32;
     let mut args = CollArgs::new(res, call);
     args.extra[0] = units as u64;
     args.extra[1] = extra1;
     // SAFETY: forwarded from the caller.
     unsafe { gpu.launch(k, blocks, threads, &args, stream) }
+}
+
+/// The host backend's LL flag of this launch and the offset of its LL half in a rank's scratch.
+pub(crate) fn host_half(res: &Resources) -> (u32, u64) {
+    let flag = host_flag(res, 0);
+    let half =
+        res.layout().ll_offset as u64 + u64::from(flag & 1) * res.layout().ll_half_bytes as u64;
+    (flag, half)
+}
+
+/// Whether unit `idx` lies in host block `b`'s stripes (of `nb` blocks).
+pub(crate) fn in_stripe(idx: usize, nb: usize, b: usize) -> bool {
+    (idx / STRIPE) % nb == b
 }
 
 /// The host backend's exchange of `units` units of `unit` bytes per rank: for each block (one
@@ -97,9 +115,7 @@ pub(crate) fn host_exchange(
     let pkt = packet_bytes(unit);
     let nb = res.config().host_blocks;
     let (me, n) = (res.rank(), res.nranks());
-    let flag = host_flag(res, 0);
-    let half =
-        res.layout().ll_offset as u64 + u64::from(flag & 1) * res.layout().ll_half_bytes as u64;
+    let (flag, half) = host_half(res);
     let base = res.peer_bases()[me] + half;
     let timeout = res.config().host_timeout;
     let read = |idx: usize| {
@@ -110,8 +126,8 @@ pub(crate) fn host_exchange(
         }
     };
     for b in 0..nb {
-        let stripe = (0..units).filter(|idx| (idx / STRIPE) % nb == b);
-        for p in (0..n).filter(|&p| p != me) {
+        let stripe = (0..units).filter(|&idx| in_stripe(idx, nb, b));
+        for p in mesh::peers(me, n) {
             let region = res.peer_bases()[p] + half + (me * units * pkt) as u64;
             let from = src(p);
             for idx in stripe.clone() {

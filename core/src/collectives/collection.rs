@@ -100,6 +100,7 @@ pub fn native_algorithms() -> Vec<Arc<dyn Algorithm>> {
         Arc::new(reduce_scatter::packet::Packet),
         Arc::new(reduce_scatter::hier_port::HierPort),
         Arc::new(broadcast::fullmesh::Fullmesh),
+        Arc::new(broadcast::packet::Packet),
         Arc::new(broadcast::hier_allreduce::HierAllreduce),
         // Zero-copy all-gather, reduce-scatter and broadcast on registered buffers.
         Arc::new(zero_copy::ZeroCopyAllGather),

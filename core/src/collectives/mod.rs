@@ -34,7 +34,7 @@
 //! | `MSCCLPP_ALLGATHER_ALGO` | all-gather | `fullmesh`, `hier_port`, `packet`, `port_channel`, `zero_copy` |
 //! | `MSCCLPP_COLL_NET_TRANSPORT` | between nodes | `ib`, `ethernet` (default: IB when a device is usable) |
 //! | `MSCCLPP_REDUCESCATTER_ALGO` | reduce-scatter | `fullmesh`, `hier_port`, `packet`, `zero_copy` |
-//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh`, `zero_copy` |
+//! | `MSCCLPP_BROADCAST_ALGO` | broadcast | `fullmesh`, `packet`, `zero_copy` |
 //! | `MSCCLPP_ALGORITHM` | any | `kind=name[,kind=name...]` (e.g. `allreduce=rsag`), or a bare name for all-reduce |
 //! | `MSCCLPP_COPY_KERNEL_MAX_BYTES` | world size 1 | GPU copies up to this many bytes (default 4M; K/M/G suffixes; `0`: none) use the copy kernel (an eager launch costs the host less than the driver's copy) |
 //! | `MSCCLPP_COPY_DRIVER_MAX_BYTES` | world size 1 | larger GPU copies up to this many bytes (default 256M; `0`: none) use the driver's copy, larger ones the copy kernel |

@@ -1,9 +1,9 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
 //! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one
-//! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS: all-reduce
-//! up to 16 KiB `allpair_packet`, up to 1 MiB `packet`, larger `rsag`; all-gather `packet` up
-//! to 256 KiB per rank, then `fullmesh`; reduce-scatter `packet` up to 64 KiB per rank, then
-//! `fullmesh`; broadcast `fullmesh`). The large-size choice is measured: two ranks sharing one
+//! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS, with our
+//! measured limits: all-reduce up to 64 KiB (16 KiB above 4 ranks) `allpair_packet`, up to 1
+//! MiB `packet`, larger `rsag`; all-gather and reduce-scatter `packet` up to 512 KiB per rank,
+//! then `fullmesh`; broadcast `packet` up to 1 MiB, then `fullmesh`). The large-size choice is measured: two ranks sharing one
 //! H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
 //! `rsag` took 12.3 / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 /
 //! 129.5 / 921.1.
@@ -98,21 +98,36 @@ pub fn select_where(
 /// issue-28 target covers (4 MiB and up in total at 2 to 4 ranks) is above it.
 pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
 
+/// Bytes up to which the all-reduce takes `allpair_packet` (every rank sends its whole buffer to
+/// every peer in one LL hop) before `packet` (two LL hops) with up to [`ALLPAIR_WIDE_MAX_RANKS`]
+/// ranks; 16 KiB with more. Measured on an H100 shared by 2 and 4 ranks under MPS (`coll_perf
+/// --algo allpair_packet|packet`, graph mode, docs/perf.md round 27): `allpair_packet` 2.99 /
+/// 4.56 us at 64 KiB where `packet` took 3.88 / 6.31; at 256 KiB faster with 2 ranks (3.58
+/// against 3.96), slower with 4 (7.77 against 6.79).
+pub const ALLPAIR_PACKET_MAX_BYTES: usize = 64 << 10;
+
+/// The most ranks for which [`ALLPAIR_PACKET_MAX_BYTES`] holds (each rank sends n - 1 copies).
+pub const ALLPAIR_WIDE_MAX_RANKS: usize = 4;
+
 /// Bytes per rank up to which the all-gather takes `packet` (one LL hop) before `fullmesh` (two
-/// handshakes around its copies). Measured on an H100 shared by 2 and 4 ranks under MPS (`coll_perf
-/// --coll allgather --algo packet|fullmesh`, graph mode, docs/perf.md round 26): `packet` 2.6 /
-/// 3.4 us at 1 KiB where `fullmesh` took 6.1 / 10.5, faster up to 256 KiB per rank (2 ranks 6.7
-/// against 10.2 us, 4 ranks 12.2 against 18.0), slower from 512 KiB (11.2 against 10.3, 26 against
-/// 19.5).
-pub const ALLGATHER_PACKET_MAX_BYTES: usize = 256 << 10;
+/// handshakes around its copies). Measured on an H100 shared by 2 and 4 ranks under MPS
+/// (`coll_perf --coll allgather --algo packet|fullmesh`, graph mode, docs/perf.md round 27):
+/// `packet` 2.6 / 3.5 us at 1 KiB in all where `fullmesh` took 6.3 / 10.6, and still 3.9 / 6.6
+/// at 1 MiB in all (512 / 256 KiB per rank) against 10.2 / 18.2.
+pub const ALLGATHER_PACKET_MAX_BYTES: usize = 512 << 10;
 
 /// Bytes per rank (what a rank receives) up to which the reduce-scatter takes `packet` (one LL
-/// hop) before `fullmesh`. Measured as [`ALLGATHER_PACKET_MAX_BYTES`] (half, LL8 packets, graph
-/// mode, docs/perf.md round 26): `packet` 2.9 / 3.4 us at 1 KiB in all with 2 / 4 ranks where
-/// `fullmesh` took 6.1 / 10.6, faster up to 64 KiB per rank (5.9 against 8.6, 7.3 against 15.5);
-/// at 128 KiB per rank slower with 2 ranks (9.9 against 8.7), still faster with 4 (12.6 against
-/// 15.8); from 256 KiB per rank slower at both.
-pub const REDUCESCATTER_PACKET_MAX_BYTES: usize = 64 << 10;
+/// hop) before `fullmesh`. Measured as [`ALLGATHER_PACKET_MAX_BYTES`] (half, LL8 packets,
+/// graph mode, docs/perf.md round 27): `packet` 2.6 / 3.4 us at 1 KiB in all with 2 / 4 ranks
+/// where `fullmesh` took 6.2 / 10.7, and 4.6 / 8.0 at 1 MiB in all (512 / 256 KiB per rank)
+/// against 9.3 / 16.3.
+pub const REDUCESCATTER_PACKET_MAX_BYTES: usize = 512 << 10;
+
+/// Bytes up to which the broadcast takes `packet` (one LL hop from the root) before `fullmesh`
+/// (a handshake before its copies). Measured as [`ALLGATHER_PACKET_MAX_BYTES`] (half, graph
+/// mode, docs/perf.md round 27): `packet` 2.4 / 2.7 us at 1 KiB with 2 / 4 ranks where
+/// `fullmesh` took 5.5 / 8.0, and 4.2 / 10.4 at 1 MiB against 9.4 / 14.5.
+pub const BROADCAST_PACKET_MAX_BYTES: usize = 1 << 20;
 
 /// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
 fn zero_copy(q: &Query) -> bool {
@@ -140,7 +155,12 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
             {
                 return prefs;
             }
-            if q.bytes <= 16 << 10 {
+            let allpair_max = if q.nranks <= ALLPAIR_WIDE_MAX_RANKS {
+                ALLPAIR_PACKET_MAX_BYTES
+            } else {
+                16 << 10
+            };
+            if q.bytes <= allpair_max {
                 &["allpair_packet", "packet", "rsag"]
             } else if q.bytes <= 1 << 20 {
                 &["packet", "rsag", "allpair_packet"]
@@ -171,6 +191,9 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
         }
         CollectiveKind::ReduceScatter => &["fullmesh"],
         CollectiveKind::Broadcast if zero_copy(q) => &["zero_copy", "fullmesh"],
+        CollectiveKind::Broadcast if q.bytes <= BROADCAST_PACKET_MAX_BYTES => {
+            &["packet", "fullmesh"]
+        }
         CollectiveKind::Broadcast => &["fullmesh"],
     }
 }
@@ -301,7 +324,14 @@ mod tests {
         use CollectiveKind::*;
         assert_eq!(pick(AllReduce, 1 << 10, 8), "allpair_packet");
         assert_eq!(pick(AllReduce, 16 << 10, 2), "allpair_packet");
-        assert_eq!(pick(AllReduce, 64 << 10, 4), "packet");
+        assert_eq!(
+            pick(AllReduce, ALLPAIR_PACKET_MAX_BYTES, 4),
+            "allpair_packet"
+        );
+        assert_eq!(pick(AllReduce, ALLPAIR_PACKET_MAX_BYTES + 1, 4), "packet");
+        // Above ALLPAIR_WIDE_MAX_RANKS ranks the one hop stops at 16 KiB.
+        assert_eq!(pick(AllReduce, 16 << 10, 8), "allpair_packet");
+        assert_eq!(pick(AllReduce, (16 << 10) + 1, 8), "packet");
         assert_eq!(pick(AllReduce, 1 << 20, 2), "packet");
         assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag");
         assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag");
@@ -324,7 +354,10 @@ mod tests {
             "fullmesh"
         );
         assert_eq!(pick(ReduceScatter, 1 << 30, 4), "fullmesh");
-        for bytes in [1, 1 << 20, 1 << 30] {
+        // Broadcast: one LL hop from the root for small messages, then fullmesh.
+        assert_eq!(pick(Broadcast, 1, 8), "packet");
+        assert_eq!(pick(Broadcast, BROADCAST_PACKET_MAX_BYTES, 2), "packet");
+        for bytes in [BROADCAST_PACKET_MAX_BYTES + 1, 1 << 30] {
             assert_eq!(pick(Broadcast, bytes, 8), "fullmesh");
         }
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
@@ -369,12 +402,11 @@ mod tests {
                     nvls: false,
                     registered,
                 };
-                // Small all-gathers and reduce-scatters take the one-hop packet algorithms,
-                // registered or not.
+                // Small calls take the one-hop packet algorithms, registered or not.
                 let packet_max = match kind {
                     CollectiveKind::AllGather => ALLGATHER_PACKET_MAX_BYTES,
                     CollectiveKind::ReduceScatter => REDUCESCATTER_PACKET_MAX_BYTES,
-                    _ => 0,
+                    _ => BROADCAST_PACKET_MAX_BYTES,
                 };
                 let small = if bytes <= packet_max {
                     "packet"

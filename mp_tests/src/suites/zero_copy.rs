@@ -1,8 +1,8 @@
 //! Issue 28: zero-copy all-gather, reduce-scatter and broadcast, and the eager per-call cost.
 //! * ZeroCopyTest.GatherScatterBroadcastByDefault: on buffers registered on every rank
 //!   (`Collectives::choose_registered`) the default choice of all-gather, reduce-scatter and
-//!   broadcast is `zero_copy` above `ZERO_COPY_MIN_BYTES` per rank (below: `fullmesh`, the
-//!   all-gather and reduce-scatter `packet` up to their `*_PACKET_MAX_BYTES`), its
+//!   broadcast is `zero_copy` above `ZERO_COPY_MIN_BYTES` per rank (below: `fullmesh`, and
+//!   `packet` up to each collective's `*_PACKET_MAX_BYTES`), its
 //!   buffers are mapped on every rank (the cache holds them), and the results are exact
 //!   (integers), in and out of place, odd sizes, every root;
 //! * ZeroCopyTest.SmallerCallAtTheSameAddressHitsTheCache: a call on the start of a buffer
@@ -26,7 +26,8 @@
 //!   on the calling thread, once warmed up.
 
 use mscclpp::collectives::selector::{
-    ALLGATHER_PACKET_MAX_BYTES, REDUCESCATTER_PACKET_MAX_BYTES, ZERO_COPY_MIN_BYTES,
+    ALLGATHER_PACKET_MAX_BYTES, BROADCAST_PACKET_MAX_BYTES, REDUCESCATTER_PACKET_MAX_BYTES,
+    ZERO_COPY_MIN_BYTES,
 };
 use mscclpp::collectives::{Call, CollectiveKind, DataType, ReduceOp};
 use mscclpp::GpuBuffer;
@@ -132,8 +133,8 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
         SKIP!("world size 1 always copies");
     }
     let seed = agreed_seed();
-    // i32 per rank: above ZERO_COPY_MIN_BYTES (256 KiB) zero_copy, below fullmesh (all-gather and
-    // reduce-scatter: packet up to their *_PACKET_MAX_BYTES).
+    // i32 per rank: above ZERO_COPY_MIN_BYTES (256 KiB) zero_copy, below fullmesh (packet up to
+    // the *_PACKET_MAX_BYTES of each collective).
     let counts: &[usize] = if at_scale(n) {
         &[7, 65_537]
     } else {
@@ -154,9 +155,12 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
             let (ins, outs) = extents(kind, count, n);
             let want = if count * 4 > ZERO_COPY_MIN_BYTES {
                 "zero_copy"
-            } else if (kind == CollectiveKind::AllGather && count * 4 <= ALLGATHER_PACKET_MAX_BYTES)
-                || (kind == CollectiveKind::ReduceScatter
-                    && count * 4 <= REDUCESCATTER_PACKET_MAX_BYTES)
+            } else if count * 4
+                <= match kind {
+                    CollectiveKind::AllGather => ALLGATHER_PACKET_MAX_BYTES,
+                    CollectiveKind::ReduceScatter => REDUCESCATTER_PACKET_MAX_BYTES,
+                    _ => BROADCAST_PACKET_MAX_BYTES,
+                }
             {
                 "packet"
             } else {

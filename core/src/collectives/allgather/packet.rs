@@ -1,5 +1,5 @@
 //! All-gather `packet`: every rank writes its input as LL16 packets into region `rank` of every
-//! peer's scratch (one warp per peer in each block) and, out of place, copies it into its own
+//! peer's scratch (all warps of each block send) and, out of place, copies it into its own
 //! output slot; then it unpacks every peer's region into that peer's output slot. One hop where
 //! `fullmesh` makes two handshakes around its copies: for small messages (the selector takes it
 //! up to [`super::super::selector::ALLGATHER_PACKET_MAX_BYTES`] per rank).

@@ -1,6 +1,7 @@
 //! All-reduce `allpair_packet`: every rank writes its whole input as LL packets into every
-//! peer's scratch (one warp per peer in each block), then reduces all ranks' packets in rank
-//! order. One hop; for small messages (the selector uses it up to 16 KiB).
+//! peer's scratch (all warps of each block send), then reduces all ranks' packets in rank
+//! order. One hop; for small messages (the selector uses it up to 64 KiB with up to 4 ranks,
+//! 16 KiB with more: `selector::ALLPAIR_PACKET_MAX_BYTES`).
 //!
 //! Packets: LL8 (4-byte payload) for elements of up to 4 bytes, LL16 (8 bytes) for 8-byte
 //! elements. Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.

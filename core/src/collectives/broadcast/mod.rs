@@ -2,3 +2,4 @@
 
 pub mod fullmesh;
 pub mod hier_allreduce;
+pub mod packet;

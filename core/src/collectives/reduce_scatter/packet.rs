@@ -1,5 +1,5 @@
 //! Reduce-scatter `packet`: every rank writes block p of its input as LL packets into region
-//! `rank` of rank p's scratch (one warp per peer in each block), then reduces its own block over
+//! `rank` of rank p's scratch (all warps of each block send), then reduces its own block over
 //! the ranks in rank order (its own input for itself, the peers' packets otherwise). One hop where
 //! `fullmesh` makes two handshakes around its copies: for small messages (the selector takes it
 //! up to [`super::super::selector::REDUCESCATTER_PACKET_MAX_BYTES`] per rank).

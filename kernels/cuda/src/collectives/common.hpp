@@ -228,21 +228,29 @@ MSCCLPP_DEVICE_INLINE char* llHalf(const CollArgs& a, uint64_t base, uint32_t fl
 // 32-word stripes `(idx / 32) % gridDim.x == b` on both sides, so a block only waits for the
 // same block of its peers.
 
-/// The sends: one warp per peer writes the words of this block's stripes of `src(peer)` (a
-/// `total`-byte buffer) as packets into region `rank` of the peer's LL half.
+/// The sends: the words of this block's stripes of `src(peer)` (a `total`-byte buffer) as packets
+/// into region `rank` of every peer's LL half. Every warp of the block sends: the (stripe, peer)
+/// pairs of the block go round robin over its warps, peers fastest, so the warps that send one
+/// stripe to several peers read it at about the same time.
 template <typename P, typename Src>
 MSCCLPP_DEVICE_INLINE void llSendToPeers(const CollArgs& a, uint32_t flag, uint64_t nWords, uint64_t total,
                                          Src src) {
   using W = typename P::Payload;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int nWarps = blockDim.x / kWarp;
-  const uint64_t stripeStep = (uint64_t)gridDim.x * kWarp;
-  for (int w = warp; w < a.nranks - 1; w += nWarps) {
-    const int peer = w < a.rank ? w : w + 1;
-    P* dst = reinterpret_cast<P*>(llHalf(a, a.peerBases[peer], flag)) + (uint64_t)a.rank * nWords;
-    const void* s = src(peer);
-    for (uint64_t idx = lane + (uint64_t)blockIdx.x * kWarp; idx < nWords; idx += stripeStep) {
-      dst[idx].write(loadWord<W>(s, idx, total), flag);
+  const uint32_t warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const uint32_t nWarps = blockDim.x / kWarp;
+  const uint32_t peers = (uint32_t)a.nranks - 1;
+  const uint64_t nStripes = (nWords + kWarp - 1) / kWarp;
+  // This block's stripes: blockIdx.x, blockIdx.x + gridDim.x, ...
+  const uint32_t mine =
+      nStripes > blockIdx.x ? (uint32_t)((nStripes - blockIdx.x + gridDim.x - 1) / gridDim.x) : 0u;
+  const uint32_t pairs = mine * peers;
+  for (uint32_t j = warp; j < pairs; j += nWarps) {
+    const uint32_t w = j % peers;
+    const int peer = (int)w < a.rank ? (int)w : (int)w + 1;
+    const uint64_t idx = ((uint64_t)(j / peers) * gridDim.x + blockIdx.x) * kWarp + lane;
+    if (idx < nWords) {
+      P* dst = reinterpret_cast<P*>(llHalf(a, a.peerBases[peer], flag)) + (uint64_t)a.rank * nWords;
+      dst[idx].write(loadWord<W>(src(peer), idx, total), flag);
     }
   }
 }

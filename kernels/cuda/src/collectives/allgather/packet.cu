@@ -1,6 +1,6 @@
 // All-gather packet (core/src/collectives/allgather/packet.rs has the protocol): every rank
-// writes its input as LL16 packets into region `rank` of every peer's LL half (one warp per peer
-// in every block) and, out of place, copies it into its own output slot; then every warp unpacks
+// writes its input as LL16 packets into region `rank` of every peer's LL half (every warp of
+// every block sends) and, out of place, copies it into its own output slot; then every warp unpacks
 // the peers' regions into their output slots. One hop, for small messages.
 // Block b owns the 32-word stripes `(idx / 32) % gridDim.x == b` for sending and unpacking, so a
 // block only waits for the same block of its peers. In place the input is the own output slot,

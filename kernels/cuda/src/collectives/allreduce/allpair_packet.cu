@@ -1,6 +1,6 @@
 // All-reduce allpair_packet (core/src/collectives/allreduce/allpair_packet.rs has the protocol):
-// every rank writes its whole input as LL packets into every peer's scratch region `rank` (one
-// warp per peer in every block), then all warps reduce the ranks' packets in rank order.
+// every rank writes its whole input as LL packets into every peer's scratch region `rank` (every
+// warp of every block sends), then all warps reduce the ranks' packets in rank order.
 // Packets: LL8 (4-byte words) for elements up to 4 bytes, LL16 (8-byte words) for 8-byte ones.
 // Block b owns the 32-word stripes `(idx / 32) % gridDim.x == b` for both sending and reducing,
 // which keeps in-place calls safe behind one __syncthreads.

@@ -1,6 +1,6 @@
 // Reduce-scatter packet (core/src/collectives/reduce_scatter/packet.rs has the protocol): every
-// rank writes block p of its input as LL packets into region `rank` of rank p's LL half (one warp
-// per peer in every block), then all warps reduce their own block over the ranks in rank order
+// rank writes block p of its input as LL packets into region `rank` of rank p's LL half (every warp
+// of every block sends), then all warps reduce their own block over the ranks in rank order
 // (the own input for this rank, the peers' packets otherwise). One hop, for small messages.
 // Packets: LL8 (4-byte words) for elements up to 4 bytes, LL16 (8-byte words) for 8-byte ones.
 // Block b owns the 32-word stripes `(idx / 32) % gridDim.x == b` for sending and reducing. In
