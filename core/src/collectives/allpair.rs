@@ -95,7 +95,8 @@ pub(crate) fn host_half(res: &Resources) -> (u32, u64) {
     (flag, half)
 }
 
-/// Whether unit `idx` lies in host block `b`'s stripes (of `nb` blocks).
+/// Whether unit `idx` lies in host block `b`'s stripes (of `nb` blocks); the all-reduce `packet`
+/// stripes its slices alike.
 pub(crate) fn in_stripe(idx: usize, nb: usize, b: usize) -> bool {
     (idx / STRIPE) % nb == b
 }

@@ -11,7 +11,8 @@
 //! so a block depends only on the same block of its peers.
 //! Kernel: kernels/cuda/src/collectives/allreduce/packet.cu.
 
-use super::super::algorithm::{host_bump_flags, host_flag, native_algorithm, Call, CollArgs};
+use super::super::algorithm::{host_bump_flags, native_algorithm, Call, CollArgs};
+use super::super::allpair::{host_half, in_stripe};
 use super::super::host_ll::{get_packet, load_unit, put_packet, reduce_units, store_unit, Unit};
 use super::super::host_math::{with_elem, HostElem};
 use super::super::mesh;
@@ -22,7 +23,6 @@ use crate::kernels;
 /// The algorithm object.
 pub struct Packet;
 
-const STRIPE: usize = 32;
 const WORD: usize = 8;
 const PKT: usize = 16;
 
@@ -61,9 +61,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
     let (me, n, nb) = (res.rank(), res.nranks(), res.config().host_blocks);
     let total = call.bytes();
     let sw = slice_words(call, n);
-    let flag = host_flag(res, 0);
-    let half =
-        res.layout().ll_offset as u64 + u64::from(flag & 1) * res.layout().ll_half_bytes as u64;
+    let (flag, half) = host_half(res);
     let p1 = |rank: usize, src: usize, j: usize| {
         res.peer_bases()[rank] + half + ((src * sw + j) * PKT) as u64
     };
@@ -73,7 +71,7 @@ fn host<T: HostElem>(res: &Resources, call: &Call) -> Result<()> {
     let t = res.config().host_timeout;
     let mut all: Vec<Unit> = vec![[0u8; 8]; n];
     for b in 0..nb {
-        let stripe = || (0..sw).filter(move |j| (j / STRIPE) % nb == b);
+        let stripe = || (0..sw).filter(move |&j| in_stripe(j, nb, b));
         for p in (0..n).filter(|&p| p != me) {
             for j in stripe() {
                 // SAFETY: send/recv hold `total` bytes; the packet slots lie in the mapped LL halves (check()).
