@@ -262,6 +262,15 @@ MSCCLPP_DEVICE_INLINE uint64_t llFirstWord() {
 }
 MSCCLPP_DEVICE_INLINE uint64_t llWordStep() { return (uint64_t)(blockDim.x / kWarp) * gridDim.x * kWarp; }
 
+/// The out-of-place copy of a one-hop exchange's own part: this thread's words of its block's
+/// stripes of `src` into `dst` (both `total`-byte buffers), the words the block's sends read.
+template <typename W>
+MSCCLPP_DEVICE_INLINE void llCopyOwnWords(void* dst, const void* src, uint64_t nWords, uint64_t total) {
+  for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
+    storeWord<W>(dst, idx, total, loadWord<W>(src, idx, total));
+  }
+}
+
 /// The receiving side of a reducing exchange: each of this thread's words folded over the ranks
 /// in rank order (this rank's from `own`, a `total`-byte buffer; the others' from their regions
 /// of this rank's LL half) into `a.recv`. Each word of `own` is read before the same thread

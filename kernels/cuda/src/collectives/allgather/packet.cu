@@ -21,11 +21,7 @@ extern "C" __global__ void __launch_bounds__(1024) allgather_packet(CollArgs a) 
   char* own = recv + (uint64_t)rank * B;
   const bool inPlace = a.send == own;
   llSendToPeers<P>(a, flag, nWords, B, [&](int) { return a.send; });
-  if (!inPlace) {
-    for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
-      storeWord<W>(own, idx, B, loadWord<W>(a.send, idx, B));
-    }
-  }
+  if (!inPlace) llCopyOwnWords<W>(own, a.send, nWords, B);
   const P* mine = reinterpret_cast<const P*>(llHalf(a, a.peerBases[rank], flag));
   for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
     for (int q = 1; q < n; ++q) {

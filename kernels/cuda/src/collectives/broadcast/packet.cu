@@ -34,11 +34,7 @@ extern "C" __global__ void __launch_bounds__(1024) broadcast_packet(CollArgs a) 
   P* mine = reinterpret_cast<P*>(llHalf(a, a.peerBases[rank], flag));
   if (rank == root) {
     llSendToPeers<P>(a, flag, nWords, B, [&](int) { return a.send; });
-    if (a.send != a.recv) {
-      for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
-        storeWord<W>(a.recv, idx, B, loadWord<W>(a.send, idx, B));
-      }
-    }
+    if (a.send != a.recv) llCopyOwnWords<W>(a.recv, a.send, nWords, B);
   } else {
     const P* from = mine + (uint64_t)root * nWords;
     for (uint64_t idx = llFirstWord(); idx < nWords; idx += llWordStep()) {
