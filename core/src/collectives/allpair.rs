@@ -14,26 +14,22 @@ use super::host_ll::{
 use super::host_math::HostElem;
 use super::mesh;
 use super::setup::Resources;
-use super::types::{DataType, RawStream};
+use super::types::RawStream;
 use crate::error::Result;
 use crate::kernels::Kernel;
 
 /// Stripe width in units (one warp).
 pub(crate) const STRIPE: usize = 32;
 
-/// Payload bytes per packet for elements of `dtype`: LL8 (4) for elements of up to 4 bytes,
-/// LL16 (8) for 8-byte ones.
-pub(crate) fn unit_bytes(dtype: DataType) -> usize {
-    if dtype.size_in_bytes() <= 4 {
-        4
-    } else {
-        8
-    }
-}
+/// Payload bytes per packet: LL16 (8) for every type. LL8 (4 bytes, once used for elements of
+/// up to 4 bytes) needs twice the packets for the same bytes; on an H100 shared by 2 and 4 ranks
+/// LL16 was as fast up to 64 KiB and faster above (the reduce-scatter at 4 MiB in all 9.2 us
+/// against 13.8 with 2 ranks, 30 against 44 with 4; docs/perf.md round 28).
+pub(crate) const UNIT_BYTES: usize = 8;
 
 /// Packet payload units of the call's `count` elements (one rank's part).
 pub(crate) fn units(call: &Call) -> usize {
-    call.bytes().div_ceil(unit_bytes(call.dtype))
+    call.bytes().div_ceil(UNIT_BYTES)
 }
 
 /// Refuses a call whose `units` packets of `unit` payload bytes per rank do not fit one LL half.
@@ -160,7 +156,7 @@ pub(crate) fn host_reduce<T: HostElem>(
     src: impl Fn(usize) -> u64,
     own: u64,
 ) -> Result<()> {
-    let (unit, total) = (unit_bytes(call.dtype), call.bytes());
+    let (unit, total) = (UNIT_BYTES, call.bytes());
     let (me, n) = (res.rank(), res.nranks());
     let mut all: Vec<Unit> = vec![[0u8; 8]; n];
     host_exchange(res, units(call), unit, total, src, |idx, read| {

@@ -3,14 +3,13 @@
 //! order. One hop; for small messages (the selector uses it up to 64 KiB with up to 4 ranks,
 //! 16 KiB with more: `selector::ALLPAIR_PACKET_MAX_BYTES`).
 //!
-//! Packets: LL8 (4-byte payload) for elements of up to 4 bytes, LL16 (8 bytes) for 8-byte
-//! elements. Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
+//! Packets: LL16 (8-byte payload) for every type (`allpair::UNIT_BYTES`). Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
 //! Blocks own stripes of 32 consecutive units, round robin, so a block only waits for the same
 //! block of its peers and in-place calls are safe (the exchange: allpair.rs).
 //! Kernel: kernels/cuda/src/collectives/allreduce/allpair_packet.cu.
 
 use super::super::algorithm::native_algorithm;
-use super::super::allpair::{self, unit_bytes, units};
+use super::super::allpair::{self, units, UNIT_BYTES};
 use super::super::host_math::with_elem;
 use crate::kernels;
 
@@ -20,7 +19,7 @@ pub struct AllpairPacket;
 native_algorithm! {
     AllpairPacket: "allpair_packet", AllReduce;
     check(self, res, call) {
-        allpair::check(res, call, "allreduce allpair_packet", units(call), unit_bytes(call.dtype))
+        allpair::check(res, call, "allreduce allpair_packet", units(call), UNIT_BYTES)
     }
 
     launch_gpu(self, res, gpu, call, stream) {

@@ -4,15 +4,14 @@
 //! `fullmesh` makes two handshakes around its copies: for small messages (the selector takes it
 //! up to [`super::super::selector::REDUCESCATTER_PACKET_MAX_BYTES`] per rank).
 //!
-//! Packets: LL8 (4-byte payload) for elements of up to 4 bytes, LL16 (8 bytes) for 8-byte
-//! elements. Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
+//! Packets: LL16 (8-byte payload) for every type (`allpair::UNIT_BYTES`). Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
 //! Blocks own stripes of 32 consecutive units, round robin, so a block only waits for the same
 //! block of its peers (the exchange: allpair.rs). In place (`recv == send + me * bytes`) each
 //! unit of the own block is read before it is written; the sends read only the other blocks.
 //! Kernel: kernels/cuda/src/collectives/reduce_scatter/packet.cu.
 
 use super::super::algorithm::native_algorithm;
-use super::super::allpair::{self, unit_bytes, units};
+use super::super::allpair::{self, units, UNIT_BYTES};
 use super::super::host_math::with_elem;
 use crate::kernels;
 
@@ -22,7 +21,7 @@ pub struct Packet;
 native_algorithm! {
     Packet: "packet", ReduceScatter;
     check(self, res, call) {
-        allpair::check(res, call, "reducescatter packet", units(call), unit_bytes(call.dtype))
+        allpair::check(res, call, "reducescatter packet", units(call), UNIT_BYTES)
     }
 
     launch_gpu(self, res, gpu, call, stream) {

@@ -1,12 +1,10 @@
 // All-reduce allpair_packet (core/src/collectives/allreduce/allpair_packet.rs has the protocol):
 // every rank writes its whole input as LL packets into every peer's scratch region `rank` (every
 // warp of every block sends), then all warps reduce the ranks' packets in rank order.
-// Packets: LL8 (4-byte words) for elements up to 4 bytes, LL16 (8-byte words) for 8-byte ones.
+// Packets: LL16 (8-byte words) for every type (docs/perf.md round 28: faster than LL8 from 256 KiB).
 // Block b owns the 32-word stripes `(idx / 32) % gridDim.x == b` for both sending and reducing,
 // which keeps in-place calls safe behind one __syncthreads.
 // Kernels: allreduce_allpair_packet_<dtype>_<op>(CollArgs), extra[0] = words.
-#include <type_traits>
-
 #include "../common.hpp"
 
 namespace mscclpp {
@@ -14,7 +12,7 @@ namespace coll {
 
 template <typename T, int OP>
 MSCCLPP_DEVICE_INLINE void allpairPacket(const CollArgs& a) {
-  using P = typename std::conditional<(sizeof(T) <= 4), LL8Packet, LL16Packet>::type;
+  using P = LL16Packet;
   const uint64_t total = a.count * sizeof(T);
   const uint64_t nWords = a.extra[0];
   const uint32_t flag = blockFlag(a);

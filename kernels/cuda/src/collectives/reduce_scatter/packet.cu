@@ -2,13 +2,12 @@
 // rank writes block p of its input as LL packets into region `rank` of rank p's LL half (every warp
 // of every block sends), then all warps reduce their own block over the ranks in rank order
 // (the own input for this rank, the peers' packets otherwise). One hop, for small messages.
-// Packets: LL8 (4-byte words) for elements up to 4 bytes, LL16 (8-byte words) for 8-byte ones.
+// Packets: LL16 (8-byte words) for every type: half as many packets as LL8 for the same bytes, as fast
+// or faster at every size measured (docs/perf.md round 28).
 // Block b owns the 32-word stripes `(idx / 32) % gridDim.x == b` for sending and reducing. In
 // place (`recv == send + rank * bytes`) each word of the own block is read before it is written,
 // by the same thread; the sends read only the other blocks.
 // Kernels: reducescatter_packet_<dtype>_<op>(CollArgs), extra[0] = words per block.
-#include <type_traits>
-
 #include "../common.hpp"
 
 namespace mscclpp {
@@ -16,7 +15,7 @@ namespace coll {
 
 template <typename T, int OP>
 MSCCLPP_DEVICE_INLINE void reduceScatterPacket(const CollArgs& a) {
-  using P = typename std::conditional<(sizeof(T) <= 4), LL8Packet, LL16Packet>::type;
+  using P = LL16Packet;
   const uint64_t total = a.count * sizeof(T);
   const uint64_t nWords = a.extra[0];
   const uint32_t flag = blockFlag(a);
