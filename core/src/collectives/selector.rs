@@ -1,9 +1,10 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
 //! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one
 //! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS, with our
-//! measured limits: all-reduce up to 64 KiB (16 KiB above 4 ranks) `allpair_packet`, up to 1
-//! MiB `packet`, larger `rsag`; all-gather and reduce-scatter `packet` up to 512 KiB per rank,
-//! then `fullmesh`; broadcast `packet` up to 1 MiB, then `fullmesh`). The large-size choice is measured: two ranks sharing one
+//! measured limits, smaller with more ranks: all-reduce `allpair_packet` up to 1 MiB with 2
+//! ranks (64 KiB with 3-4, 16 KiB above), `packet` up to 1 MiB, larger `rsag`; all-gather,
+//! reduce-scatter and broadcast `packet` up to [`packet_max_bytes`], then `zero_copy` on
+//! registered buffers or `fullmesh`). The large-size choice is measured: two ranks sharing one
 //! H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
 //! `rsag` took 12.3 / 103.0 / 786.4 us at 4 / 32 / 256 MiB where `rsag_pipeline` took 25.5 /
 //! 129.5 / 921.1.
@@ -99,35 +100,72 @@ pub fn select_where(
 pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
 
 /// Bytes up to which the all-reduce takes `allpair_packet` (every rank sends its whole buffer to
-/// every peer in one LL hop) before `packet` (two LL hops) with up to [`ALLPAIR_WIDE_MAX_RANKS`]
-/// ranks; 16 KiB with more. Measured on an H100 shared by 2 and 4 ranks under MPS (`coll_perf
-/// --algo allpair_packet|packet`, graph mode, docs/perf.md round 27): `allpair_packet` 2.99 /
-/// 4.56 us at 64 KiB where `packet` took 3.88 / 6.31; at 256 KiB faster with 2 ranks (3.58
-/// against 3.96), slower with 4 (7.77 against 6.79).
-pub const ALLPAIR_PACKET_MAX_BYTES: usize = 64 << 10;
-
-/// The most ranks for which [`ALLPAIR_PACKET_MAX_BYTES`] holds (each rank sends n - 1 copies).
-pub const ALLPAIR_WIDE_MAX_RANKS: usize = 4;
+/// every peer in one LL hop) before `packet` (two LL hops), by world size: 1 MiB with 2 ranks,
+/// 64 KiB with 3 or 4, 16 KiB with more. Measured on an H100 shared by the ranks under MPS
+/// (`coll_perf --algo allpair_packet|packet`, half, graph mode; docs/perf.md rounds 27 and 28):
+/// with LL16 packets `allpair_packet` took 3.36 / 5.10 us at 256 KiB / 1 MiB with 2 ranks where
+/// `packet` took 3.99 / 5.67; with 4 ranks 4.3 us at 64 KiB against 6.3, and 7.0 at 256 KiB
+/// against 6.8. Above 4 ranks not measured (each rank sends n - 1 copies).
+pub fn allpair_packet_max_bytes(nranks: usize) -> usize {
+    match nranks {
+        0..=2 => 1 << 20,
+        3..=4 => 64 << 10,
+        _ => 16 << 10,
+    }
+}
 
 /// Bytes per rank up to which the all-gather takes `packet` (one LL hop) before `fullmesh` (two
-/// handshakes around its copies). Measured on an H100 shared by 2 and 4 ranks under MPS
-/// (`coll_perf --coll allgather --algo packet|fullmesh`, graph mode, docs/perf.md round 27):
-/// `packet` 2.6 / 3.5 us at 1 KiB in all where `fullmesh` took 6.3 / 10.6, and still 3.9 / 6.6
-/// at 1 MiB in all (512 / 256 KiB per rank) against 10.2 / 18.2.
-pub const ALLGATHER_PACKET_MAX_BYTES: usize = 512 << 10;
+/// handshakes around its copies): 512 KiB with up to 4 ranks, 128 KiB with more. Measured on
+/// an H100 shared by the ranks under MPS (`coll_perf --coll allgather --algo packet|fullmesh`,
+/// half, graph mode; docs/perf.md rounds 27 and 28): 3.9 / 6.6 us at 1 MiB in all with 2 / 4
+/// ranks against 10.2 / 18.2 for `fullmesh`; with 8 ranks 19.1 us at 1 MiB in all (128 KiB
+/// per rank) against 29.2, but 63.7 at 4 MiB (512 KiB per rank) against 42.6.
+pub fn allgather_packet_max_bytes(nranks: usize) -> usize {
+    if nranks <= 4 {
+        512 << 10
+    } else {
+        128 << 10
+    }
+}
 
 /// Bytes per rank (what a rank receives) up to which the reduce-scatter takes `packet` (one LL
-/// hop) before `fullmesh`. Measured as [`ALLGATHER_PACKET_MAX_BYTES`] (half, LL8 packets,
-/// graph mode, docs/perf.md round 27): `packet` 2.6 / 3.4 us at 1 KiB in all with 2 / 4 ranks
-/// where `fullmesh` took 6.2 / 10.7, and 4.6 / 8.0 at 1 MiB in all (512 / 256 KiB per rank)
-/// against 9.3 / 16.3.
-pub const REDUCESCATTER_PACKET_MAX_BYTES: usize = 512 << 10;
+/// hop) before `fullmesh`: 1 MiB with 2 ranks, 256 KiB with 3 or 4, 64 KiB with more. Measured
+/// as [`allgather_packet_max_bytes`] (LL16 packets, round 28): 4.2 / 9.3 us at 1 / 4 MiB in
+/// all with 2 ranks against 9.3 / 9.9 for `fullmesh` (and 7.9 for `zero_copy` on registered
+/// buffers at 4 MiB, hence 1 MiB per rank, not 2); with 4 ranks 7.3 at 1 MiB in all against
+/// 16.3, but 30 at 4 MiB against 20.6; with 8 ranks (LL8 packets then) 7.8 at 256 KiB in all
+/// against 19.8, 30.4 at 1 MiB against 25.6.
+pub fn reducescatter_packet_max_bytes(nranks: usize) -> usize {
+    match nranks {
+        0..=2 => 1 << 20,
+        3..=4 => 256 << 10,
+        _ => 64 << 10,
+    }
+}
 
 /// Bytes up to which the broadcast takes `packet` (one LL hop from the root) before `fullmesh`
-/// (a handshake before its copies). Measured as [`ALLGATHER_PACKET_MAX_BYTES`] (half, graph
-/// mode, docs/perf.md round 27): `packet` 2.4 / 2.7 us at 1 KiB with 2 / 4 ranks where
-/// `fullmesh` took 5.5 / 8.0, and 4.2 / 10.4 at 1 MiB against 9.4 / 14.5.
-pub const BROADCAST_PACKET_MAX_BYTES: usize = 1 << 20;
+/// (a handshake before its copies): 1 MiB with up to 4 ranks, 256 KiB with more. Measured as
+/// [`allgather_packet_max_bytes`]: 2.4 / 2.7 us at 1 KiB with 2 / 4 ranks where `fullmesh`
+/// took 5.5 / 8.0, and 4.2 / 10.4 at 1 MiB against 9.4 / 14.5; with 8 ranks 11.1 at 256 KiB
+/// against 19.5 (at 1 MiB the 8 regions do not fit one LL half).
+pub fn broadcast_packet_max_bytes(nranks: usize) -> usize {
+    if nranks <= 4 {
+        1 << 20
+    } else {
+        256 << 10
+    }
+}
+
+/// The one-hop packet algorithm's limit of `kind` for `nranks` ranks (the `*_packet_max_bytes`
+/// above; all-reduce: `allpair_packet`'s), in the bytes of [`Query::bytes`].
+pub fn packet_max_bytes(kind: CollectiveKind, nranks: usize) -> usize {
+    match kind {
+        CollectiveKind::AllReduce => allpair_packet_max_bytes(nranks),
+        CollectiveKind::AllGather => allgather_packet_max_bytes(nranks),
+        CollectiveKind::ReduceScatter => reducescatter_packet_max_bytes(nranks),
+        CollectiveKind::Broadcast => broadcast_packet_max_bytes(nranks),
+    }
+}
 
 /// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
 fn zero_copy(q: &Query) -> bool {
@@ -155,12 +193,7 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
             {
                 return prefs;
             }
-            let allpair_max = if q.nranks <= ALLPAIR_WIDE_MAX_RANKS {
-                ALLPAIR_PACKET_MAX_BYTES
-            } else {
-                16 << 10
-            };
-            if q.bytes <= allpair_max {
+            if q.bytes <= allpair_packet_max_bytes(q.nranks) {
                 &["allpair_packet", "packet", "rsag"]
             } else if q.bytes <= 1 << 20 {
                 &["packet", "rsag", "allpair_packet"]
@@ -177,23 +210,26 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
                 &["rsag", "rsag_pipeline", "packet"]
             }
         }
-        // Registered on every rank and above ZERO_COPY_MIN_BYTES: straight between the user
-        // buffers (zero_copy.rs; buffers the cache cannot map on every rank fall back to
-        // fullmesh inside it, alike).
-        CollectiveKind::AllGather if zero_copy(q) => &["zero_copy", "fullmesh", "port_channel"],
-        CollectiveKind::AllGather if q.bytes <= ALLGATHER_PACKET_MAX_BYTES => {
+        // The one-hop packet algorithms first, registered or not: on an H100 shared by 2 ranks
+        // (nccl-tests `-R 0` / `-R 1`, round 28) they took 4.5 / 4.9 / 4.6 us at 512 KiB per
+        // rank where `zero_copy` took 8.5 / 7.3 / 8.5 (all-gather / reduce-scatter / broadcast
+        // of 1 MiB). Above their limits, registered on every rank and above
+        // ZERO_COPY_MIN_BYTES: straight between the user buffers (zero_copy.rs; buffers the
+        // cache cannot map on every rank fall back to fullmesh inside it, alike).
+        CollectiveKind::AllGather if q.bytes <= allgather_packet_max_bytes(q.nranks) => {
             &["packet", "fullmesh", "port_channel"]
         }
+        CollectiveKind::AllGather if zero_copy(q) => &["zero_copy", "fullmesh", "port_channel"],
         CollectiveKind::AllGather => &["fullmesh", "port_channel"],
+        CollectiveKind::ReduceScatter if q.bytes <= reducescatter_packet_max_bytes(q.nranks) => {
+            &["packet", "fullmesh"]
+        }
         CollectiveKind::ReduceScatter if zero_copy(q) => &["zero_copy", "fullmesh"],
-        CollectiveKind::ReduceScatter if q.bytes <= REDUCESCATTER_PACKET_MAX_BYTES => {
-            &["packet", "fullmesh"]
-        }
         CollectiveKind::ReduceScatter => &["fullmesh"],
-        CollectiveKind::Broadcast if zero_copy(q) => &["zero_copy", "fullmesh"],
-        CollectiveKind::Broadcast if q.bytes <= BROADCAST_PACKET_MAX_BYTES => {
+        CollectiveKind::Broadcast if q.bytes <= broadcast_packet_max_bytes(q.nranks) => {
             &["packet", "fullmesh"]
         }
+        CollectiveKind::Broadcast if zero_copy(q) => &["zero_copy", "fullmesh"],
         CollectiveKind::Broadcast => &["fullmesh"],
     }
 }
@@ -323,43 +359,34 @@ mod tests {
     fn defaults_by_size() {
         use CollectiveKind::*;
         assert_eq!(pick(AllReduce, 1 << 10, 8), "allpair_packet");
-        assert_eq!(pick(AllReduce, 16 << 10, 2), "allpair_packet");
-        assert_eq!(
-            pick(AllReduce, ALLPAIR_PACKET_MAX_BYTES, 4),
-            "allpair_packet"
-        );
-        assert_eq!(pick(AllReduce, ALLPAIR_PACKET_MAX_BYTES + 1, 4), "packet");
-        // Above ALLPAIR_WIDE_MAX_RANKS ranks the one hop stops at 16 KiB.
+        // allpair_packet: 1 MiB with 2 ranks, 64 KiB with 3-4, 16 KiB above.
+        assert_eq!(pick(AllReduce, 1 << 20, 2), "allpair_packet");
+        assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag");
+        assert_eq!(pick(AllReduce, 64 << 10, 4), "allpair_packet");
+        assert_eq!(pick(AllReduce, (64 << 10) + 1, 4), "packet");
+        assert_eq!(pick(AllReduce, 1 << 20, 4), "packet");
+        assert_eq!(pick(AllReduce, (1 << 20) + 1, 4), "rsag");
         assert_eq!(pick(AllReduce, 16 << 10, 8), "allpair_packet");
         assert_eq!(pick(AllReduce, (16 << 10) + 1, 8), "packet");
-        assert_eq!(pick(AllReduce, 1 << 20, 2), "packet");
-        assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag");
         assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag");
-        // All-gather: one LL hop for small messages, then fullmesh.
-        assert_eq!(pick(AllGather, 1, 2), "packet");
-        assert_eq!(pick(AllGather, ALLGATHER_PACKET_MAX_BYTES, 8), "packet");
-        assert_eq!(
-            pick(AllGather, ALLGATHER_PACKET_MAX_BYTES + 1, 2),
-            "fullmesh"
-        );
-        assert_eq!(pick(AllGather, 1 << 30, 4), "fullmesh");
-        // Reduce-scatter alike.
-        assert_eq!(pick(ReduceScatter, 1, 4), "packet");
-        assert_eq!(
-            pick(ReduceScatter, REDUCESCATTER_PACKET_MAX_BYTES, 8),
-            "packet"
-        );
-        assert_eq!(
-            pick(ReduceScatter, REDUCESCATTER_PACKET_MAX_BYTES + 1, 2),
-            "fullmesh"
-        );
-        assert_eq!(pick(ReduceScatter, 1 << 30, 4), "fullmesh");
-        // Broadcast: one LL hop from the root for small messages, then fullmesh.
-        assert_eq!(pick(Broadcast, 1, 8), "packet");
-        assert_eq!(pick(Broadcast, BROADCAST_PACKET_MAX_BYTES, 2), "packet");
-        for bytes in [BROADCAST_PACKET_MAX_BYTES + 1, 1 << 30] {
-            assert_eq!(pick(Broadcast, bytes, 8), "fullmesh");
+        // All-gather, reduce-scatter, broadcast: one LL hop up to their limits, then fullmesh.
+        for kind in [AllGather, ReduceScatter, Broadcast] {
+            for n in [2, 3, 4, 8] {
+                let max = packet_max_bytes(kind, n);
+                assert_eq!(pick(kind, 1, n), "packet", "{kind} {n}");
+                assert_eq!(pick(kind, max, n), "packet", "{kind} {n}");
+                assert_eq!(pick(kind, max + 1, n), "fullmesh", "{kind} {n}");
+                assert_eq!(pick(kind, 1 << 30, n), "fullmesh", "{kind} {n}");
+            }
         }
+        // The limits shrink with the world size (each rank sends or receives n - 1 copies).
+        assert_eq!(allgather_packet_max_bytes(2), 512 << 10);
+        assert_eq!(allgather_packet_max_bytes(8), 128 << 10);
+        assert_eq!(reducescatter_packet_max_bytes(2), 1 << 20);
+        assert_eq!(reducescatter_packet_max_bytes(4), 256 << 10);
+        assert_eq!(reducescatter_packet_max_bytes(8), 64 << 10);
+        assert_eq!(broadcast_packet_max_bytes(4), 1 << 20);
+        assert_eq!(broadcast_packet_max_bytes(8), 256 << 10);
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
     }
 
@@ -390,36 +417,40 @@ mod tests {
             CollectiveKind::ReduceScatter,
             CollectiveKind::Broadcast,
         ] {
-            for bytes in [1, ZERO_COPY_MIN_BYTES, ZERO_COPY_MIN_BYTES + 1, 1 << 30] {
+            for (n, bytes) in [2, 4, 8].into_iter().flat_map(|n| {
+                let max = packet_max_bytes(kind, n);
+                [
+                    1,
+                    ZERO_COPY_MIN_BYTES,
+                    ZERO_COPY_MIN_BYTES + 1,
+                    max,
+                    max + 1,
+                    1 << 30,
+                ]
+                .map(|b| (n, b))
+            }) {
                 let q = |registered| Query {
                     kind,
                     bytes,
-                    nranks: 4,
-                    nranks_per_node: 4,
+                    nranks: n,
+                    nranks_per_node: n,
                     nnodes: 1,
                     arch: (9, 0),
                     host: false,
                     nvls: false,
                     registered,
                 };
-                // Small calls take the one-hop packet algorithms, registered or not.
-                let packet_max = match kind {
-                    CollectiveKind::AllGather => ALLGATHER_PACKET_MAX_BYTES,
-                    CollectiveKind::ReduceScatter => REDUCESCATTER_PACKET_MAX_BYTES,
-                    _ => BROADCAST_PACKET_MAX_BYTES,
-                };
-                let small = if bytes <= packet_max {
-                    "packet"
-                } else {
-                    "fullmesh"
-                };
-                let want = if bytes > ZERO_COPY_MIN_BYTES {
+                // Up to their limits the one-hop packet algorithms, registered or not; above,
+                // zero_copy on registered buffers above ZERO_COPY_MIN_BYTES, else fullmesh.
+                let small = bytes <= packet_max_bytes(kind, n);
+                let plain = if small { "packet" } else { "fullmesh" };
+                let want = if !small && bytes > ZERO_COPY_MIN_BYTES {
                     "zero_copy"
                 } else {
-                    small
+                    plain
                 };
-                assert_eq!(select_n(&q(true)).unwrap(), want, "{kind} {bytes}");
-                assert_eq!(select_n(&q(false)).unwrap(), small, "{kind} {bytes}");
+                assert_eq!(select_n(&q(true)).unwrap(), want, "{kind} {bytes} {n}");
+                assert_eq!(select_n(&q(false)).unwrap(), plain, "{kind} {bytes} {n}");
             }
         }
     }

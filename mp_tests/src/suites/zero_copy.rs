@@ -1,8 +1,8 @@
 //! Issue 28: zero-copy all-gather, reduce-scatter and broadcast, and the eager per-call cost.
 //! * ZeroCopyTest.GatherScatterBroadcastByDefault: on buffers registered on every rank
 //!   (`Collectives::choose_registered`) the default choice of all-gather, reduce-scatter and
-//!   broadcast is `zero_copy` above `ZERO_COPY_MIN_BYTES` per rank (below: `fullmesh`, and
-//!   `packet` up to each collective's `*_PACKET_MAX_BYTES`), its
+//!   broadcast is `packet` up to each collective's `selector::packet_max_bytes`, then
+//!   `zero_copy` above `ZERO_COPY_MIN_BYTES` per rank (`fullmesh` between), its
 //!   buffers are mapped on every rank (the cache holds them), and the results are exact
 //!   (integers), in and out of place, odd sizes, every root;
 //! * ZeroCopyTest.SmallerCallAtTheSameAddressHitsTheCache: a call on the start of a buffer
@@ -25,16 +25,19 @@
 //!   all-reduce (1 KiB, not registered: at most 2) and one zero-copy all-gather (at most 4) make
 //!   on the calling thread, once warmed up.
 
-use mscclpp::collectives::selector::{
-    ALLGATHER_PACKET_MAX_BYTES, BROADCAST_PACKET_MAX_BYTES, REDUCESCATTER_PACKET_MAX_BYTES,
-    ZERO_COPY_MIN_BYTES,
-};
+use mscclpp::collectives::selector::{packet_max_bytes, ZERO_COPY_MIN_BYTES};
 use mscclpp::collectives::{Call, CollectiveKind, DataType, ReduceOp};
 use mscclpp::GpuBuffer;
 use mscclpp_framework::*;
 
 use super::coll_common::*;
 use super::memory_channel::common::{is_gpu_build, ok};
+
+/// i32 per rank of `kind` on `n` ranks above which the registered default choice is
+/// `zero_copy` (above `ZERO_COPY_MIN_BYTES` and above the one-hop `packet`'s limit).
+fn zero_copy_floor(kind: CollectiveKind, n: usize) -> usize {
+    ZERO_COPY_MIN_BYTES.max(packet_max_bytes(kind, n)) / 4
+}
 
 /// Elements of `kind`'s input and output for a per-rank `count` on `n` ranks.
 fn extents(kind: CollectiveKind, count: usize, n: usize) -> (usize, usize) {
@@ -133,8 +136,8 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
         SKIP!("world size 1 always copies");
     }
     let seed = agreed_seed();
-    // i32 per rank: above ZERO_COPY_MIN_BYTES (256 KiB) zero_copy, below fullmesh (packet up to
-    // the *_PACKET_MAX_BYTES of each collective).
+    // i32 per rank: packet up to each collective's packet_max_bytes, then zero_copy above
+    // ZERO_COPY_MIN_BYTES (256 KiB), fullmesh between.
     let counts: &[usize] = if at_scale(n) {
         &[7, 65_537]
     } else {
@@ -153,16 +156,10 @@ TEST!(ZeroCopyTest, GatherScatterBroadcastByDefault, |_ctx| {
         };
         for &count in counts {
             let (ins, outs) = extents(kind, count, n);
-            let want = if count * 4 > ZERO_COPY_MIN_BYTES {
-                "zero_copy"
-            } else if count * 4
-                <= match kind {
-                    CollectiveKind::AllGather => ALLGATHER_PACKET_MAX_BYTES,
-                    CollectiveKind::ReduceScatter => REDUCESCATTER_PACKET_MAX_BYTES,
-                    _ => BROADCAST_PACKET_MAX_BYTES,
-                }
-            {
+            let want = if count * 4 <= packet_max_bytes(kind, n) {
                 "packet"
+            } else if count * 4 > ZERO_COPY_MIN_BYTES {
+                "zero_copy"
             } else {
                 "fullmesh"
             };
@@ -229,8 +226,9 @@ TEST!(
             SKIP!("world size 1 always copies");
         }
         let seed = agreed_seed();
-        // i32 per rank; the smaller call below is still above ZERO_COPY_MIN_BYTES.
-        let big = 3 * (ZERO_COPY_MIN_BYTES / 4);
+        // i32 per rank; the smaller call below still takes zero_copy.
+        let floor = zero_copy_floor(CollectiveKind::AllGather, n);
+        let big = 3 * floor;
         let (a, b) = buffers(env.device, n * big * 4);
         let res = env.coll.resources();
         let before = res.user_buffers().len();
@@ -254,7 +252,7 @@ TEST!(
         );
         // A smaller size at the same address, as under capture (no collective registration
         // allowed): the larger registration is a hit.
-        let small = ZERO_COPY_MIN_BYTES / 4 + 5;
+        let small = floor + 5;
         let hit = ok!(
             res.user_buffers().get_or_register(
                 res.comm(),
@@ -318,12 +316,12 @@ TEST!(ZeroCopyTest, CallsInsideARegistrationAreViews, |_ctx| {
         (CollectiveKind::AllReduce, (1 << 18) + 3, "rsag_zero_copy"),
         (
             CollectiveKind::AllGather,
-            ZERO_COPY_MIN_BYTES / 4 + 9,
+            zero_copy_floor(CollectiveKind::AllGather, n) + 9,
             "zero_copy",
         ),
         (
             CollectiveKind::ReduceScatter,
-            ZERO_COPY_MIN_BYTES / 4 + 9,
+            zero_copy_floor(CollectiveKind::ReduceScatter, n) + 9,
             "zero_copy",
         ),
     ]
@@ -416,7 +414,7 @@ TEST!(ZeroCopyTest, DeclaredBuffersAreRegisteredWhole, |_ctx| {
     let res = env.coll.resources();
     let cache = res.user_buffers();
     let kind = CollectiveKind::ReduceScatter;
-    let count = ZERO_COPY_MIN_BYTES / 4 + 9;
+    let count = zero_copy_floor(kind, n) + 9;
     let (ins, _) = extents(kind, count, n);
     // Two slots each, as nccl-tests' send and receive ranges; fresh (no registration of an
     // earlier test inside them).
@@ -503,7 +501,7 @@ TEST!(ZeroCopyTest, UnexportableBuffersFallBackAlike, |_ctx| {
     if is_gpu_build() {
         SKIP!("private host memory is no device memory: the host backend's case");
     }
-    let count = ZERO_COPY_MIN_BYTES / 4 + 1001;
+    let count = zero_copy_floor(CollectiveKind::AllGather, n) + 1001;
     let seed = agreed_seed();
     let rank = env.coll.rank();
     let all = all_values(DataType::I32, ReduceOp::Sum, seed, 7, n, count);
@@ -553,8 +551,8 @@ TEST!(CollectivesEagerTest, DriverCallsPerCall, |_ctx| {
     let n = env.coll.nranks();
     let calls = 50u64;
     let count = 256; // 1 KiB of i32
-                     // Room for the all-gather below: n blocks of ZERO_COPY_MIN_BYTES + 16.
-    let ag_count = ZERO_COPY_MIN_BYTES / 4 + 4;
+                     // Room for the all-gather below (zero_copy): n blocks of its floor + 16 bytes.
+    let ag_count = zero_copy_floor(CollectiveKind::AllGather, n) + 4;
     let (a, b) = buffers(env.device, n * ag_count * 4);
     let st = env.raw_stream();
     let all_reduce = || {

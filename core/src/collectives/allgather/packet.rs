@@ -2,7 +2,7 @@
 //! peer's scratch (all warps of each block send) and, out of place, copies it into its own
 //! output slot; then it unpacks every peer's region into that peer's output slot. One hop where
 //! `fullmesh` makes two handshakes around its copies: for small messages (the selector takes it
-//! up to [`super::super::selector::ALLGATHER_PACKET_MAX_BYTES`] per rank).
+//! up to [`super::super::selector::allgather_packet_max_bytes`] per rank).
 //!
 //! Scratch: LL half `flag & 1`, region of source rank `r` at `r * words * 16` (8 payload bytes
 //! per 16-byte packet; the tail word is zero-padded). Blocks own stripes of 32 consecutive

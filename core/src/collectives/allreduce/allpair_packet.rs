@@ -1,7 +1,7 @@
 //! All-reduce `allpair_packet`: every rank writes its whole input as LL packets into every
 //! peer's scratch (all warps of each block send), then reduces all ranks' packets in rank
-//! order. One hop; for small messages (the selector uses it up to 64 KiB with up to 4 ranks,
-//! 16 KiB with more: `selector::ALLPAIR_PACKET_MAX_BYTES`).
+//! order. One hop; for small messages (the selector uses it up to 1 MiB with 2 ranks, 64 KiB
+//! with 3 or 4, 16 KiB with more: `selector::allpair_packet_max_bytes`).
 //!
 //! Packets: LL16 (8-byte payload) for every type (`allpair::UNIT_BYTES`). Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
 //! Blocks own stripes of 32 consecutive units, round robin, so a block only waits for the same

@@ -2,7 +2,7 @@
 //! peer's scratch (every warp of every block sends) and, out of place, copies it into its own
 //! output; every other rank unpacks the root's region into its output. One hop where `fullmesh`
 //! shakes hands before its copies: for small messages (the selector takes it up to
-//! [`super::super::selector::BROADCAST_PACKET_MAX_BYTES`]).
+//! [`super::super::selector::broadcast_packet_max_bytes`]).
 //!
 //! Notes: the one-hop exchanges (allpair.rs) may write into a peer's LL half of two launches ago
 //! because a rank that finished a launch has read packets of every peer, so every peer had

@@ -2,7 +2,7 @@
 //! `rank` of rank p's scratch (all warps of each block send), then reduces its own block over
 //! the ranks in rank order (its own input for itself, the peers' packets otherwise). One hop where
 //! `fullmesh` makes two handshakes around its copies: for small messages (the selector takes it
-//! up to [`super::super::selector::REDUCESCATTER_PACKET_MAX_BYTES`] per rank).
+//! up to [`super::super::selector::reducescatter_packet_max_bytes`] per rank).
 //!
 //! Packets: LL16 (8-byte payload) for every type (`allpair::UNIT_BYTES`). Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
 //! Blocks own stripes of 32 consecutive units, round robin, so a block only waits for the same
