@@ -1,8 +1,8 @@
 //! The default choice of algorithm by collective, message size, world size, ranks per node
 //! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one
 //! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS, with our
-//! measured limits, smaller with more ranks: all-reduce `allpair_packet` up to 1 MiB with 2
-//! ranks (64 KiB with 3-4, 16 KiB above), `packet` up to 1 MiB, larger `rsag`; all-gather,
+//! measured limits, smaller with more ranks: all-reduce `allpair_packet` up to 2 MiB with 2
+//! ranks (128 KiB with 3-4, 64 KiB with 5-8), `packet` up to 1 MiB, larger `rsag`; all-gather,
 //! reduce-scatter and broadcast `packet` up to [`packet_max_bytes`], then `zero_copy` on
 //! registered buffers or `fullmesh`). The large-size choice is measured: two ranks sharing one
 //! H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
@@ -99,60 +99,67 @@ pub fn select_where(
 /// issue-28 target covers (4 MiB and up in total at 2 to 4 ranks) is above it.
 pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
 
+// The one-hop limits below come from `coll_perf` runs of each algorithm forced, on an H100
+// shared by 2, 4 and 8 ranks under MPS (half, graph mode, checked; docs/perf.md round 28, call
+// 3). Above 8 ranks nothing was measured: the limits there are half of 8 ranks' (each rank
+// sends or receives n - 1 copies of its part), and 2 MiB in all of one LL half is never passed
+// (the algorithms' own checks refuse what does not fit; the next preference then runs).
+
 /// Bytes up to which the all-reduce takes `allpair_packet` (every rank sends its whole buffer to
-/// every peer in one LL hop) before `packet` (two LL hops), by world size: 1 MiB with 2 ranks,
-/// 64 KiB with 3 or 4, 16 KiB with more. Measured on an H100 shared by the ranks under MPS
-/// (`coll_perf --algo allpair_packet|packet`, half, graph mode; docs/perf.md rounds 27 and 28):
-/// with LL16 packets `allpair_packet` took 3.36 / 5.10 us at 256 KiB / 1 MiB with 2 ranks where
-/// `packet` took 3.99 / 5.67; with 4 ranks 4.3 us at 64 KiB against 6.3, and 7.0 at 256 KiB
-/// against 6.8. Above 4 ranks not measured (each rank sends n - 1 copies).
+/// every peer in one LL hop) before `packet` (two LL hops) or `rsag`: 2 MiB with 2 ranks, 128
+/// KiB with 3-4, 64 KiB with 5-8, 16 KiB with more. Measured: with 2 ranks 5.1 / 8.7 us at 1 /
+/// 2 MiB where `packet` took 5.7 / 9.2 and `rsag` 10.1 at 2 MiB; with 4 ranks 4.9 at 128 KiB
+/// against 6.9, even at 256 KiB (6.9 / 6.8); with 8 ranks 7.8 at 64 KiB against 11.6, but 12.9-15.1
+/// at 128 KiB against 11.8-12.0.
 pub fn allpair_packet_max_bytes(nranks: usize) -> usize {
     match nranks {
-        0..=2 => 1 << 20,
-        3..=4 => 64 << 10,
+        0..=2 => 2 << 20,
+        3..=4 => 128 << 10,
+        5..=8 => 64 << 10,
         _ => 16 << 10,
     }
 }
 
 /// Bytes per rank up to which the all-gather takes `packet` (one LL hop) before `fullmesh` (two
-/// handshakes around its copies): 512 KiB with up to 4 ranks, 128 KiB with more. Measured on
-/// an H100 shared by the ranks under MPS (`coll_perf --coll allgather --algo packet|fullmesh`,
-/// half, graph mode; docs/perf.md rounds 27 and 28): 3.9 / 6.6 us at 1 MiB in all with 2 / 4
-/// ranks against 10.2 / 18.2 for `fullmesh`; with 8 ranks 19.1 us at 1 MiB in all (128 KiB
-/// per rank) against 29.2, but 63.7 at 4 MiB (512 KiB per rank) against 42.6.
+/// handshakes around its copies) or `zero_copy`: 1 MiB with 2 ranks, 512 KiB with 3-4, 128 KiB
+/// with 5-8, 64 KiB with more. Measured (sizes in all, as nccl-tests): with 2 ranks 5.8 us at
+/// 2 MiB against 10.4 for `fullmesh` (and 8.7 for `zero_copy` on registered buffers), 9.3 at 4
+/// MiB against 10.8 (`zero_copy` 9.0); with 4 ranks 12.6 at 2 MiB against 18.4, 29.4 at 4 MiB
+/// against 20.7; with 8 ranks 18.7 at 1 MiB against 29.4, 42.9 at 2 MiB against 31.3.
 pub fn allgather_packet_max_bytes(nranks: usize) -> usize {
-    if nranks <= 4 {
-        512 << 10
-    } else {
-        128 << 10
+    match nranks {
+        0..=2 => 1 << 20,
+        3..=4 => 512 << 10,
+        5..=8 => 128 << 10,
+        _ => 64 << 10,
     }
 }
 
 /// Bytes per rank (what a rank receives) up to which the reduce-scatter takes `packet` (one LL
-/// hop) before `fullmesh`: 1 MiB with 2 ranks, 256 KiB with 3 or 4, 64 KiB with more. Measured
-/// as [`allgather_packet_max_bytes`] (LL16 packets, round 28): 4.2 / 9.3 us at 1 / 4 MiB in
-/// all with 2 ranks against 9.3 / 9.9 for `fullmesh` (and 7.9 for `zero_copy` on registered
-/// buffers at 4 MiB, hence 1 MiB per rank, not 2); with 4 ranks 7.3 at 1 MiB in all against
-/// 16.3, but 30 at 4 MiB against 20.6; with 8 ranks (LL8 packets then) 7.8 at 256 KiB in all
-/// against 19.8, 30.4 at 1 MiB against 25.6.
+/// hop) before `fullmesh` or `zero_copy`: 1 MiB with 2 ranks, 512 KiB with 3-4, 128 KiB with
+/// 5-8, 64 KiB with more. Measured as [`allgather_packet_max_bytes`]: with 2 ranks 5.4 us at 2
+/// MiB in all against 9.5 for `fullmesh`, 9.2 at 4 MiB against 10.0 (but `zero_copy` 8.1 on
+/// registered buffers, hence 1 MiB per rank); with 4 ranks 12.6-15.3 at 2 MiB against 16.6, 29.8
+/// at 4 MiB against 20.3; with 8 ranks 18.6 at 1 MiB against 25.6, 45.4 at 2 MiB against 30.0.
 pub fn reducescatter_packet_max_bytes(nranks: usize) -> usize {
     match nranks {
         0..=2 => 1 << 20,
-        3..=4 => 256 << 10,
+        3..=4 => 512 << 10,
+        5..=8 => 128 << 10,
         _ => 64 << 10,
     }
 }
 
 /// Bytes up to which the broadcast takes `packet` (one LL hop from the root) before `fullmesh`
-/// (a handshake before its copies): 1 MiB with up to 4 ranks, 256 KiB with more. Measured as
-/// [`allgather_packet_max_bytes`]: 2.4 / 2.7 us at 1 KiB with 2 / 4 ranks where `fullmesh`
-/// took 5.5 / 8.0, and 4.2 / 10.4 at 1 MiB against 9.4 / 14.5; with 8 ranks 11.1 at 256 KiB
-/// against 19.5 (at 1 MiB the 8 regions do not fit one LL half).
+/// (a handshake before its copies) or `zero_copy`: 1 MiB with up to 4 ranks, 512 KiB with 5-8,
+/// 256 KiB with more. Measured: 4.3 / 8.7 us at 1 MiB with 2 / 4 ranks where `fullmesh` took
+/// 9.4 / 14.5 (round 27); with 8 ranks 15.8 at 512 KiB against 19.6 (at 1 MiB the 8 regions do
+/// not fit one LL half).
 pub fn broadcast_packet_max_bytes(nranks: usize) -> usize {
-    if nranks <= 4 {
-        1 << 20
-    } else {
-        256 << 10
+    match nranks {
+        0..=4 => 1 << 20,
+        5..=8 => 512 << 10,
+        _ => 256 << 10,
     }
 }
 
@@ -359,19 +366,21 @@ mod tests {
     fn defaults_by_size() {
         use CollectiveKind::*;
         assert_eq!(pick(AllReduce, 1 << 10, 8), "allpair_packet");
-        // allpair_packet: 1 MiB with 2 ranks, 64 KiB with 3-4, 16 KiB above.
-        assert_eq!(pick(AllReduce, 1 << 20, 2), "allpair_packet");
-        assert_eq!(pick(AllReduce, (1 << 20) + 1, 2), "rsag");
-        assert_eq!(pick(AllReduce, 64 << 10, 4), "allpair_packet");
-        assert_eq!(pick(AllReduce, (64 << 10) + 1, 4), "packet");
+        // allpair_packet: 2 MiB with 2 ranks, 128 KiB with 3-4, 64 KiB with 5-8, 16 KiB above.
+        assert_eq!(pick(AllReduce, 2 << 20, 2), "allpair_packet");
+        assert_eq!(pick(AllReduce, (2 << 20) + 1, 2), "rsag");
+        assert_eq!(pick(AllReduce, 128 << 10, 4), "allpair_packet");
+        assert_eq!(pick(AllReduce, (128 << 10) + 1, 4), "packet");
         assert_eq!(pick(AllReduce, 1 << 20, 4), "packet");
         assert_eq!(pick(AllReduce, (1 << 20) + 1, 4), "rsag");
-        assert_eq!(pick(AllReduce, 16 << 10, 8), "allpair_packet");
-        assert_eq!(pick(AllReduce, (16 << 10) + 1, 8), "packet");
+        assert_eq!(pick(AllReduce, 64 << 10, 8), "allpair_packet");
+        assert_eq!(pick(AllReduce, (64 << 10) + 1, 8), "packet");
+        assert_eq!(pick(AllReduce, 16 << 10, 16), "allpair_packet");
+        assert_eq!(pick(AllReduce, (16 << 10) + 1, 16), "packet");
         assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag");
         // All-gather, reduce-scatter, broadcast: one LL hop up to their limits, then fullmesh.
         for kind in [AllGather, ReduceScatter, Broadcast] {
-            for n in [2, 3, 4, 8] {
+            for n in [2, 3, 4, 8, 16] {
                 let max = packet_max_bytes(kind, n);
                 assert_eq!(pick(kind, 1, n), "packet", "{kind} {n}");
                 assert_eq!(pick(kind, max, n), "packet", "{kind} {n}");
@@ -380,13 +389,19 @@ mod tests {
             }
         }
         // The limits shrink with the world size (each rank sends or receives n - 1 copies).
-        assert_eq!(allgather_packet_max_bytes(2), 512 << 10);
+        for kind in [AllReduce, AllGather, ReduceScatter, Broadcast] {
+            for (a, b) in [(2, 4), (4, 8), (8, 16)] {
+                assert!(
+                    packet_max_bytes(kind, b) <= packet_max_bytes(kind, a),
+                    "{kind} {a} {b}"
+                );
+            }
+        }
+        assert_eq!(allgather_packet_max_bytes(2), 1 << 20);
         assert_eq!(allgather_packet_max_bytes(8), 128 << 10);
-        assert_eq!(reducescatter_packet_max_bytes(2), 1 << 20);
-        assert_eq!(reducescatter_packet_max_bytes(4), 256 << 10);
-        assert_eq!(reducescatter_packet_max_bytes(8), 64 << 10);
-        assert_eq!(broadcast_packet_max_bytes(4), 1 << 20);
-        assert_eq!(broadcast_packet_max_bytes(8), 256 << 10);
+        assert_eq!(reducescatter_packet_max_bytes(4), 512 << 10);
+        assert_eq!(reducescatter_packet_max_bytes(8), 128 << 10);
+        assert_eq!(broadcast_packet_max_bytes(8), 512 << 10);
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
     }
 

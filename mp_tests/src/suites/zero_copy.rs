@@ -34,9 +34,14 @@ use super::coll_common::*;
 use super::memory_channel::common::{is_gpu_build, ok};
 
 /// i32 per rank of `kind` on `n` ranks above which the registered default choice is
-/// `zero_copy` (above `ZERO_COPY_MIN_BYTES` and above the one-hop `packet`'s limit).
+/// zero-copy (`zero_copy` above `ZERO_COPY_MIN_BYTES`, all-reduce `rsag_zero_copy` above 1 MiB;
+/// both above the one-hop packet algorithm's limit).
 fn zero_copy_floor(kind: CollectiveKind, n: usize) -> usize {
-    ZERO_COPY_MIN_BYTES.max(packet_max_bytes(kind, n)) / 4
+    let min = match kind {
+        CollectiveKind::AllReduce => 1 << 20,
+        _ => ZERO_COPY_MIN_BYTES,
+    };
+    min.max(packet_max_bytes(kind, n)) / 4
 }
 
 /// Elements of `kind`'s input and output for a per-rank `count` on `n` ranks.
@@ -313,7 +318,11 @@ TEST!(ZeroCopyTest, CallsInsideARegistrationAreViews, |_ctx| {
     // ranks: 12 MiB per rank at 16 ranks).
     let kinds = if at_scale(n) { 1 } else { 3 };
     for (kind, count, want) in [
-        (CollectiveKind::AllReduce, (1 << 18) + 3, "rsag_zero_copy"),
+        (
+            CollectiveKind::AllReduce,
+            zero_copy_floor(CollectiveKind::AllReduce, n) + 3,
+            "rsag_zero_copy",
+        ),
         (
             CollectiveKind::AllGather,
             zero_copy_floor(CollectiveKind::AllGather, n) + 9,
