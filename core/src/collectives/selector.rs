@@ -101,9 +101,20 @@ pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
 
 // The one-hop limits below come from `coll_perf` runs of each algorithm forced, on an H100
 // shared by 2, 4 and 8 ranks under MPS (half, graph mode, checked; docs/perf.md round 28, call
-// 3). Above 8 ranks nothing was measured: the limits there are half of 8 ranks' (each rank
-// sends or receives n - 1 copies of its part), and 2 MiB in all of one LL half is never passed
-// (the algorithms' own checks refuse what does not fit; the next preference then runs).
+// 3). Above 8 ranks nothing was measured: the limits there are smaller than 8 ranks' (half;
+// the all-reduce keeps its 16 KiB of before), since each rank sends or receives n - 1 copies of
+// its part. A call whose packets do not fit one LL half (8 MiB by default) is refused by the
+// algorithm's own check, and the next preference runs.
+
+/// `limits[i]` for world sizes up to 2, 4, 8 and above (the tiers of the one-hop limits).
+fn by_world_size(nranks: usize, limits: [usize; 4]) -> usize {
+    match nranks {
+        0..=2 => limits[0],
+        3..=4 => limits[1],
+        5..=8 => limits[2],
+        _ => limits[3],
+    }
+}
 
 /// Bytes up to which the all-reduce takes `allpair_packet` (every rank sends its whole buffer to
 /// every peer in one LL hop) before `packet` (two LL hops) or `rsag`: 2 MiB with 2 ranks, 128
@@ -112,12 +123,7 @@ pub const ZERO_COPY_MIN_BYTES: usize = 256 << 10;
 /// against 6.9, even at 256 KiB (6.9 / 6.8); with 8 ranks 7.8 at 64 KiB against 11.6, but 12.9-15.1
 /// at 128 KiB against 11.8-12.0.
 pub fn allpair_packet_max_bytes(nranks: usize) -> usize {
-    match nranks {
-        0..=2 => 2 << 20,
-        3..=4 => 128 << 10,
-        5..=8 => 64 << 10,
-        _ => 16 << 10,
-    }
+    by_world_size(nranks, [2 << 20, 128 << 10, 64 << 10, 16 << 10])
 }
 
 /// Bytes per rank up to which the all-gather takes `packet` (one LL hop) before `fullmesh` (two
@@ -127,12 +133,7 @@ pub fn allpair_packet_max_bytes(nranks: usize) -> usize {
 /// MiB against 10.8 (`zero_copy` 9.0); with 4 ranks 12.6 at 2 MiB against 18.4, 29.4 at 4 MiB
 /// against 20.7; with 8 ranks 18.7 at 1 MiB against 29.4, 42.9 at 2 MiB against 31.3.
 pub fn allgather_packet_max_bytes(nranks: usize) -> usize {
-    match nranks {
-        0..=2 => 1 << 20,
-        3..=4 => 512 << 10,
-        5..=8 => 128 << 10,
-        _ => 64 << 10,
-    }
+    by_world_size(nranks, [1 << 20, 512 << 10, 128 << 10, 64 << 10])
 }
 
 /// Bytes per rank (what a rank receives) up to which the reduce-scatter takes `packet` (one LL
@@ -142,12 +143,7 @@ pub fn allgather_packet_max_bytes(nranks: usize) -> usize {
 /// registered buffers, hence 1 MiB per rank); with 4 ranks 12.6-15.3 at 2 MiB against 16.6, 29.8
 /// at 4 MiB against 20.3; with 8 ranks 18.6 at 1 MiB against 25.6, 45.4 at 2 MiB against 30.0.
 pub fn reducescatter_packet_max_bytes(nranks: usize) -> usize {
-    match nranks {
-        0..=2 => 1 << 20,
-        3..=4 => 512 << 10,
-        5..=8 => 128 << 10,
-        _ => 64 << 10,
-    }
+    by_world_size(nranks, [1 << 20, 512 << 10, 128 << 10, 64 << 10])
 }
 
 /// Bytes up to which the broadcast takes `packet` (one LL hop from the root) before `fullmesh`
@@ -156,11 +152,7 @@ pub fn reducescatter_packet_max_bytes(nranks: usize) -> usize {
 /// 9.4 / 14.5 (round 27); with 8 ranks 15.8 at 512 KiB against 19.6 (at 1 MiB the 8 regions do
 /// not fit one LL half).
 pub fn broadcast_packet_max_bytes(nranks: usize) -> usize {
-    match nranks {
-        0..=4 => 1 << 20,
-        5..=8 => 512 << 10,
-        _ => 256 << 10,
-    }
+    by_world_size(nranks, [1 << 20, 1 << 20, 512 << 10, 256 << 10])
 }
 
 /// The one-hop packet algorithm's limit of `kind` for `nranks` ranks (the `*_packet_max_bytes`
