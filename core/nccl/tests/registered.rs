@@ -10,6 +10,8 @@
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
+use mscclpp::collectives::selector::{packet_max_bytes, ZERO_COPY_MIN_BYTES};
+use mscclpp::collectives::CollectiveKind;
 use mscclpp_nccl::abi::{self, NcclUniqueId};
 use mscclpp_nccl::exports::*;
 use mscclpp_nccl::exports_ops::*;
@@ -114,15 +116,29 @@ fn grouped(comms: &[Comm], what: &str, f: impl Fn(usize, *mut c_void) -> c_int) 
     unsafe { ok(ncclGroupEnd(), &format!("ncclGroupEnd of {what}")) };
 }
 
+/// i32 per rank above which registered all-gathers, reduce-scatters and broadcasts on `n` ranks
+/// take `zero_copy`: above `ZERO_COPY_MIN_BYTES` and above the one-hop `packet`'s limit.
+fn zero_copy_floor(n: usize) -> usize {
+    [
+        CollectiveKind::AllGather,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::Broadcast,
+    ]
+    .into_iter()
+    .map(|k| packet_max_bytes(k, n))
+    .fold(ZERO_COPY_MIN_BYTES, usize::max)
+        / 4
+}
+
 fn run(n: usize, log: &std::path::Path) {
     let comms = grouped_init(n);
-    // i32 per rank: both sizes above the 256 KiB from which registered buffers take zero_copy
-    // (mscclpp::collectives::selector::ZERO_COPY_MIN_BYTES).
-    let big = 100_000;
+    // i32 per rank: both sizes above the floor from which registered buffers take zero_copy.
+    let floor = zero_copy_floor(n);
+    let big = floor + 34_463;
     let ins: Vec<Buf> = comms.iter().map(|&c| Buf::new(c, n * big)).collect();
     let outs: Vec<Buf> = comms.iter().map(|&c| Buf::new(c, n * big)).collect();
     let mut k = 0;
-    for count in [big, 65_537] {
+    for count in [big, floor + 1] {
         for in_place in [false, true] {
             // All-gather: rank r's `count` elements at block r of every output.
             k += 1;
@@ -276,7 +292,7 @@ fn run(n: usize, log: &std::path::Path) {
 /// its own; the INFO log says so), exact.
 fn moving_through_the_range(comms: &[Comm]) {
     let n = comms.len();
-    let (count, slots) = (65_537, 3);
+    let (count, slots) = (zero_copy_floor(n) + 1, 3);
     // The inputs also hold a reduce-scatter's input of n * count one slot in (below).
     let ins: Vec<Buf> = comms
         .iter()
