@@ -10,7 +10,7 @@
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
-use mscclpp::collectives::selector::{packet_max_bytes, ZERO_COPY_MIN_BYTES};
+use mscclpp::collectives::selector::zero_copy_from_bytes;
 use mscclpp::collectives::CollectiveKind;
 use mscclpp_nccl::abi::{self, NcclUniqueId};
 use mscclpp_nccl::exports::*;
@@ -117,7 +117,7 @@ fn grouped(comms: &[Comm], what: &str, f: impl Fn(usize, *mut c_void) -> c_int) 
 }
 
 /// i32 per rank above which registered all-gathers, reduce-scatters and broadcasts on `n` ranks
-/// take `zero_copy`: above `ZERO_COPY_MIN_BYTES` and above the one-hop `packet`'s limit.
+/// all take `zero_copy` (`selector::zero_copy_from_bytes`, the largest of the three).
 fn zero_copy_floor(n: usize) -> usize {
     [
         CollectiveKind::AllGather,
@@ -125,8 +125,9 @@ fn zero_copy_floor(n: usize) -> usize {
         CollectiveKind::Broadcast,
     ]
     .into_iter()
-    .map(|k| packet_max_bytes(k, n))
-    .fold(ZERO_COPY_MIN_BYTES, usize::max)
+    .map(|k| zero_copy_from_bytes(k, n))
+    .max()
+    .unwrap_or(0)
         / 4
 }
 

@@ -32,15 +32,9 @@ pub(crate) fn units(call: &Call) -> usize {
     call.bytes().div_ceil(UNIT_BYTES)
 }
 
-/// Refuses a call whose `units` packets of `unit` payload bytes per rank do not fit one LL half.
-pub(crate) fn check(
-    res: &Resources,
-    call: &Call,
-    what: &str,
-    units: usize,
-    unit: usize,
-) -> Result<()> {
-    let need = res.nranks() * units * packet_bytes(unit);
+/// Refuses a call whose [`units`] packets per rank do not fit one LL half.
+pub(crate) fn check(res: &Resources, call: &Call, what: &str) -> Result<()> {
+    let need = res.nranks() * units(call) * packet_bytes(UNIT_BYTES);
     mesh::check_ll_half(
         res,
         call,
@@ -53,7 +47,7 @@ pub(crate) fn check(
 /// Units per rank from which the exchange launches blocks of 1024 threads (else 512).
 const WIDE_FROM_UNITS: usize = 64 << 10;
 
-/// Launches `k` for `units` units per rank: a block per 4 stripes (1 to 64, at most the blocks
+/// Launches `k` for the call's [`units`] per rank: a block per 4 stripes (1 to 64, at most the blocks
 /// that may wait on each other), 512 threads, 1024 from [`WIDE_FROM_UNITS`] units; every warp
 /// sends and receives. Measured on an H100 shared by 2 and 4 ranks (docs/perf.md round 27):
 /// against the one warp per peer and the 256 threads and 32 blocks before, 512 threads and 64
@@ -67,10 +61,10 @@ pub(crate) unsafe fn launch(
     gpu: &GpuCtx,
     k: Kernel,
     call: &Call,
-    units: usize,
     extra1: u64,
     stream: RawStream,
 ) -> Result<()> {
+    let units = units(call);
     let threads = if units >= WIDE_FROM_UNITS { 1024 } else { 512 };
     let blocks = units
         .div_ceil(STRIPE * 4)
@@ -97,18 +91,17 @@ pub(crate) fn in_stripe(idx: usize, nb: usize, b: usize) -> bool {
     (idx / STRIPE) % nb == b
 }
 
-/// The host backend's exchange of `units` units of `unit` bytes per rank: for each block (one
-/// after another), the sends of its stripe (unit `idx` of the `total`-byte buffer at `src(p)`,
+/// The host backend's exchange of the call's [`units`] per rank: for each block (one after
+/// another), the sends of its stripe (unit `idx` of the `call.bytes()`-byte buffer at `src(p)`,
 /// to peer p), then `take(idx, read)` for each unit of the stripe, where `read(r)` waits for
 /// rank r's packet of that unit (r != this rank). Bumps the LL flags at the end.
 pub(crate) fn host_exchange(
     res: &Resources,
-    units: usize,
-    unit: usize,
-    total: usize,
+    call: &Call,
     src: impl Fn(usize) -> u64,
     mut take: impl FnMut(usize, &dyn Fn(usize) -> Result<Unit>) -> Result<()>,
 ) -> Result<()> {
+    let (units, unit, total) = (units(call), UNIT_BYTES, call.bytes());
     let pkt = packet_bytes(unit);
     let nb = res.config().host_blocks;
     let (me, n) = (res.rank(), res.nranks());
@@ -159,7 +152,7 @@ pub(crate) fn host_reduce<T: HostElem>(
     let (unit, total) = (UNIT_BYTES, call.bytes());
     let (me, n) = (res.rank(), res.nranks());
     let mut all: Vec<Unit> = vec![[0u8; 8]; n];
-    host_exchange(res, units(call), unit, total, src, |idx, read| {
+    host_exchange(res, call, src, |idx, read| {
         for (r, slot) in all.iter_mut().enumerate() {
             *slot = if r == me {
                 // SAFETY: `own` holds `total` bytes.

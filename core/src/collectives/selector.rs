@@ -166,6 +166,19 @@ pub fn packet_max_bytes(kind: CollectiveKind, nranks: usize) -> usize {
     }
 }
 
+/// Bytes (as [`Query::bytes`]) above which a call of `kind` on `nranks` ranks of one node (NVLS
+/// off) whose buffers are registered on every rank takes the zero-copy algorithm by default:
+/// above the one-hop packet limit ([`packet_max_bytes`]) and above [`ZERO_COPY_MIN_BYTES`]
+/// (`zero_copy`) or 1 MiB (the all-reduce's `rsag_zero_copy`, after `packet`). For tests that
+/// size their calls to reach the zero-copy path.
+pub fn zero_copy_from_bytes(kind: CollectiveKind, nranks: usize) -> usize {
+    let min = match kind {
+        CollectiveKind::AllReduce => 1 << 20,
+        _ => ZERO_COPY_MIN_BYTES,
+    };
+    min.max(packet_max_bytes(kind, nranks))
+}
+
 /// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
 fn zero_copy(q: &Query) -> bool {
     q.registered && q.bytes > ZERO_COPY_MIN_BYTES
@@ -458,6 +471,37 @@ mod tests {
                 };
                 assert_eq!(select_n(&q(true)).unwrap(), want, "{kind} {bytes} {n}");
                 assert_eq!(select_n(&q(false)).unwrap(), plain, "{kind} {bytes} {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_copy_from_bytes_is_where_registered_calls_turn_zero_copy() {
+        for kind in [
+            CollectiveKind::AllReduce,
+            CollectiveKind::AllGather,
+            CollectiveKind::ReduceScatter,
+            CollectiveKind::Broadcast,
+        ] {
+            let want = match kind {
+                CollectiveKind::AllReduce => "rsag_zero_copy",
+                _ => "zero_copy",
+            };
+            for n in [2, 3, 4, 8, 16] {
+                let from = zero_copy_from_bytes(kind, n);
+                let q = |bytes| Query {
+                    kind,
+                    bytes,
+                    nranks: n,
+                    nranks_per_node: n,
+                    nnodes: 1,
+                    arch: (9, 0),
+                    host: false,
+                    nvls: false,
+                    registered: true,
+                };
+                assert_ne!(select_n(&q(from)).unwrap(), want, "{kind} {from} {n}");
+                assert_eq!(select_n(&q(from + 1)).unwrap(), want, "{kind} {from} {n}");
             }
         }
     }

@@ -25,7 +25,7 @@
 //!   all-reduce (1 KiB, not registered: at most 2) and one zero-copy all-gather (at most 4) make
 //!   on the calling thread, once warmed up.
 
-use mscclpp::collectives::selector::{packet_max_bytes, ZERO_COPY_MIN_BYTES};
+use mscclpp::collectives::selector::{packet_max_bytes, zero_copy_from_bytes, ZERO_COPY_MIN_BYTES};
 use mscclpp::collectives::{Call, CollectiveKind, DataType, ReduceOp};
 use mscclpp::GpuBuffer;
 use mscclpp_framework::*;
@@ -34,14 +34,9 @@ use super::coll_common::*;
 use super::memory_channel::common::{is_gpu_build, ok};
 
 /// i32 per rank of `kind` on `n` ranks above which the registered default choice is
-/// zero-copy (`zero_copy` above `ZERO_COPY_MIN_BYTES`, all-reduce `rsag_zero_copy` above 1 MiB;
-/// both above the one-hop packet algorithm's limit).
+/// zero-copy (`selector::zero_copy_from_bytes`).
 fn zero_copy_floor(kind: CollectiveKind, n: usize) -> usize {
-    let min = match kind {
-        CollectiveKind::AllReduce => 1 << 20,
-        _ => ZERO_COPY_MIN_BYTES,
-    };
-    min.max(packet_max_bytes(kind, n)) / 4
+    zero_copy_from_bytes(kind, n) / 4
 }
 
 /// Elements of `kind`'s input and output for a per-rank `count` on `n` ranks.

@@ -11,7 +11,7 @@
 //! Kernel: kernels/cuda/src/collectives/allgather/packet.cu.
 
 use super::super::algorithm::{native_algorithm, Call};
-use super::super::allpair;
+use super::super::allpair::{self, UNIT_BYTES as UNIT};
 use super::super::host_ll::{load_unit, store_unit};
 use super::super::mesh;
 use super::super::setup::Resources;
@@ -21,25 +21,17 @@ use crate::kernels;
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct Packet;
 
-/// Payload bytes per packet (LL16).
-const UNIT: usize = 8;
-
-/// Packet payload words per rank.
-fn words(call: &Call) -> usize {
-    call.bytes().div_ceil(UNIT)
-}
-
 native_algorithm! {
     Packet: "packet", AllGather;
     check(self, res, call) {
-        allpair::check(res, call, "allgather packet", words(call), UNIT)
+        allpair::check(res, call, "allgather packet")
     }
 
     launch_gpu(self, res, gpu, call, stream) {
         let k = kernels::collectives::allgather::PACKET;
         // SAFETY: the kernel takes one CollArgs with extra[0] = words, extra[1] = bytes per
         // rank; the caller keeps the buffers alive.
-        unsafe { allpair::launch(res, gpu, k, call, words(call), call.bytes() as u64, stream) }
+        unsafe { allpair::launch(res, gpu, k, call, call.bytes() as u64, stream) }
     }
 
     run_host(self, res, call) {
@@ -54,9 +46,7 @@ fn host(res: &Resources, call: &Call) -> Result<()> {
     let in_place = call.send == own;
     allpair::host_exchange(
         res,
-        words(call),
-        UNIT,
-        total,
+        call,
         |_| call.send,
         |idx, read| {
             if !in_place {

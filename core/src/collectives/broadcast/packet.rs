@@ -16,7 +16,7 @@
 //! Kernel: kernels/cuda/src/collectives/broadcast/packet.cu.
 
 use super::super::algorithm::{host_bump_flags, native_algorithm, Call};
-use super::super::allpair::{self, host_half, in_stripe, STRIPE};
+use super::super::allpair::{self, host_half, in_stripe, units, STRIPE, UNIT_BYTES as UNIT};
 use super::super::host_ll::{get_packet, load_unit, packet_bytes, put_packet, store_unit};
 use super::super::mesh;
 use super::super::setup::Resources;
@@ -26,25 +26,17 @@ use crate::kernels;
 /// The algorithm object (built by [`super::super::collection::native_algorithms`]).
 pub struct Packet;
 
-/// Payload bytes per packet (LL16).
-const UNIT: usize = 8;
-
-/// Packet payload words of the buffer.
-fn words(call: &Call) -> usize {
-    call.bytes().div_ceil(UNIT)
-}
-
 native_algorithm! {
     Packet: "packet", Broadcast;
     check(self, res, call) {
-        allpair::check(res, call, "broadcast packet", words(call), UNIT)
+        allpair::check(res, call, "broadcast packet")
     }
 
     launch_gpu(self, res, gpu, call, stream) {
         let k = kernels::collectives::broadcast::PACKET;
         // SAFETY: the kernel takes one CollArgs with extra[0] = words, extra[1] = bytes; the
         // caller keeps the buffers alive.
-        unsafe { allpair::launch(res, gpu, k, call, words(call), call.bytes() as u64, stream) }
+        unsafe { allpair::launch(res, gpu, k, call, call.bytes() as u64, stream) }
     }
 
     run_host(self, res, call) {
@@ -55,7 +47,7 @@ native_algorithm! {
 /// The host backend's broadcast: the same packets and notes, host block after host block.
 fn host(res: &Resources, call: &Call) -> Result<()> {
     let (me, n, root) = (res.rank(), res.nranks(), call.root);
-    let (total, units, nb) = (call.bytes(), words(call), res.config().host_blocks);
+    let (total, units, nb) = (call.bytes(), units(call), res.config().host_blocks);
     let pkt = packet_bytes(UNIT);
     let (flag, half) = host_half(res);
     let timeout = res.config().host_timeout;

@@ -4,14 +4,15 @@
 //! `fullmesh` makes two handshakes around its copies: for small messages (the selector takes it
 //! up to [`super::super::selector::reducescatter_packet_max_bytes`] per rank).
 //!
-//! Packets: LL16 (8-byte payload) for every type (`allpair::UNIT_BYTES`). Scratch: LL half `flag & 1`, region of source rank `r` at `r * units * packet`.
+//! Packets: LL16 (8-byte payload) for every type (`allpair::UNIT_BYTES`). Scratch: LL half
+//! `flag & 1`, region of source rank `r` at `r * units * packet`.
 //! Blocks own stripes of 32 consecutive units, round robin, so a block only waits for the same
 //! block of its peers (the exchange: allpair.rs). In place (`recv == send + me * bytes`) each
 //! unit of the own block is read before it is written; the sends read only the other blocks.
 //! Kernel: kernels/cuda/src/collectives/reduce_scatter/packet.cu.
 
 use super::super::algorithm::native_algorithm;
-use super::super::allpair::{self, units, UNIT_BYTES};
+use super::super::allpair;
 use super::super::host_math::with_elem;
 use crate::kernels;
 
@@ -21,14 +22,14 @@ pub struct Packet;
 native_algorithm! {
     Packet: "packet", ReduceScatter;
     check(self, res, call) {
-        allpair::check(res, call, "reducescatter packet", units(call), UNIT_BYTES)
+        allpair::check(res, call, "reducescatter packet")
     }
 
     launch_gpu(self, res, gpu, call, stream) {
         let k = kernels::collectives::reduce_scatter::PACKET.instance(call.dtype, call.op)?;
         // SAFETY: the kernel takes one CollArgs with extra[0] = units; the caller keeps the
         // buffers alive.
-        unsafe { allpair::launch(res, gpu, k, call, units(call), 0, stream) }
+        unsafe { allpair::launch(res, gpu, k, call, 0, stream) }
     }
 
     run_host(self, res, call) {
