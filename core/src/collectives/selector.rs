@@ -346,8 +346,9 @@ pub(crate) fn global_selector() -> Option<Arc<dyn Selector>> {
 mod tests {
     use super::*;
 
-    fn pick(kind: CollectiveKind, bytes: usize, nranks: usize) -> &'static str {
-        let q = Query {
+    /// A call of `bytes` on `nranks` ranks of one node (an H100/H200, NVLS off).
+    fn one_node(kind: CollectiveKind, bytes: usize, nranks: usize, registered: bool) -> Query {
+        Query {
             kind,
             bytes,
             nranks,
@@ -356,8 +357,12 @@ mod tests {
             arch: (9, 0),
             host: false,
             nvls: false,
-            registered: false,
-        };
+            registered,
+        }
+    }
+
+    fn pick(kind: CollectiveKind, bytes: usize, nranks: usize) -> &'static str {
+        let q = one_node(kind, bytes, nranks, false);
         let algos = super::super::collection::native_catalogue();
         let name = select(&q, algos).unwrap();
         assert!(
@@ -412,17 +417,7 @@ mod tests {
 
     #[test]
     fn registered_buffers_take_zero_copy_above_one_mib() {
-        let q = |bytes, registered| Query {
-            kind: CollectiveKind::AllReduce,
-            bytes,
-            nranks: 4,
-            nranks_per_node: 4,
-            nnodes: 1,
-            arch: (9, 0),
-            host: false,
-            nvls: false,
-            registered,
-        };
+        let q = |bytes, registered| one_node(CollectiveKind::AllReduce, bytes, 4, registered);
         assert_eq!(select_n(&q(4 << 20, true)).unwrap(), "rsag_zero_copy");
         assert_eq!(select_n(&q(4 << 20, false)).unwrap(), "rsag");
         // Small calls keep the packet algorithms, registered or not.
@@ -449,17 +444,7 @@ mod tests {
                 ]
                 .map(|b| (n, b))
             }) {
-                let q = |registered| Query {
-                    kind,
-                    bytes,
-                    nranks: n,
-                    nranks_per_node: n,
-                    nnodes: 1,
-                    arch: (9, 0),
-                    host: false,
-                    nvls: false,
-                    registered,
-                };
+                let q = |registered| one_node(kind, bytes, n, registered);
                 // Up to their limits the one-hop packet algorithms, registered or not; above,
                 // zero_copy on registered buffers above ZERO_COPY_MIN_BYTES, else fullmesh.
                 let small = bytes <= packet_max_bytes(kind, n);
@@ -489,17 +474,7 @@ mod tests {
             };
             for n in [2, 3, 4, 8, 16] {
                 let from = zero_copy_from_bytes(kind, n);
-                let q = |bytes| Query {
-                    kind,
-                    bytes,
-                    nranks: n,
-                    nranks_per_node: n,
-                    nnodes: 1,
-                    arch: (9, 0),
-                    host: false,
-                    nvls: false,
-                    registered: true,
-                };
+                let q = |bytes| one_node(kind, bytes, n, true);
                 assert_ne!(select_n(&q(from)).unwrap(), want, "{kind} {from} {n}");
                 assert_eq!(select_n(&q(from + 1)).unwrap(), want, "{kind} {from} {n}");
             }
@@ -508,17 +483,7 @@ mod tests {
 
     #[test]
     fn the_first_preference_that_fits_is_taken() {
-        let q = Query {
-            kind: CollectiveKind::AllReduce,
-            bytes: 1 << 10,
-            nranks: 4,
-            nranks_per_node: 4,
-            nnodes: 1,
-            arch: (9, 0),
-            host: false,
-            nvls: false,
-            registered: false,
-        };
+        let q = one_node(CollectiveKind::AllReduce, 1 << 10, 4, false);
         let algos = super::super::collection::native_catalogue();
         let not = |name: &'static str| move |a: &Arc<dyn Algorithm>| a.name() != name;
         assert_eq!(select_where(&q, algos, |_| true).unwrap(), "allpair_packet");
