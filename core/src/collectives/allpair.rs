@@ -47,9 +47,9 @@ pub(crate) fn check(res: &Resources, call: &Call, what: &str) -> Result<()> {
 /// Units per rank from which the exchange launches blocks of 1024 threads (else 512).
 const WIDE_FROM_UNITS: usize = 64 << 10;
 
-/// Launches `k` for the call's [`units`] per rank: a block per 4 stripes (1 to 64, at most the blocks
-/// that may wait on each other), 512 threads, 1024 from [`WIDE_FROM_UNITS`] units; every warp
-/// sends and receives. Measured on an H100 shared by 2 and 4 ranks (docs/perf.md round 27):
+/// Launches `k` for the call's [`units`] per rank: a block per 4 stripes (1 to 64, at most the
+/// blocks that may wait on each other), 512 threads, 1024 from [`WIDE_FROM_UNITS`] units; every
+/// warp sends and receives. Measured on an H100 shared by 2 and 4 ranks (docs/perf.md round 27):
 /// against the one warp per peer and the 256 threads and 32 blocks before, 512 threads and 64
 /// blocks were as fast or faster at every size from 1 KiB to 1 MiB, and 1024 threads faster from
 /// 256 KiB but slower below 64 KiB. `extra[0]` = units, `extra[1]` = `extra1`.
