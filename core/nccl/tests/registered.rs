@@ -10,9 +10,11 @@
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
+mod common;
+
 use mscclpp::collectives::selector::zero_copy_from_bytes;
 use mscclpp::collectives::CollectiveKind;
-use mscclpp_nccl::abi::{self, NcclUniqueId};
+use mscclpp_nccl::abi;
 use mscclpp_nccl::exports::*;
 use mscclpp_nccl::exports_ops::*;
 
@@ -23,23 +25,6 @@ const MAX: c_int = 2;
 
 fn ok(r: c_int, what: &str) {
     assert_eq!(r, abi::SUCCESS, "{what} -> {r}");
-}
-
-/// `n` communicators of one clique created by this thread inside one group.
-fn grouped_init(n: usize) -> Vec<Comm> {
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    let mut comms: Vec<Comm> = vec![null_mut(); n];
-    // SAFETY: valid pointers to locals.
-    unsafe {
-        ok(ncclGetUniqueId(&mut id), "ncclGetUniqueId");
-        ok(ncclGroupStart(), "ncclGroupStart");
-        for (r, c) in comms.iter_mut().enumerate() {
-            let rc = ncclCommInitRank(c as *mut Comm as *mut _, n as c_int, id, r as c_int);
-            ok(rc, "ncclCommInitRank in a group");
-        }
-        ok(ncclGroupEnd(), "ncclGroupEnd of the inits");
-    }
-    comms
 }
 
 /// A registered buffer of `len` i32 of one rank: memory of `ncclMemAlloc`, registered with
@@ -132,7 +117,7 @@ fn zero_copy_floor(n: usize) -> usize {
 }
 
 fn run(n: usize, log: &std::path::Path) {
-    let comms = grouped_init(n);
+    let comms = common::comms_in_group(n);
     // i32 per rank: both sizes above the floor from which registered buffers take zero_copy.
     let floor = zero_copy_floor(n);
     let big = floor + 34_463;
