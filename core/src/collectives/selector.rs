@@ -166,22 +166,26 @@ pub fn packet_max_bytes(kind: CollectiveKind, nranks: usize) -> usize {
     }
 }
 
+/// Bytes up to which an all-reduce above `allpair_packet`'s limit takes `packet` (two LL hops)
+/// before `rsag` or, on registered buffers, `rsag_zero_copy`.
+const ALLREDUCE_PACKET_MAX_BYTES: usize = 1 << 20;
+
 /// Bytes (as [`Query::bytes`]) above which a call of `kind` on `nranks` ranks of one node (NVLS
 /// off) whose buffers are registered on every rank takes the zero-copy algorithm by default:
 /// above the one-hop packet limit ([`packet_max_bytes`]) and above [`ZERO_COPY_MIN_BYTES`]
-/// (`zero_copy`) or 1 MiB (the all-reduce's `rsag_zero_copy`, after `packet`). For tests that
-/// size their calls to reach the zero-copy path.
+/// (`zero_copy`) or 1 MiB (the all-reduce's `rsag_zero_copy`, after `packet`). The default rules
+/// below decide by it; tests size their calls by it to reach the zero-copy path.
 pub fn zero_copy_from_bytes(kind: CollectiveKind, nranks: usize) -> usize {
     let min = match kind {
-        CollectiveKind::AllReduce => 1 << 20,
+        CollectiveKind::AllReduce => ALLREDUCE_PACKET_MAX_BYTES,
         _ => ZERO_COPY_MIN_BYTES,
     };
     min.max(packet_max_bytes(kind, nranks))
 }
 
-/// Whether `q` takes the `zero_copy` all-gather, reduce-scatter or broadcast.
+/// Whether `q` (registered on every rank) takes its collective's zero-copy algorithm.
 fn zero_copy(q: &Query) -> bool {
-    q.registered && q.bytes > ZERO_COPY_MIN_BYTES
+    q.registered && q.bytes > zero_copy_from_bytes(q.kind, q.nranks)
 }
 
 /// The default rules' algorithms for `q`, best first (see the module doc).
@@ -207,9 +211,9 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
             }
             if q.bytes <= allpair_packet_max_bytes(q.nranks) {
                 &["allpair_packet", "packet", "rsag"]
-            } else if q.bytes <= 1 << 20 {
+            } else if q.bytes <= ALLREDUCE_PACKET_MAX_BYTES {
                 &["packet", "rsag", "allpair_packet"]
-            } else if q.registered {
+            } else if zero_copy(q) {
                 // Registered on every rank (the caller says so, alike on every rank): straight
                 // between the user buffers. Measured on one H200, 2 ranks (issue 28): 42.3 us
                 // at 32 MiB and 296 us at 256 MiB where rsag took 104.5 and 797. Buffers the
