@@ -147,12 +147,13 @@ pub fn reducescatter_packet_max_bytes(nranks: usize) -> usize {
 }
 
 /// Bytes up to which the broadcast takes `packet` (one LL hop from the root) before `fullmesh`
-/// (a handshake before its copies) or `zero_copy`: 1 MiB with up to 4 ranks, 512 KiB with 5-8,
-/// 256 KiB with more. Measured: 4.3 / 8.7 us at 1 MiB with 2 / 4 ranks where `fullmesh` took
-/// 9.4 / 14.5 (round 27); with 8 ranks 15.8 at 512 KiB against 19.6 (at 1 MiB the 8 regions do
-/// not fit one LL half).
+/// (a handshake before its copies) or `zero_copy`: 2 MiB with 2 ranks (its packets then fill one
+/// LL half of the default 8 MiB), 1 MiB with 3-4, 512 KiB with 5-8, 256 KiB with more.
+/// Measured: 4.3 / 8.7 us at 1 MiB with 2 / 4 ranks where `fullmesh` took 9.4 / 14.5 (round
+/// 27); with 2 ranks 5.8 at 2 MiB against 9.8 (round 29); with 8 ranks 15.8 at 512 KiB against
+/// 19.6 (at 1 MiB the 8 regions do not fit one LL half).
 pub fn broadcast_packet_max_bytes(nranks: usize) -> usize {
-    by_world_size(nranks, [1 << 20, 1 << 20, 512 << 10, 256 << 10])
+    by_world_size(nranks, [2 << 20, 1 << 20, 512 << 10, 256 << 10])
 }
 
 /// The one-hop packet algorithm's limit of `kind` for `nranks` ranks (the `*_packet_max_bytes`
@@ -415,6 +416,7 @@ mod tests {
         assert_eq!(allgather_packet_max_bytes(8), 128 << 10);
         assert_eq!(reducescatter_packet_max_bytes(4), 512 << 10);
         assert_eq!(reducescatter_packet_max_bytes(8), 128 << 10);
+        assert_eq!(broadcast_packet_max_bytes(2), 2 << 20);
         assert_eq!(broadcast_packet_max_bytes(8), 512 << 10);
         assert_eq!(pick(Broadcast, 1 << 20, 1), "copy");
     }

@@ -207,8 +207,15 @@ MSCCLPP_DEVICE_INLINE void storeWord(void* base, uint64_t idx, uint64_t total, W
 /// The LL flag of this block, and the end-of-launch bump of every flag entry (each block bumps
 /// its own entry; threads beyond the grid bump the entries no block of this launch owns), so every
 /// entry stays equal and a later launch with more blocks reads the same flag.
+/// Every thread of the block calls `bumpFlags` (no thread may have returned early): its block
+/// barrier keeps thread 0 from bumping the entry before every warp of the block has read it (as
+/// the executor's runFinish does). Without it a warp that read the entry late would send its
+/// packets with the next launch's flag into the other LL half, and the peer block waiting for
+/// them would spin until its bound: the likely cause of the one hang of the reduce-scatter
+/// `packet` seen so far (an H100 shared by 4 ranks, docs/perf.md round 29).
 MSCCLPP_DEVICE_INLINE uint32_t blockFlag(const CollArgs& a) { return a.flags[blockIdx.x]; }
 MSCCLPP_DEVICE_INLINE void bumpFlags(const CollArgs& a, uint32_t flag) {
+  __syncthreads();
   if (threadIdx.x == 0) a.flags[blockIdx.x] = flag + 1;
   const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
   for (uint32_t i = tid; i < a.nflags; i += gridDim.x * blockDim.x) {
