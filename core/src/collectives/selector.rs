@@ -2,7 +2,8 @@
 //! and GPU architecture (NVLS variants first where NVLS is usable and every rank is on one
 //! node, see `nvls::selector_prefs`; else upstream's single-node rules without NVLS, with our
 //! measured limits, smaller with more ranks: all-reduce `allpair_packet` up to 2 MiB with 2
-//! ranks (128 KiB with 3-4, 64 KiB with 5-8), `packet` up to 1 MiB, larger `rsag`; all-gather,
+//! ranks (128 KiB with 3-4, 64 KiB with 5-8), `packet` up to 1 MiB (512 KiB with 5-8 ranks,
+//! [`allreduce_packet_max_bytes`]), larger `rsag`; all-gather,
 //! reduce-scatter and broadcast `packet` up to [`packet_max_bytes`], then `zero_copy` on
 //! registered buffers or `fullmesh`). The large-size choice is measured: two ranks sharing one
 //! H200 (2026-12-01, `coll_perf -np 2` with each algorithm forced, docs/perf.md),
@@ -168,17 +169,24 @@ pub fn packet_max_bytes(kind: CollectiveKind, nranks: usize) -> usize {
 }
 
 /// Bytes up to which an all-reduce above `allpair_packet`'s limit takes `packet` (two LL hops)
-/// before `rsag` or, on registered buffers, `rsag_zero_copy`.
-const ALLREDUCE_PACKET_MAX_BYTES: usize = 1 << 20;
+/// before `rsag` or, on registered buffers, `rsag_zero_copy`: 1 MiB with up to 4 ranks, 512 KiB
+/// with 5-8, 256 KiB with more (not measured; halved as the one-hop limits are). Measured on an
+/// H100 shared by the ranks (round 30, graph mode): with 4 ranks `packet` 14.5 us at 1 MiB
+/// against 14.8 for `rsag`; with 8 ranks 18.1 at 512 KiB against 21.2, but 35.1 at 1 MiB against
+/// 22.6.
+pub fn allreduce_packet_max_bytes(nranks: usize) -> usize {
+    by_world_size(nranks, [1 << 20, 1 << 20, 512 << 10, 256 << 10])
+}
 
 /// Bytes (as [`Query::bytes`]) above which a call of `kind` on `nranks` ranks of one node (NVLS
 /// off) whose buffers are registered on every rank takes the zero-copy algorithm by default:
 /// above the one-hop packet limit ([`packet_max_bytes`]) and above [`ZERO_COPY_MIN_BYTES`]
-/// (`zero_copy`) or 1 MiB (the all-reduce's `rsag_zero_copy`, after `packet`). The default rules
+/// (`zero_copy`) or [`allreduce_packet_max_bytes`] (the all-reduce's `rsag_zero_copy`, after
+/// `packet`). The default rules
 /// below decide by it; tests size their calls by it to reach the zero-copy path.
 pub fn zero_copy_from_bytes(kind: CollectiveKind, nranks: usize) -> usize {
     let min = match kind {
-        CollectiveKind::AllReduce => ALLREDUCE_PACKET_MAX_BYTES,
+        CollectiveKind::AllReduce => allreduce_packet_max_bytes(nranks),
         _ => ZERO_COPY_MIN_BYTES,
     };
     min.max(packet_max_bytes(kind, nranks))
@@ -212,7 +220,7 @@ pub fn preferences(q: &Query) -> &'static [&'static str] {
             }
             if q.bytes <= allpair_packet_max_bytes(q.nranks) {
                 &["allpair_packet", "packet", "rsag"]
-            } else if q.bytes <= ALLREDUCE_PACKET_MAX_BYTES {
+            } else if q.bytes <= allreduce_packet_max_bytes(q.nranks) {
                 &["packet", "rsag", "allpair_packet"]
             } else if zero_copy(q) {
                 // Registered on every rank (the caller says so, alike on every rank): straight
@@ -390,6 +398,11 @@ mod tests {
         assert_eq!(pick(AllReduce, (1 << 20) + 1, 4), "rsag");
         assert_eq!(pick(AllReduce, 64 << 10, 8), "allpair_packet");
         assert_eq!(pick(AllReduce, (64 << 10) + 1, 8), "packet");
+        // packet: 1 MiB with up to 4 ranks, 512 KiB with 5-8, 256 KiB with more.
+        assert_eq!(pick(AllReduce, 512 << 10, 8), "packet");
+        assert_eq!(pick(AllReduce, (512 << 10) + 1, 8), "rsag");
+        assert_eq!(pick(AllReduce, 256 << 10, 16), "packet");
+        assert_eq!(pick(AllReduce, (256 << 10) + 1, 16), "rsag");
         assert_eq!(pick(AllReduce, 16 << 10, 16), "allpair_packet");
         assert_eq!(pick(AllReduce, (16 << 10) + 1, 16), "packet");
         assert_eq!(pick(AllReduce, 1 << 30, 8), "rsag");
