@@ -182,8 +182,8 @@ pub fn allreduce_packet_max_bytes(nranks: usize) -> usize {
 /// off) whose buffers are registered on every rank takes the zero-copy algorithm by default:
 /// above the one-hop packet limit ([`packet_max_bytes`]) and above [`ZERO_COPY_MIN_BYTES`]
 /// (`zero_copy`) or [`allreduce_packet_max_bytes`] (the all-reduce's `rsag_zero_copy`, after
-/// `packet`). The default rules
-/// below decide by it; tests size their calls by it to reach the zero-copy path.
+/// `packet`). The default rules below decide by it; tests size their calls by it to reach the
+/// zero-copy path.
 pub fn zero_copy_from_bytes(kind: CollectiveKind, nranks: usize) -> usize {
     let min = match kind {
         CollectiveKind::AllReduce => allreduce_packet_max_bytes(nranks),
